@@ -1,0 +1,214 @@
+"""``cq``: every command is a thin call into the library (the same functions Dagster calls)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from typing import Sequence
+
+from . import timing
+from .config import Settings, load_settings
+from .errors import CQError
+from .times import UTC, iso, parse_time
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+        return args.handler(args, settings) or 0
+    except CQError as exc:
+        print(f"cq: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cq", description="cq-engine: continuous queries on Spark and Delta Lake")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, handler, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(handler=handler)
+        return sp
+
+    sp = cmd("validate", _validate, "parse the definitions and list them; errors as file:line:col")
+    sp.add_argument("path", nargs="?", help="file or directory (default: CQ_SQL_DIR)")
+    sp = cmd("plan", _plan, "print the next firings at or after a time")
+    sp.add_argument("name")
+    sp.add_argument("--from", dest="start", required=True, metavar="T")
+    sp.add_argument("--count", type=int, default=5)
+    sp.add_argument("--json", action="store_true")
+    sp = cmd("run", _run, "execute the firing scheduled at T")
+    sp.add_argument("name")
+    sp.add_argument("--at", required=True, metavar="T")
+    sp = cmd("recalculate", _recalculate, "recompute every window in [T1, T2) in one run")
+    sp.add_argument("name")
+    sp.add_argument("--from", dest="start", required=True, metavar="T1")
+    sp.add_argument("--to", dest="end", metavar="T2", help="default: the end of the latest firing's range")
+    cmd("show", _show, "list definitions with their last firing")
+    sp = cmd("ingest", _ingest, "append a CSV, JSON-lines or Parquet file to a table (one commit)")
+    sp.add_argument("table")
+    sp.add_argument("file")
+    sp = cmd("query", _query, "run Spark SQL over the warehouse tables")
+    sp.add_argument("sql")
+    sp.add_argument("--limit", type=int, default=1000)
+    sp = cmd("spark", _spark, "manage the local Spark Connect server")
+    sp.add_argument("action", choices=["start", "stop", "status"])
+    sp = cmd("demo", _demo, "scripted demo: ingest the sample feed, run the sample queries, print the sinks")
+    sp.add_argument("--firings", type=int, default=3)
+    return p
+
+
+def _time(text: str, settings: Settings, what: str) -> datetime:
+    return parse_time(text, tz=settings.tz, what=what)
+
+
+def _engine(settings: Settings):
+    from .run import Engine
+
+    return Engine(settings=settings)
+
+
+def _validate(args, settings: Settings) -> int:
+    from .catalog import load_catalog, parse_options
+
+    catalog = load_catalog(args.path or settings.sql_dir, options=parse_options(settings))
+    for t in catalog.tables:
+        print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
+    for d in catalog.definitions:
+        r = d.resample
+        print(f"cq     {d.name:<24} {d.source} -> {d.sink}  every={timing_fmt(r.every)} "
+              f"range=[-{timing_fmt(r.start_offset)}, -{timing_fmt(r.end_offset)})  {d.timeout_policy}  {d.location}")
+    for err in catalog.errors:
+        print(err, file=sys.stderr)
+    return 1 if catalog.errors else 0
+
+
+def timing_fmt(delta) -> str:
+    from .durations import format_duration
+
+    return format_duration(delta)
+
+
+def _plan(args, settings: Settings) -> int:
+    from .catalog import load_catalog, parse_options
+
+    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    d = catalog.definition(args.name)
+    if d is None:
+        raise CQError(f"no definition named {args.name!r} in {settings.sql_dir}")
+    if args.count < 1:
+        raise CQError("--count must be at least 1")
+    start = _time(args.start, settings, "--from")
+    fires = timing.firing_times(d.resample, start=start, count=args.count)
+    firings = [timing.Firing(d.name, f, timing.time_range(d.resample, f)).as_dict() for f in fires]
+    if args.json:
+        print(json.dumps(firings, indent=2))
+    else:
+        _print_rows(["fire_time", "range_start", "range_end"], [list(f.values()) for f in firings])
+    return 0
+
+
+def _run(args, settings: Settings) -> int:
+    engine = _engine(settings)
+    r = engine.run_firing(args.name, _time(args.at, settings, "--at"))
+    print(f"{r.definition}: fired {iso(r.fire_time)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
+          f"{r.rows_written} rows -> {engine.definition(args.name).sink} v{r.sink_version} "
+          f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)")
+    return 0
+
+
+def _recalculate(args, settings: Settings) -> int:
+    engine = _engine(settings)
+    start = _time(args.start, settings, "--from")
+    end = _time(args.end, settings, "--to") if args.end else None
+    r = engine.recalculate(args.name, start=start, end=end, now=datetime.now(UTC), progress=_progress_bar)
+    print(f"{r.definition}: recalculated [{iso(r.time_range[0])}, {iso(r.time_range[1])}) in {r.chunks} "
+          f"chunk(s): {r.rows_written} rows -> v{r.sink_version} ({r.seconds:.2f}s)")
+    return 0
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _show(args, settings: Settings) -> int:
+    from .catalog import load_catalog, parse_options
+    from .ledger import Ledger
+
+    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    last = Ledger(uri=settings.state_uri("firings")).last_by_definition()
+    rows = []
+    for d in catalog.definitions:
+        e = last.get(d.name)
+        rows.append([d.name, f"{d.source} -> {d.sink}", timing_fmt(d.resample.every), d.timeout_policy,
+                     iso(e.fire_time) if e and e.fire_time else (e.kind if e else "-"),
+                     e.status if e else "never", str(e.rows_written) if e else "-"])
+    _print_rows(["name", "tables", "every", "policy", "last firing", "status", "rows"], rows)
+    for err in catalog.errors:
+        print(err, file=sys.stderr)
+    return 1 if catalog.errors else 0
+
+
+def _ingest(args, settings: Settings) -> int:
+    engine = _engine(settings)
+    version, rows = engine.ingest(args.table, args.file)
+    print(f"{args.table}: appended {rows} rows from {args.file} (version {version})")
+    return 0
+
+
+def _query(args, settings: Settings) -> int:
+    engine = _engine(settings)
+    table = engine.query(args.sql, limit=args.limit)
+    _print_rows(table.column_names, [[_cell(v) for v in row.values()] for row in table.to_pylist()])
+    return 0
+
+
+def _cell(v) -> str:
+    if isinstance(v, datetime):
+        return iso(v)
+    return "NULL" if v is None else str(v)
+
+
+def _spark(args, settings: Settings) -> int:
+    from . import spark
+
+    if args.action == "start":
+        print(spark.start_server(settings).describe())
+    elif args.action == "stop":
+        print("stopped" if spark.stop_server(settings) else "not running")
+    else:
+        status = spark.server_status(settings)
+        print(status.describe())
+        return 0 if status.running else 3
+    return 0
+
+
+def _demo(args, settings: Settings) -> int:
+    from .demo import run_demo
+
+    return run_demo(settings, firings=args.firings)
+
+
+def _print_rows(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max([len(h)] + [len(str(r[i])) for r in rows]) for i, h in enumerate(header)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Engine settings: environment variables over an optional ``cq.toml``, over documented defaults."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from datetime import timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from .errors import CQError
+
+DEFAULT_SPARK_PORT = 15002
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of the engine; see the README's configuration table."""
+
+    sql_dir: str = "./sql"
+    warehouse: str = "./warehouse"
+    spark_remote: str | None = None
+    spark_master: str | None = None
+    timezone: str = "UTC"
+    min_every: str = "1s"
+    home: str = "./.cq"  # project-local state: Spark Connect server pid, logs
+    spark_port: int = DEFAULT_SPARK_PORT
+    recalculate_chunk_windows: int = 100_000
+
+    @property
+    def tz(self) -> ZoneInfo:
+        try:
+            return ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise CQError(f"CQ_TIMEZONE: unknown time zone {self.timezone!r}") from None
+
+    @property
+    def min_every_delta(self) -> timedelta:
+        from .durations import parse_duration
+
+        return parse_duration(self.min_every, what="CQ_MIN_EVERY")
+
+    def table_uri(self, table: str) -> str:
+        return f"{self.warehouse.rstrip('/')}/{table}"
+
+    def state_uri(self, name: str) -> str:
+        return f"{self.warehouse.rstrip('/')}/_cq/{name}"
+
+
+_ENV = {
+    "sql_dir": "CQ_SQL_DIR",
+    "warehouse": "CQ_WAREHOUSE",
+    "spark_remote": "CQ_SPARK_REMOTE",
+    "spark_master": "CQ_SPARK_MASTER",
+    "timezone": "CQ_TIMEZONE",
+    "min_every": "CQ_MIN_EVERY",
+    "home": "CQ_HOME",
+    "spark_port": "CQ_SPARK_PORT",
+    "recalculate_chunk_windows": "CQ_RECALCULATE_CHUNK_WINDOWS",
+}
+
+
+def load_settings(*, environ: dict[str, str] | None = None, config_file: str | None = None) -> Settings:
+    """Defaults, then ``cq.toml`` (``[cq]`` table, keys as field names), then ``CQ_*`` variables."""
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    path = Path(config_file or env.get("CQ_CONFIG", "cq.toml"))
+    if path.is_file():
+        try:
+            data = tomllib.loads(path.read_text()).get("cq", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise CQError(f"{path}: {exc}") from None
+        known = {f.name for f in fields(Settings)}
+        for key, value in data.items():
+            if key not in known:
+                raise CQError(f"{path}: unknown setting {key!r} (known: {', '.join(sorted(known))})")
+            values[key] = value
+    for name, var in _ENV.items():
+        if env.get(var):
+            values[name] = env[var]
+    for name in ("spark_port", "recalculate_chunk_windows"):
+        if name in values:
+            try:
+                values[name] = int(values[name])  # type: ignore[arg-type]
+            except ValueError:
+                raise CQError(f"{_ENV[name]}: expected an integer, got {values[name]!r}") from None
+    settings = replace(Settings(), **values)
+    settings.tz  # validate early
+    settings.min_every_delta
+    return settings

@@ -1,0 +1,78 @@
+"""parse: ``.sql`` text → frozen IR. Statement parsers are looked up by their leading keywords."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Union
+
+from sqlglot.errors import TokenError
+from sqlglot.tokens import Token, Tokenizer
+
+from ..errors import CQError, ParseError
+from ..model import ContinuousQuery, TableDecl
+from .cursor import Cursor, SourceText, split_statements
+from .iotdb import parse_continuous_query
+from .options import ParseOptions
+from .tables import parse_create_table
+
+Statement = Union[ContinuousQuery, TableDecl]
+StatementParser = Callable[[Cursor, ParseOptions, Token], Statement]
+
+# Leading keywords → parser; the longest match wins. Dialects add entries here.
+STATEMENT_PARSERS: dict[tuple[str, ...], StatementParser] = {
+    ("CREATE", "CONTINUOUS", "QUERY"): parse_continuous_query,
+    ("CREATE", "CQ"): parse_continuous_query,
+    ("CREATE", "TABLE"): parse_create_table,
+}
+
+# Commands that act on running state belong to the CLI, not to definition files.
+COMMANDS = {("DROP",): "cq drop", ("SHOW",): "cq show", ("RECALCULATE",): "cq recalculate"}
+
+
+def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | None = None) -> list[Statement]:
+    """Parse every statement of one file; the first error raises ``ParseError`` (file:line:col)."""
+    opts = options or ParseOptions()
+    source = SourceText(text, file)
+    try:
+        tokens = Tokenizer().tokenize(text)
+    except TokenError as exc:
+        raise source.error(len(text.rstrip()), f"cannot tokenize: {exc}") from None
+    statements = []
+    for stmt_tokens, end in split_statements(source, tokens):
+        cur = Cursor(source, stmt_tokens, end=end)
+        statements.append(_parse_statement(cur, opts))
+    return statements
+
+
+def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
+    start = cur.peek()
+    for words in sorted(STATEMENT_PARSERS, key=len, reverse=True):
+        if cur.match(*words):
+            return STATEMENT_PARSERS[words](cur, opts, start)
+    for words, command in COMMANDS.items():
+        if cur.is_word(*words):
+            raise cur.error_at(start, f"{start.text.upper()} is a command, not a definition: use `{command}`")
+    raise cur.error_at(start, f"unknown statement starting with {start.text!r} "
+                              "(expected CREATE CONTINUOUS QUERY, CREATE CQ or CREATE TABLE)")
+
+
+def parse_file(path: str | Path, *, options: ParseOptions | None = None) -> list[Statement]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParseError(f"cannot read file: {exc}", file=str(path)) from None
+    return parse_text(text, file=str(path), options=options)
+
+
+def sql_files(path: str | Path) -> list[Path]:
+    """The ``.sql`` files of a directory (recursively, sorted), or the file itself."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise CQError(f"{p}: no such file or directory")
+    return sorted(p.rglob("*.sql"))
+
+
+__all__ = ["ParseOptions", "STATEMENT_PARSERS", "parse_file", "parse_text", "sql_files"]

@@ -1,0 +1,116 @@
+"""Clause fragments parsed with sqlglot and rewritten to Spark SQL (IoTDB functions included)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError as SqlglotParseError
+
+from .cursor import SourceText
+
+# The planner exposes the source's event time under this name, so functions that need it
+# (first_value, max_time...) can be written before the source table is known.
+TIME_REF = "__cq_time"
+
+IOTDB_TIME_NAMES = ("time", "timestamp")
+
+
+def _time() -> exp.Column:
+    return exp.column(TIME_REF)
+
+
+def _non_null_time(arg: exp.Expression) -> exp.Expression:
+    return exp.If(this=exp.Not(this=exp.Is(this=arg.copy(), expression=exp.Null())), true=_time())
+
+
+# IoTDB aggregate name → Spark expression builder over the (single) argument.
+IOTDB_AGGREGATES: dict[str, Callable[[exp.Expression], exp.Expression]] = {
+    "MAX_VALUE": lambda a: exp.Max(this=a),
+    "MIN_VALUE": lambda a: exp.Min(this=a),
+    "FIRST_VALUE": lambda a: exp.Anonymous(this="MIN_BY", expressions=[a, _time()]),
+    "LAST_VALUE": lambda a: exp.Anonymous(this="MAX_BY", expressions=[a, _time()]),
+    # Largest absolute value keeping its sign; on a tie (5, -5) the positive one.
+    "EXTREME": lambda a: exp.Anonymous(
+        this="MAX_BY", expressions=[a, exp.Anonymous(this="STRUCT", expressions=[exp.Abs(this=a.copy()), a.copy()])]
+    ),
+    "MAX_TIME": lambda a: exp.Max(this=_non_null_time(a)),
+    "MIN_TIME": lambda a: exp.Min(this=_non_null_time(a)),
+}
+
+
+class Fragment:
+    """A piece of a statement's text, parsed by sqlglot; errors map back to the file."""
+
+    def __init__(self, source: SourceText, start: int, end: int):
+        self.source, self.start, self.end = source, start, end
+        self.text = source.text[start:end]
+
+    def parse(self, prefix: str) -> exp.Expression:
+        sql = prefix + self.text
+        try:
+            parsed = sqlglot.parse_one(sql)
+        except SqlglotParseError as err:
+            info = err.errors[0] if err.errors else {}
+            highlight = info.get("highlight") or ""
+            offset = self._offset(prefix, int(info.get("line", 1)), int(info.get("col", 1)) - len(highlight))
+            what = info.get("description", str(err)).split("\n")[0]
+            raise self.source.error(offset, f"{what} near {highlight or self.text.strip()!r}") from None
+        if parsed is None:
+            raise self.source.error(self.start, "empty clause")
+        self._prefix = prefix
+        return parsed
+
+    def _offset(self, prefix: str, line: int, col0: int) -> int:
+        """File offset of a 0-based column on a line of ``prefix + text``."""
+        lines = (prefix + self.text).split("\n")
+        pos = sum(len(x) + 1 for x in lines[: line - 1]) + max(col0, 0)
+        return min(self.end, max(self.start, self.start + pos - len(prefix)))
+
+    def offset_of(self, node: exp.Expression) -> int:
+        """File offset of a parsed node (its first identifier), or the fragment's start."""
+        for ident in [node] + list(node.find_all(exp.Identifier)):
+            meta = getattr(ident, "_meta", None) or {}
+            if "start" in meta:
+                return self.start + meta["start"] - len(self._prefix)
+        return self.start
+
+    def error(self, node: exp.Expression, message: str):
+        return self.source.error(self.offset_of(node), message)
+
+
+def rewrite_iotdb_functions(node: exp.Expression, fragment: Fragment) -> exp.Expression:
+    """Map IoTDB aggregate names to Spark ones; arity errors point at the call."""
+
+    def visit(n: exp.Expression) -> exp.Expression:
+        name = None
+        if isinstance(n, exp.Anonymous):
+            name = str(n.this).upper()
+            args = list(n.expressions)
+        elif isinstance(n, (exp.FirstValue, exp.LastValue)):
+            name = "FIRST_VALUE" if isinstance(n, exp.FirstValue) else "LAST_VALUE"
+            args = [n.this]
+        if name in IOTDB_AGGREGATES:
+            if len(args) != 1:
+                raise fragment.error(n, f"{name.lower()} takes exactly one argument")
+            return IOTDB_AGGREGATES[name](args[0].copy())
+        return n
+
+    return node.transform(visit)
+
+
+def is_aggregate(node: exp.Expression) -> bool:
+    return node.find(exp.AggFunc) is not None or any(
+        isinstance(n, exp.Anonymous) and str(n.this).upper() in ("MIN_BY", "MAX_BY")
+        for n in node.walk()
+    )
+
+
+def to_spark(node: exp.Expression) -> str:
+    return node.sql(dialect="spark")
+
+
+def find_time_reference(node: exp.Expression, time_columns: tuple[str, ...]) -> exp.Column | None:
+    lowered = {c.lower() for c in time_columns}
+    return next((c for c in node.find_all(exp.Column) if c.name.lower() in lowered), None)

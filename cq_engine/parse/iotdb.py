@@ -1,0 +1,338 @@
+"""``CREATE (CONTINUOUS QUERY | CQ)``: IoTDB's continuous query in the table model (seed 004)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlglot import exp
+from sqlglot.tokens import Token, TokenType
+
+from ..durations import format_duration, parse_duration
+from ..errors import CQError
+from ..model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping
+from ..times import EPOCH, parse_time
+from .cursor import Cursor
+from .fragments import (IOTDB_TIME_NAMES, Fragment, find_time_reference, is_aggregate,
+                        rewrite_iotdb_functions, to_spark)
+from .options import ParseOptions
+
+
+def parse_continuous_query(cur: Cursor, opts: ParseOptions, start: Token) -> ContinuousQuery:
+    name_tok = cur.identifier("a continuous query name")
+    header = _parse_header(cur, opts)
+    cur.expect("BEGIN", what="BEGIN (the query body)")
+    body_start = cur.pos
+    opens: list[Token] = []
+    cases, end_tok = 0, None
+    while not cur.at_end():
+        tok = cur.peek()
+        if tok.token_type in _OPEN:
+            opens.append(tok)
+        elif tok.token_type in _CLOSE and opens:
+            opens.pop()
+        elif tok.token_type == TokenType.CASE:
+            cases += 1
+        elif tok.text.upper() == "END":
+            if cases:
+                cases -= 1
+            elif not opens:
+                end_tok = tok
+                break
+        cur.advance()
+    if end_tok is None:
+        if opens:
+            raise cur.error_at(opens[-1], f"unclosed {opens[-1].text!r}")
+        raise cur.source.error(cur.end, "expected END to close the BEGIN of the query body")
+    body = _parse_body(cur, cur.tokens[body_start : cur.pos], opts)
+    cur.advance()
+    if not cur.at_end():
+        raise cur.unexpected("expected ';' or the end of the file after END")
+
+    every = header.every
+    if every is None:
+        if body.time_grouping is None:
+            raise cur.error_at(name_tok, "a continuous query needs GROUP BY (interval) or RESAMPLE EVERY")
+        every = body.time_grouping.interval
+    if every < opts.min_every:
+        raise cur.error_at(header.every_tok, f"EVERY {format_duration(every)} is below the minimum "
+                                             f"{format_duration(opts.min_every)} (CQ_MIN_EVERY)")
+    start_offset = header.start_offset if header.start_offset is not None else every
+    end_offset = header.end_offset or timedelta(0)
+    if start_offset <= end_offset:
+        raise cur.error_at(header.range_tok, f"RANGE start offset {format_duration(start_offset)} must be "
+                                             f"greater than the end offset {format_duration(end_offset)}")
+    if body.time_grouping is not None and body.time_grouping.interval > start_offset:
+        raise cur.error_at(body.grouping_tok, f"GROUP BY interval {format_duration(body.time_grouping.interval)}"
+                                              f" is larger than the RANGE start offset {format_duration(start_offset)}")
+    line, col = cur.source.line_col(start.start)
+    return ContinuousQuery(
+        name=name_tok.text,
+        resample=Resample(every=every, start_offset=start_offset, end_offset=end_offset,
+                          boundary=header.boundary or EPOCH),
+        timeout_policy=header.timeout_policy,
+        location=SourceLocation(cur.source.file, line, col),
+        sql=" ".join(cur.source.text[start.start : cur.end].split()),
+        **body.fields,
+    )
+
+
+@dataclass
+class _Header:
+    every: timedelta | None = None
+    every_tok: Token | None = None
+    start_offset: timedelta | None = None
+    end_offset: timedelta | None = None
+    range_tok: Token | None = None
+    boundary: object = None
+    timeout_policy: str = "BLOCKED"
+
+
+def _positive(cur: Cursor, what: str) -> tuple[timedelta, Token]:
+    text, tok = cur.word(what)
+    try:
+        value = parse_duration(text, what=what)
+    except CQError as exc:
+        raise cur.error_at(tok, str(exc)) from None
+    if value <= timedelta(0):
+        raise cur.error_at(tok, f"{what} must be greater than 0, got {text!r}")
+    return value, tok
+
+
+def _parse_header(cur: Cursor, opts: ParseOptions) -> _Header:
+    h = _Header()
+    seen: set[str] = set()
+    if cur.match("RESAMPLE"):
+        while cur.is_word("EVERY") or cur.is_word("BOUNDARY") or cur.is_word("RANGE"):
+            tok = cur.advance()
+            key = tok.text.upper()
+            if key in seen:
+                raise cur.error_at(tok, f"{key} given twice")
+            seen.add(key)
+            if key == "EVERY":
+                h.every, h.every_tok = _positive(cur, "EVERY interval")
+            elif key == "RANGE":
+                h.range_tok = tok
+                h.start_offset, _ = _positive(cur, "RANGE start offset")
+                if cur.match(","):
+                    text, etok = cur.word("RANGE end offset")
+                    try:
+                        h.end_offset = parse_duration(text, what="RANGE end offset")
+                    except CQError as exc:
+                        raise cur.error_at(etok, str(exc)) from None
+            else:
+                text, btok = cur.word("BOUNDARY time")
+                try:
+                    h.boundary = parse_time(text.strip("'\""), tz=opts.tz, what="BOUNDARY")
+                except CQError as exc:
+                    raise cur.error_at(btok, str(exc)) from None
+        if not seen:
+            raise cur.unexpected("expected EVERY, BOUNDARY or RANGE after RESAMPLE")
+    if cur.match("TIMEOUT"):
+        cur.expect("POLICY")
+        tok = cur.advance()
+        if tok.text.upper() not in ("BLOCKED", "DISCARD"):
+            raise cur.error_at(tok, f"TIMEOUT POLICY must be BLOCKED or DISCARD, got {tok.text!r}")
+        h.timeout_policy = tok.text.upper()
+    return h
+
+
+# A GROUP BY's rejected "[start, end)" closes a bracket with a paren, so both count alike.
+_OPEN = (TokenType.L_PAREN, TokenType.L_BRACKET)
+_CLOSE = (TokenType.R_PAREN, TokenType.R_BRACKET)
+
+# Body clauses in the order IoTDB allows them; the key is the text of the clause's first token(s).
+_CLAUSES = ("SELECT", "INTO", "FROM", "WHERE", "GROUP BY", "HAVING", "FILL", "LIMIT", "OFFSET", "ALIGN")
+
+
+@dataclass
+class _Body:
+    fields: dict
+    time_grouping: TimeGrouping | None
+    grouping_tok: Token | None
+
+
+def _split_clauses(cur: Cursor, tokens: list[Token]) -> dict[str, tuple[Token, list[Token]]]:
+    clauses: dict[str, tuple[Token, list[Token]]] = {}
+    depth, current, last_index = 0, None, -1
+    for tok in tokens:
+        word = tok.text.upper()
+        if depth == 0 and word in _CLAUSES:
+            index = _CLAUSES.index(word)
+            if word in clauses:
+                raise cur.error_at(tok, f"{word} given twice")
+            if index < last_index:
+                raise cur.error_at(tok, f"{word} must come before {_CLAUSES[last_index]}")
+            current, last_index = word, index
+            clauses[word] = (tok, [])
+            continue
+        if current is None:
+            raise cur.error_at(tok, f"expected SELECT, found {tok.text!r}")
+        if tok.token_type in _OPEN:
+            depth += 1
+        elif tok.token_type in _CLOSE:
+            depth -= 1
+        elif depth == 0 and tok.token_type == TokenType.ORDER_BY:
+            raise cur.error_at(tok, "ORDER BY is not allowed in a continuous query (results are written by time)")
+        clauses[current][1].append(tok)
+    for name in ("SELECT", "INTO", "FROM"):
+        if name not in clauses:
+            raise cur.error_at(tokens[0] if tokens else None, f"the query body needs a {name} clause")
+    for name, (tok, toks) in clauses.items():
+        if not toks and name != "ALIGN":
+            raise cur.error_at(tok, f"{name} needs an argument")
+    return clauses
+
+
+def _fragment(cur: Cursor, toks: list[Token]) -> Fragment:
+    return Fragment(cur.source, toks[0].start, toks[-1].end + 1)
+
+
+def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
+    clauses = _split_clauses(cur, tokens)
+    sink, sink_columns = _parse_into(cur, *clauses["INTO"])
+    source = _single_name(cur, *clauses["FROM"], what="a source table name after FROM")
+    fields: dict = {"source": source, "sink": sink}
+
+    select_frag = _fragment(cur, clauses["SELECT"][1])
+    select = select_frag.parse("SELECT ")
+    items = list(select.expressions)
+    if sink_columns is not None and len(sink_columns) != len(items):
+        raise cur.error_at(clauses["INTO"][0], f"INTO lists {len(sink_columns)} columns but SELECT has {len(items)}")
+    select_items = []
+    for i, item in enumerate(items):
+        if isinstance(item, exp.Star) or item.find(exp.Star) is item:
+            raise select_frag.error(item, "SELECT * is not supported: name the columns")
+        name = sink_columns[i] if sink_columns else (item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else "")
+        if not name:
+            raise select_frag.error(item, f"select item {to_spark(item)!r} needs a name: add AS name or INTO table(col, ...)")
+        body = item.this if isinstance(item, exp.Alias) else item
+        body = rewrite_iotdb_functions(body, select_frag)
+        select_items.append(SelectItem(expression=to_spark(body), name=name, is_aggregate=is_aggregate(body)))
+    fields["select"] = tuple(select_items)
+
+    if "WHERE" in clauses:
+        frag = _fragment(cur, clauses["WHERE"][1])
+        where = frag.parse("SELECT 1 WHERE ").args["where"].this
+        if (ref := find_time_reference(where, IOTDB_TIME_NAMES)) is not None:
+            raise frag.error(ref, f"a time filter ({ref.sql()!r}) is not allowed in WHERE: "
+                                  "each firing sets the time range itself")
+        if is_aggregate(where):
+            raise frag.error(where, "aggregates are not allowed in WHERE (use HAVING)")
+        fields["where"] = to_spark(where)
+
+    time_grouping, grouping_tok = None, None
+    if "GROUP BY" in clauses:
+        grouping_tok, toks = clauses["GROUP BY"]
+        time_grouping, keys = _parse_group_by(cur, grouping_tok, toks)
+        fields["time_grouping"], fields["group_keys"] = time_grouping, keys
+
+    if "HAVING" in clauses:
+        frag = _fragment(cur, clauses["HAVING"][1])
+        having = rewrite_iotdb_functions(frag.parse("SELECT 1 HAVING ").args["having"].this, frag)
+        fields["having"] = to_spark(having)
+    if "FILL" in clauses:
+        fields["fill"] = _parse_fill(cur, *clauses["FILL"])
+    if "LIMIT" in clauses:
+        fields["limit"] = _count(cur, *clauses["LIMIT"])
+    if "OFFSET" in clauses:
+        fields["offset"] = _count(cur, *clauses["OFFSET"])
+    if "ALIGN" in clauses:
+        tok, toks = clauses["ALIGN"]
+        if [t.text.upper() for t in toks] != ["BY", "DEVICE"]:
+            raise cur.error_at(tok, "expected ALIGN BY DEVICE")
+        fields["align_by_device"] = True
+    if time_grouping is None and "FILL" in clauses:
+        raise cur.error_at(clauses["FILL"][0], "FILL needs GROUP BY (interval)")
+    return _Body(fields, time_grouping, grouping_tok)
+
+
+def _single_name(cur: Cursor, clause: Token, toks: list[Token], *, what: str) -> str:
+    if len(toks) != 1 or toks[0].token_type in (TokenType.STRING, TokenType.NUMBER):
+        hint = " (the table model writes and reads one table; IoTDB paths are not tables)" if len(toks) > 1 else ""
+        raise cur.error_at(toks[0] if toks else clause, f"expected {what}{hint}")
+    return toks[0].text
+
+
+def _parse_into(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[str, tuple[str, ...] | None]:
+    if len(toks) > 1 and toks[1].token_type == TokenType.L_PAREN:
+        if toks[-1].token_type != TokenType.R_PAREN:
+            raise cur.error_at(toks[-1], "INTO takes one table: table or table(col, ...)")
+        inner = toks[2:-1]
+        names = [t.text for t in inner if t.token_type != TokenType.COMMA]
+        if not names or len(names) * 2 - 1 != len(inner) or any(t.token_type == TokenType.L_PAREN for t in inner):
+            raise cur.error_at(toks[1], "INTO table(col, ...) expects a list of column names")
+        return _single_name(cur, clause, toks[:1], what="a sink table name"), tuple(names)
+    return _single_name(cur, clause, toks, what="a sink table name after INTO"), None
+
+
+def _parse_group_by(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[TimeGrouping | None, tuple[str, ...]]:
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for tok in toks:
+        if tok.token_type in _OPEN:
+            depth += 1
+        elif tok.token_type in _CLOSE:
+            depth -= 1
+        if tok.token_type == TokenType.COMMA and depth == 0:
+            parts.append([])
+        else:
+            parts[-1].append(tok)
+    time_grouping, keys = None, []
+    for part in parts:
+        if not part:
+            raise cur.error_at(clause, "empty item in GROUP BY")
+        if part[0].token_type == TokenType.L_PAREN:
+            if time_grouping is not None:
+                raise cur.error_at(part[0], "GROUP BY takes one time interval")
+            time_grouping = _time_grouping(cur, part)
+        elif part[0].text.upper() == "LEVEL":
+            raise cur.error_at(part[0], "GROUP BY LEVEL has no meaning in the table model: group by a column such as device")
+        elif len(part) == 1 and part[0].token_type not in (TokenType.NUMBER, TokenType.STRING):
+            keys.append(part[0].text)
+        else:
+            raise cur.error_at(part[0], "expected a column name or (interval[, step]) in GROUP BY")
+    return time_grouping, tuple(keys)
+
+
+def _time_grouping(cur: Cursor, part: list[Token]) -> TimeGrouping:
+    inner = part[1:-1]
+    if part[-1].token_type != TokenType.R_PAREN:
+        raise cur.error_at(part[0], "expected (interval[, step]) in GROUP BY")
+    bracket = next((t for t in inner if t.token_type == TokenType.L_BRACKET), None)
+    if bracket is not None:
+        raise cur.error_at(bracket, "GROUP BY in a continuous query takes no [start, end) range: "
+                                    "each firing supplies its own time range")
+    sub = Cursor(cur.source, inner, end=part[-1].start)
+    interval, _ = _positive(sub, "GROUP BY interval")
+    step = interval
+    if sub.match(","):
+        step, _ = _positive(sub, "GROUP BY sliding step")
+    if not sub.at_end():
+        raise sub.unexpected("expected ')' after the GROUP BY interval")
+    return TimeGrouping(interval=interval, step=step)
+
+
+def _parse_fill(cur: Cursor, clause: Token, toks: list[Token]) -> Fill:
+    if len(toks) < 3 or toks[0].token_type != TokenType.L_PAREN or toks[-1].token_type != TokenType.R_PAREN:
+        raise cur.error_at(clause, "expected FILL(PREVIOUS | LINEAR | constant)")
+    inner = toks[1:-1]
+    text = cur.source.text[inner[0].start : inner[-1].end + 1].strip()
+    upper = text.upper()
+    if upper in ("PREVIOUS", "LINEAR"):
+        return Fill(kind=upper.lower())
+    if upper in ("TRUE", "FALSE"):
+        return Fill(kind="constant", value=upper == "TRUE")
+    if len(inner) == 1 and inner[0].token_type == TokenType.STRING:
+        return Fill(kind="constant", value=inner[0].text)
+    try:
+        value = float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        raise cur.error_at(inner[0], f"FILL takes PREVIOUS, LINEAR or a constant, got {text!r}") from None
+    return Fill(kind="constant", value=value)
+
+
+def _count(cur: Cursor, clause: Token, toks: list[Token]) -> int:
+    if len(toks) != 1 or not toks[0].text.isdigit():
+        raise cur.error_at(toks[0] if toks else clause, f"{clause.text.upper()} takes a non-negative integer")
+    return int(toks[0].text)

@@ -1,0 +1,289 @@
+"""One Spark session factory, plus the engine's own local Spark Connect server (DESIGN §3).
+
+Limitation: classic (py4j) and Spark Connect sessions cannot coexist in one Python process. Once a
+classic ``SparkContext`` is active, pyspark refuses to build a Connect session (SESSION_ALREADY_EXIST),
+and once a Connect session exists pyspark sets ``SPARK_CONNECT_MODE_ENABLED`` for the whole process,
+so later ``pyspark.sql.functions`` calls dispatch to Connect. ``get_session`` therefore only falls back
+to our own server when no classic session is active; use a subprocess to mix both (as the tests do).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pyspark.sql import SparkSession
+
+from .config import Settings, load_settings
+from .errors import SparkError
+
+BASE_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.ui.enabled": "false",
+    "spark.sql.adaptive.enabled": "true",
+}
+
+DRIVER_MEMORY = "2g"
+# The class name also names the pid and log files spark-daemon.sh writes.
+_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+_IDENT = "cq"  # SPARK_IDENT_STRING: fixed, so the pid file name does not depend on $USER
+
+
+def local_session(*, app_name: str = "cq-engine") -> SparkSession:
+    """An in-process ``local[*]`` session tuned for small batch firings."""
+    builder = SparkSession.builder.master("local[*]").appName(app_name)
+    for key, value in BASE_CONF.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """What we know about the engine's local Spark Connect server."""
+
+    running: bool
+    pid: int | None
+    port: int
+    url: str
+    log_file: str | None
+
+    def describe(self) -> str:
+        if self.running:
+            return f"Spark Connect server running at {self.url} (pid {self.pid}, log {self.log_file})"
+        return f"Spark Connect server not running (port {self.port})"
+
+
+def spark_home() -> Path:
+    """The installed pyspark package directory, which is a usable SPARK_HOME (bin/, sbin/, jars/)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _state_dir(settings: Settings) -> Path:
+    return Path(settings.home).expanduser().resolve() / "spark"
+
+
+def _pid_file(settings: Settings) -> Path:
+    return _state_dir(settings) / f"spark-{_IDENT}-{_CLASS}-1.pid"
+
+
+def _log_file(settings: Settings) -> Path | None:
+    # spark-daemon.sh appends $HOSTNAME to the name; take the newest current (unrotated) one.
+    logs = sorted(_state_dir(settings).glob(f"spark-{_IDENT}-{_CLASS}-1-*.out"), key=os.path.getmtime)
+    return logs[-1] if logs else None
+
+
+def _read_pid(settings: Settings) -> int | None:
+    try:
+        return int(_pid_file(settings).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a live process of our server (not a zombie, not a recycled pid)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    proc = Path(f"/proc/{pid}")
+    if not proc.exists():  # no procfs (macOS): signal 0 is all we can check
+        return True
+    try:
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return False  # orphans re-parented to a non-reaping pid 1 linger as zombies
+        # The pid file names the nice -> bash -> java exec chain; all carry the class name.
+        return _CLASS in (proc / "cmdline").read_bytes().decode(errors="replace")
+    except (OSError, IndexError):
+        return False
+
+
+def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _log_tail(path: Path | None, lines: int = 20) -> str:
+    if path is None or not path.exists():
+        return "(no log file)"
+    tail = path.read_text(errors="replace").splitlines()[-lines:]
+    return f"last lines of {path}:\n" + "\n".join("  " + line for line in tail)
+
+
+def _check_java() -> None:
+    """Fail early and clearly where spark-class would fail late and cryptically."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else None
+    if java is None:
+        from shutil import which
+
+        java = which("java")
+    if java is None or not os.access(java, os.X_OK):
+        where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "no java on PATH and JAVA_HOME unset"
+        raise SparkError(f"Java 17+ is required to run the Spark Connect server ({where})")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    # "1.8.0_392" style before Java 9, "17.0.15" since.
+    major = int(found.group(2) if found.group(1) == "1" and found.group(2) else found.group(1)) if found else 0
+    if major < 17:
+        raise SparkError(f"Java 17+ is required; {java} reports version {major or 'unknown'}")
+
+
+def server_status(settings: Settings) -> ServerStatus:
+    """Running means: the pid file's process is alive and the gRPC port accepts connections."""
+    pid = _read_pid(settings)
+    running = pid is not None and _alive(pid) and _port_open(settings.spark_port)
+    log = _log_file(settings)
+    return ServerStatus(running, pid if running else None, settings.spark_port,
+                        f"sc://localhost:{settings.spark_port}", str(log) if log else None)
+
+
+def start_server(settings: Settings, *, timeout: float = 90) -> ServerStatus:
+    """Start (or find) the local Spark Connect server and wait until it accepts connections."""
+    status = server_status(settings)
+    if status.running:
+        return status
+    pid = _read_pid(settings)
+    if pid is not None and not _alive(pid):
+        _pid_file(settings).unlink(missing_ok=True)
+        pid = None
+    if pid is None:  # else: one is still starting (another caller); just wait for it below
+        _launch(settings)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = _read_pid(settings)
+        if pid is None or not _alive(pid):
+            raise SparkError(f"Spark Connect server exited during start\n{_log_tail(_log_file(settings))}")
+        if _port_open(settings.spark_port):
+            return server_status(settings)
+        time.sleep(0.25)
+    stop_server(settings)  # leave no half-started JVM behind
+    raise SparkError(f"Spark Connect server did not open port {settings.spark_port} within {timeout:.0f}s\n"
+                     f"{_log_tail(_log_file(settings))}")
+
+
+def _launch(settings: Settings) -> None:
+    home = spark_home()
+    script = home / "sbin" / "start-connect-server.sh"
+    daemon = home / "sbin" / "spark-daemon.sh"
+    jars = list((home / "jars").glob("spark-connect_*.jar"))
+    if not jars:
+        raise SparkError(f"no Spark Connect server jar (jars/spark-connect_*.jar) in {home}; reinstall pyspark")
+    # The pip wheel ships spark-daemon.sh but not start-connect-server.sh; that script only runs
+    # `spark-daemon.sh submit <class> 1 --name ...`, so do the same when it is missing.
+    if script.is_file():
+        cmd = ["bash", str(script)]
+    elif daemon.is_file() and (home / "bin" / "spark-submit").is_file():
+        cmd = ["bash", str(daemon), "submit", _CLASS, "1", "--name", "Spark Connect server"]
+    else:
+        raise SparkError(f"neither sbin/start-connect-server.sh nor sbin/spark-daemon.sh found in {home}")
+    _check_java()
+    if not _port_free(settings.spark_port) or _port_open(settings.spark_port):
+        raise SparkError(f"port {settings.spark_port} is already in use by another process; set CQ_SPARK_PORT")
+    state = _state_dir(settings)
+    state.mkdir(parents=True, exist_ok=True)
+    conf = {**BASE_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port),
+            # Connect has no authentication: listen on loopback only.
+            "spark.connect.grpc.binding.address": "127.0.0.1"}
+    args = ["--master", "local[*]", "--driver-memory", DRIVER_MEMORY]
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    env = {k: v for k, v in os.environ.items()
+           # A client-side Connect marker would make spark-submit/pyspark act as a client.
+           if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")}
+    env.update(SPARK_HOME=str(home), SPARK_PID_DIR=str(state), SPARK_LOG_DIR=str(state),
+               SPARK_IDENT_STRING=_IDENT, SPARK_CONNECT_MODE="0")
+    # New session: the daemon must survive Ctrl-C of the command that started it.
+    out = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=120,
+                         start_new_session=True, stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise SparkError(f"{Path(cmd[1]).name} failed ({out.returncode}): {(out.stdout + out.stderr).strip()}\n"
+                         f"{_log_tail(_log_file(settings))}")
+
+
+def stop_server(settings: Settings, *, timeout: float = 30) -> bool:
+    """Stop our server if it runs (SIGTERM, then SIGKILL after ``timeout``); True if one was stopped."""
+    pid = _read_pid(settings)
+    stopped = False
+    if pid is not None and _alive(pid):
+        os.kill(pid, signal.SIGTERM)  # JVM shutdown hooks stop the SparkContext and its workers
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.1)
+        stopped = True
+    _pid_file(settings).unlink(missing_ok=True)
+    deadline = time.monotonic() + 5  # the kernel may take a moment to release the port
+    while stopped and _port_open(settings.spark_port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return stopped
+
+
+def _classic_active() -> bool:
+    from pyspark.core.context import SparkContext
+
+    return SparkContext._active_spark_context is not None
+
+
+def _remote_session(url: str) -> SparkSession:
+    if _classic_active():
+        raise SparkError(f"cannot connect to {url}: a classic Spark session is already active in this "
+                         "process, and pyspark cannot mix classic and Spark Connect sessions")
+    # Probe first: the Connect client retries an unreachable server for minutes.
+    parsed = urlparse(url.replace("sc://", "http://", 1).split(";", 1)[0])
+    if not _port_open(parsed.port or 15002, parsed.hostname or "localhost", timeout=3):
+        raise SparkError(f"cannot connect to Spark Connect server at {url}")
+    try:
+        spark = SparkSession.builder.remote(url).getOrCreate()
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+    except Exception as exc:  # pyspark raises many unrelated types here
+        raise SparkError(f"cannot open a Spark Connect session at {url}: {exc}") from exc
+    return spark
+
+
+def get_session(settings: Settings | None = None) -> SparkSession:
+    """CQ_SPARK_REMOTE, else CQ_SPARK_MASTER, else our running local server, else in-process local."""
+    settings = settings or load_settings()
+    if settings.spark_remote:
+        return _remote_session(settings.spark_remote)
+    if settings.spark_master:
+        builder = SparkSession.builder.master(settings.spark_master).appName("cq-engine")
+        for key, value in BASE_CONF.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+    status = server_status(settings)
+    if status.running and not _classic_active():  # see the module docstring
+        return _remote_session(status.url)
+    return local_session()
+
+
+def session_kind(spark: SparkSession) -> str:
+    """"connect" for a Spark Connect session, else "classic"."""
+    return "connect" if type(spark).__module__.startswith("pyspark.sql.connect") else "classic"

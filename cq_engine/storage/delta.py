@@ -1,0 +1,351 @@
+"""``Storage`` over the ``deltalake`` (delta-rs) package: the Delta log through delta-rs, compute in Spark.
+
+Reads pin a snapshot, keep only the data files whose time-column statistics overlap the range and hand
+those to ``spark.read.parquet``; writes replace a time range in one atomic delta-rs commit (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+
+from ..errors import CQError, TableError
+from .base import ArrowData, Scan, TimeRange
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from ..model import TableDecl
+
+UTC = timezone.utc
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+MAX_ATTEMPTS = 5  # whole-write attempts on a concurrent-commit conflict
+# Delta statistics store timestamps truncated to milliseconds, so a file's true maximum can lie up to
+# 1 ms above its recorded one.
+_STATS_SLACK = timedelta(milliseconds=1)
+
+_SIMPLE_TYPES: dict[str, pa.DataType] = {
+    "double": pa.float64(), "float": pa.float32(), "real": pa.float32(),
+    "bigint": pa.int64(), "long": pa.int64(), "int": pa.int32(), "integer": pa.int32(),
+    "smallint": pa.int16(), "short": pa.int16(), "tinyint": pa.int8(), "byte": pa.int8(),
+    "boolean": pa.bool_(), "bool": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
+    "timestamp": TIMESTAMP, "date": pa.date32(),
+}
+# Delta's own type names where they differ from the Spark SQL names people write.
+_DISPLAY = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
+
+
+def arrow_type(spark_type: str) -> pa.DataType:
+    """The Arrow type for a Spark SQL type name (``double``, ``varchar(64)``, ``decimal(10,2)``...)."""
+    name = re.sub(r"\s+", "", spark_type.lower())
+    if name in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[name]
+    if re.fullmatch(r"(varchar|char)\(\d+\)", name):
+        return pa.string()
+    match = re.fullmatch(r"decimal(?:\((\d+)(?:,(\d+))?\))?", name)
+    if match:
+        precision, scale = int(match.group(1) or 10), int(match.group(2) or 0)
+        if not 1 <= precision <= 38 or scale > precision:
+            raise TableError(f"invalid type {spark_type!r}: decimal precision 1..38, scale <= precision")
+        return pa.decimal128(precision, scale)
+    raise TableError(
+        f"unknown column type {spark_type!r} (known: {', '.join(sorted(_SIMPLE_TYPES))}, "
+        "varchar(n), char(n), decimal(p,s))")
+
+
+def _delta_types(schema: Schema) -> list[tuple[str, str]]:
+    """(name, Delta type) pairs; complex types as their JSON so they compare exactly."""
+    fields = json.loads(schema.to_json())["fields"]
+    return [(f["name"], f["type"] if isinstance(f["type"], str) else json.dumps(f["type"])) for f in fields]
+
+
+def _range_bounds(time_range: TimeRange) -> tuple[datetime, datetime]:
+    lo, hi = time_range
+    if lo.tzinfo is None or hi.tzinfo is None:
+        raise CQError(f"time range [{lo}, {hi}) must be timezone-aware")
+    if not lo < hi:
+        raise CQError(f"empty time range [{lo.isoformat()}, {hi.isoformat()})")
+    return lo.astimezone(UTC), hi.astimezone(UTC)
+
+
+def _literal(t: datetime) -> str:
+    # delta-rs (DataFusion) casts a string literal compared with a timestamp column to that column's
+    # type, microseconds included; TIMESTAMP '...' and CAST(... AS TIMESTAMP) give Timestamp(ns) and fail.
+    return "'" + t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") + "'"
+
+
+def range_predicate(time_column: str, time_range: TimeRange) -> str:
+    """The delta-rs SQL predicate for ``time_column`` in the half-open ``time_range``."""
+    lo, hi = _range_bounds(time_range)
+    column = '"' + time_column.replace('"', '""') + '"'
+    return f"{column} >= {_literal(lo)} AND {column} < {_literal(hi)}"
+
+
+def _micros(t: datetime) -> int:
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+class DeltaRsStorage:
+    """Delta tables under ``warehouse`` (``<warehouse>/<table>``) read and written with delta-rs."""
+
+    def __init__(self, *, warehouse: str, storage_options: dict[str, str] | None = None):
+        self.warehouse = warehouse if "://" in warehouse else os.path.abspath(warehouse)
+        self.storage_options = storage_options
+
+    def uri(self, table: str) -> str:
+        return f"{self.warehouse.rstrip('/')}/{table}"
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    def exists(self, table: str) -> bool:
+        return DeltaTable.is_deltatable(self.uri(table), storage_options=self.storage_options)
+
+    def _open(self, table: str, version: int | None = None) -> DeltaTable:
+        try:
+            return DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
+        except TableNotFoundError:
+            raise TableError(
+                f"table '{table}' does not exist (create it with CREATE TABLE in sql/ or `cq ingest`)"
+            ) from None
+        except DeltaError as exc:
+            if version is not None and self.exists(table):
+                raise TableError(f"table '{table}' has no version {version}: {exc}") from None
+            raise
+
+    def schema(self, table: str) -> pa.Schema:
+        return pa.schema(self._open(table).schema().to_arrow())
+
+    def version(self, table: str) -> int:
+        return self._open(table).version()
+
+    def transaction_version(self, table: str, app_id: str) -> int | None:
+        return self._open(table).transaction_version(app_id)
+
+    def create_table(self, decl: "TableDecl") -> bool:
+        """Create ``decl``'s empty table; False if it exists with the same columns and types."""
+        wanted = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in decl.columns])
+        if self.exists(decl.name):
+            self._check_same(decl.name, Schema.from_arrow(wanted), self._open(decl.name).schema())
+            return False
+        # mode="ignore": a concurrent creator of the same table is not an error.
+        DeltaTable.create(self.uri(decl.name), wanted, mode="ignore", storage_options=self.storage_options)
+        self._check_same(decl.name, Schema.from_arrow(wanted), self._open(decl.name).schema())
+        return True
+
+    @staticmethod
+    def _check_same(table: str, wanted: Schema, actual: Schema) -> None:
+        want = {n.lower(): (n, t) for n, t in _delta_types(wanted)}
+        have = {n.lower(): (n, t) for n, t in _delta_types(actual)}
+        show = lambda t: _DISPLAY.get(t, t)  # noqa: E731
+        problems = [f"column '{want[k][0]}' is missing" for k in want if k not in have]
+        problems += [f"column '{have[k][0]}' is not declared" for k in have if k not in want]
+        problems += [f"column '{want[k][0]}' is {show(have[k][1])}, declared {show(want[k][1])}"
+                     for k in want if k in have and want[k][1] != have[k][1]]
+        if problems:
+            raise TableError(f"table '{table}' exists with a different schema: {'; '.join(problems)}")
+
+    def _time_field(self, table: str, dt: DeltaTable, time_column: str) -> str:
+        """The stored name of ``time_column`` (matched case-insensitively); it must be a timestamp."""
+        types = _delta_types(dt.schema())
+        match = next(((n, t) for n, t in types if n.lower() == time_column.lower()), None)
+        if match is None:
+            raise TableError(f"table '{table}' has no time column '{time_column}' "
+                             f"(columns: {', '.join(n for n, _ in types)})")
+        if match[1] != "timestamp":
+            raise TableError(f"table '{table}', column '{match[0]}' is {_DISPLAY.get(match[1], match[1])}, "
+                             "not a timestamp, so it cannot be the time column")
+        return match[0]
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def read_range(
+        self, spark: "SparkSession", table: str, *, time_column: str, time_range: TimeRange | None,
+        version: int | None = None,
+    ) -> tuple["DataFrame", Scan]:
+        """Rows with ``time_column`` in ``time_range`` (None: all rows) at a pinned version, reading
+        only the files whose statistics can hold such rows."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StructType
+
+        dt = self._open(table, version)
+        column = self._time_field(table, dt, time_column)
+        protocol = dt.protocol()
+        # Plain parquet reads would ignore deleted-row bitmaps and physical column names.
+        unsupported = {"deletionVectors", "columnMapping"} & set(protocol.reader_features or ())
+        if unsupported:
+            raise TableError(f"table '{table}' uses Delta features {sorted(unsupported)} that the "
+                             "deltalake read path does not support")
+        uris = dt.file_uris()
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if time_range is None:
+            kept = uris
+        else:
+            lo, hi = _range_bounds(time_range)
+            kept = [u for u, keep in zip(uris, _overlaps(actions, column, lo, hi)) if keep]
+        spark_schema = StructType.fromJson(json.loads(dt.schema().to_json()))
+        if kept:
+            df = spark.read.schema(spark_schema).parquet(*kept)
+        else:
+            df = spark.createDataFrame([], schema=spark_schema)
+        if time_range is not None:
+            # Exact half-open filter; microsecond literals avoid any session-time-zone interpretation.
+            ts = F.col(f"`{column}`")
+            df = df.where((ts >= F.timestamp_micros(F.lit(_micros(lo))))
+                          & (ts < F.timestamp_micros(F.lit(_micros(hi)))))
+        return df, Scan(table=table, version=dt.version(), files_total=len(uris), files_read=len(kept))
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def append(self, table: str, data: pa.Table, *, metadata: Mapping[str, str] | None = None) -> int:
+        """Append ``data`` in one commit, creating the table if missing; returns the new version."""
+        if self.exists(table):
+            data = _cast_to(table, data, self.schema(table))
+        else:
+            data = data.cast(_storable_schema(data.schema))
+        props = CommitProperties(custom_metadata=dict(metadata) if metadata else None)
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                write_deltalake(self.uri(table), data, mode="append", commit_properties=props,
+                                storage_options=self.storage_options)
+                break
+            except CommitFailedError:
+                if attempt == MAX_ATTEMPTS - 1:
+                    raise
+        return self.version(table)
+
+    def replace_range(
+        self, table: str, data: ArrowData, *, time_column: str, time_range: TimeRange,
+        app_id: str, app_version: int, metadata: Mapping[str, str] | None = None,
+    ) -> int:
+        """Replace every row with ``time_column`` in ``time_range`` by ``data`` in one commit carrying
+        the application transaction ``(app_id, app_version)``; creates the table if missing.
+
+        A ``pa.Table`` is rewritten up to ``MAX_ATTEMPTS`` times on a concurrent-commit conflict; a
+        ``RecordBatchReader`` is streamed once (it cannot be replayed), so a conflict that delta-rs
+        cannot resolve by itself is raised."""
+        lo, hi = _range_bounds(time_range)
+        if not self.exists(table):
+            incoming = {f.name.lower(): f.type for f in data.schema}
+            if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
+                raise TableError(f"table '{table}' does not exist and the data to write has no "
+                                 f"timestamp column '{time_column}' to create it from")
+            DeltaTable.create(self.uri(table), _storable_schema(data.schema), mode="ignore",
+                              storage_options=self.storage_options)
+        dt = self._open(table)
+        column = self._time_field(table, dt, time_column)
+        target = pa.schema(dt.schema().to_arrow())
+        props = CommitProperties(
+            custom_metadata=dict(metadata) if metadata else None,
+            max_commit_retries=MAX_ATTEMPTS,
+            app_transactions=[Transaction(app_id=app_id, version=app_version)],
+        )
+        predicate = range_predicate(column, (lo, hi))
+        failure: list[BaseException] = []
+        if isinstance(data, pa.Table):
+            data = _cast_to(table, data, target)
+            _check_in_range(table, column, data.column(column), lo, hi)
+            attempts = MAX_ATTEMPTS
+        else:
+            data = pa.RecordBatchReader.from_batches(
+                target, _checked_batches(table, data, target, column, lo, hi, failure))
+            attempts = 1
+        for attempt in range(attempts):
+            try:
+                write_deltalake(self.uri(table), data, mode="overwrite", predicate=predicate,
+                                commit_properties=props, storage_options=self.storage_options)
+                break
+            except CommitFailedError:
+                if attempt == attempts - 1:
+                    raise
+            except DeltaError:
+                # delta-rs flattens an exception raised while it pulls batches into a DeltaError
+                # message; re-raise the original (e.g. the out-of-range CQError) instead.
+                if failure:
+                    raise failure[0] from None
+                raise
+        return self._open(table).version()
+
+
+def _overlaps(actions: pa.Table, column: str, lo: datetime, hi: datetime) -> list[bool]:
+    """Per add action: can the file hold a row with ``column`` in [lo, hi)? Files without stats can."""
+    names = actions.column_names
+    if f"min.{column}" not in names or f"max.{column}" not in names:
+        return [True] * actions.num_rows
+    mins = actions.column(f"min.{column}").to_pylist()
+    maxs = actions.column(f"max.{column}").to_pylist()
+    return [mn is None or mx is None or (mn < hi and mx + _STATS_SLACK > lo) for mn, mx in zip(mins, maxs)]
+
+
+def _storable_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a new table gets from its first data: nullable columns, timestamps as UTC micros
+    (naive timestamps are UTC inside the engine), large/view strings as plain strings."""
+    def fix(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t):
+            return TIMESTAMP
+        if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            return pa.string()
+        if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            return pa.binary()
+        return t
+    return pa.schema([pa.field(f.name, fix(f.type)) for f in schema])
+
+
+def _cast_to(table: str, data: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table | pa.RecordBatch:
+    """``data`` with exactly ``schema``'s columns (matched case-insensitively) and types."""
+    by_name = {n.lower(): i for i, n in enumerate(data.schema.names)}
+    extra = set(by_name) - {n.lower() for n in schema.names}
+    if extra:
+        raise TableError(f"table '{table}' has no column(s) {', '.join(sorted(extra))} "
+                         f"(columns: {', '.join(schema.names)})")
+    arrays = []
+    for field in schema:
+        i = by_name.get(field.name.lower())
+        if i is None:
+            if not field.nullable:
+                raise TableError(f"table '{table}': data lacks the non-nullable column '{field.name}'")
+            arrays.append(pa.nulls(data.num_rows, field.type))
+            continue
+        try:
+            arrays.append(pc.cast(data.column(i), field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise TableError(f"table '{table}', column '{field.name}': cannot store "
+                             f"{data.schema.field(i).type} as {field.type}: {exc}") from None
+    if isinstance(data, pa.RecordBatch):
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _check_in_range(table: str, column: str, values: pa.Array | pa.ChunkedArray,
+                    lo: datetime, hi: datetime) -> None:
+    """Rows outside [lo, hi) would survive next to the replaced range, so they are an error."""
+    if values.null_count:
+        raise CQError(f"table '{table}': {values.null_count} row(s) to write have no '{column}'")
+    if len(values) == 0:
+        return
+    bounds = pc.min_max(values).as_py()
+    if bounds["min"] < lo or bounds["max"] >= hi:
+        raise CQError(
+            f"table '{table}': rows to write span [{bounds['min'].isoformat()}, {bounds['max'].isoformat()}] "
+            f"on '{column}', outside the replaced range [{lo.isoformat()}, {hi.isoformat()})")
+
+
+def _checked_batches(table: str, reader: pa.RecordBatchReader, schema: pa.Schema, column: str,
+                     lo: datetime, hi: datetime, failure: list[BaseException]) -> Iterator[pa.RecordBatch]:
+    """Stream ``reader`` cast to ``schema`` and range-checked; a failure is kept in ``failure`` so the
+    caller can re-raise it (delta-rs only reports its text)."""
+    try:
+        for batch in reader:
+            batch = _cast_to(table, batch, schema)
+            _check_in_range(table, column, batch.column(column), lo, hi)
+            yield batch
+    except BaseException as exc:
+        failure.append(exc)
+        raise

@@ -1,0 +1,283 @@
+"""DeltaRsStorage against real Delta tables on disk and the shared Spark session."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from cq_engine.errors import CQError, TableError
+from cq_engine.model import Column, SourceLocation, TableDecl
+from cq_engine.storage.base import Storage
+from cq_engine.storage.delta import DeltaRsStorage, arrow_type, range_predicate
+
+UTC = timezone.utc
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+TS = pa.timestamp("us", tz="UTC")
+US = timedelta(microseconds=1)
+
+
+def decl(name: str, *columns: tuple[str, str]) -> TableDecl:
+    return TableDecl(name=name, columns=tuple(Column(n, t) for n, t in columns), time_column="ts",
+                     if_not_exists=True, location=SourceLocation("t.sql", 1, 1))
+
+
+def rows(times: list[datetime], values: list[float] | None = None, device: str = "d1") -> pa.Table:
+    values = values if values is not None else [float(i) for i in range(len(times))]
+    return pa.table({"ts": pa.array(times, TS), "device": [device] * len(times), "v": values})
+
+
+def table_rows(storage: DeltaRsStorage, table: str) -> list[tuple]:
+    """All rows through delta-rs' own scan (not Spark), sorted."""
+    data = pa.table(DeltaTable(storage.uri(table)).scan())
+    return sorted(zip(*(data.column(n).to_pylist() for n in ("ts", "device", "v"))))
+
+
+def spark_rows(df) -> list[tuple]:
+    data = df.toArrow()
+    return sorted(zip(*(data.column(n).to_pylist() for n in ("ts", "device", "v"))))
+
+
+@pytest.fixture
+def storage(tmp_path) -> DeltaRsStorage:
+    return DeltaRsStorage(warehouse=str(tmp_path / "warehouse"))
+
+
+@pytest.fixture
+def minutes(storage) -> DeltaRsStorage:
+    """Table 'm': 30 appends, append i holding 6 rows in minute i (every 10 s)."""
+    for i in range(30):
+        storage.append("m", rows([T0 + timedelta(minutes=i, seconds=10 * k) for k in range(6)],
+                                 [float(i * 10 + k) for k in range(6)]))
+    return storage
+
+
+def test_arrow_types():
+    assert arrow_type("DOUBLE") == pa.float64()
+    assert arrow_type("bigint") == arrow_type("long") == pa.int64()
+    assert arrow_type("int") == arrow_type("integer") == pa.int32()
+    assert arrow_type("smallint") == pa.int16() and arrow_type("tinyint") == pa.int8()
+    assert arrow_type("float") == pa.float32() and arrow_type("boolean") == pa.bool_()
+    assert arrow_type("varchar(64)") == arrow_type("string") == pa.string()
+    assert arrow_type("binary") == pa.binary() and arrow_type("date") == pa.date32()
+    assert arrow_type("timestamp") == TS
+    assert arrow_type("decimal(10, 2)") == pa.decimal128(10, 2)
+    with pytest.raises(TableError, match="unknown column type 'geometry'"):
+        arrow_type("geometry")
+
+
+def test_storage_interface_and_paths(storage):
+    implements: Storage = storage  # checked by type checkers against the Protocol
+    assert implements.uri("t").endswith("/warehouse/t")
+    assert DeltaRsStorage(warehouse="relative/wh").warehouse.startswith("/")
+
+
+def test_create_append_version_schema(storage):
+    d = decl("ln", ("ts", "timestamp"), ("device", "string"), ("v", "double"), ("n", "bigint"),
+             ("price", "decimal(10,2)"))
+    assert not storage.exists("ln")
+    assert storage.create_table(d) is True
+    assert storage.exists("ln") and storage.version("ln") == 0
+    schema = storage.schema("ln")
+    assert schema.names == ["ts", "device", "v", "n", "price"]
+    assert schema.field("ts").type == TS and schema.field("price").type == pa.decimal128(10, 2)
+    # Columns in another order and a narrower int type are conformed to the table's schema.
+    data = pa.table({"v": [1.5], "ts": pa.array([T0], TS), "device": ["a"], "n": pa.array([3], pa.int32())})
+    assert storage.append("ln", data, metadata={"source": "test"}) == 1
+    assert storage.version("ln") == 1
+    assert DeltaTable(storage.uri("ln")).history(1)[0]["source"] == "test"
+    assert pa.table(DeltaTable(storage.uri("ln")).scan()).to_pylist() == [
+        {"ts": T0, "device": "a", "v": 1.5, "n": 3, "price": None}]
+
+
+def test_append_creates_missing_table(storage):
+    assert storage.append("new", rows([T0])) == 0
+    assert storage.schema("new").field("ts").type == TS
+
+
+def test_create_table_idempotent_and_mismatch(storage):
+    d = decl("ln", ("ts", "timestamp"), ("v", "double"), ("n", "bigint"))
+    assert storage.create_table(d) is True
+    assert storage.create_table(d) is False
+    assert storage.create_table(decl("ln", ("TS", "timestamp"), ("v", "double"), ("n", "long"))) is False
+    assert storage.version("ln") == 0
+    other = decl("ln", ("ts", "timestamp"), ("v", "int"), ("extra", "string"))
+    with pytest.raises(TableError) as err:
+        storage.create_table(other)
+    message = str(err.value)
+    assert "table 'ln' exists with a different schema" in message
+    assert "column 'v' is double, declared int" in message
+    assert "column 'extra' is missing" in message and "column 'n' is not declared" in message
+
+
+def test_read_range_edges_half_open(spark, storage):
+    lo, hi = T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)
+    # One file per row, so the millisecond-truncated statistics are exercised at both edges.
+    edge_times = [lo - US, lo - timedelta(microseconds=500), lo, lo + timedelta(microseconds=500),
+                  hi - US, hi, hi + US]
+    for i, t in enumerate(edge_times):
+        storage.append("e", rows([t], [float(i)]))
+    df, scan = storage.read_range(spark, "e", time_column="ts", time_range=(lo, hi))
+    assert [r[0] for r in spark_rows(df)] == [lo, lo + timedelta(microseconds=500), hi - US]
+    assert scan.table == "e" and scan.version == 6 and scan.files_total == 7
+    # lo - 1us and lo - 500us can only be excluded by the exact filter: their stats truncate to
+    # lo - 1 ms, whose 1 ms slack does not reach lo, so both are skipped; hi and hi + 1us are skipped.
+    assert scan.files_read == 3
+
+
+def test_read_range_skips_files(spark, minutes):
+    lo, hi = T0 + timedelta(minutes=10), T0 + timedelta(minutes=12)
+    df, scan = minutes.read_range(spark, "m", time_column="ts", time_range=(lo, hi))
+    got = spark_rows(df)
+    assert [r[2] for r in got] == [float(i * 10 + k) for i in (10, 11) for k in range(6)]
+    assert scan.files_total == 30 and scan.files_read <= 3
+    # An unaligned range touches three minutes.
+    lo, hi = lo + timedelta(seconds=30), hi + timedelta(seconds=30)
+    df, scan = minutes.read_range(spark, "m", time_column="ts", time_range=(lo, hi))
+    assert [r[0] for r in spark_rows(df)] == [lo + timedelta(seconds=10 * k) for k in range(12)]
+    assert scan.files_read == 3
+
+
+def test_read_range_whole_table_version_and_empty(spark, minutes):
+    df, scan = minutes.read_range(spark, "m", time_column="ts", time_range=None)
+    assert df.count() == 180 and scan.files_read == 30 and scan.version == 29
+    df, scan = minutes.read_range(spark, "m", time_column="TS", time_range=None, version=4)
+    assert df.count() == 30 and scan.version == 4 and scan.files_total == 5
+    far = (T0 + timedelta(days=1), T0 + timedelta(days=2))
+    df, scan = minutes.read_range(spark, "m", time_column="ts", time_range=far)
+    assert scan.files_read == 0 and df.count() == 0
+    assert df.schema.fieldNames() == ["ts", "device", "v"]
+    with pytest.raises(TableError, match="has no version 99"):
+        minutes.read_range(spark, "m", time_column="ts", time_range=None, version=99)
+
+
+def test_read_range_errors(spark, storage):
+    with pytest.raises(TableError, match=r"table 'nope' does not exist \(create it with CREATE TABLE"):
+        storage.read_range(spark, "nope", time_column="ts", time_range=None)
+    storage.append("x", rows([T0]))
+    with pytest.raises(TableError, match="table 'x' has no time column 'time'"):
+        storage.read_range(spark, "x", time_column="time", time_range=None)
+    with pytest.raises(TableError, match="table 'x', column 'v' is double, not a timestamp"):
+        storage.read_range(spark, "x", time_column="v", time_range=None)
+    with pytest.raises(TableError, match="does not exist"):
+        storage.version("nope")
+
+
+def test_range_predicate_syntax():
+    predicate = range_predicate("ts", (T0, T0 + timedelta(seconds=1, microseconds=5)))
+    assert predicate == ("\"ts\" >= '2024-01-01T00:00:00.000000Z' AND "
+                         "\"ts\" < '2024-01-01T00:00:01.000005Z'")
+
+
+def test_replace_range_replaces_exactly_and_records_transaction(spark, minutes):
+    lo, hi = T0 + timedelta(minutes=5, seconds=10), T0 + timedelta(minutes=7, seconds=20)
+    before = table_rows(minutes, "m")
+    new = rows([lo, lo + timedelta(seconds=1), hi - US], [-1.0, -2.0, -3.0], device="new")
+    version = minutes.replace_range("m", new, time_column="ts", time_range=(lo, hi),
+                                    app_id="cq:m", app_version=42, metadata={"range": "x"})
+    assert version == 30 == minutes.version("m")
+    assert minutes.transaction_version("m", "cq:m") == 42
+    assert minutes.transaction_version("m", "other") is None
+    kept = [r for r in before if not lo <= r[0] < hi]
+    assert table_rows(minutes, "m") == sorted(kept + [(lo, "new", -1.0), (lo + timedelta(seconds=1), "new", -2.0),
+                                                       (hi - US, "new", -3.0)])
+    assert len(kept) == 180 - 13
+    assert DeltaTable(minutes.uri("m")).history(1)[0]["range"] == "x"
+    # Running the same replace again leaves the same rows (idempotent firing) and a newer transaction.
+    minutes.replace_range("m", new, time_column="ts", time_range=(lo, hi), app_id="cq:m", app_version=43)
+    assert len(table_rows(minutes, "m")) == 180 - 13 + 3
+    assert minutes.transaction_version("m", "cq:m") == 43
+    df, _ = minutes.read_range(spark, "m", time_column="ts", time_range=(lo, hi))
+    assert [r[2] for r in spark_rows(df)] == [-1.0, -2.0, -3.0]
+
+
+def test_replace_range_empty_data_deletes_range(minutes):
+    lo, hi = T0, T0 + timedelta(minutes=1)
+    minutes.replace_range("m", rows([]), time_column="ts", time_range=(lo, hi), app_id="a", app_version=1)
+    assert len(table_rows(minutes, "m")) == 174
+
+
+def test_replace_range_rejects_rows_outside(minutes):
+    lo, hi = T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)
+    before = table_rows(minutes, "m")
+    for bad in (hi, lo - US):
+        with pytest.raises(CQError, match="outside the replaced range"):
+            minutes.replace_range("m", rows([lo, bad]), time_column="ts", time_range=(lo, hi),
+                                  app_id="a", app_version=1)
+    assert minutes.version("m") == 29 and table_rows(minutes, "m") == before
+
+
+def test_replace_range_streams_reader_and_casts(minutes):
+    lo, hi = T0 + timedelta(minutes=3), T0 + timedelta(minutes=4)
+    schema = pa.schema([("ts", TS), ("device", pa.large_string()), ("v", pa.float32())])
+    batches = [pa.record_batch([pa.array([lo + timedelta(seconds=i)], TS), pa.array(["r"], pa.large_string()),
+                                pa.array([float(i)], pa.float32())], schema=schema) for i in range(3)]
+    reader = pa.RecordBatchReader.from_batches(schema, iter(batches))
+    minutes.replace_range("m", reader, time_column="ts", time_range=(lo, hi), app_id="r", app_version=1)
+    got = [r for r in table_rows(minutes, "m") if lo <= r[0] < hi]
+    assert got == [(lo + timedelta(seconds=i), "r", float(i)) for i in range(3)]
+
+
+class Boom(Exception):
+    pass
+
+
+def test_replace_range_reader_failure_leaves_table_unchanged(minutes):
+    lo, hi = T0 + timedelta(minutes=3), T0 + timedelta(minutes=4)
+    before, version = table_rows(minutes, "m"), minutes.version("m")
+
+    def failing():
+        yield rows([lo], [1.0]).to_batches()[0]
+        raise Boom("lost the Spark connection")
+
+    reader = pa.RecordBatchReader.from_batches(rows([]).schema, failing())
+    with pytest.raises(Boom, match="lost the Spark connection"):
+        minutes.replace_range("m", reader, time_column="ts", time_range=(lo, hi), app_id="r", app_version=1)
+
+    def out_of_range():
+        yield rows([lo], [1.0]).to_batches()[0]
+        yield rows([hi], [2.0]).to_batches()[0]
+
+    reader = pa.RecordBatchReader.from_batches(rows([]).schema, out_of_range())
+    with pytest.raises(CQError, match="outside the replaced range"):
+        minutes.replace_range("m", reader, time_column="ts", time_range=(lo, hi), app_id="r", app_version=1)
+    assert minutes.version("m") == version and table_rows(minutes, "m") == before
+    assert minutes.transaction_version("m", "r") is None
+
+
+def test_replace_range_creates_missing_table(storage):
+    lo, hi = T0, T0 + timedelta(minutes=1)
+    version = storage.replace_range("sink", rows([T0]), time_column="ts", time_range=(lo, hi),
+                                    app_id="s", app_version=7)
+    assert storage.exists("sink") and storage.transaction_version("sink", "s") == 7
+    assert version == storage.version("sink") and table_rows(storage, "sink") == [(T0, "d1", 0.0)]
+    with pytest.raises(TableError, match="no timestamp column 'time'"):
+        storage.replace_range("sink2", rows([T0]), time_column="time", time_range=(lo, hi),
+                              app_id="s", app_version=7)
+    assert not storage.exists("sink2")
+
+
+def test_replace_range_concurrent_writers_retry(minutes):
+    lo, hi = T0 + timedelta(minutes=1), T0 + timedelta(minutes=3)
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            minutes.replace_range("m", rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
+                                  time_column="ts", time_range=(lo, hi), app_id=f"w{n}", app_version=1)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    in_range = [r for r in table_rows(minutes, "m") if lo <= r[0] < hi]
+    # Every writer committed; the last one's replace holds the range alone.
+    assert len(in_range) == 1 and in_range[0][1].startswith("w")
+    assert minutes.version("m") == 32
