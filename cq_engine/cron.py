@@ -54,11 +54,13 @@ def resample_ticks(*, every: timedelta, boundary: datetime, start: datetime, end
     lo = max(start, boundary)
     if lo >= end:
         return []
-    return [boundary + i * every for i in range(_ceil_div(lo - boundary, every), _ceil_div(end - boundary, every))]
+    first, stop = _ceil_div(lo - boundary, every), _ceil_div(end - boundary, every)
+    return [boundary + i * every for i in range(first, stop)]
 
 
 def period_ticks(
-    *, interval: timedelta, offset: timedelta, timezone: str, created: datetime, start: datetime, end: datetime
+    *, interval: timedelta, offset: timedelta, timezone: str, created: datetime, start: datetime,
+    end: datetime,
 ) -> list[datetime]:
     """TDengine PERIOD(interval, offset) ticks in [start, end) that are at or after ``created``.
 
@@ -81,14 +83,14 @@ def period_ticks(
         return [base + k * interval for k in range(first, _ceil_div(end - base, interval))]
     out: list[datetime] = []
     day = lo.astimezone(tz).date()
-    last = (end - timedelta(microseconds=1)).astimezone(tz).date()
     day_start = _local_midnight(day, tz)
-    while day <= last:
-        day = day + _DAY
+    while day_start < end:
+        day += _DAY
         next_start = _local_midnight(day, tz)
         base = day_start + offset
-        k0 = max(0, _ceil_div(lo - base, interval))
-        out.extend(base + k * interval for k in range(k0, _ceil_div(min(next_start, end) - base, interval)))
+        first = max(0, _ceil_div(lo - base, interval))
+        stop = _ceil_div(min(next_start, end) - base, interval)
+        out.extend(base + k * interval for k in range(first, stop))
         day_start = next_start
     return out
 
@@ -112,8 +114,8 @@ def compile_cron(
     ticks share their seconds with when ``every`` is whole minutes (RESAMPLE boundary, PERIOD
     creation-day midnight + offset); both only reject hopeless cases before ticks are generated.
     Tries ``timezone``, then ``"UTC"``. A candidate is derived from the ticks' local wall times
-    (a per-weekday set of (hour, minute) that must repeat on every whole day of the horizon; one
-    string per group of minutes sharing the same hours) and then verified over the whole horizon:
+    (the set of (hour, minute) per weekday in the first whole week; one string per group of minutes
+    sharing the same hours, or of hours sharing the same minutes) and verified over the horizon:
     fields are expanded with croniter's parser, each matching wall time is mapped to its instant,
     and the merged, deduplicated instants must equal the ticks. A candidate with any matching wall
     time that is non-existent or ambiguous in its zone is rejected: there Dagster applies its own
@@ -130,10 +132,14 @@ def compile_cron(
     end = verify_from + horizon
     secs: list[int] = []
     for t in ticks(verify_from, end):
-        delta = _utc(t, "tick") - EPOCH
-        if delta % _MINUTE:
+        if t.tzinfo is None:
+            raise ValueError(f"tick must be timezone-aware: {t!r}")
+        if t.microsecond:
             return None
-        secs.append(delta // _SECOND)
+        ts = t.timestamp()  # whole seconds: an exact float
+        if ts % 60:
+            return None
+        secs.append(int(ts))
     if not secs:
         return None
     want = set(secs)
@@ -175,24 +181,21 @@ def period_cron(
 
 
 def _propose(secs: list[int], tz: ZoneInfo, lo: int, hi: int) -> list[str] | None:
-    """Cron strings from the ticks' wall times in ``tz``, if every whole day repeats its weekday."""
+    """Cron strings repeating the ticks' local wall times of the first whole week in [lo, hi)."""
     offset_at = _offset_lookup(tz)
-    by_day: dict[int, set[tuple[int, int]]] = {}
-    for s in secs:
-        day, tod = divmod(s + offset_at(s), 86_400)
-        if tod % 60:
-            return None
-        by_day.setdefault(day, set()).add(divmod(tod // 60, 60))
-    first_day = (lo + offset_at(lo)) // 86_400
-    last_day = (hi - 1 + offset_at(hi - 1)) // 86_400
-    whole_days = range(first_day + 1, last_day)
-    if len(whole_days) < 7:
+    first_day = (lo + offset_at(lo)) // 86_400 + 1
+    if (hi - 1 + offset_at(hi - 1)) // 86_400 - first_day < 7:
         return None
-    per_weekday: dict[int, frozenset[tuple[int, int]]] = {}
-    for day in whole_days:
-        times = frozenset(by_day.get(day, ()))
-        if per_weekday.setdefault((day + 4) % 7, times) != times:  # 1970-01-01 was a Thursday (4)
-            return None
+    limit = (first_day + 8) * 86_400 + 14 * 3_600  # past the week's last instant in any zone
+    by_day: dict[int, set[tuple[int, int]]] = {day: set() for day in range(first_day, first_day + 7)}
+    for s in secs:
+        if s < limit:
+            day, tod = divmod(s + offset_at(s), 86_400)
+            if day in by_day:
+                if tod % 60:
+                    return None
+                by_day[day].add(divmod(tod // 60, 60))
+    per_weekday = {(day + 4) % 7: frozenset(times) for day, times in by_day.items()}  # 1970-01-01: Thu
     weekdays_by_times: dict[frozenset[tuple[int, int]], list[int]] = {}
     for weekday, times in sorted(per_weekday.items()):
         weekdays_by_times.setdefault(times, []).append(weekday)
@@ -225,7 +228,7 @@ def _time_strings(times: frozenset[tuple[int, int]]) -> list[tuple[tuple[int, in
 
 
 def _field(values: list[int], lo: int, hi: int) -> str:
-    """Exact spelling: ``*``; ``*/n`` when n divides the field's size; ``a-b/n`` for 4+ evenly
+    """Exact spelling: ``*``; ``*/n`` when n divides the field's size; ``a-b/n`` for 5+ evenly
     spaced values; else a list of values and runs (``0,11,22``, ``1-5,9``)."""
     n = len(values)
     if values == list(range(lo, hi + 1)):
@@ -235,7 +238,7 @@ def _field(values: list[int], lo: int, hi: int) -> str:
         if step > 1 and values == list(range(values[0], values[-1] + 1, step)):
             if values[0] == lo and values[-1] + step > hi and (hi - lo + 1) % step == 0:
                 return f"*/{step}"
-            if n >= 4:
+            if n >= 5:
                 return f"{values[0]}-{values[-1]}/{step}"
     parts, i = [], 0
     while i < n:
@@ -288,7 +291,8 @@ def _parse(cron: str):
         if values == ["*"]:
             out.append(tuple(range(lo, hi + 1)) if index < 2 else None)
         elif all(isinstance(v, int) for v in values):
-            out.append(tuple(values) if index < 2 else frozenset(0 if index == 4 and v == 7 else v for v in values))
+            values = [0 if index == 4 and v == 7 else v for v in values]  # Sunday is 0 or 7
+            out.append(tuple(values) if index < 2 else frozenset(values))
         else:
             raise ValueError(f"unsupported cron field in {cron!r}")
     return out

@@ -57,7 +57,10 @@ def plan_query(spark: SparkSession, cq: ContinuousQuery, data: DataFrame, *, tim
         out = _row_wise(cq, df, time_column, keys, lo0, every, coverage.count, emit_end)
     else:
         step, interval = micros(grouping.step), micros(grouping.interval)
-        grid = _Grid(lo0, step, interval, -(-(min(end, emit_end) - lo0) // step))
+        windows = -(-(min(end, emit_end) - lo0) // step)
+        if cq.time_grouping is None:  # one window per firing range
+            windows = min(windows, coverage.count)
+        grid = _Grid(lo0, step, interval, windows)
         out = _windowed(spark, cq, df, time_column, keys, grid, every, length, coverage.count)
     return out
 
@@ -91,7 +94,9 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
         k_min = F.greatest(F.lit(0), F.ceil((rel - F.lit(grid.interval - 1)) / grid.step)).cast("long")
         k_max = F.floor(rel / grid.step).cast("long")
         df = df.filter(k_min <= k_max).withColumn(_K, F.explode(F.sequence(k_min, k_max)))
-    df = df.filter(F.col(_K) < grid.windows)
+    ws = F.lit(grid.anchor) + F.col(_K) * F.lit(grid.step)
+    # Windows start inside a firing's range: with gaps between ranges, none starts in a gap.
+    df = df.filter((F.col(_K) < grid.windows) & _covered(ws, grid.anchor, every, length))
 
     aggs = [F.expr(i.expression).alias(i.name) for i in cq.select]
     having_in_agg = cq.having is not None and _is_aggregate_sql(cq.having)

@@ -134,6 +134,39 @@ class Engine:
         fires, _ = timing.recalculation_range(r, start=start, end=end)
         return self._execute(cq, fires, kind="recalculate", app_version=micros(end - EPOCH), progress=progress)
 
+    def ingest(self, table: str, path: str) -> tuple[int, int]:
+        """Append a CSV / JSON-lines / Parquet file to ``table`` in one commit: (version, rows)."""
+        from .ingest import conform, read_input
+
+        self.ensure_tables(table)
+        if not self.storage.exists(table):
+            raise TableError(f"table {table!r} does not exist: declare it with CREATE TABLE in {self.settings.sql_dir}")
+        time_column = self.time_column(table)
+        data = conform(read_input(path), self.storage.schema(table), table=table, time_column=time_column,
+                       tz=self.settings.tz)
+        return self.storage.append(table, data, metadata={"cq.ingest": str(path)}), data.num_rows
+
+    def tables(self) -> list[str]:
+        """Delta tables in the warehouse (declared or found on disk), engine state excluded."""
+        from pathlib import Path
+
+        names = {t.name for t in self.catalog.tables if self.storage.exists(t.name)}
+        root = Path(self.settings.warehouse)
+        if root.is_dir():
+            names |= {p.name for p in root.iterdir() if (p / "_delta_log").is_dir() and not p.name.startswith("_")}
+        return sorted(names, key=str.lower)
+
+    def query(self, sql: str, *, limit: int = 1000) -> pa.Table:
+        """Run Spark SQL with every warehouse table (and ``cq_firings``, the ledger) as a view."""
+        for table in self.tables():
+            df, _ = self.storage.read_range(self.spark, table, time_column=self.time_column(table), time_range=None)
+            df.createOrReplaceTempView(table)
+        self.spark.createDataFrame(self.ledger.as_arrow()).createOrReplaceTempView("cq_firings")
+        try:
+            return self.spark.sql(sql).limit(limit).toArrow()
+        except Exception as exc:  # Spark's analysis errors are long; the first line names the problem
+            raise CQError(f"query failed: {str(exc).strip().splitlines()[0]}") from None
+
     def firing(self, name: str, fire_time: datetime) -> Firing:
         cq = self.definition(name)
         return timing.check_firing_time(cq.name, cq.resample, fire_time)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,9 +39,9 @@ _CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _IDENT = "cq"  # SPARK_IDENT_STRING: fixed, so the pid file name does not depend on $USER
 
 
-def local_session(*, app_name: str = "cq-engine") -> SparkSession:
-    """An in-process ``local[*]`` session tuned for small batch firings."""
-    builder = SparkSession.builder.master("local[*]").appName(app_name)
+def local_session(*, app_name: str = "cq-engine", master: str = "local[*]") -> SparkSession:
+    """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings."""
+    builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in BASE_CONF.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
@@ -90,24 +91,31 @@ def _read_pid(settings: Settings) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    """Is ``pid`` a live process of our server (not a zombie, not a recycled pid)?"""
+def _cmdline(pid: int) -> str | None:
+    """The command line of live process ``pid`` ("" without procfs); None if dead or a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return None
     except PermissionError:
         pass
     proc = Path(f"/proc/{pid}")
     if not proc.exists():  # no procfs (macOS): signal 0 is all we can check
-        return True
+        return ""
     try:
+        # Our JVM is an orphan of pid 1; some container inits reap it only seconds after it died.
         if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-            return False  # orphans re-parented to a non-reaping pid 1 linger as zombies
-        # The pid file names the nice -> bash -> java exec chain; all carry the class name.
-        return _CLASS in (proc / "cmdline").read_bytes().decode(errors="replace")
+            return None
+        return (proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
     except (OSError, IndexError):
-        return False
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a live process of our server? The pid file names the nice -> bash -> java exec
+    chain, all of which carry the class name; checking it guards against recycled pids."""
+    cmd = _cmdline(pid)
+    return cmd is not None and (cmd == "" or _CLASS in cmd)
 
 
 def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
@@ -118,13 +126,14 @@ def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool
         return False
 
 
-def _port_free(port: int) -> bool:
+def _port_taken(port: int) -> bool:
+    # Binding fails for any listener on the port, on loopback or on all interfaces.
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
             return False
+        except OSError:
+            return True
 
 
 def _log_tail(path: Path | None, lines: int = 20) -> str:
@@ -137,11 +146,8 @@ def _log_tail(path: Path | None, lines: int = 20) -> str:
 def _check_java() -> None:
     """Fail early and clearly where spark-class would fail late and cryptically."""
     java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else None
-    if java is None:
-        from shutil import which
-
-        java = which("java")
+    java = str(Path(java_home) / "bin" / "java") if java_home else None  # spark-class's own order
+    java = java or shutil.which("java")
     if java is None or not os.access(java, os.X_OK):
         where = f"JAVA_HOME={java_home} has no bin/java" if java_home else "no java on PATH and JAVA_HOME unset"
         raise SparkError(f"Java 17+ is required to run the Spark Connect server ({where})")
@@ -171,6 +177,10 @@ def start_server(settings: Settings, *, timeout: float = 90) -> ServerStatus:
     if pid is not None and not _alive(pid):
         _pid_file(settings).unlink(missing_ok=True)
         pid = None
+    if pid is not None and (m := re.search(r"grpc\.binding\.port=(\d+)", _cmdline(pid) or "")):
+        if int(m.group(1)) != settings.spark_port:
+            raise SparkError(f"the Spark Connect server under {settings.home} already runs on port "
+                             f"{m.group(1)} (pid {pid}); stop it first to use port {settings.spark_port}")
     if pid is None:  # else: one is still starting (another caller); just wait for it below
         _launch(settings)
     deadline = time.monotonic() + timeout
@@ -190,8 +200,7 @@ def _launch(settings: Settings) -> None:
     home = spark_home()
     script = home / "sbin" / "start-connect-server.sh"
     daemon = home / "sbin" / "spark-daemon.sh"
-    jars = list((home / "jars").glob("spark-connect_*.jar"))
-    if not jars:
+    if not any((home / "jars").glob("spark-connect_*.jar")):
         raise SparkError(f"no Spark Connect server jar (jars/spark-connect_*.jar) in {home}; reinstall pyspark")
     # The pip wheel ships spark-daemon.sh but not start-connect-server.sh; that script only runs
     # `spark-daemon.sh submit <class> 1 --name ...`, so do the same when it is missing.
@@ -202,7 +211,7 @@ def _launch(settings: Settings) -> None:
     else:
         raise SparkError(f"neither sbin/start-connect-server.sh nor sbin/spark-daemon.sh found in {home}")
     _check_java()
-    if not _port_free(settings.spark_port) or _port_open(settings.spark_port):
+    if _port_taken(settings.spark_port):
         raise SparkError(f"port {settings.spark_port} is already in use by another process; set CQ_SPARK_PORT")
     state = _state_dir(settings)
     state.mkdir(parents=True, exist_ok=True)
@@ -274,10 +283,7 @@ def get_session(settings: Settings | None = None) -> SparkSession:
     if settings.spark_remote:
         return _remote_session(settings.spark_remote)
     if settings.spark_master:
-        builder = SparkSession.builder.master(settings.spark_master).appName("cq-engine")
-        for key, value in BASE_CONF.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return local_session(master=settings.spark_master)
     status = server_status(settings)
     if status.running and not _classic_active():  # see the module docstring
         return _remote_session(status.url)

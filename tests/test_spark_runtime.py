@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,10 @@ def test_get_session_connects(server):
 def test_start_is_idempotent(server):
     settings, status = server
     assert start_server(settings, timeout=5) == status
+    # The same home with another port: one server per home, so refuse rather than start a second.
+    with pytest.raises(SparkError, match=f"already runs on port {settings.spark_port}"):
+        start_server(replace(settings, spark_port=free_port()), timeout=5)
+    assert server_status(settings) == status
 
 
 def test_port_in_use(tmp_path):

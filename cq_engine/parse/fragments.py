@@ -22,7 +22,7 @@ def _time() -> exp.Column:
 
 
 def _non_null_time(arg: exp.Expression) -> exp.Expression:
-    return exp.If(this=exp.Not(this=exp.Is(this=arg.copy(), expression=exp.Null())), true=_time())
+    return exp.If(this=exp.Not(this=exp.Is(this=arg.copy(), expression=exp.Null())), true=_time(), false=exp.Null())
 
 
 # IoTDB aggregate name → Spark expression builder over the (single) argument.

@@ -223,8 +223,8 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
 
     time_grouping, grouping_tok = None, None
     if "GROUP BY" in clauses:
-        grouping_tok, toks = clauses["GROUP BY"]
-        time_grouping, keys = _parse_group_by(cur, grouping_tok, toks)
+        clause_tok, toks = clauses["GROUP BY"]
+        time_grouping, keys, grouping_tok = _parse_group_by(cur, clause_tok, toks)
         fields["time_grouping"], fields["group_keys"] = time_grouping, keys
 
     if "HAVING" in clauses:
@@ -266,7 +266,7 @@ def _parse_into(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[str, tup
     return _single_name(cur, clause, toks, what="a sink table name after INTO"), None
 
 
-def _parse_group_by(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[TimeGrouping | None, tuple[str, ...]]:
+def _parse_group_by(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[TimeGrouping | None, tuple[str, ...], Token | None]:
     parts: list[list[Token]] = [[]]
     depth = 0
     for tok in toks:
@@ -278,24 +278,24 @@ def _parse_group_by(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[Time
             parts.append([])
         else:
             parts[-1].append(tok)
-    time_grouping, keys = None, []
+    time_grouping, interval_tok, keys = None, None, []
     for part in parts:
         if not part:
             raise cur.error_at(clause, "empty item in GROUP BY")
         if part[0].token_type == TokenType.L_PAREN:
             if time_grouping is not None:
                 raise cur.error_at(part[0], "GROUP BY takes one time interval")
-            time_grouping = _time_grouping(cur, part)
+            time_grouping, interval_tok = _time_grouping(cur, part)
         elif part[0].text.upper() == "LEVEL":
             raise cur.error_at(part[0], "GROUP BY LEVEL has no meaning in the table model: group by a column such as device")
         elif len(part) == 1 and part[0].token_type not in (TokenType.NUMBER, TokenType.STRING):
             keys.append(part[0].text)
         else:
             raise cur.error_at(part[0], "expected a column name or (interval[, step]) in GROUP BY")
-    return time_grouping, tuple(keys)
+    return time_grouping, tuple(keys), interval_tok
 
 
-def _time_grouping(cur: Cursor, part: list[Token]) -> TimeGrouping:
+def _time_grouping(cur: Cursor, part: list[Token]) -> tuple[TimeGrouping, Token]:
     inner = part[1:-1]
     if part[-1].token_type != TokenType.R_PAREN:
         raise cur.error_at(part[0], "expected (interval[, step]) in GROUP BY")
@@ -304,13 +304,13 @@ def _time_grouping(cur: Cursor, part: list[Token]) -> TimeGrouping:
         raise cur.error_at(bracket, "GROUP BY in a continuous query takes no [start, end) range: "
                                     "each firing supplies its own time range")
     sub = Cursor(cur.source, inner, end=part[-1].start)
-    interval, _ = _positive(sub, "GROUP BY interval")
+    interval, interval_tok = _positive(sub, "GROUP BY interval")
     step = interval
     if sub.match(","):
         step, _ = _positive(sub, "GROUP BY sliding step")
     if not sub.at_end():
         raise sub.unexpected("expected ')' after the GROUP BY interval")
-    return TimeGrouping(interval=interval, step=step)
+    return TimeGrouping(interval=interval, step=step), interval_tok
 
 
 def _parse_fill(cur: Cursor, clause: Token, toks: list[Token]) -> Fill:

@@ -1,0 +1,173 @@
+"""Reading user files (CSV, JSON lines, Parquet) and conforming them to a table's schema."""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime, timezone, tzinfo
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import CQError, TableError, TimeError
+from .times import parse_time
+
+UTC = timezone.utc
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+_JSON_EXTENSIONS = (".json", ".jsonl", ".ndjson")
+
+
+def read_input(path: str) -> pa.Table:
+    """Read a ``.csv``, ``.json``/``.jsonl``/``.ndjson`` (JSON lines) or ``.parquet`` file.
+
+    CSV columns come back as strings and JSON time-like strings stay strings, so that
+    :func:`conform` alone decides how each value is read (Arrow's inference would drop leading zeros
+    and, for JSON, a timestamp's offset)."""
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".csv":
+            return _read_csv(path)
+        if suffix in _JSON_EXTENSIONS:
+            return _read_json(path)
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path)
+    except (OSError, pa.ArrowException, UnicodeDecodeError, csv.Error) as exc:
+        raise CQError(f"{path}: cannot read the file: {exc}") from None
+    raise CQError(f"{path}: unknown file type {suffix or '(none)'!r} "
+                  "(use .csv, .json, .jsonl, .ndjson or .parquet)")
+
+
+def _read_csv(path: str) -> pa.Table:
+    import pyarrow.csv as pcsv
+
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        header = next(csv.reader(f), None)
+    if not header:
+        raise CQError(f"{path}: cannot read the file: no header row")
+    return pcsv.read_csv(
+        path,
+        convert_options=pcsv.ConvertOptions(
+            column_types={name: pa.string() for name in header},
+            strings_can_be_null=True, null_values=[""]),
+    )
+
+
+def _read_json(path: str) -> pa.Table:
+    import pyarrow.json as pjson
+
+    inferred = pjson.read_json(path)
+    as_text = [pa.field(f.name, pa.string()) for f in inferred.schema
+               if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
+    if not as_text:
+        return inferred
+    # Arrow's JSON inference turns '...+08:00' into a naive UTC timestamp, losing that it had an offset.
+    options = pjson.ParseOptions(explicit_schema=pa.schema(as_text), unexpected_field_behavior="infer")
+    return pjson.read_json(path, parse_options=options)
+
+
+def conform(data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, tz: tzinfo) -> pa.Table:
+    """``data`` with exactly ``schema``'s columns and types.
+
+    Columns match case-insensitively; missing nullable columns become nulls. Timestamp columns accept
+    ISO-8601 strings with an offset or without (read in ``tz``), integers as epoch milliseconds, and
+    Arrow timestamps (naive ones read in ``tz``). Raises ``TableError`` naming the table, the column
+    and the first value that cannot be read."""
+    by_name: dict[str, int] = {}
+    for i, name in enumerate(data.column_names):
+        if name.lower() in by_name:
+            raise TableError(f"table '{table}': the data has column '{name}' twice (names ignore case)")
+        by_name[name.lower()] = i
+    known = {f.name.lower() for f in schema}
+    unknown = [n for n in data.column_names if n.lower() not in known]
+    if unknown:
+        raise TableError(f"table '{table}' has no column '{unknown[0]}' (columns: {', '.join(schema.names)})")
+    if time_column.lower() not in by_name:
+        raise TableError(f"table '{table}': the data has no time column '{time_column}'")
+    arrays = []
+    for field in schema:
+        i = by_name.get(field.name.lower())
+        if i is None:
+            if not field.nullable:
+                raise TableError(f"table '{table}': the data has no column '{field.name}', which cannot be null")
+            arrays.append(pa.nulls(data.num_rows, field.type))
+            continue
+        values = data.column(i)
+        is_time = field.name.lower() == time_column.lower()
+        if (is_time or not field.nullable) and values.null_count:
+            row = pc.index(pc.is_null(values), True).as_py()
+            raise TableError(f"table '{table}', column '{field.name}': row {row + 1} has no value")
+        if pa.types.is_timestamp(field.type):
+            arrays.append(_to_timestamp(values, table=table, column=field.name, tz=tz).cast(field.type))
+        else:
+            arrays.append(_cast(values, field.type, table=table, column=field.name))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def type_name(t: pa.DataType) -> str:
+    """A Spark SQL name for an Arrow type, as users write it in CREATE TABLE."""
+    names = {pa.float64(): "double", pa.float32(): "float", pa.int64(): "bigint", pa.int32(): "int",
+             pa.int16(): "smallint", pa.int8(): "tinyint", pa.bool_(): "boolean", pa.string(): "string",
+             pa.large_string(): "string", pa.binary(): "binary", pa.date32(): "date"}
+    if t in names:
+        return names[t]
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    return str(t)
+
+
+def _cannot(table: str, column: str, value: object, target: str) -> TableError:
+    return TableError(f"table '{table}', column '{column}': cannot read {value!r} as {target}")
+
+
+def _cast(values: pa.ChunkedArray, target: pa.DataType, *, table: str, column: str) -> pa.ChunkedArray:
+    try:
+        return pc.cast(values, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    # Bisect for the first prefix that fails to cast: its last value is the first offending one.
+    ok, bad = 0, len(values)
+    while bad - ok > 1:
+        mid = (ok + bad) // 2
+        try:
+            pc.cast(values.slice(0, mid), target)
+            ok = mid
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            bad = mid
+    raise _cannot(table, column, values[bad - 1].as_py(), type_name(target)) from None
+
+
+def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinfo) -> pa.ChunkedArray:
+    """UTC microsecond timestamps from strings, epoch milliseconds or Arrow timestamps."""
+    t = values.type
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        return _cast(values, TIMESTAMP, table=table, column=column)
+    if pa.types.is_integer(t):
+        try:
+            return pc.multiply_checked(values.cast(pa.int64()), 1000).cast(TIMESTAMP)
+        except pa.ArrowInvalid:
+            raise TableError(f"table '{table}', column '{column}': epoch milliseconds out of range") from None
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        # Naive: wall-clock time in tz, resolved per distinct value exactly as parse_time does.
+        naive = _cast(values, pa.timestamp("us"), table=table, column=column)
+        return _map_distinct(naive, lambda v: v.replace(tzinfo=tz).astimezone(UTC))
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        def parse(text: str) -> datetime:
+            try:
+                return parse_time(text, tz=tz)
+            except (TimeError, ValueError, OverflowError):
+                raise _cannot(table, column, text, "timestamp (use ISO-8601 such as 2021-05-11T22:18:40+08:00, "
+                              "or epoch milliseconds)") from None
+        return _map_distinct(values, parse)
+    first = next((v for v in values.to_pylist() if v is not None), None)
+    raise _cannot(table, column, first, "timestamp")
+
+
+def _map_distinct(values: pa.ChunkedArray, convert) -> pa.ChunkedArray:
+    """Apply a Python ``convert`` once per distinct non-null value (time series repeat values often)."""
+    distinct = pc.unique(values)
+    converted = pa.array([None if v is None else convert(v) for v in distinct.to_pylist()], TIMESTAMP)
+    return pc.take(converted, pc.index_in(values, value_set=distinct))
