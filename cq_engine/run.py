@@ -234,14 +234,23 @@ class Engine:
     def _compute(self, cq, coverages, time_column, version, scans, progress) -> Iterator[pa.RecordBatch]:
         """One Spark job per coverage chunk, streamed as Arrow batches (the first chunk yields a
         schema batch even when empty, so the sink can be created from it)."""
-        for i, cov in enumerate(coverages):
+        # Every scan is planned before the stream starts: delta-rs consumes the stream on its own
+        # runtime, from which the Delta log cannot be read again.
+        plans = []
+        for cov in coverages:
             df, scan = self.storage.read_range(self.spark, cq.source, time_column=time_column,
                                                time_range=cov.read_range, version=version)
             scans.append(scan)
             check_columns(cq, df.columns, table=cq.source)
-            table = plan_query(self.spark, cq, df, time_column=time_column, coverage=cov).toArrow()
+            plans.append(plan_query(self.spark, cq, df, time_column=time_column, coverage=cov))
+        return self._stream(plans, progress)
+
+    @staticmethod
+    def _stream(plans, progress) -> Iterator[pa.RecordBatch]:
+        for i, plan in enumerate(plans):
+            table = plan.toArrow()
             if progress:
-                progress(i + 1, len(coverages))
+                progress(i + 1, len(plans))
             batches = table.to_batches()
             if i == 0:
                 yield batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .durations import micros
+from .durations import format_duration, micros
 from .errors import TimeError
 from .model import Resample
 from .times import UTC, iso
@@ -86,7 +86,7 @@ def check_firing_time(name: str, r: Resample, t: datetime) -> Firing:
     before = latest_firing(r, now=t)
     near = " or ".join(iso(x) for x in (before, after) if x is not None)
     raise TimeError(f"{iso(t)} is not a firing time of {name!r} (it fires every "
-                    f"{r.every} from {iso(r.boundary)}); nearest: {near}")
+                    f"{format_duration(r.every)} from {iso(r.boundary)}); nearest: {near}")
 
 
 def recalculation_range(r: Resample, *, start: datetime, end: datetime) -> tuple[list[datetime], TimeRange]:

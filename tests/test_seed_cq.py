@@ -56,7 +56,13 @@ def test_group_by_time_examples_reproduce_seed_tables(engine, name, expected):
 def test_cq5_row_wise_align_by_device(engine):
     results = [engine.run_firing("cq5", at(f"2021-05-11T{hms}")) for hms in FIRINGS["cq5"]]
     assert [r.rows_written for r in results] == [16, 12]  # "cq5 generate 16 lines" / "12 lines"
-    assert sink_rows(engine, "cq5_out", "temperature") == aligned_to_rows(CQ5)
+    expected = aligned_to_rows(CQ5)
+    # Erratum in seed 004: its cq5 table prints 45.0 for wf02.wt02 at 22:18:39.990, but the input
+    # table has 42.0 there (and the other three devices of that row are input + 1), so it is 43.0.
+    erratum = (at("2021-05-11T22:18:39.990"), "root.ln.wf02.wt02")
+    expected = {r for r in expected if r[:2] != erratum} | {(*erratum, 43.0)}
+    assert len(expected) == 28
+    assert sink_rows(engine, "cq5_out", "temperature") == expected
 
 
 def test_first_firing_ranges_are_the_documented_ones(engine):

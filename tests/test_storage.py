@@ -263,11 +263,12 @@ def test_replace_range_creates_missing_table(storage):
 def test_replace_range_concurrent_writers_retry(minutes):
     lo, hi = T0 + timedelta(minutes=1), T0 + timedelta(minutes=3)
     errors: list[BaseException] = []
+    versions: list[int] = []
 
     def writer(n: int) -> None:
         try:
-            minutes.replace_range("m", rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
-                                  time_column="ts", time_range=(lo, hi), app_id=f"w{n}", app_version=1)
+            versions.append(minutes.replace_range("m", rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
+                                  time_column="ts", time_range=(lo, hi), app_id=f"w{n}", app_version=1))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -281,3 +282,4 @@ def test_replace_range_concurrent_writers_retry(minutes):
     # Every writer committed; the last one's replace holds the range alone.
     assert len(in_range) == 1 and in_range[0][1].startswith("w")
     assert minutes.version("m") == 32
+    assert sorted(versions) == [30, 31, 32]  # each writer learns its own commit's version

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Iterator, Mapping
 
@@ -31,6 +32,10 @@ MAX_ATTEMPTS = 5  # whole-write attempts on a concurrent-commit conflict
 # Delta statistics store timestamps truncated to milliseconds, so a file's true maximum can lie up to
 # 1 ms above its recorded one.
 _STATS_SLACK = timedelta(milliseconds=1)
+
+# A commitInfo key carrying a unique id per write, so the writer can find its own commit's version
+# even when other writers commit right after it (write_deltalake returns nothing).
+COMMIT_ID_KEY = "cq.commitId"
 
 _SIMPLE_TYPES: dict[str, pa.DataType] = {
     "double": pa.float64(), "float": pa.float32(), "real": pa.float32(),
@@ -210,7 +215,8 @@ class DeltaRsStorage:
             data = _cast_to(table, data, self.schema(table))
         else:
             data = data.cast(_storable_schema(data.schema))
-        props = CommitProperties(custom_metadata=dict(metadata) if metadata else None)
+        commit_id = uuid.uuid4().hex
+        props = CommitProperties(custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id})
         for attempt in range(MAX_ATTEMPTS):
             try:
                 write_deltalake(self.uri(table), data, mode="append", commit_properties=props,
@@ -219,7 +225,14 @@ class DeltaRsStorage:
             except CommitFailedError:
                 if attempt == MAX_ATTEMPTS - 1:
                     raise
-        return self.version(table)
+        return self._committed_version(table, commit_id)
+
+    def _committed_version(self, table: str, commit_id: str) -> int:
+        dt = self._open(table)
+        for commit in dt.history(limit=100):
+            if commit.get(COMMIT_ID_KEY) == commit_id:
+                return int(commit["version"])
+        return dt.version()  # buried under 100 newer commits: the latest is the best answer left
 
     def replace_range(
         self, table: str, data: ArrowData, *, time_column: str, time_range: TimeRange,
@@ -242,8 +255,9 @@ class DeltaRsStorage:
         dt = self._open(table)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
+        commit_id = uuid.uuid4().hex
         props = CommitProperties(
-            custom_metadata=dict(metadata) if metadata else None,
+            custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id},
             max_commit_retries=MAX_ATTEMPTS,
             app_transactions=[Transaction(app_id=app_id, version=app_version)],
         )
@@ -271,7 +285,7 @@ class DeltaRsStorage:
                 if failure:
                     raise failure[0] from None
                 raise
-        return self._open(table).version()
+        return self._committed_version(table, commit_id)
 
 
 def _overlaps(actions: pa.Table, column: str, lo: datetime, hi: datetime) -> list[bool]:
