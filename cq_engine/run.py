@@ -161,7 +161,7 @@ class Engine:
         for table in self.tables():
             df, _ = self.storage.read_range(self.spark, table, time_column=self.time_column(table), time_range=None)
             df.createOrReplaceTempView(table)
-        self.spark.createDataFrame(self.ledger.as_arrow()).createOrReplaceTempView("cq_firings")
+        self.spark.createDataFrame(self.ledger.to_arrow()).createOrReplaceTempView("cq_firings")
         try:
             return self.spark.sql(sql).limit(limit).toArrow()
         except Exception as exc:  # Spark's analysis errors are long; the first line names the problem

@@ -9,6 +9,7 @@ to our own server when no classic session is active; use a subprocess to mix bot
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -25,11 +26,15 @@ from pyspark.sql import SparkSession
 from .config import Settings, load_settings
 from .errors import SparkError
 
+# PySpark logs every analysis error as a JSON blob on stderr; the engine reports it as a one-line CQError.
+logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+
 BASE_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "4",
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.adaptive.enabled": "true",
 }
 

@@ -228,8 +228,15 @@ class DeltaRsStorage:
         return self._committed_version(table, commit_id)
 
     def _committed_version(self, table: str, commit_id: str) -> int:
-        dt = self._open(table)
-        for commit in dt.history(limit=100):
+        # deltalake 1.6.6's history() lists the newest commits present when it is called but numbers
+        # them down from the version the DeltaTable object loaded, so its numbers are only right if
+        # no commit landed in between: check that the version did not move across the call.
+        for _ in range(MAX_ATTEMPTS):
+            dt = self._open(table)
+            history = dt.history(limit=100)
+            if self._open(table).version() == dt.version():
+                break
+        for commit in history:
             if commit.get(COMMIT_ID_KEY) == commit_id:
                 return int(commit["version"])
         return dt.version()  # buried under 100 newer commits: the latest is the best answer left

@@ -1,0 +1,146 @@
+"""cq-engine benchmarks: ``python -m benchmarks [--quick] [--only NAME]`` (see benchmarks/README.md).
+
+Each benchmark is a module with ``NAME`` and ``run(ctx) -> Outcome``. Every measurement is compared
+with a baseline measured in the same run on the same machine, so the ratios mean something even on a
+noisy shared box; times are medians of several repetitions taken after a warm-up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+UTC = timezone.utc
+# All benchmark data starts here (a fixed instant, so runs are reproducible).
+T0 = datetime(2024, 3, 1, tzinfo=UTC)
+
+PER_MINUTE_SQL = """
+CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
+CREATE CQ per_minute RESAMPLE EVERY 1m BEGIN
+  SELECT max_value(temperature) AS tmax, avg(humidity) AS h, count(temperature) AS n
+  INTO out FROM sensors GROUP BY (1m), device
+END;
+"""
+
+
+@dataclass
+class Outcome:
+    """One benchmark's result: its printed line, and the ratio checked against its target (if any)."""
+
+    name: str
+    line: str
+    ratio: float | None = None
+    target: float | None = None  # the ratio must be <= target
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.ratio is None:
+            return "ERROR"
+        if self.target is None:
+            return "INFO"
+        return "OK" if self.ratio <= self.target else "MISSED"
+
+
+def verdict(ratio: float, target: float | None) -> str:
+    if target is None:
+        return f"ratio {ratio:.2f} (no target)"
+    return f"ratio {ratio:.2f} (target <= {target:.2f}) {'OK' if ratio <= target else 'MISSED'}"
+
+
+class Context:
+    """What every benchmark gets: the size (quick or full), a temp root, one shared in-process Spark."""
+
+    def __init__(self, *, quick: bool, root: Path, verbose: bool = False):
+        self.quick = quick
+        self.root = root
+        self.verbose = verbose
+        self._spark = None
+
+    def workdir(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def spark(self):
+        """One classic in-process session (``local[*]``) shared by the in-process benchmarks."""
+        if self._spark is None:
+            from cq_engine.spark import local_session
+
+            self._spark = local_session(app_name="cq-engine-bench")
+            self._spark.sparkContext.setLogLevel("ERROR")
+        return self._spark
+
+    def stop_spark(self) -> None:
+        """Free the in-process JVM (so it does not compete with the subprocess benchmarks)."""
+        if self._spark is not None:
+            self._spark.stop()
+            self._spark = None
+
+    def log(self, message: str) -> None:
+        if self.verbose:
+            print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def make_engine(workdir: Path, sql: str, spark, **settings):
+    """An Engine over ``workdir`` (sql/, wh/, .cq/) with one definition file holding ``sql``."""
+    from cq_engine.config import Settings
+    from cq_engine.run import Engine
+
+    (workdir / "sql").mkdir(parents=True, exist_ok=True)
+    (workdir / "sql" / "defs.sql").write_text(sql)
+    s = Settings(sql_dir=str(workdir / "sql"), warehouse=str(workdir / "wh"), home=str(workdir / ".cq"), **settings)
+    engine = Engine(settings=s, spark_session=spark)
+    if engine.catalog.errors:
+        raise RuntimeError(f"benchmark definitions do not parse: {engine.catalog.errors}")
+    engine.ensure_tables()
+    return engine
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    clock = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - clock, result
+
+
+def measure(cases: dict[str, Callable[[], object]], *, repeat: int, warmup: int = 1
+            ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, object]]:
+    """Median wall time of each case over ``repeat`` runs after ``warmup`` runs. Cases are
+    interleaved (a, b, a, b, ...) so a slow spell of the shared machine hits all of them alike.
+    Returns (median per case, all samples per case, last result per case)."""
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    last: dict[str, object] = {}
+    for i in range(warmup + repeat):
+        for key, fn in cases.items():
+            seconds, last[key] = timed(fn)
+            if i >= warmup:
+                samples[key].append(seconds)
+    return {k: statistics.median(v) for k, v in samples.items()}, samples, last
+
+
+def spread(samples: list[float]) -> str:
+    return f"{min(samples):.3f}-{max(samples):.3f}s"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_env() -> dict[str, str]:
+    """The current environment without any CQ_* or Spark Connect client settings."""
+    drop = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")
+    return {k: v for k, v in os.environ.items() if not k.startswith("CQ_") and k not in drop}

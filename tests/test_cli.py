@@ -1,0 +1,91 @@
+"""The `cq` command: thin calls into the library, clear one-line errors, non-zero exits, nothing written."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from cq_engine.cli import main
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, spark):
+    (tmp_path / "sql").mkdir()
+    shutil.copy(DATA / "seed004.sql", tmp_path / "sql")
+    for var, value in {"CQ_SQL_DIR": tmp_path / "sql", "CQ_WAREHOUSE": tmp_path / "wh", "CQ_HOME": tmp_path / ".cq",
+                       "CQ_TIMEZONE": "Asia/Shanghai"}.items():
+        monkeypatch.setenv(var, str(value))
+    monkeypatch.delenv("CQ_SPARK_REMOTE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def cq(capsys, *args) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_validate_lists_definitions_and_reports_errors(project, capsys):
+    code, out, _ = cq(capsys, "validate")
+    assert code == 0 and "table  ln" in out and all(f"cq     cq{i}" in out for i in range(1, 6))
+    (project / "sql" / "bad.sql").write_text("CREATE CQ broken\nBEGIN SELECT max(x) AS m INTO o FROM ln GROUP BY ([0, 1), 1s) END;")
+    code, out, err = cq(capsys, "validate")
+    assert code == 1 and "cq     cq1" in out
+    assert err.strip() == f"{project}/sql/bad.sql:2:51: GROUP BY in a continuous query takes no [start, end) range: each firing supplies its own time range"
+
+
+def test_plan_json(project, capsys):
+    code, out, _ = cq(capsys, "plan", "cq4", "--from", "2021-05-11T22:18:30", "--count", "2", "--json")
+    assert code == 0
+    assert json.loads(out) == [
+        {"fire_time": "2021-05-11T14:18:40+00:00", "range_start": "2021-05-11T14:18:00+00:00", "range_end": "2021-05-11T14:18:20+00:00"},
+        {"fire_time": "2021-05-11T14:19:00+00:00", "range_start": "2021-05-11T14:18:20+00:00", "range_end": "2021-05-11T14:18:40+00:00"},
+    ]
+    code, out, _ = cq(capsys, "plan", "cq4", "--from", "1620742710000", "--count", "1")
+    assert code == 0 and "2021-05-11T14:18:40+00:00" in out
+
+
+def test_ingest_run_query_recalculate_show(project, capsys):
+    code, out, _ = cq(capsys, "ingest", "ln", str(DATA / "ln.csv"))
+    assert code == 0 and "appended 36 rows" in out
+    code, out, _ = cq(capsys, "run", "cq1", "--at", "2021-05-11T22:18:40")
+    assert code == 0 and "8 rows -> cq1_out" in out
+    code, out, _ = cq(capsys, "query", "SELECT device, temperature_max FROM cq1_out WHERE device LIKE '%wf01.wt01' ORDER BY time")
+    assert code == 0 and "181.0" in out and "180.0" in out and "(2 rows)" in out
+    code, out, err = cq(capsys, "recalculate", "cq1", "--from", "2021-05-11T22:18:00", "--to", "2021-05-11T22:19:00")
+    assert code == 0 and "recalculated" in out and "1/1 chunks" in err
+    code, out, _ = cq(capsys, "query", "SELECT count(*) AS n FROM cq1_out")
+    assert "\n20\n" in out  # windows 22:18:10..22:18:50 (22:18:00 holds no data) x 4 devices
+    code, out, _ = cq(capsys, "show")
+    assert code == 0 and "cq1" in out and "succeeded" in out
+    code, out, _ = cq(capsys, "query", "SELECT definition, kind, status FROM cq_firings ORDER BY started_at")
+    assert "firing" in out and "recalculate" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "cq1", "--at", "yesterday"], "--at: 'yesterday' is not a time"),
+    (["run", "cq1", "--at", "2021-05-11T22:18:45"], "is not a firing time of 'cq1'"),
+    (["run", "nope", "--at", "2021-05-11T22:18:40"], "no definition named 'nope'"),
+    (["plan", "cq1", "--from", "2021-13-01"], "--from: '2021-13-01' is not a time"),
+    (["recalculate", "cq1", "--from", "2021-05-11T22:19:00", "--to", "2021-05-11T22:18:00"], "must be after"),
+    (["query", "SELECT nope FROM nowhere"], "query failed"),
+])
+def test_errors_are_one_line_and_exit_non_zero(project, capsys, args, message):
+    code, out, err = cq(capsys, *args)
+    assert code == 1 and message in err and err.startswith("cq: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_ingest_rejects_bad_values_and_writes_nothing(project, capsys):
+    bad = project / "bad.csv"
+    bad.write_text("time,device,temperature\n2021-05-11T22:18:14+08:00,d1,1.5\n2021-05-11T22:18:15+08:00,d1,hot\n")
+    code, _, err = cq(capsys, "ingest", "ln", str(bad))
+    assert code == 1 and "'ln'" in err and "temperature" in err and "hot" in err
+    table = DeltaTable(str(project / "wh" / "ln"))
+    assert table.version() == 0  # created empty from its declaration, nothing appended
+    code, _, err = cq(capsys, "ingest", "ln", str(project / "missing.csv"))
+    assert code == 1 and "missing.csv" in err
