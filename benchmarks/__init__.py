@@ -73,9 +73,15 @@ class Context:
     def spark(self):
         """One classic in-process session (``local[*]``) shared by the in-process benchmarks."""
         if self._spark is None:
-            from cq_engine.spark import local_session
+            from pyspark.sql import SparkSession
 
-            self._spark = local_session(app_name="cq-engine-bench")
+            from cq_engine.spark import BASE_CONF
+
+            # cq_engine.spark.local_session's configuration, minus the console progress bars.
+            builder = SparkSession.builder.master("local[*]").appName("cq-engine-bench")
+            for key, value in {**BASE_CONF, "spark.ui.showConsoleProgress": "false"}.items():
+                builder = builder.config(key, value)
+            self._spark = builder.getOrCreate()
             self._spark.sparkContext.setLogLevel("ERROR")
         return self._spark
 

@@ -1,0 +1,50 @@
+"""The one resource ops use: cq-engine's configuration, and Spark through dagster-pyspark."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import dagster as dg
+from dagster_pyspark import PySparkResource
+from pydantic import Field
+
+from cq_engine.config import Settings, load_settings
+from cq_engine.run import Engine
+from cq_engine.spark import BASE_CONF, server_status
+
+
+class CQEngineResource(dg.ConfigurableResource):
+    """Where the definitions and tables live; defaults come from the ``CQ_*`` environment."""
+
+    sql_dir: str = Field(description="Directory of the .sql definitions (CQ_SQL_DIR).")
+    warehouse: str = Field(description="Warehouse root: Delta tables at <warehouse>/<table> (CQ_WAREHOUSE).")
+    timezone: str = Field(default="UTC", description="Zone for times without offset and schedules (CQ_TIMEZONE).")
+    min_every: str = Field(default="1s", description="Smallest RESAMPLE EVERY allowed (CQ_MIN_EVERY).")
+    home: str = Field(default="./.cq", description="Engine state directory (CQ_HOME).")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "CQEngineResource":
+        return cls(sql_dir=settings.sql_dir, warehouse=settings.warehouse, timezone=settings.timezone,
+                   min_every=settings.min_every, home=settings.home)
+
+    def settings(self) -> Settings:
+        base = load_settings()
+        return Settings(**{**base.__dict__, "sql_dir": self.sql_dir, "warehouse": self.warehouse,
+                           "timezone": self.timezone, "min_every": self.min_every, "home": self.home})
+
+    def engine(self, spark) -> Engine:
+        return Engine(settings=self.settings(), spark_session=spark)
+
+
+def pyspark_resource(settings: Settings) -> PySparkResource:
+    """dagster-pyspark's resource: Spark Connect (remote or the engine's own server) or classic."""
+    conf: dict[str, str] = dict(BASE_CONF)
+    remote: Optional[str] = settings.spark_remote
+    if remote is None and settings.spark_master is None:
+        status = server_status(settings)
+        remote = status.url if status.running else None
+    if remote:
+        conf = {"spark.remote": remote}
+    else:
+        conf["spark.master"] = settings.spark_master or "local[*]"
+    return PySparkResource(spark_config=conf)

@@ -1,0 +1,57 @@
+"""Maps each cq-engine definition to Dagster objects; subclass it to change keys, groups, tags."""
+
+from __future__ import annotations
+
+import hashlib
+
+import dagster as dg
+
+from cq_engine.model import ContinuousQuery
+
+
+class CQTranslator:
+    """In the manner of dagster-dbt's ``DagsterDbtTranslator``: one method per Dagster attribute."""
+
+    def get_asset_key(self, table: str) -> dg.AssetKey:
+        return dg.AssetKey([table])
+
+    def get_group_name(self, definition: ContinuousQuery) -> str:
+        return "cq_engine"
+
+    def get_job_name(self, definition: ContinuousQuery) -> str:
+        return f"{definition.name}_job"
+
+    def get_recalculate_job_name(self, definition: ContinuousQuery) -> str:
+        return f"{definition.name}_recalculate"
+
+    def get_tags(self, definition: ContinuousQuery) -> dict[str, str]:
+        return {"cq/name": definition.name, "cq/kind": "continuous_query",
+                "cq/timeout_policy": definition.timeout_policy}
+
+    def get_code_version(self, definition: ContinuousQuery) -> str:
+        return hashlib.sha256(definition.sql.lower().encode()).hexdigest()[:16]
+
+    def get_description(self, definition: ContinuousQuery) -> str:
+        return f"{definition.kind} `{definition.name}` ({definition.location})\n\n```sql\n{definition.sql}\n```"
+
+    def get_source_asset_spec(self, table: str) -> dg.AssetSpec:
+        return dg.AssetSpec(key=self.get_asset_key(table), group_name="sources",
+                            description=f"Delta table `{table}` (a source of continuous queries)")
+
+    def get_sink_asset_spec(self, definition: ContinuousQuery) -> dg.AssetSpec:
+        return dg.AssetSpec(
+            key=self.get_asset_key(definition.sink),
+            deps=[self.get_asset_key(definition.source)],
+            group_name=self.get_group_name(definition),
+            description=self.get_description(definition),
+            code_version=self.get_code_version(definition),
+            tags={k.replace("/", "_"): v for k, v in self.get_tags(definition).items() if k != "cq/kind"},
+            metadata={"cq/definition": definition.name, "cq/source": definition.source,
+                      "cq/location": str(definition.location)},
+        )
+
+    def get_schedule_name(self, definition: ContinuousQuery) -> str:
+        return f"{definition.name}_schedule"
+
+    def get_sensor_name(self, definition: ContinuousQuery) -> str:
+        return f"{definition.name}_ticks"
