@@ -87,13 +87,18 @@ class Ledger:
                 if attempt == MAX_ATTEMPTS - 1:
                     raise
 
-    def entries(self, definition: str | None = None) -> list[LedgerEntry]:
-        """All entries (of ``definition`` if given), oldest ``started_at`` first; empty if no ledger."""
+    def to_arrow(self) -> pa.Table:
+        """The whole ledger as an Arrow table with :data:`SCHEMA` (empty if nothing was recorded)."""
         if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-            return []
+            return SCHEMA.empty_table()
         # DeltaTable.scan (delta-rs' own engine), not to_pyarrow_table: the latter's pyarrow dataset
         # intermittently aborts the interpreter at exit in deltalake 1.6.6.
         data = pa.table(DeltaTable(self.uri, storage_options=self.storage_options).scan())
+        return data.select(SCHEMA.names).cast(SCHEMA)
+
+    def entries(self, definition: str | None = None) -> list[LedgerEntry]:
+        """All entries (of ``definition`` if given), oldest ``started_at`` first; empty if no ledger."""
+        data = self.to_arrow()
         names = [f.name for f in fields(LedgerEntry)]
         result = []
         for row in data.to_pylist():

@@ -112,7 +112,7 @@ def build_schedule(definition: ContinuousQuery, job, translator: CQTranslator, p
         return firing_request(definition, fire, translator)
 
     return dg.ScheduleDefinition(
-        name=translator.get_schedule_name(definition), job=job, cron_schedule=list(plan.cron_strings),
+        name=translator.get_schedule_name(definition), job=job, cron_schedule=plan.cron_strings[0] if len(plan.cron_strings) == 1 else list(plan.cron_strings),
         execution_timezone=plan.timezone, execution_fn=evaluate, default_status=default_status,
         description=f"Firings of {definition.name}: every {definition.resample.every} from {iso(definition.resample.boundary)}",
     )

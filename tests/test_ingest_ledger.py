@@ -137,6 +137,7 @@ def test_ledger_record_and_read(tmp_path):
     settings = Settings(warehouse=str(tmp_path / "wh"))
     ledger = Ledger(uri=settings.state_uri("firings"))
     assert ledger.entries() == [] and ledger.last("cq1") is None and ledger.last_by_definition() == {}
+    assert ledger.to_arrow().num_rows == 0
     # Recorded out of order; read back ordered by started_at.
     ledger.record(entry("cq1", 2))
     ledger.record(entry("cq1", 1))
@@ -156,6 +157,8 @@ def test_ledger_record_and_read(tmp_path):
     failed = ledger.entries("cq2")[0]
     assert failed.status == "failed" and failed.error == "boom" and failed.sink_version is None
     assert ledger.last("nope") is None
+    table = ledger.to_arrow()
+    assert table.num_rows == 4 and json.loads(table.column("source_versions")[0].as_py())["ln"] in range(4)
 
 
 def test_ledger_entry_validation():
