@@ -4,6 +4,7 @@ import shutil
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -33,7 +34,7 @@ def engine(spark, tmp_path_factory):
 
 
 def sink_rows(engine: Engine, table: str, value_column: str) -> set[tuple]:
-    rows = DeltaTable(engine.settings.table_uri(table)).to_pyarrow_table().to_pylist()
+    rows = pa.table(DeltaTable(engine.settings.table_uri(table)).scan()).to_pylist()
     return {(r["time"], r["device"], r[value_column]) for r in rows}
 
 
