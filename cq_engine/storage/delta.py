@@ -197,6 +197,8 @@ class DeltaRsStorage:
             kept = [u for u, keep in zip(uris, _overlaps(actions, column, lo, hi)) if keep]
         spark_schema = StructType.fromJson(json.loads(dt.schema().to_json()))
         if kept:
+            # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs writes s3://.
+            kept = [("s3a://" + u[5:]) if u.startswith("s3://") else u for u in kept]
             df = spark.read.schema(spark_schema).parquet(*kept)
         else:
             df = spark.createDataFrame([], schema=spark_schema)
