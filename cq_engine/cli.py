@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--limit", type=int, default=1000)
     sp = cmd("spark", _spark, "manage the local Spark Connect server")
     sp.add_argument("action", choices=["start", "stop", "status"])
+    sp = cmd("dev", _dev, "Spark Connect server + Dagster UI/daemon + a simulated sensor feed; Ctrl-C stops all")
+    sp.add_argument("--port", type=int, default=3000)
+    sp.add_argument("--feed-every", type=float, default=5.0, metavar="SECONDS")
+    sp.add_argument("--no-spark-server", action="store_true", help="use in-process Spark in each run")
     sp = cmd("demo", _demo, "scripted demo: ingest the sample feed, run the sample queries, print the sinks")
     sp.add_argument("--firings", type=int, default=3)
     return p
@@ -192,6 +196,12 @@ def _spark(args, settings: Settings) -> int:
         print(status.describe())
         return 0 if status.running else 3
     return 0
+
+
+def _dev(args, settings: Settings) -> int:
+    from .dev import run_dev
+
+    return run_dev(settings, port=args.port, feed_every=args.feed_every, spark_server=not args.no_spark_server)
 
 
 def _demo(args, settings: Settings) -> int:

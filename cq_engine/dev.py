@@ -1,0 +1,123 @@
+"""``cq dev``: the whole stack on one machine: Spark Connect server, Dagster (webserver + daemon) with
+a DAGSTER_HOME whose run queue serialises each definition, and a simulated sensor feed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from .config import Settings
+from .feed import floor_time, sensor_rows
+from .run import Engine
+from .times import UTC, iso
+
+DAGSTER_YAML = """\
+# Written by `cq dev`. BLOCKED: one run at a time per definition (tag cq/name), later firings queue
+# and run in order; DISCARD definitions skip in their schedule/sensor instead.
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+concurrency:
+  runs:
+    tag_concurrency_limits:
+      - key: cq/name
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
+telemetry:
+  enabled: false
+"""
+
+
+def write_dagster_home(path: str | Path) -> Path:
+    """Create ``DAGSTER_HOME`` with the run-queue limits the timeout policies rely on."""
+    home = Path(path).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    return home
+
+
+def dagster_env(settings: Settings, dagster_home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"DAGSTER_HOME": str(dagster_home), "CQ_SQL_DIR": str(Path(settings.sql_dir).resolve()),
+                "CQ_WAREHOUSE": settings.warehouse if "://" in settings.warehouse else str(Path(settings.warehouse).resolve()),
+                "CQ_HOME": str(Path(settings.home).resolve()), "CQ_TIMEZONE": settings.timezone,
+                "CQ_MIN_EVERY": settings.min_every, "CQ_SPARK_PORT": str(settings.spark_port)})
+    return env
+
+
+def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: str = "sensors") -> None:
+    """Append the readings of the last ``every`` seconds to ``table`` until ``stop`` is set."""
+    start = floor_time(datetime.now(UTC), timedelta(seconds=5))
+    while not stop.wait(every):
+        end = floor_time(datetime.now(UTC), timedelta(seconds=5))
+        if end > start:
+            engine.storage.append(table, sensor_rows(start=start, end=end), metadata={"cq.ingest": "cq dev feed"})
+            start = end
+
+
+def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, spark_server: bool = True,
+            backfill: timedelta = timedelta(minutes=10)) -> int:
+    from . import spark
+
+    engine = Engine(settings=settings)
+    for err in engine.catalog.errors:
+        print(f"cq dev: {err}", file=sys.stderr)
+    created = engine.ensure_tables()
+    if "sensors" in {t.name for t in engine.catalog.tables}:
+        now = floor_time(datetime.now(UTC), timedelta(seconds=5))
+        engine.storage.append("sensors", sensor_rows(start=now - backfill, end=now), metadata={"cq.ingest": "cq dev"})
+        print(f"cq dev: sensors holds the last {backfill} of readings; a new batch every {feed_every:g}s")
+    if created:
+        print(f"cq dev: created {', '.join(created)}")
+    if spark_server:
+        print(spark.start_server(settings).describe())
+    dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
+    proc = subprocess.Popen(cmd, env=dagster_env(settings, dagster_home), start_new_session=True)
+    print(f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}); Ctrl-C stops everything")
+    stop = threading.Event()
+    feeder = threading.Thread(target=feed_forever, args=(engine,), kwargs={"every": feed_every, "stop": stop},
+                              daemon=True)
+    feeder.start()
+    # Explicit handlers: a process started from a script may inherit an ignored SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+        return proc.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop.set()
+        _stop_group(proc)
+        if spark_server:
+            spark.stop_server(settings)
+        print(f"cq dev: stopped at {iso(datetime.now(UTC))}")
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGINT the whole process group (dagster dev forwards it to webserver, daemon, runs), then KILL."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGINT, timeout), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # anything left in the group (run workers)
+    except ProcessLookupError:
+        pass
