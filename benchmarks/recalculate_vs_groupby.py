@@ -64,13 +64,16 @@ def run(ctx: Context) -> Outcome:
     if result.rows_written != last["hand"]:
         raise RuntimeError(f"engine wrote {result.rows_written} rows, the hand-written job {last['hand']}")
     ratio = medians["engine"] / medians["hand"]
-    line = (f"{NAME}: engine {medians['engine']:.3f}s  hand-written {medians['hand']:.3f}s  {verdict(ratio, TARGET)}"
-            f"  [{windows} windows, {rows:,} rows, {result.rows_written} written, {result.chunks} chunk(s),"
-            f" files {result.files_read}/{result.files_total}; {repeat} runs each,"
-            f" engine {spread(samples['engine'])}, hand {spread(samples['hand'])}]")
-    outcome = Outcome(NAME, line, ratio, TARGET)
+    line = f"{NAME}: engine {medians['engine']:.3f}s  hand-written {medians['hand']:.3f}s  {verdict(ratio, TARGET)}"
+    details = (f"{windows} windows, {rows:,} source rows in {result.files_total} files, {result.rows_written} rows"
+               f" written in {result.chunks} chunk(s); {repeat} runs each after 2 warm-ups:"
+               f" engine {spread(samples['engine'])}, hand-written {spread(samples['hand'])}")
+    outcome = Outcome(NAME, line, ratio, TARGET, notes=[details])
     if outcome.status == "MISSED" or ctx.verbose:
-        outcome.notes += _profile(ctx, engine, lo, hi)
+        if ctx.quick and not ctx.verbose:
+            outcome.notes.append("(profile skipped under --quick; the full run or -v prints where the time goes)")
+        else:
+            outcome.notes += _profile(ctx, engine, lo, hi)
     return outcome
 
 

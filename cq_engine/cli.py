@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("--from", dest="start", required=True, metavar="T1")
     sp.add_argument("--to", dest="end", metavar="T2", help="default: the end of the latest firing's range")
+    sp.add_argument("--via-dagster", nargs="?", const="localhost:3000", metavar="HOST:PORT",
+                    help="launch the definition's recalculate job on a Dagster webserver instead")
     cmd("show", _show, "list definitions with their last firing")
     sp = cmd("ingest", _ingest, "append a CSV, JSON-lines or Parquet file to a table (one commit)")
     sp.add_argument("table")
@@ -128,12 +130,33 @@ def _run(args, settings: Settings) -> int:
 
 
 def _recalculate(args, settings: Settings) -> int:
+    if args.via_dagster:
+        return _recalculate_via_dagster(args, settings)
     engine = _engine(settings)
     start = _time(args.start, settings, "--from")
     end = _time(args.end, settings, "--to") if args.end else None
     r = engine.recalculate(args.name, start=start, end=end, now=datetime.now(UTC), progress=_progress_bar)
     print(f"{r.definition}: recalculated [{iso(r.time_range[0])}, {iso(r.time_range[1])}) in {r.chunks} "
           f"chunk(s): {r.rows_written} rows -> v{r.sink_version} ({r.seconds:.2f}s)")
+    return 0
+
+
+def _recalculate_via_dagster(args, settings: Settings) -> int:
+    from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
+
+    _time(args.start, settings, "--from")  # reject bad times before anything is launched
+    if args.end:
+        _time(args.end, settings, "--to")
+    host, _, port = args.via_dagster.partition(":")
+    config = {"recalculate_from": args.start, **({"recalculate_to": args.end} if args.end else {})}
+    try:
+        run_id = DagsterGraphQLClient(host, port_number=int(port or 3000)).submit_job_execution(
+            f"{args.name}_recalculate", run_config={"ops": {f"cq_{args.name}": {"config": config}}})
+    except (DagsterGraphQLClientError, Exception) as exc:  # connection errors come as requests' own types
+        cause = exc.__cause__ or exc.__context__ or exc
+        detail = " ".join(str(cause).split())[:300] or type(cause).__name__
+        raise CQError(f"--via-dagster {args.via_dagster}: cannot launch {args.name}_recalculate: {detail}") from None
+    print(f"{args.name}: recalculate run {run_id} launched on http://{host}:{port or 3000}/runs/{run_id}")
     return 0
 
 

@@ -280,9 +280,13 @@ class _Counter:
 
 
 def _failpoint(name: str) -> None:
-    """Fault injection for crash tests: ``CQ_FAILPOINT=before-commit`` kills the process there."""
-    if os.environ.get("CQ_FAILPOINT") == name:
+    """Fault injection for tests: ``CQ_FAILPOINT=before-commit`` kills the process there;
+    ``CQ_FAILPOINT=sleep-before-commit:SECONDS`` makes the firing slow."""
+    point = os.environ.get("CQ_FAILPOINT", "")
+    if point == name:
         os._exit(75)
+    if point.startswith(f"sleep-{name}:"):
+        time.sleep(float(point.split(":", 1)[1]))
 
 
 def load_engine(settings: Settings, **kwargs) -> Engine:
