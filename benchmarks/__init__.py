@@ -133,6 +133,9 @@ def measure(cases: dict[str, Callable[[], object]], *, repeat: int, warmup: int 
 
 
 def spread(samples: list[float]) -> str:
+    """The range of the samples (noise indicator)."""
+    if len(samples) == 1:
+        return f"{samples[0]:.3f}s"
     return f"{min(samples):.3f}-{max(samples):.3f}s"
 
 
