@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .storage.base import align_columns
 from .errors import CQError, TableError, TimeError
 from .times import parse_time
 
@@ -74,23 +75,11 @@ def conform(data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, 
     ISO-8601 strings with an offset or without (read in ``tz``), integers as epoch milliseconds, and
     Arrow timestamps (naive ones read in ``tz``). Raises ``TableError`` naming the table, the column
     and the first value that cannot be read."""
-    by_name: dict[str, int] = {}
-    for i, name in enumerate(data.column_names):
-        if name.lower() in by_name:
-            raise TableError(f"table '{table}': the data has column '{name}' twice (names ignore case)")
-        by_name[name.lower()] = i
-    known = {f.name.lower() for f in schema}
-    unknown = [n for n in data.column_names if n.lower() not in known]
-    if unknown:
-        raise TableError(f"table '{table}' has no column '{unknown[0]}' (columns: {', '.join(schema.names)})")
-    if time_column.lower() not in by_name:
+    if time_column.lower() not in {n.lower() for n in data.column_names}:
         raise TableError(f"table '{table}': the data has no time column '{time_column}'")
     arrays = []
-    for field in schema:
-        i = by_name.get(field.name.lower())
+    for field, i in align_columns(data.column_names, schema, table=table):
         if i is None:
-            if not field.nullable:
-                raise TableError(f"table '{table}': the data has no column '{field.name}', which cannot be null")
             arrays.append(pa.nulls(data.num_rows, field.type))
             continue
         values = data.column(i)

@@ -21,6 +21,30 @@ TimeRange = tuple[datetime, datetime]  # half-open [start, end), aware UTC
 ArrowData = Union[pa.Table, pa.RecordBatchReader]
 
 
+def align_columns(names: list[str], schema: pa.Schema, *, table: str) -> list[tuple[pa.Field, int | None]]:
+    """Pair each field of ``schema`` with the index of the same-named column in ``names``
+    (case-insensitive), or None for a missing nullable one. Unknown, doubled or missing
+    non-nullable columns are a ``TableError`` naming the table and column."""
+    from ..errors import TableError
+
+    by_name: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name.lower() in by_name:
+            raise TableError(f"table '{table}': the data has column '{name}' twice (names ignore case)")
+        by_name[name.lower()] = i
+    known = {f.name.lower() for f in schema}
+    unknown = [n for n in names if n.lower() not in known]
+    if unknown:
+        raise TableError(f"table '{table}' has no column '{unknown[0]}' (columns: {', '.join(schema.names)})")
+    pairs = []
+    for field in schema:
+        i = by_name.get(field.name.lower())
+        if i is None and not field.nullable:
+            raise TableError(f"table '{table}': the data has no column '{field.name}', which cannot be null")
+        pairs.append((field, i))
+    return pairs
+
+
 @dataclass(frozen=True)
 class Scan:
     """What a snapshot read looked at: table version pinned and files kept by statistics."""

@@ -19,7 +19,7 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_d
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from ..errors import CQError, TableError
-from .base import ArrowData, Scan, TimeRange
+from .base import ArrowData, Scan, TimeRange, align_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -323,17 +323,9 @@ def _storable_schema(schema: pa.Schema) -> pa.Schema:
 
 def _cast_to(table: str, data: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table | pa.RecordBatch:
     """``data`` with exactly ``schema``'s columns (matched case-insensitively) and types."""
-    by_name = {n.lower(): i for i, n in enumerate(data.schema.names)}
-    extra = set(by_name) - {n.lower() for n in schema.names}
-    if extra:
-        raise TableError(f"table '{table}' has no column(s) {', '.join(sorted(extra))} "
-                         f"(columns: {', '.join(schema.names)})")
     arrays = []
-    for field in schema:
-        i = by_name.get(field.name.lower())
+    for field, i in align_columns(data.schema.names, schema, table=table):
         if i is None:
-            if not field.nullable:
-                raise TableError(f"table '{table}': data lacks the non-nullable column '{field.name}'")
             arrays.append(pa.nulls(data.num_rows, field.type))
             continue
         try:
