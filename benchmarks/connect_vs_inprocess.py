@@ -31,7 +31,7 @@ def run(ctx: Context) -> Outcome:
     from cq_engine.feed import sensor_rows
     from cq_engine.spark import start_server, stop_server
 
-    repeat = 1 if ctx.quick else 5
+    repeat = 1 if ctx.quick else 3
     work = ctx.workdir(NAME)
     # Only the storage is used here (no Spark in this process): load the data with delta-rs.
     engine = make_engine(work, PER_MINUTE_SQL, spark=None)

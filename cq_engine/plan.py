@@ -7,6 +7,10 @@ Times become integer microseconds so window arithmetic is exact. Every window of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -20,6 +24,18 @@ from .times import EPOCH
 from .timing import Coverage
 
 _T, _K, _OWNER, _HAVING = "__cq_t", "__cq_k", "__cq_owner", "__cq_having"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The Spark job of a run, plus a cheap Arrow step that completes its result."""
+
+    frame: DataFrame
+    complete: Callable[[pa.Table], pa.Table] = lambda table: table
+
+    def to_arrow(self) -> pa.Table:
+        """Run the one Spark job and complete its result."""
+        return self.complete(self.frame.toArrow())
 
 
 @dataclass(frozen=True)
@@ -40,7 +56,7 @@ def grouping_of(cq: ContinuousQuery, cov: Coverage) -> TimeGrouping | None:
 
 
 def plan_query(spark: SparkSession, cq: ContinuousQuery, data: DataFrame, *, time_column: str,
-               coverage: Coverage) -> DataFrame:
+               coverage: Coverage) -> Plan:
     """The rows ``cq`` writes for ``coverage``; ``data`` holds at least the source rows it covers."""
     lo0, every, length = micros(coverage.start - EPOCH), micros(coverage.every), micros(coverage.length)
     end, emit_end = micros(coverage.end - EPOCH), micros(coverage.emit_end - EPOCH)
@@ -54,15 +70,14 @@ def plan_query(spark: SparkSession, cq: ContinuousQuery, data: DataFrame, *, tim
         keys.append("device")
     grouping = grouping_of(cq, coverage)
     if grouping is None:
-        out = _row_wise(cq, df, time_column, keys, lo0, every, coverage.count, emit_end)
+        return Plan(_row_wise(cq, df, time_column, keys, lo0, every, coverage.count, emit_end))
     else:
         step, interval = micros(grouping.step), micros(grouping.interval)
         windows = -(-(min(end, emit_end) - lo0) // step)
         if cq.time_grouping is None:  # one window per firing range
             windows = min(windows, coverage.count)
         grid = _Grid(lo0, step, interval, windows)
-        out = _windowed(spark, cq, df, time_column, keys, grid, every, length, coverage.count)
-    return out
+        return _windowed(spark, cq, df, time_column, keys, grid, every, length, coverage.count)
 
 
 def _covered(x: Column, lo0: int, every: int, length: int) -> Column:
@@ -105,7 +120,11 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     agg = df.groupBy(_K, *keys).agg(*aggs)
 
     counts = [i.name for i in cq.select if i.expression.upper().startswith("COUNT(")]
-    if cq.fill is not None or counts:
+    # Empty windows exist in IoTDB's output (count 0, or a value FILL can reach). Where only counts
+    # need them, they are added to the (small) result in Arrow: a grid join in Spark would scan the
+    # source a second time.
+    complete_in_arrow = bool(counts) and cq.fill is None and cq.having is None and cq.limit is None and not cq.offset
+    if cq.fill is not None or (counts and not complete_in_arrow):
         # Empty windows exist in IoTDB's output (count 0, or a value FILL can reach): build them.
         ws = F.lit(grid.anchor) + F.col("id") * F.lit(grid.step)
         windows = spark.range(grid.windows).filter(_covered(ws, grid.anchor, every, length))
@@ -126,7 +145,37 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
         agg = _fill(agg, cq, keys)
     out = agg.select(F.timestamp_micros(ws_micros).alias(time_column), *[F.col(k) for k in keys],
                      *[F.col(i.name) for i in cq.select], F.col(_OWNER))
-    return _finish(cq, out, time_column, keys)
+    out = _finish(cq, out, time_column, keys)
+    if not complete_in_arrow:
+        return Plan(out)
+    starts = [grid.anchor + k * grid.step for k in range(grid.windows)]
+    if length < every:
+        starts = [w for w in starts if (w - grid.anchor) % every < length]
+    return Plan(out, lambda table: _zero_counts(table, time_column=time_column, keys=keys, starts=starts,
+                                                counts=counts))
+
+
+def _zero_counts(table: pa.Table, *, time_column: str, keys: list[str], starts: list[int],
+                 counts: list[str]) -> pa.Table:
+    """Add the empty windows of every group present: counts 0, other values NULL."""
+    if table.num_rows == 0:
+        return table
+    seen_times = pc.cast(table.column(time_column), pa.int64()).to_pylist()
+    key_rows = list(zip(*[table.column(k).to_pylist() for k in keys])) if keys else [()] * table.num_rows
+    present = set(zip(seen_times, key_rows))
+    groups = list(dict.fromkeys(key_rows))
+    missing = [(w, g) for w in starts for g in groups if (w, g) not in present]
+    if not missing:
+        return table
+    columns = {time_column: pa.array([w for w, _ in missing], pa.int64()).cast(table.schema.field(time_column).type)}
+    for i, k in enumerate(keys):
+        columns[k] = pa.array([g[i] for _, g in missing], table.schema.field(k).type)
+    for field in table.schema:
+        if field.name not in columns:
+            value = 0 if field.name in counts else None
+            columns[field.name] = pa.array([value] * len(missing), field.type)
+    extra = pa.table({f.name: columns[f.name] for f in table.schema}, schema=table.schema)
+    return pa.concat_tables([table, extra])
 
 
 def _is_aggregate_sql(sql: str) -> bool:

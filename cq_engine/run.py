@@ -189,6 +189,7 @@ class Engine:
 
     def _execute(self, cq: ContinuousQuery, fires: list[datetime], *, kind: str, app_version: int,
                  progress: Progress | None = None) -> RunResult:
+        self.spark  # a session start is not part of the run's cost
         started, clock = datetime.now(UTC), time.perf_counter()
         coverages = self._coverages(cq, fires)
         whole = (coverages[0].start, coverages[-1].end)
@@ -248,7 +249,7 @@ class Engine:
     @staticmethod
     def _stream(plans, progress) -> Iterator[pa.RecordBatch]:
         for i, plan in enumerate(plans):
-            table = plan.toArrow()
+            table = plan.to_arrow()
             if progress:
                 progress(i + 1, len(plans))
             batches = table.to_batches()

@@ -34,7 +34,7 @@ def run(spark, data, body: str, *, fire: float = 40, every="40s", range_="40s") 
     cq = type(cq)(**{**cq.__dict__, "resample": type(cq.resample)(
         every=cq.resample.every, start_offset=cq.resample.start_offset, end_offset=cq.resample.end_offset, boundary=T0)})
     cov = timing.coverage_of(cq.resample, [at(fire)])
-    out = plan_query(spark, cq, data, time_column="ts", coverage=cov).toArrow().to_pylist()
+    out = plan_query(spark, cq, data, time_column="ts", coverage=cov).to_arrow().to_pylist()
     return sorted(tuple(r.values()) for r in out)
 
 
