@@ -196,7 +196,10 @@ class Engine:
         fire_time = fires[0] if kind == "firing" else None
         versions: dict[str, int] = {}
         try:
-            self.ensure_tables(cq.source, cq.sink)
+            # Each open of a long Delta log costs: the source is opened once here and once to read.
+            self.ensure_tables(cq.sink)
+            if not self.storage.exists(cq.source):
+                self.ensure_tables(cq.source)
             time_column = self.time_column(cq.source)
             version = self.storage.version(cq.source) if self.storage.exists(cq.source) else None
             if version is None:
