@@ -9,6 +9,7 @@ from dagster_pyspark import PySparkResource
 
 from cq_engine import timing
 from cq_engine.cron import CronPlan, resample_cron
+from cq_engine.durations import format_duration
 from cq_engine.model import ContinuousQuery
 from cq_engine.run import RunResult
 from cq_engine.times import UTC, iso, parse_time
@@ -17,7 +18,7 @@ from .resource import CQEngineResource
 from .translator import CQTranslator
 
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-             dg.DagsterRunStatus.STARTED]
+             dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 MAX_TICKS_PER_EVALUATION = 100
 
 
@@ -89,10 +90,13 @@ def build_asset(definition: ContinuousQuery, translator: CQTranslator) -> dg.Ass
 
 def build_jobs(definition: ContinuousQuery, asset: dg.AssetsDefinition, translator: CQTranslator):
     tags = translator.get_tags(definition)
+    # One step per run: the in-process executor spares each firing a second Python process.
     firing_job = dg.define_asset_job(translator.get_job_name(definition), selection=[asset], tags=tags,
+                                     executor_def=dg.in_process_executor,
                                      description=f"One firing of {definition.name} per run (tag cq/fire_time).")
     recalc_job = dg.define_asset_job(
         translator.get_recalculate_job_name(definition), selection=[asset], tags={**tags, "cq/recalculate": "true"},
+        executor_def=dg.in_process_executor,
         description=f"Recalculate {definition.name}: set recalculate_from (and recalculate_to) in the run config.",
     )
     return firing_job, recalc_job
@@ -114,7 +118,7 @@ def build_schedule(definition: ContinuousQuery, job, translator: CQTranslator, p
     return dg.ScheduleDefinition(
         name=translator.get_schedule_name(definition), job=job, cron_schedule=plan.cron_strings[0] if len(plan.cron_strings) == 1 else list(plan.cron_strings),
         execution_timezone=plan.timezone, execution_fn=evaluate, default_status=default_status,
-        description=f"Firings of {definition.name}: every {definition.resample.every} from {iso(definition.resample.boundary)}",
+        description=f"Firings of {definition.name}: every {format_duration(definition.resample.every)} from {iso(definition.resample.boundary)}",
     )
 
 
@@ -152,7 +156,7 @@ def build_tick_sensor(definition: ContinuousQuery, job, translator: CQTranslator
     return dg.SensorDefinition(
         name=translator.get_sensor_name(definition), job=job, evaluation_fn=evaluate,
         minimum_interval_seconds=interval, default_status=default_status,
-        description=f"Firings of {definition.name} every {definition.resample.every} (not expressible as cron)",
+        description=f"Firings of {definition.name} every {format_duration(definition.resample.every)} (not expressible as cron)",
     )
 
 

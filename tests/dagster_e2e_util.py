@@ -1,0 +1,435 @@
+"""A real Dagster stack for the end-to-end tests (test_dagster_e2e.py, test_dagster_ui.py).
+
+One temp project, one Spark Connect server, one DAGSTER_HOME written by ``write_dagster_home``, and:
+
+- ``dagster-daemon run`` and ``dagster-webserver`` on a workspace with two code locations:
+  ``cq_main`` (module ``dagster_defs``, managed by Dagster, as in the repo's workspace.yaml) holding
+  the sub-minute ``fast`` definition, and ``cq_slow``: a code server we start ourselves
+  (``dagster api grpc``) on a second sql dir holding a BLOCKED and a DISCARD definition. Only that
+  server's environment carries ``CQ_FAILPOINT=sleep-before-commit:12``; runs are launched by the code
+  server of their location and inherit its environment, so only the slow definitions are slow.
+- a background thread appending fresh sensor readings every two seconds.
+
+Every process runs in its own session; ``Stack.stop`` kills the process groups, then any process
+left whose environment names our DAGSTER_HOME, then the Spark server, and reports leftovers.
+The stack is shared by the test modules that use the ``dagster_stack`` fixture and stopped after
+the last of them (see ``release``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import requests
+
+from cq_engine import spark as cq_spark
+from cq_engine.config import Settings
+from cq_engine.dev import dagster_env, write_dagster_home
+from cq_engine.feed import floor_time, sensor_rows
+from cq_engine.run import Engine
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+UTC = timezone.utc
+SLOW_SECONDS = 12  # the failpoint's sleep in the slow location; its definitions fire every 5 s
+FEED_EVERY = 2.0  # seconds between appended batches
+READING_EVERY = timedelta(seconds=1)  # one reading per device per second
+BACKFILL = timedelta(minutes=15)
+MAIN_LOCATION, SLOW_LOCATION = "cq_main", "cq_slow"
+
+SENSORS_TABLE = """
+CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
+"""
+MAIN_SQL = """
+CREATE CQ fast RESAMPLE EVERY 5s RANGE 10s BEGIN
+  SELECT max_value(temperature) AS m, count(temperature) AS n INTO fast_out FROM sensors GROUP BY (5s), device
+END;
+"""
+SLOW_SQL = """
+CREATE CQ slow_blocked RESAMPLE EVERY 5s RANGE 10s TIMEOUT POLICY BLOCKED BEGIN
+  SELECT max_value(temperature) AS m INTO blocked_out FROM sensors GROUP BY (5s), device
+END;
+CREATE CQ slow_discard RESAMPLE EVERY 5s RANGE 10s TIMEOUT POLICY DISCARD BEGIN
+  SELECT max_value(temperature) AS m INTO discard_out FROM sensors GROUP BY (5s), device
+END;
+"""
+
+RUNS_QUERY = """
+query Runs($filter: RunsFilter!) {
+  runsOrError(filter: $filter, limit: 1000) {
+    __typename
+    ... on Runs { results { runId jobName status creationTime startTime endTime tags { key value } } }
+    ... on PythonError { message }
+  }
+}
+"""
+TICKS_QUERY = """
+query Ticks($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { name sensorState { status ticks(limit: 500) { status skipReason timestamp runIds error { message } } } }
+    ... on PythonError { message }
+  }
+}
+"""
+WORKSPACE_QUERY = """
+{
+  workspaceOrError {
+    __typename
+    ... on Workspace { locationEntries { name loadStatus locationOrLoadError {
+      __typename
+      ... on PythonError { message }
+      ... on RepositoryLocation { repositories { name sensors { name } } }
+    } } }
+  }
+}
+"""
+DAEMONS_QUERY = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    if not path.exists():
+        return f"(no {path.name})"
+    return f"--- last lines of {path} ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Feeder(threading.Thread):
+    """Appends the readings of ``[last end, now)`` (one per device per second) every FEED_EVERY s."""
+
+    def __init__(self, engine: Engine, start: datetime):
+        super().__init__(name="sensor-feeder", daemon=True)
+        self.engine, self.start_at, self.stop_event = engine, start, threading.Event()
+        self.batches, self.error = 0, None
+
+    def run(self) -> None:
+        start = self.start_at
+        try:
+            while not self.stop_event.wait(FEED_EVERY):
+                end = floor_time(datetime.now(UTC), READING_EVERY)
+                if end > start:
+                    rows = sensor_rows(start=start, end=end, every=READING_EVERY)
+                    self.engine.storage.append("sensors", rows, metadata={"cq.ingest": "e2e feeder"})
+                    self.batches, start = self.batches + 1, end
+        except BaseException as exc:  # reported by the tests through Stack.check_feeder
+            self.error = exc
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(30)
+
+
+@dataclass
+class Stack:
+    root: Path
+    settings: Settings  # the main location's settings (shared warehouse, CQ_HOME and Spark port)
+    slow_settings: Settings
+    dagster_home: Path
+    web_port: int
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    feeder: Feeder | None = None
+    spark_started: bool = False
+    stopped: bool = False
+    observed: dict[str, set[str]] = field(default_factory=dict)  # statuses seen per cq/name while polling
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    # -- GraphQL -----------------------------------------------------------------------------
+    def graphql(self, query: str, variables: dict | None = None, *, timeout: float = 60) -> dict:
+        response = requests.post(f"{self.url}/graphql", json={"query": query, "variables": variables or {}},
+                                 timeout=timeout)
+        response.raise_for_status()
+        body = response.json()
+        assert not body.get("errors"), body["errors"]
+        return body["data"]
+
+    def runs(self, cq_name: str) -> list[dict]:
+        """Every run of ``cq_name`` (tag cq/name), oldest first, tags as a dict, times as floats."""
+        data = self.graphql(RUNS_QUERY, {"filter": {"tags": [{"key": "cq/name", "value": cq_name}]}})
+        result = data["runsOrError"]
+        assert result["__typename"] == "Runs", result
+        runs = []
+        for run in result["results"]:
+            run = {**run, "tags": {t["key"]: t["value"] for t in run["tags"]}}
+            runs.append(run)
+            self.observed.setdefault(cq_name, set()).add(run["status"])
+        return sorted(runs, key=lambda r: r["creationTime"])
+
+    def ticks(self, location: str, sensor: str) -> list[dict]:
+        selector = {"repositoryLocationName": location, "repositoryName": "__repository__", "sensorName": sensor}
+        result = self.graphql(TICKS_QUERY, {"selector": selector})["sensorOrError"]
+        assert result["__typename"] == "Sensor", result
+        return result["sensorState"]["ticks"]
+
+    def wait_for_runs(self, cq_name: str, *, successes: int, timeout: float) -> list[dict]:
+        """Poll (bounded) until ``cq_name`` has ``successes`` SUCCESS runs; no run may fail."""
+        deadline = time.monotonic() + timeout
+        runs: list[dict] = []
+        while time.monotonic() < deadline:
+            self.check_alive()
+            runs = self.runs(cq_name)
+            failed = [r for r in runs if r["status"] == "FAILURE"]
+            assert not failed, f"{cq_name}: failed runs {[r['runId'] for r in failed]}\n{self.diagnostics()}"
+            done = [r for r in runs if r["status"] == "SUCCESS"]
+            if len(done) >= successes:
+                return runs
+            time.sleep(3)
+        raise AssertionError(f"{cq_name}: {sum(r['status'] == 'SUCCESS' for r in runs)} SUCCESS runs of "
+                             f"{len(runs)} within {timeout:.0f}s (wanted {successes}); statuses "
+                             f"{[r['status'] for r in runs]}\n{self.diagnostics()}")
+
+    # -- health --------------------------------------------------------------------------------
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            assert proc.poll() is None, f"{name} exited with {proc.returncode}\n{log_tail(self.logs / f'{name}.log')}"
+        self.check_feeder()
+
+    def check_feeder(self) -> None:
+        assert self.feeder is not None and self.feeder.error is None, f"feeder failed: {self.feeder.error!r}"
+        assert self.feeder.is_alive(), "the feeder thread stopped"
+
+    def diagnostics(self) -> str:
+        return "\n".join(log_tail(self.logs / f"{name}.log", 25) for name in self.procs)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "w")
+        # Own session: teardown signals the whole group (code servers and run workers included).
+        proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def _env(self, settings: Settings, **extra: str) -> dict[str, str]:
+        env = dagster_env(settings, self.dagster_home)
+        for var in ("CQ_FAILPOINT", "CQ_SPARK_REMOTE", "CQ_SPARK_MASTER", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
+            env.pop(var, None)
+        env.update(CQ_CONFIG=str(self.root / "no-cq.toml"), PYTHONUNBUFFERED="1", **extra)
+        return env
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        # Data: the last 15 minutes, then a batch every FEED_EVERY seconds.
+        engine = Engine(settings=self.settings)
+        engine.ensure_tables()
+        now = floor_time(datetime.now(UTC), READING_EVERY)
+        engine.storage.append("sensors", sensor_rows(start=now - BACKFILL, end=now, every=READING_EVERY),
+                              metadata={"cq.ingest": "e2e backfill"})
+        self.feeder = Feeder(engine, now)
+        self.feeder.start()
+        # Spark Connect first: the code locations pick Connect at load time only if it is running.
+        self.spark_started = True
+        status = cq_spark.start_server(self.settings, timeout=240)
+        assert status.running, status.describe()
+        write_dagster_home(self.dagster_home)
+        slow_port = free_port()
+        workspace = self.root / "workspace.yaml"
+        workspace.write_text(
+            "load_from:\n"
+            "  - python_module:\n"
+            "      module_name: dagster_defs\n"
+            f"      working_directory: {REPO}\n"
+            f"      location_name: {MAIN_LOCATION}\n"
+            "  - grpc_server:\n"
+            "      host: 127.0.0.1\n"
+            f"      port: {slow_port}\n"
+            f"      location_name: {SLOW_LOCATION}\n"
+        )
+        self._spawn("slow_code_server", [str(BIN / "dagster"), "api", "grpc", "--module-name", "dagster_defs",
+                                         "--working-directory", str(REPO), "--host", "127.0.0.1",
+                                         "--port", str(slow_port), "--location-name", SLOW_LOCATION],
+                    self._env(self.slow_settings, CQ_FAILPOINT=f"sleep-before-commit:{SLOW_SECONDS}"))
+        self._wait("the slow code server's port", lambda: port_open(slow_port), 180)
+        env = self._env(self.settings)
+        self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)], env)
+        self._spawn("webserver", [str(BIN / "dagster-webserver"), "-w", str(workspace), "-p", str(self.web_port),
+                                  "-h", "127.0.0.1"], env)
+        self._wait("the webserver", self._webserver_up, 240)
+        self._wait("both code locations", self._locations_loaded, 240)
+        self._wait("the daemons", self._daemons_healthy, 180)
+
+    def _wait(self, what: str, ready, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if ready():
+                    return
+            except (requests.RequestException, AssertionError, KeyError, TypeError):
+                pass
+            time.sleep(1)
+        raise AssertionError(f"{what} not ready within {timeout:.0f}s\n{self.diagnostics()}")
+
+    def _webserver_up(self) -> bool:
+        return requests.get(f"{self.url}/server_info", timeout=5).status_code == 200
+
+    def _locations_loaded(self) -> bool:
+        entries = self.graphql(WORKSPACE_QUERY)["workspaceOrError"]["locationEntries"]
+        sensors = set()
+        for entry in entries:
+            loc = entry["locationOrLoadError"]
+            if loc and loc["__typename"] == "PythonError":
+                raise RuntimeError(f"code location {entry['name']} failed to load: {loc['message']}")
+            if entry["loadStatus"] != "LOADED" or loc is None:
+                return False
+            sensors |= {s["name"] for r in loc["repositories"] for s in r["sensors"]}
+        return {"fast_ticks", "slow_blocked_ticks", "slow_discard_ticks"} <= sensors
+
+    def _daemons_healthy(self) -> bool:
+        statuses = self.graphql(DAEMONS_QUERY)["instance"]["daemonHealth"]["allDaemonStatuses"]
+        wanted = {"SENSOR", "QUEUED_RUN_COORDINATOR"}
+        return wanted <= {s["daemonType"] for s in statuses if s["healthy"]}
+
+    def stop(self) -> list[str]:
+        """Stop everything we started; returns what had to be killed after the groups were gone."""
+        if self.stopped:
+            return []
+        self.stopped = True
+        if self.feeder is not None:
+            self.feeder.stop()
+        for name in ("webserver", "daemon", "slow_code_server"):
+            if name in self.procs:
+                _stop_group(self.procs[name])
+        leftovers = _kill_by_environ("DAGSTER_HOME", str(self.dagster_home))
+        if self.spark_started:
+            cq_spark.stop_server(self.settings)
+        return leftovers
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """SIGTERM the process group (dagster shuts its code servers down), then SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # run workers and code servers left in the group
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
+
+
+def _pids_with_environ(var: str, value: str) -> list[int]:
+    needle = f"{var}={value}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _kill_by_environ(var: str, value: str) -> list[str]:
+    """Processes still alive after their groups were killed (none expected; SIGKILLed processes take
+    a moment to exit): kill them by pid and report their command lines."""
+    if not Path("/proc/self/environ").exists():
+        return []
+    deadline = time.monotonic() + 10
+    while _pids_with_environ(var, value) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    killed = []
+    for pid in _pids_with_environ(var, value):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            pgid = os.getpgid(pid)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(f"pid {pid} (group {pgid}): {cmd[:200]}")
+        except OSError:
+            continue
+    deadline = time.monotonic() + 10
+    while _pids_with_environ(var, value) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return killed
+
+
+# -- the shared fixture ------------------------------------------------------------------------
+_STACK: Stack | None = None
+
+
+def acquire(tmp_path_factory) -> Stack:
+    global _STACK
+    if _STACK is None or _STACK.stopped:
+        root = tmp_path_factory.mktemp("dagster_e2e")
+        settings = Settings(sql_dir=str(root / "sql" / "main"), warehouse=str(root / "warehouse"),
+                            home=str(root / "cq_home"), spark_port=free_port())
+        for sub, sql in (("main", MAIN_SQL), ("slow", SLOW_SQL)):
+            (root / "sql" / sub).mkdir(parents=True)
+            (root / "sql" / sub / "sensors.sql").write_text(SENSORS_TABLE)
+            (root / "sql" / sub / "cq.sql").write_text(sql)
+        _STACK = Stack(root=root, settings=settings, slow_settings=replace(settings, sql_dir=str(root / "sql" / "slow")),
+                       dagster_home=root / "dagster_home", web_port=free_port())
+        try:
+            _STACK.start()
+        except BaseException:
+            _STACK.stop()
+            raise
+    return _STACK
+
+
+def release(request) -> None:
+    """Stop the stack after the last selected test module that uses it (or when the session stops)."""
+    global _STACK
+    if _STACK is None:
+        return
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if item.module is request.module]
+    later = [item for item in items[max(mine, default=-1) + 1:] if "dagster_stack" in item.fixturenames]
+    if later and not (request.session.shouldstop or request.session.shouldfail):
+        return
+    stack, _STACK = _STACK, None
+    leftovers = stack.stop()
+    assert not leftovers, f"processes outlived their process groups (killed): {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def dagster_stack(request, tmp_path_factory) -> Stack:
+    """The running stack (started on first use, shared by later modules)."""
+    stack = acquire(tmp_path_factory)
+    yield stack
+    release(request)

@@ -1,0 +1,127 @@
+"""The Dagster UI in a real headless Chromium (Debian's chromium + chromium-driver, driven by Selenium),
+against the webserver of the end-to-end stack (dagster_e2e_util). Screenshots go to tests/artifacts/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dagster_e2e_util import MAIN_LOCATION, SLOW_LOCATION, dagster_stack  # noqa: F401
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+CHROMIUM, CHROMEDRIVER = "chromium", "chromedriver"
+PAGE_WAIT = 90  # seconds for a page to show the expected text (the machine is busy running firings)
+
+
+def _browser_paths() -> tuple[str | None, str | None]:
+    return shutil.which(CHROMIUM), shutil.which(CHROMEDRIVER)
+
+
+def ensure_chromium() -> tuple[str, str]:
+    """Debian's chromium and chromium-driver, installed with apt-get when missing and we are root."""
+    browser, driver = _browser_paths()
+    if browser and driver:
+        return browser, driver
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium/chromium-driver missing and cannot be installed here (needs root and apt-get): "
+                    "apt-get install chromium chromium-driver")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", "chromium", "chromium-driver"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:  # a stale package list: refresh once and retry
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    browser, driver = _browser_paths()
+    if not (browser and driver):
+        pytest.skip(f"could not install chromium and chromium-driver with apt-get (exit {out.returncode}): "
+                    f"{(out.stderr or out.stdout).strip()[-500:]}")
+    return browser, driver
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is not installed: pip install selenium (in the test extras)")
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, chromedriver = ensure_chromium()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1600,1000",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    # An explicit driver path: Selenium Manager (which would download drivers) is never consulted.
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    driver.set_page_load_timeout(120)
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def skip_dialogs(driver, *, wait: float = 0) -> None:
+    """A fresh profile gets Dagster's "Join the Dagster community" dialog once: press its Skip."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + wait
+    while True:
+        buttons = [b for b in driver.find_elements(By.XPATH, "//button[normalize-space()='Skip']") if b.is_displayed()]
+        for button in buttons:
+            button.click()
+        if buttons or time.monotonic() >= deadline:
+            return
+        time.sleep(0.5)
+
+
+def open_page(driver, url: str, *texts: str, shot: str) -> str:
+    """Load ``url`` and wait (bounded) until the page's visible text contains every one of ``texts``;
+    save a screenshot either way and return the visible text."""
+    driver.get(url)
+    deadline = time.monotonic() + PAGE_WAIT
+    text = ""
+    while time.monotonic() < deadline:
+        skip_dialogs(driver)
+        text = driver.execute_script("return document.body ? document.body.innerText : ''") or ""
+        if all(t in text for t in texts):
+            break
+        time.sleep(1)
+    time.sleep(1.5)  # let the page's remaining requests render before the screenshot
+    skip_dialogs(driver)
+    driver.save_screenshot(str(ARTIFACTS / f"{shot}.png"))
+    text = driver.execute_script("return document.body.innerText") or ""
+    missing = [t for t in texts if t not in text]
+    assert not missing, f"{url}: {missing} not visible; page text starts with:\n{text[:1500]}"
+    return text
+
+
+def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser):
+    runs = dagster_stack.wait_for_runs("fast", successes=1, timeout=240)
+    run = [r for r in runs if r["status"] == "SUCCESS"][-1]  # the newest successful firing
+    tags = run["tags"]
+    base = dagster_stack.url
+    browser.get(base)
+    skip_dialogs(browser, wait=15)  # shown once, a moment after the first page loads
+
+    open_page(browser, f"{base}/overview/jobs", MAIN_LOCATION, "fast_job", "fast_recalculate",
+              SLOW_LOCATION, "slow_blocked_job", "slow_discard_job", shot="1_jobs")
+    open_page(browser, f"{base}/locations/{MAIN_LOCATION}/jobs/fast_job", "fast_job", "Job in", "fast_ticks",
+              "Asset: fast_out", "cq/name: fast", "cq/timeout_policy: BLOCKED", shot="2_job_fast_job")
+    open_page(browser, f"{base}/automation", "fast_ticks", "slow_blocked_ticks", "slow_discard_ticks",
+              shot="3_automation")
+    open_page(browser, f"{base}/locations/{MAIN_LOCATION}/sensors/fast_ticks", "fast_ticks", "Sensor in",
+              "fast_job", "Running", "run requested", shot="4_sensor_fast_ticks")
+    # Queued firings crowd the unfiltered list: filter to this job's successful runs.
+    runs_page = open_page(browser, f"{base}/runs?q[]=job:fast_job&q[]=status:SUCCESS", "fast_job", "Success",
+                          run["runId"][:8], shot="5_runs_fast_job_success")
+    assert "Queued…" not in runs_page and "slow_blocked_job" not in runs_page
+    open_page(browser, f"{base}/runs/{run['runId']}", run["runId"][:8], "Success", "fast_job",
+              "Launched by", "fast_ticks", "RUN_SUCCESS",
+              f"fast: firing [{tags['cq/range_start']}, {tags['cq/range_end']}) wrote", shot="6_run_fast_job")
