@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from datetime import datetime, timedelta
 
 import pyarrow as pa
 from deltalake import DeltaTable
+
+from cq_engine.run import Engine
 
 from dagster_e2e_util import SLOW_LOCATION, SLOW_SECONDS, UTC, dagster_stack, parse_iso  # noqa: F401
 
@@ -158,3 +161,28 @@ def test_discard_skips_while_a_run_is_in_flight_and_catches_up(dagster_stack):
         # ...and `b` is the latest firing due once `a` finished (one step of slack for the evaluation).
         assert fire(b) >= floor5(a["endTime"]) - EVERY, (fire(b), a["endTime"])
         assert b["creationTime"] - fire(b).timestamp() < 3 * EVERY.total_seconds()
+
+
+def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, monkeypatch, capsys):
+    """`cq recalculate --via-dagster` submits <name>_recalculate through the webserver's GraphQL API."""
+    from cq_engine.cli import main
+
+    settings = dagster_stack.settings
+    for var, value in {"CQ_SQL_DIR": settings.sql_dir, "CQ_WAREHOUSE": settings.warehouse, "CQ_HOME": settings.home}.items():
+        monkeypatch.setenv(var, value)
+    end = floor5(time.time() - 60)
+    start = end - timedelta(seconds=30)
+    code = main(["recalculate", "fast", "--from", start.isoformat(), "--to", end.isoformat(),
+                 "--via-dagster", f"127.0.0.1:{dagster_stack.web_port}"])
+    out = capsys.readouterr().out
+    assert code == 0 and "recalculate run" in out, out
+    run_id = out.split("recalculate run ")[1].split()[0]
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        (run,) = [r for r in dagster_stack.runs("fast") if r["runId"] == run_id]
+        if run["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(2)
+    assert run["status"] == "SUCCESS" and run["tags"].get("cq/recalculate") == "true"
+    ledger = [e for e in Engine(settings=settings).ledger.entries("fast") if e.kind == "recalculate"]
+    assert ledger and (ledger[-1].range_start, ledger[-1].range_end) == (start, end)
