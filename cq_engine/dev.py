@@ -97,27 +97,27 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
         return 0
     finally:
         stop.set()
-        _stop_group(proc)
+        stop_process_group(proc)
         if spark_server:
             spark.stop_server(settings)
         print(f"cq dev: stopped at {iso(datetime.now(UTC))}")
 
 
-def _stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
-    """SIGINT the whole process group (dagster dev forwards it to webserver, daemon, runs), then KILL."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGINT, timeout), (signal.SIGKILL, 5)):
+def stop_process_group(proc: subprocess.Popen, *, first_signal: int = signal.SIGINT, timeout: float = 20) -> None:
+    """Signal the whole process group (``dagster dev`` forwards SIGINT to webserver, daemon and runs),
+    then SIGKILL whatever is left in it, run workers included."""
+    for sig, wait in ((first_signal, timeout), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
             proc.wait(wait)
             break
         except subprocess.TimeoutExpired:
             continue
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # anything left in the group (run workers)
+        os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    proc.wait(10)

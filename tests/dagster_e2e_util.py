@@ -33,9 +33,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from netutil import free_port, port_open  # noqa: F401
+
 from cq_engine import spark as cq_spark
 from cq_engine.config import Settings
-from cq_engine.dev import dagster_env, write_dagster_home
+from cq_engine.dev import dagster_env, stop_process_group, write_dagster_home
 from cq_engine.feed import floor_time, sensor_rows
 from cq_engine.run import Engine
 
@@ -96,18 +98,6 @@ WORKSPACE_QUERY = """
 }
 """
 DAEMONS_QUERY = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def parse_iso(text: str) -> datetime:
@@ -323,30 +313,11 @@ class Stack:
             self.feeder.stop()
         for name in ("webserver", "daemon", "slow_code_server"):
             if name in self.procs:
-                _stop_group(self.procs[name])
+                stop_process_group(self.procs[name], first_signal=signal.SIGTERM)
         leftovers = _kill_by_environ("DAGSTER_HOME", str(self.dagster_home))
         if self.spark_started:
             cq_spark.stop_server(self.settings)
         return leftovers
-
-
-def _stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
-    """SIGTERM the process group (dagster shuts its code servers down), then SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # run workers and code servers left in the group
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
 
 
 def _pids_with_environ(var: str, value: str) -> list[int]:

@@ -104,7 +104,7 @@ def open_page(driver, url: str, *texts: str, shot: str) -> str:
 
 def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser):
     runs = dagster_stack.wait_for_runs("fast", successes=1, timeout=240)
-    run = [r for r in runs if r["status"] == "SUCCESS"][-1]  # the newest successful firing
+    run = [r for r in runs if r["status"] == "SUCCESS" and r["jobName"] == "fast_job"][-1]  # newest firing
     tags = run["tags"]
     base = dagster_stack.url
     browser.get(base)
@@ -120,7 +120,11 @@ def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser
               "fast_job", "Running", "run requested", shot="4_sensor_fast_ticks")
     # Queued firings crowd the unfiltered list: filter to this job's successful runs.
     runs_page = open_page(browser, f"{base}/runs?q[]=job:fast_job&q[]=status:SUCCESS", "fast_job", "Success",
-                          run["runId"][:8], shot="5_runs_fast_job_success")
+                          shot="5_runs_fast_job_success")
+    # New firings keep succeeding while the page loads: any successful fast_job run id will do.
+    succeeded = [r["runId"][:8] for r in dagster_stack.runs("fast") if r["status"] == "SUCCESS"
+                 and r["jobName"] == "fast_job"]
+    assert any(run_id in runs_page for run_id in succeeded), runs_page[:1500]
     assert "Queued…" not in runs_page and "slow_blocked_job" not in runs_page
     open_page(browser, f"{base}/runs/{run['runId']}", run["runId"][:8], "Success", "fast_job",
               "Launched by", "fast_ticks", "RUN_SUCCESS",

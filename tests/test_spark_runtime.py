@@ -13,19 +13,12 @@ from cq_engine.config import Settings
 from cq_engine.errors import SparkError
 from cq_engine.spark import _alive, server_status, start_server, stop_server
 
+from netutil import free_port, port_open  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
-
-def port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def proc_state(pid: int) -> str | None:
