@@ -8,7 +8,7 @@ import sqlglot
 from sqlglot import exp
 
 from .config import Settings
-from .errors import CQError, ParseError
+from .errors import ParseError
 from .model import Catalog, ContinuousQuery, TableDecl
 from .parse import ParseOptions, parse_file, sql_files
 from .parse.fragments import TIME_REF
@@ -103,9 +103,3 @@ def _check_against_tables(d: ContinuousQuery, tables: dict[str, TableDecl]) -> N
         raise _err(d.location, f"{d.name!r}: table {source.name!r} has no column {missing[0]!r} "
                                f"(columns: {', '.join(c.name for c in source.columns)})")
 
-
-def load_settings_catalog(settings: Settings) -> Catalog:
-    try:
-        return load_catalog(settings.sql_dir, options=parse_options(settings))
-    except CQError:
-        raise

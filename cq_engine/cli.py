@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Sequence
 
 from . import timing
+from .durations import format_duration
 from .config import Settings, load_settings
 from .errors import CQError
 from .times import UTC, iso, parse_time
@@ -88,17 +89,11 @@ def _validate(args, settings: Settings) -> int:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
         r = d.resample
-        print(f"cq     {d.name:<24} {d.source} -> {d.sink}  every={timing_fmt(r.every)} "
-              f"range=[-{timing_fmt(r.start_offset)}, -{timing_fmt(r.end_offset)})  {d.timeout_policy}  {d.location}")
+        print(f"cq     {d.name:<24} {d.source} -> {d.sink}  every={format_duration(r.every)} "
+              f"range=[-{format_duration(r.start_offset)}, -{format_duration(r.end_offset)})  {d.timeout_policy}  {d.location}")
     for err in catalog.errors:
         print(err, file=sys.stderr)
     return 1 if catalog.errors else 0
-
-
-def timing_fmt(delta) -> str:
-    from .durations import format_duration
-
-    return format_duration(delta)
 
 
 def _plan(args, settings: Settings) -> int:
@@ -178,7 +173,7 @@ def _show(args, settings: Settings) -> int:
     rows = []
     for d in catalog.definitions:
         e = last.get(d.name)
-        rows.append([d.name, f"{d.source} -> {d.sink}", timing_fmt(d.resample.every), d.timeout_policy,
+        rows.append([d.name, f"{d.source} -> {d.sink}", format_duration(d.resample.every), d.timeout_policy,
                      iso(e.fire_time) if e and e.fire_time else (e.kind if e else "-"),
                      e.status if e else "never", str(e.rows_written) if e else "-"])
     _print_rows(["name", "tables", "every", "policy", "last firing", "status", "rows"], rows)

@@ -109,13 +109,6 @@ class Ledger:
         result.sort(key=lambda e: (e.started_at, e.finished_at))
         return result
 
-    def to_arrow(self) -> pa.Table:
-        """The whole ledger as an Arrow table (``source_versions`` as JSON text); empty if none."""
-        if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
-            return SCHEMA.empty_table()
-        data = pa.table(DeltaTable(self.uri, storage_options=self.storage_options).scan())
-        return data.select(SCHEMA.names).cast(SCHEMA)  # delta-rs scans give string_view, Spark wants string
-
     def last(self, definition: str) -> LedgerEntry | None:
         """The most recently started entry of ``definition``."""
         found = self.entries(definition)

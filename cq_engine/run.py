@@ -292,6 +292,3 @@ def _failpoint(name: str) -> None:
     if point.startswith(f"sleep-{name}:"):
         time.sleep(float(point.split(":", 1)[1]))
 
-
-def load_engine(settings: Settings, **kwargs) -> Engine:
-    return Engine(settings=settings, **kwargs)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading

@@ -5,7 +5,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import dagster as dg
-import pyarrow as pa
 import pytest
 from dagster._core.test_utils import create_run_for_test
 from deltalake import DeltaTable
