@@ -80,8 +80,11 @@ def plan_query(spark: SparkSession, cq: ContinuousQuery, data: DataFrame, *, tim
         return _windowed(spark, cq, df, time_column, keys, grid, every, length, coverage.count)
 
 
-def _covered(x: Column, lo0: int, every: int, length: int) -> Column:
-    """Whether micros ``x`` lies in some firing range (ranges shorter than EVERY leave gaps)."""
+def _covered(x, lo0: int, every: int, length: int):
+    """Whether micros ``x`` (a Spark column, or an int) lies in some firing range: ranges shorter
+    than EVERY leave gaps."""
+    if isinstance(x, int):
+        return length >= every or (x - lo0) % every < length
     if length >= every:
         return F.lit(True)
     return F.pmod(x - F.lit(lo0), F.lit(every)) < F.lit(length)
@@ -125,9 +128,8 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     # source a second time.
     complete_in_arrow = bool(counts) and cq.fill is None and cq.having is None and cq.limit is None and not cq.offset
     if cq.fill is not None or (counts and not complete_in_arrow):
-        # Empty windows exist in IoTDB's output (count 0, or a value FILL can reach): build them.
-        ws = F.lit(grid.anchor) + F.col("id") * F.lit(grid.step)
-        windows = spark.range(grid.windows).filter(_covered(ws, grid.anchor, every, length))
+        grid_ws = F.lit(grid.anchor) + F.col("id") * F.lit(grid.step)
+        windows = spark.range(grid.windows).filter(_covered(grid_ws, grid.anchor, every, length))
         windows = windows.select(F.col("id").alias(_K))
         if keys:
             windows = windows.crossJoin(df.select(*keys).distinct())
@@ -139,18 +141,16 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     elif cq.having:
         agg = agg.filter(F.expr(cq.having))
 
-    ws_micros = F.lit(grid.anchor) + F.col(_K) * F.lit(grid.step)
-    agg = agg.withColumn(_OWNER, _owner(ws_micros, grid.anchor, every, count))
+    agg = agg.withColumn(_OWNER, _owner(ws, grid.anchor, every, count))
     if cq.fill is not None:
         agg = _fill(agg, cq, keys)
-    out = agg.select(F.timestamp_micros(ws_micros).alias(time_column), *[F.col(k) for k in keys],
+    out = agg.select(F.timestamp_micros(ws).alias(time_column), *[F.col(k) for k in keys],
                      *[F.col(i.name) for i in cq.select], F.col(_OWNER))
     out = _finish(cq, out, time_column, keys)
     if not complete_in_arrow:
         return Plan(out)
-    starts = [grid.anchor + k * grid.step for k in range(grid.windows)]
-    if length < every:
-        starts = [w for w in starts if (w - grid.anchor) % every < length]
+    starts = [w for w in (grid.anchor + k * grid.step for k in range(grid.windows))
+              if _covered(w, grid.anchor, every, length)]
     return Plan(out, lambda table: _zero_counts(table, time_column=time_column, keys=keys, starts=starts,
                                                 counts=counts))
 

@@ -198,13 +198,11 @@ class Engine:
         try:
             # Each open of a long Delta log costs: the source is opened once here and once to read.
             self.ensure_tables(cq.sink)
-            if not self.storage.exists(cq.source):
-                self.ensure_tables(cq.source)
-            time_column = self.time_column(cq.source)
-            version = self.storage.version(cq.source) if self.storage.exists(cq.source) else None
-            if version is None:
+            if not self.storage.exists(cq.source) and not self.ensure_tables(cq.source):
                 raise TableError(f"{cq.name}: source table {cq.source!r} does not exist (declare it with "
                                  f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)")
+            time_column = self.time_column(cq.source)
+            version = self.storage.version(cq.source)
             versions = {cq.source: version}
             scans: list[Scan] = []
             batches = self._compute(cq, coverages, time_column, version, scans, progress)
