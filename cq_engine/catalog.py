@@ -8,10 +8,19 @@ import sqlglot
 from sqlglot import exp
 
 from .config import Settings
-from .errors import ParseError
+from .errors import CQError, ParseError
 from .model import Catalog, ContinuousQuery, TableDecl
 from .parse import ParseOptions, parse_file, sql_files
 from .parse.fragments import TIME_REF
+
+
+def require_definition(catalog: Catalog, name: str, *, sql_dir: str) -> ContinuousQuery:
+    """The definition called ``name``; a ``CQError`` listing the known ones otherwise."""
+    d = catalog.definition(name)
+    if d is None:
+        known = ", ".join(x.name for x in catalog.definitions) or "none"
+        raise CQError(f"no definition named {name!r} in {sql_dir} (known: {known})")
+    return d
 
 
 def parse_options(settings: Settings) -> ParseOptions:

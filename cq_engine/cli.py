@@ -96,13 +96,15 @@ def _validate(args, settings: Settings) -> int:
     return 1 if catalog.errors else 0
 
 
-def _plan(args, settings: Settings) -> int:
-    from .catalog import load_catalog, parse_options
+def _definition(name: str, settings: Settings):
+    from .catalog import load_catalog, parse_options, require_definition
 
     catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
-    d = catalog.definition(args.name)
-    if d is None:
-        raise CQError(f"no definition named {args.name!r} in {settings.sql_dir}")
+    return require_definition(catalog, name, sql_dir=settings.sql_dir)
+
+
+def _plan(args, settings: Settings) -> int:
+    d = _definition(args.name, settings)
     if args.count < 1:
         raise CQError("--count must be at least 1")
     start = _time(args.start, settings, "--from")
@@ -137,20 +139,25 @@ def _recalculate(args, settings: Settings) -> int:
 
 
 def _recalculate_via_dagster(args, settings: Settings) -> int:
-    from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
+    from dagster_graphql import DagsterGraphQLClient
 
+    from dagster_defs import CQTranslator
+
+    d = _definition(args.name, settings)
     _time(args.start, settings, "--from")  # reject bad times before anything is launched
     if args.end:
         _time(args.end, settings, "--to")
+    translator = CQTranslator()
+    job = translator.get_recalculate_job_name(d)
     host, _, port = args.via_dagster.partition(":")
     config = {"recalculate_from": args.start, **({"recalculate_to": args.end} if args.end else {})}
     try:
         run_id = DagsterGraphQLClient(host, port_number=int(port or 3000)).submit_job_execution(
-            f"{args.name}_recalculate", run_config={"ops": {f"cq_{args.name}": {"config": config}}})
-    except (DagsterGraphQLClientError, Exception) as exc:  # connection errors come as requests' own types
+            job, run_config={"ops": {translator.get_op_name(d): {"config": config}}})
+    except Exception as exc:  # the client's own errors, and requests' connection errors
         cause = exc.__cause__ or exc.__context__ or exc
         detail = " ".join(str(cause).split())[:300] or type(cause).__name__
-        raise CQError(f"--via-dagster {args.via_dagster}: cannot launch {args.name}_recalculate: {detail}") from None
+        raise CQError(f"--via-dagster {args.via_dagster}: cannot launch {job}: {detail}") from None
     print(f"{args.name}: recalculate run {run_id} launched on http://{host}:{port or 3000}/runs/{run_id}")
     return 0
 

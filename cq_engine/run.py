@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import pyarrow as pa
 
 from . import timing
-from .catalog import load_catalog, parse_options
+from .catalog import load_catalog, parse_options, require_definition
 from .config import Settings
 from .durations import micros
 from .errors import CQError, TableError
@@ -79,11 +79,7 @@ class Engine:
         return self._ledger
 
     def definition(self, name: str) -> ContinuousQuery:
-        d = self.catalog.definition(name)
-        if d is None:
-            known = ", ".join(x.name for x in self.catalog.definitions) or "none"
-            raise CQError(f"no definition named {name!r} in {self.settings.sql_dir} (known: {known})")
-        return d
+        return require_definition(self.catalog, name, sql_dir=self.settings.sql_dir)
 
     def ensure_tables(self, *names: str) -> list[str]:
         """Create the declared tables among ``names`` (all declared tables if none) that are missing."""

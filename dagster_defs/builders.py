@@ -66,7 +66,7 @@ def build_asset(definition: ContinuousQuery, translator: CQTranslator) -> dg.Ass
     """The sink as an asset whose materialization is one firing (or one recalculation)."""
     spec = translator.get_sink_asset_spec(definition)
 
-    @dg.multi_asset(name=f"cq_{definition.name}", specs=[spec], op_tags={"cq/name": definition.name})
+    @dg.multi_asset(name=translator.get_op_name(definition), specs=[spec], op_tags={"cq/name": definition.name})
     def _asset(context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource,
                pyspark: PySparkResource):
         engine = cq_engine.engine(pyspark.spark_session)

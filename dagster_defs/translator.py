@@ -21,6 +21,9 @@ class CQTranslator:
     def get_job_name(self, definition: ContinuousQuery) -> str:
         return f"{definition.name}_job"
 
+    def get_op_name(self, definition: ContinuousQuery) -> str:
+        return f"cq_{definition.name}"
+
     def get_recalculate_job_name(self, definition: ContinuousQuery) -> str:
         return f"{definition.name}_recalculate"
 
