@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Callable
 
 from .config import Settings
 from .feed import floor_time, sensor_rows
@@ -52,14 +53,20 @@ def dagster_env(settings: Settings, dagster_home: Path) -> dict[str, str]:
     return env
 
 
-def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: str = "sensors") -> None:
-    """Append the readings of the last ``every`` seconds to ``table`` until ``stop`` is set."""
-    start = floor_time(datetime.now(UTC), timedelta(seconds=5))
+def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: str = "sensors",
+                 start: datetime | None = None, reading_every: timedelta = timedelta(seconds=5),
+                 label: str = "cq dev feed", on_batch: Callable[[], None] | None = None) -> None:
+    """Every ``every`` seconds, append to ``table`` the simulated readings (one per device per
+    ``reading_every``) since the last batch (or ``start``), until ``stop`` is set."""
+    start = start or floor_time(datetime.now(UTC), reading_every)
     while not stop.wait(every):
-        end = floor_time(datetime.now(UTC), timedelta(seconds=5))
+        end = floor_time(datetime.now(UTC), reading_every)
         if end > start:
-            engine.storage.append(table, sensor_rows(start=start, end=end), metadata={"cq.ingest": "cq dev feed"})
+            rows = sensor_rows(start=start, end=end, every=reading_every)
+            engine.storage.append(table, rows, metadata={"cq.ingest": label})
             start = end
+            if on_batch:
+                on_batch()
 
 
 def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, spark_server: bool = True,

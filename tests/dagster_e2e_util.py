@@ -36,7 +36,7 @@ from netutil import free_port, port_open  # noqa: F401
 
 from cq_engine import spark as cq_spark
 from cq_engine.config import Settings
-from cq_engine.dev import dagster_env, stop_process_group, write_dagster_home
+from cq_engine.dev import dagster_env, feed_forever, stop_process_group, write_dagster_home
 from cq_engine.feed import floor_time, sensor_rows
 from cq_engine.run import Engine
 
@@ -118,16 +118,14 @@ class Feeder(threading.Thread):
         self.batches, self.error = 0, None
 
     def run(self) -> None:
-        start = self.start_at
         try:
-            while not self.stop_event.wait(FEED_EVERY):
-                end = floor_time(datetime.now(UTC), READING_EVERY)
-                if end > start:
-                    rows = sensor_rows(start=start, end=end, every=READING_EVERY)
-                    self.engine.storage.append("sensors", rows, metadata={"cq.ingest": "e2e feeder"})
-                    self.batches, start = self.batches + 1, end
+            feed_forever(self.engine, every=FEED_EVERY, stop=self.stop_event, start=self.start_at,
+                         reading_every=READING_EVERY, label="e2e feeder", on_batch=self._count)
         except BaseException as exc:  # reported by the tests through Stack.check_feeder
             self.error = exc
+
+    def _count(self) -> None:
+        self.batches += 1
 
     def stop(self) -> None:
         self.stop_event.set()
