@@ -9,12 +9,12 @@ from sqlglot import exp
 
 from .config import Settings
 from .errors import CQError, ParseError
-from .model import Catalog, ContinuousQuery, TableDecl
+from .model import DATA_SHAPED, Catalog, Definition, SessionTrigger, Stream, TableDecl
 from .parse import ParseOptions, parse_file, sql_files
 from .parse.fragments import TIME_REF
 
 
-def require_definition(catalog: Catalog, name: str, *, sql_dir: str) -> ContinuousQuery:
+def require_definition(catalog: Catalog, name: str, *, sql_dir: str) -> Definition:
     """The definition called ``name``; a ``CQError`` listing the known ones otherwise."""
     d = catalog.definition(name)
     if d is None:
@@ -31,7 +31,7 @@ def load_catalog(path: str | Path, *, options: ParseOptions | None = None) -> Ca
     """Parse all ``.sql`` files under ``path``; per-file errors land in ``Catalog.errors``."""
     opts = options or ParseOptions()
     tables: list[TableDecl] = []
-    definitions: list[ContinuousQuery] = []
+    definitions: list[Definition] = []
     errors: list[str] = []
     for file in sql_files(path):
         try:
@@ -63,23 +63,32 @@ def _err(location, message: str) -> ParseError:
     return ParseError(message, file=location.file, line=location.line, col=location.col)
 
 
-def _check_unique(tables: list[TableDecl], definitions: list[ContinuousQuery]) -> None:
+def _reads(d: Definition) -> list[str]:
+    """The tables a definition reads."""
+    if isinstance(d, Stream):
+        return [t for t in dict.fromkeys((d.trigger_table, d.source)) if t]
+    return [d.source]
+
+
+def _check_unique(tables: list[TableDecl], definitions: list[Definition]) -> None:
     seen: dict[str, object] = {}
     for t in tables:
         if (prev := seen.get(t.name.lower())) is not None:
             raise _err(t.location, f"table {t.name!r} is declared twice (first at {prev})")
         seen[t.name.lower()] = t.location
     seen.clear()
-    sinks: dict[str, ContinuousQuery] = {}
+    sinks: dict[str, Definition] = {}
     for d in definitions:
         if (prev := seen.get(d.name.lower())) is not None:
             raise _err(d.location, f"{d.name!r} is defined twice (first at {prev})")
         seen[d.name.lower()] = d.location
+        if d.sink is None:
+            continue
         if (other := sinks.get(d.sink.lower())) is not None:
             raise _err(d.location, f"{d.name!r} writes table {d.sink!r}, which {other.name!r} already writes "
                                    f"({other.location}); give each definition its own sink")
         sinks[d.sink.lower()] = d
-        if d.sink.lower() == d.source.lower():
+        if d.sink.lower() in (t.lower() for t in _reads(d)):
             raise _err(d.location, f"{d.name!r} reads and writes the same table {d.sink!r}")
 
 
@@ -87,8 +96,28 @@ def _columns(sql: str) -> list[str]:
     return [c.name for c in sqlglot.parse_one(sql, read="spark").find_all(exp.Column)]
 
 
-def referenced_columns(d: ContinuousQuery) -> set[str]:
-    """Source columns a query reads (lower-cased), besides the time column."""
+def _names(sqls) -> set[str]:
+    """Columns named by Spark SQL fragments (lower-cased), without the engine's own columns."""
+    names = [n for sql in sqls if sql for n in _columns(sql)]
+    return {n.lower() for n in names if n != TIME_REF and not n.lower().startswith("__cq")}
+
+
+def _query_columns(d: Stream) -> set[str]:
+    """Columns a stream's query reads from its source."""
+    return _names([i.expression for i in d.select] + [d.where])
+
+
+def _trigger_columns(d: Stream) -> set[str]:
+    """Columns a stream's trigger reads from its trigger table."""
+    t = d.trigger
+    sqls = [d.options.pre_filter, getattr(t, "column", None), getattr(t, "start", None), getattr(t, "end", None)]
+    return _names(sqls) | {c.lower() for c in d.partition_by + getattr(t, "columns", ())}
+
+
+def referenced_columns(d: Definition) -> set[str]:
+    """Source columns a definition reads (lower-cased), besides the time column."""
+    if isinstance(d, Stream):
+        return _query_columns(d) | _trigger_columns(d)
     names: list[str] = list(d.group_keys)
     for sql in [i.expression for i in d.select] + [d.where, d.having]:
         if sql:
@@ -97,18 +126,49 @@ def referenced_columns(d: ContinuousQuery) -> set[str]:
     return {n.lower() for n in names if n != TIME_REF} - (outputs if d.having else set())
 
 
-def _check_against_tables(d: ContinuousQuery, tables: dict[str, TableDecl]) -> None:
+def _missing(d: Definition, table: TableDecl, need: set[str]) -> None:
+    known = {c.name.lower() for c in table.columns}
+    missing = sorted(need - known)
+    if missing:
+        raise _err(d.location, f"{d.name!r}: table {table.name!r} has no column {missing[0]!r} "
+                               f"(columns: {', '.join(c.name for c in table.columns)})")
+
+
+def _check_against_tables(d: Definition, tables: dict[str, TableDecl]) -> None:
+    if isinstance(d, Stream):
+        _check_stream(d, tables)
+        return
     source = tables.get(d.source.lower())
     if source is None:
         return  # may exist in the warehouse only; checked when the firing reads it
     if d.where and source.time_column.lower() in {c.lower() for c in _columns(d.where)}:
         raise _err(d.location, f"{d.name!r}: a time filter on {source.time_column!r} is not allowed in WHERE: "
                                "each firing sets the time range itself")
-    known = {c.name.lower() for c in source.columns}
-    missing = sorted(referenced_columns(d) - known)
-    if d.align_by_device and "device" not in known:
-        missing.append("device")
-    if missing:
-        raise _err(d.location, f"{d.name!r}: table {source.name!r} has no column {missing[0]!r} "
-                               f"(columns: {', '.join(c.name for c in source.columns)})")
+    _missing(d, source, referenced_columns(d) | ({"device"} if d.align_by_device else set()))
 
+
+_TRIGGER_NAMES = {"session": "SESSION", "state": "STATE_WINDOW", "event": "EVENT_WINDOW", "count": "COUNT_WINDOW"}
+
+
+def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
+    trigger = tables.get(d.trigger_table.lower()) if d.trigger_table else None
+    source = tables.get(d.source.lower()) if d.source else None
+    partition = {p.lower() for p in d.partition_by}
+    if trigger is not None:
+        tags = [c.name for c in trigger.columns if c.is_tag]
+        if isinstance(d.trigger, SessionTrigger) and d.trigger.ts_column \
+                and d.trigger.ts_column.lower() != trigger.time_column.lower():
+            raise _err(d.location, f"{d.name!r}: SESSION({d.trigger.ts_column}, ...) must name the time column "
+                                   f"{trigger.time_column!r} of table {trigger.name!r}")
+        if tags and d.trigger.kind in DATA_SHAPED and "tbname" not in partition:
+            raise _err(d.location, f"{d.name!r}: {_TRIGGER_NAMES[d.trigger.kind]} on super table {trigger.name!r} "
+                                   "needs PARTITION BY tbname (each subtable has its own windows)")
+        if d.form == "new":
+            for p in d.partition_by:
+                col = trigger.column(p)
+                if col is None or not col.is_tag:
+                    raise _err(d.location, f"{d.name!r}: PARTITION BY may only name tbname and tag columns of "
+                                           f"{trigger.name!r} (tags: {', '.join(tags) or 'none'}), not {p!r}")
+        _missing(d, trigger, _trigger_columns(d) | (_query_columns(d) if source is trigger else set()))
+    if source is not None and source is not trigger:
+        _missing(d, source, _query_columns(d))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Sequence
 
 from . import timing
 from .durations import format_duration
 from .config import Settings, load_settings
 from .errors import CQError
+from .model import ContinuousQuery, PeriodTrigger
 from .times import UTC, iso, parse_time
 
 
@@ -66,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=3000)
     sp.add_argument("--feed-every", type=float, default=5.0, metavar="SECONDS")
     sp.add_argument("--no-spark-server", action="store_true", help="use in-process Spark in each run")
+    from .cli_streams import register
+
+    register(cmd)
     sp = cmd("demo", _demo, "scripted demo: ingest the sample feed, run the sample queries, print the sinks")
     sp.add_argument("--firings", type=int, default=3)
     return p
@@ -88,12 +92,25 @@ def _validate(args, settings: Settings) -> int:
     for t in catalog.tables:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
-        r = d.resample
-        print(f"cq     {d.name:<24} {d.source} -> {d.sink}  every={format_duration(r.every)} "
-              f"range=[-{format_duration(r.start_offset)}, -{format_duration(r.end_offset)})  {d.timeout_policy}  {d.location}")
+        print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {d.timeout_policy}  {d.location}")
     for err in catalog.errors:
         print(err, file=sys.stderr)
     return 1 if catalog.errors else 0
+
+
+def _kind(d) -> str:
+    return "cq" if isinstance(d, ContinuousQuery) else "stream"
+
+
+def _trigger(d) -> str:
+    """One line describing when a definition runs."""
+    if isinstance(d, ContinuousQuery):
+        r = d.resample
+        return f"every={format_duration(r.every)} range=[-{format_duration(r.start_offset)}, -{format_duration(r.end_offset)})"
+    t = d.trigger
+    args = {k: (format_duration(v) if hasattr(v, "total_seconds") else v) for k, v in vars(t).items()
+            if k != "kind" and v not in (None, (), "")}
+    return f"{t.kind}({', '.join(f'{k}={v}' for k, v in args.items())}) from {d.trigger_table or '-'}"
 
 
 def _definition(name: str, settings: Settings):
@@ -104,12 +121,24 @@ def _definition(name: str, settings: Settings):
 
 
 def _plan(args, settings: Settings) -> int:
+    from .ticks import ticks_of
+
     d = _definition(args.name, settings)
     if args.count < 1:
         raise CQError("--count must be at least 1")
+    if not isinstance(d, ContinuousQuery) and not isinstance(d.trigger, PeriodTrigger):
+        raise CQError(f"{d.name!r} is a window-triggered stream: its runs follow its trigger table's data, "
+                      f"not a clock (see `cq tick {d.name}`)")
     start = _time(args.start, settings, "--from")
-    fires = timing.firing_times(d.resample, start=start, count=args.count)
-    firings = [timing.Firing(d.name, f, timing.time_range(d.resample, f)).as_dict() for f in fires]
+    ticks = ticks_of(d, timezone=settings.timezone, created=start)
+    fires = []
+    while len(fires) < args.count:
+        more = ticks.between(fires[-1] + timedelta(microseconds=1) if fires else start,
+                             (fires[-1] if fires else start) + max(ticks.every, timedelta(days=1)) * 2)
+        if not more:
+            break
+        fires += more[: args.count - len(fires)]
+    firings = [timing.Firing(d.name, f, ticks.range_of(f)).as_dict() for f in fires]
     if args.json:
         print(json.dumps(firings, indent=2))
     else:
@@ -119,7 +148,9 @@ def _plan(args, settings: Settings) -> int:
 
 def _run(args, settings: Settings) -> int:
     engine = _engine(settings)
-    r = engine.run_firing(args.name, _time(args.at, settings, "--at"))
+    at = _time(args.at, settings, "--at")
+    d = engine.definition(args.name)
+    r = engine.run_period(args.name, at) if not isinstance(d, ContinuousQuery) else engine.run_firing(args.name, at)
     print(f"{r.definition}: fired {iso(r.fire_time)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
           f"{r.rows_written} rows -> {engine.definition(args.name).sink} v{r.sink_version} "
           f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)")
@@ -180,10 +211,10 @@ def _show(args, settings: Settings) -> int:
     rows = []
     for d in catalog.definitions:
         e = last.get(d.name)
-        rows.append([d.name, f"{d.source} -> {d.sink}", format_duration(d.resample.every), d.timeout_policy,
+        rows.append([d.name, f"{d.source} -> {d.sink}", _trigger(d).split(" ")[0], d.timeout_policy,
                      iso(e.fire_time) if e and e.fire_time else (e.kind if e else "-"),
                      e.status if e else "never", str(e.rows_written) if e else "-"])
-    _print_rows(["name", "tables", "every", "policy", "last firing", "status", "rows"], rows)
+    _print_rows(["name", "tables", "trigger", "policy", "last firing", "status", "rows"], rows)
     for err in catalog.errors:
         print(err, file=sys.stderr)
     return 1 if catalog.errors else 0

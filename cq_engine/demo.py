@@ -6,7 +6,8 @@ from datetime import datetime, timedelta
 
 from . import timing
 from .config import Settings
-from .feed import floor_time, sensor_rows
+from .feed import FEEDS, floor_time
+from .model import ContinuousQuery, PeriodTrigger
 from .run import Engine
 from .times import UTC, iso
 
@@ -17,10 +18,14 @@ def run_demo(settings: Settings, *, firings: int = 3, now: datetime | None = Non
         print(f"skipping: {err}")
     now = floor_time(now or datetime.now(UTC), timedelta(minutes=1))
     print(f"creating tables: {', '.join(engine.ensure_tables()) or 'all exist'}")
-    feed = sensor_rows(start=now - timedelta(minutes=10), end=now)
-    version = engine.storage.append("sensors", feed, metadata={"cq.ingest": "demo feed"})
-    print(f"sensors: appended {feed.num_rows} readings for [{iso(now - timedelta(minutes=10))}, {iso(now)}) (v{version})")
+    for table in [t.name for t in engine.catalog.tables if t.name in FEEDS]:
+        feed = FEEDS[table](start=now - timedelta(minutes=10), end=now)
+        version = engine.storage.append(table, feed, metadata={"cq.ingest": "demo feed"})
+        print(f"{table}: appended {feed.num_rows} readings for [{iso(now - timedelta(minutes=10))}, {iso(now)}) (v{version})")
     for d in engine.catalog.definitions:
+        if not isinstance(d, ContinuousQuery):
+            _stream(engine, d, now)
+            continue
         latest = timing.latest_firing(d.resample, now=now)
         fires = [latest - k * d.resample.every for k in reversed(range(firings))]
         for fire in fires:
@@ -33,3 +38,16 @@ def run_demo(settings: Settings, *, firings: int = 3, now: datetime | None = Non
         for row in table.to_pylist():
             print("  " + "  ".join(iso(v) if isinstance(v, datetime) else str(v) for v in row.values()))
     return 0
+
+
+def _stream(engine: Engine, d, now: datetime) -> None:
+    """A stream's demo: a PERIOD stream's latest tick; a window stream recalculates the fed data."""
+    if isinstance(d.trigger, PeriodTrigger):
+        from .ticks import ticks_of
+
+        tick = ticks_of(d, timezone=engine.settings.timezone, created=now - timedelta(days=1)).latest(now)
+        r = engine.run_period(d.name, tick)
+        print(f"  {d.name:<24} tick {iso(tick)}: {r.rows_written} rows -> {d.sink} v{r.sink_version}")
+        return
+    r = engine.recalculate(d.name, start=now - timedelta(minutes=10), now=now)
+    print(f"  {d.name:<24} {d.trigger.kind} windows over the feed: {r.rows_written} rows -> {d.sink} v{r.sink_version}")

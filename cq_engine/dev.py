@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import Settings
-from .feed import floor_time, sensor_rows
+from .feed import FEEDS, floor_time
 from .run import Engine
 from .times import UTC, iso
 
@@ -62,7 +62,7 @@ def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: 
     while not stop.wait(every):
         end = floor_time(datetime.now(UTC), reading_every)
         if end > start:
-            rows = sensor_rows(start=start, end=end, every=reading_every)
+            rows = FEEDS[table](start=start, end=end, every=reading_every)
             engine.storage.append(table, rows, metadata={"cq.ingest": label})
             start = end
             if on_batch:
@@ -77,10 +77,11 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
     for err in engine.catalog.errors:
         print(f"cq dev: {err}", file=sys.stderr)
     created = engine.ensure_tables()
-    if "sensors" in {t.name for t in engine.catalog.tables}:
-        now = floor_time(datetime.now(UTC), timedelta(seconds=5))
-        engine.storage.append("sensors", sensor_rows(start=now - backfill, end=now), metadata={"cq.ingest": "cq dev"})
-        print(f"cq dev: sensors holds the last {backfill} of readings; a new batch every {feed_every:g}s")
+    fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
+    now = floor_time(datetime.now(UTC), timedelta(seconds=5))
+    for table in fed:
+        engine.storage.append(table, FEEDS[table](start=now - backfill, end=now), metadata={"cq.ingest": "cq dev"})
+        print(f"cq dev: {table} holds the last {backfill} of readings; a new batch every {feed_every:g}s")
     if created:
         print(f"cq dev: created {', '.join(created)}")
     if spark_server:
@@ -90,9 +91,9 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
     proc = subprocess.Popen(cmd, env=dagster_env(settings, dagster_home), start_new_session=True)
     print(f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}); Ctrl-C stops everything")
     stop = threading.Event()
-    feeder = threading.Thread(target=feed_forever, args=(engine,), kwargs={"every": feed_every, "stop": stop},
-                              daemon=True)
-    feeder.start()
+    for table in fed:
+        threading.Thread(target=feed_forever, args=(engine,), kwargs={"every": feed_every, "stop": stop, "table": table,
+                                                                      "start": now}, daemon=True).start()
     # Explicit handlers: a process started from a script may inherit an ignored SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)

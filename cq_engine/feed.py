@@ -1,4 +1,4 @@
-"""A simulated sensor feed for the sample ``sensors`` table (demo and dev setup)."""
+"""Simulated feeds for the sample ``sensors`` and ``meters`` tables (demo and dev setup)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,37 @@ def sensor_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(
         "ts": pa.array(ts, pa.timestamp("us", tz="UTC")), "device": device,
         "temperature": pa.array(temperature, pa.float64()), "humidity": pa.array(humidity, pa.float64()),
     })
+
+
+METERS = (("d1001", "California.SanFrancisco", 2), ("d1002", "California.LosAngeles", 3),
+          ("d1003", "California.SanDiego", 2))
+
+
+def meter_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(seconds=5), seed: int = 11) -> pa.Table:
+    """TDengine's smart-meter example as one super table: ``current`` wanders around 10 A (so event
+    windows open and close), ``status`` flips now and then (state windows), tags per meter."""
+    rng = random.Random(seed + int(start.timestamp()))
+    cols: dict[str, list] = {k: [] for k in ("ts", "current", "voltage", "phase", "status", "tbname", "location", "groupid")}
+    t = start
+    while t < end:
+        phase = (t.timestamp() % 600) / 600 * 2 * math.pi
+        for i, (name, location, group) in enumerate(METERS):
+            cols["ts"].append(t)
+            cols["current"].append(round(10 + 2 * math.sin(phase + i) + rng.gauss(0, 0.5), 3))
+            cols["voltage"].append(int(220 + rng.gauss(0, 3)))
+            cols["phase"].append(round(rng.random(), 3))
+            cols["status"].append(int(math.sin(phase * 3 + i) > 0))
+            cols["tbname"].append(name)
+            cols["location"].append(location)
+            cols["groupid"].append(group)
+        t += every
+    types = {"ts": pa.timestamp("us", tz="UTC"), "current": pa.float32(), "voltage": pa.int32(),
+             "phase": pa.float32(), "status": pa.int32(), "tbname": pa.string(), "location": pa.string(),
+             "groupid": pa.int32()}
+    return pa.table({k: pa.array(v, types[k]) for k, v in cols.items()})
+
+
+FEEDS = {"sensors": sensor_rows, "meters": meter_rows}
 
 
 def floor_time(t: datetime, step: timedelta) -> datetime:

@@ -15,7 +15,7 @@ from .errors import CQError
 
 UTC = timezone.utc
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-KINDS = ("firing", "recalculate")
+KINDS = ("firing", "recalculate", "realtime", "history", "period")  # the last three: streams
 STATUSES = ("succeeded", "failed")
 MAX_ATTEMPTS = 5
 

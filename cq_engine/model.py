@@ -117,7 +117,179 @@ class ContinuousQuery:
         return self.time_grouping is not None or any(i.is_aggregate for i in self.select)
 
 
-Definition = ContinuousQuery  # streams join this union when they land
+# --- TDengine streams (seed 000) ------------------------------------------------------------------
+
+EventType = Literal["WINDOW_OPEN", "WINDOW_CLOSE"]
+TriggerMode = Literal["window_close", "at_once", "max_delay", "force_window_close", "continuous_window_close"]
+KeyBound = Literal["start", "end", "tick"]
+
+
+@dataclass(frozen=True)
+class PeriodTrigger:
+    """``PERIOD(period[, offset])``: processing-time ticks (DESIGN §5, ``cron.period_ticks``)."""
+
+    period: timedelta
+    offset: timedelta = timedelta(0)
+    kind: str = "period"
+
+
+@dataclass(frozen=True)
+class SlidingTrigger:
+    """``[INTERVAL(interval[, interval_offset])] SLIDING(sliding[, offset])`` (and the old form's
+    ``INTERVAL(i[, o]) [SLIDING(s)]``). Without INTERVAL the ticks follow PERIOD's day-reset rule in
+    event time and each window is ``[previous tick, tick)``."""
+
+    sliding: timedelta
+    interval: timedelta | None = None
+    interval_offset: timedelta = timedelta(0)
+    sliding_offset: timedelta = timedelta(0)
+    kind: str = "sliding"
+
+
+@dataclass(frozen=True)
+class SessionTrigger:
+    """``SESSION(ts_col, gap)``: rows at most ``gap`` apart share a window. ``ts_column`` is the
+    column as written (the catalog checks it is the trigger table's time column)."""
+
+    gap: timedelta
+    kind: str = "session"
+    ts_column: str | None = None
+
+
+@dataclass(frozen=True)
+class StateTrigger:
+    """``STATE_WINDOW(col) [TRUE_FOR(d)]``: a run of equal values of ``column`` (Spark SQL)."""
+
+    column: str
+    true_for: timedelta | None = None
+    kind: str = "state"
+
+
+@dataclass(frozen=True)
+class EventTrigger:
+    """``EVENT_WINDOW(START WITH c1 END WITH c2) [TRUE_FOR(d)]``; conditions are Spark SQL."""
+
+    start: str
+    end: str
+    true_for: timedelta | None = None
+    kind: str = "event"
+
+
+@dataclass(frozen=True)
+class CountTrigger:
+    """``COUNT_WINDOW(n[, slide][, cols])``; with ``columns`` only rows where any is non-null count."""
+
+    count: int
+    slide: int
+    columns: tuple[str, ...] = ()
+    kind: str = "count"
+
+
+Trigger = Union[PeriodTrigger, SlidingTrigger, SessionTrigger, StateTrigger, EventTrigger, CountTrigger]
+DATA_SHAPED = ("session", "state", "event", "count")
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """``OPTIONS(...)`` of the new form and the old form's clauses, in one shape (defaults per seed 000)."""
+
+    watermark: timedelta = timedelta(0)
+    expired_time: timedelta | None = None
+    ignore_disorder: bool = False  # old form: IGNORE EXPIRED 1 (its default) sets it
+    delete_recalc: bool = False  # old form: IGNORE UPDATE 0 sets it
+    delete_output_table: bool = False
+    fill_history: bool = False
+    fill_history_first: bool = False
+    history_start: datetime | None = None
+    calc_notify_only: bool = False
+    low_latency_calc: bool = False
+    pre_filter: str | None = None
+    force_output: bool = False
+    max_delay: timedelta | None = None
+    event_types: tuple[EventType, ...] = ("WINDOW_CLOSE",)
+    trigger_mode: TriggerMode = "window_close"
+    recalc_every: timedelta | None = None  # CONTINUOUS_WINDOW_CLOSE [t]
+    delete_mark: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Notify:
+    """``NOTIFY(url, ...) [ON (events)] [WHERE cond] [NOTIFY_OPTIONS(...)]`` (and the old form)."""
+
+    urls: tuple[str, ...]
+    events: tuple[EventType, ...] = ()
+    where: str | None = None
+    history: bool = False
+    on_failure: Literal["drop", "pause"] = "drop"
+
+
+@dataclass(frozen=True)
+class TagDecl:
+    """``TAGS (name type [COMMENT '...'] AS expr)``."""
+
+    name: str
+    type: str
+    expression: str | None = None
+    comment: str | None = None
+
+
+@dataclass(frozen=True)
+class Stream:
+    """``CREATE STREAM`` (new or old form) as one shape.
+
+    ``select`` is Spark SQL over the trigger rows of one window of one partition group, with the
+    placeholders renamed to engine columns (``placeholder_column``). The first select item is the
+    sink's time column: a window's start or end (``key_bound``), or for PERIOD the tick."""
+
+    name: str
+    trigger: Trigger
+    trigger_table: str | None
+    source: str | None  # the table the subquery reads; %%trows and the old form: the trigger table
+    sink: str | None
+    select: tuple[SelectItem, ...] = ()
+    partition_by: tuple[str, ...] = ()
+    where: str | None = None
+    options: StreamOptions = field(default_factory=StreamOptions)
+    notify: Notify | None = None
+    sink_columns: tuple[str, ...] | None = None
+    output_subtable: str | None = None
+    tags: tuple[TagDecl, ...] = ()
+    key_bound: KeyBound = "start"
+    form: Literal["new", "old"] = "new"
+    if_not_exists: bool = False
+    location: SourceLocation = field(default_factory=lambda: SourceLocation("<string>", 1, 1))
+    sql: str = ""
+    timeout_policy: TimeoutPolicy = "BLOCKED"  # stream runs of one definition never overlap
+
+    @property
+    def kind(self) -> str:
+        return "stream"
+
+    @property
+    def is_aggregate(self) -> bool:
+        return any(i.is_aggregate for i in self.select)
+
+    @property
+    def time_column(self) -> str:
+        """The sink's time column: the first select item."""
+        return self.select[0].name
+
+
+# Placeholders of seed 000 → the engine column that carries their value in a window's rows.
+PLACEHOLDERS = ("_twstart", "_twend", "_twduration", "_twrownum", "_wstart", "_wend", "_wduration",
+                "_tprev_ts", "_tcurrent_ts", "_tnext_ts", "_tprev_localtime", "_tnext_localtime",
+                "_tlocaltime", "_tgrpid")
+
+
+def placeholder_column(name: str) -> str:
+    """``_twstart`` → ``__cq_twstart``; old-form ``_wstart`` shares ``_twstart``'s column."""
+    lowered = name.lower()
+    if lowered in ("_wstart", "_wend", "_wduration"):
+        lowered = "_tw" + lowered[2:]
+    return "__cq" + lowered
+
+
+Definition = Union[ContinuousQuery, Stream]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from .config import Settings
 from .durations import micros
 from .errors import CQError, TableError
 from .ledger import Ledger, LedgerEntry
-from .model import Catalog, ContinuousQuery
+from .model import Catalog, ContinuousQuery, Definition, PeriodTrigger, Stream
 from .plan import check_columns, plan_query
 from .storage.base import Scan, Storage
 from .storage.delta import DeltaRsStorage
@@ -78,8 +78,21 @@ class Engine:
             self._ledger = Ledger(uri=self.settings.state_uri("firings"))
         return self._ledger
 
-    def definition(self, name: str) -> ContinuousQuery:
+    def definition(self, name: str) -> Definition:
         return require_definition(self.catalog, name, sql_dir=self.settings.sql_dir)
+
+    def continuous_query(self, name: str) -> ContinuousQuery:
+        d = self.definition(name)
+        if not isinstance(d, ContinuousQuery):
+            raise CQError(f"{d.name!r} is a stream, not a continuous query: its runs come from its "
+                          f"{'schedule' if isinstance(d.trigger, PeriodTrigger) else 'sensor'} (`cq tick {d.name}`)")
+        return d
+
+    def stream(self, name: str) -> Stream:
+        d = self.definition(name)
+        if not isinstance(d, Stream):
+            raise CQError(f"{d.name!r} is a continuous query, not a stream")
+        return d
 
     def ensure_tables(self, *names: str) -> list[str]:
         """Create the declared tables among ``names`` (all declared tables if none) that are missing."""
@@ -113,14 +126,19 @@ class Engine:
     # -- entry points --------------------------------------------------------------------------
     def run_firing(self, name: str, fire_time: datetime) -> RunResult:
         """Execute the firing of ``name`` scheduled at ``fire_time`` (must be one of its firing times)."""
-        cq = self.definition(name)
+        cq = self.continuous_query(name)
         firing = timing.check_firing_time(cq.name, cq.resample, fire_time)
         return self._execute(cq, [firing.fire_time], kind="firing", app_version=micros(firing.fire_time - EPOCH))
 
     def recalculate(self, name: str, *, start: datetime, end: datetime | None = None, now: datetime | None = None,
                     progress: Progress | None = None) -> RunResult:
-        """Recompute every firing whose range lies in ``[start, end)`` (end: the latest firing by ``now``)."""
-        cq = self.definition(name)
+        """Recompute every firing whose range lies in ``[start, end)`` (end: the latest firing by ``now``);
+        for a stream, every closed window holding event time in ``[start, end)`` (RECALCULATE STREAM)."""
+        if isinstance(self.definition(name), Stream):
+            from .stream_run import recalculate_stream
+
+            return recalculate_stream(self, self.stream(name), start=start, end=end, now=now or datetime.now(UTC))
+        cq = self.continuous_query(name)
         r = cq.resample
         if end is None:
             latest = timing.latest_firing(r, now=now or datetime.now(UTC))
@@ -163,8 +181,23 @@ class Engine:
         except Exception as exc:  # Spark's analysis errors are long; the first line names the problem
             raise CQError(f"query failed: {str(exc).strip().splitlines()[0]}") from None
 
+    def run_stream(self, name: str, work) -> RunResult:
+        """Execute one run a stream's sensor requested (a ``stream_timing.StreamWork``)."""
+        from .stream_run import run_work
+
+        return run_work(self, self.stream(name), work)
+
+    def run_period(self, name: str, tick: datetime) -> RunResult:
+        """Execute a PERIOD stream's tick."""
+        from .stream_run import run_period, stream_created
+
+        stream = self.stream(name)
+        if not isinstance(stream.trigger, PeriodTrigger):
+            raise CQError(f"{name!r} is not a PERIOD stream: its runs come from its sensor (`cq tick {name}`)")
+        return run_period(self, stream, tick, created=stream_created(self, stream, now=tick))
+
     def firing(self, name: str, fire_time: datetime) -> Firing:
-        cq = self.definition(name)
+        cq = self.continuous_query(name)
         return timing.check_firing_time(cq.name, cq.resample, fire_time)
 
     # -- the one execution path ----------------------------------------------------------------

@@ -10,9 +10,13 @@ import dagster as dg
 from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings, load_settings
 from cq_engine.errors import CQError
+from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.run import Engine
+from cq_engine.ticks import ticks_of
 from cq_engine.times import UTC
 
-from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor, cron_plan
+from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
+from .streams import build_stream_sensor
 from .resource import CQEngineResource, pyspark_resource
 from .translator import CQTranslator
 
@@ -34,18 +38,29 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
     assets: list = []
     jobs, schedules, sensors = [], [], []
     sources: set[str] = set()
+    engine = Engine(settings=settings, catalog=catalog) if catalog else None
     for definition in catalog.definitions if catalog else ():
         asset = build_asset(definition, translator)
         firing_job, recalc_job = build_jobs(definition, asset, translator)
         assets.append(asset)
         jobs += [firing_job, recalc_job]
-        sources.add(definition.source)
-        plan = cron_plan(definition, timezone=settings.timezone, now=now)
+        sources.update(t for t in (definition.source, getattr(definition, "trigger_table", None)) if t)
+        if not isinstance(definition, ContinuousQuery) and not isinstance(definition.trigger, PeriodTrigger):
+            sensors.append(build_stream_sensor(definition, firing_job, translator, engine, default_status=sensor_status))
+            continue
+        created = now
+        if not isinstance(definition, ContinuousQuery):
+            from cq_engine.stream_run import stream_created
+
+            created = stream_created(engine, definition, now=now)
+        ticks = ticks_of(definition, timezone=settings.timezone, created=created)
+        plan = ticks.cron(now)
         if plan is not None:
-            schedules.append(build_schedule(definition, firing_job, translator, plan, default_status=schedule_status))
+            schedules.append(build_schedule(definition, firing_job, translator, ticks, plan,
+                                            default_status=schedule_status))
         else:
-            sensors.append(build_tick_sensor(definition, firing_job, translator, default_status=sensor_status))
-    sinks = {d.sink.lower() for d in catalog.definitions} if catalog else set()
+            sensors.append(build_tick_sensor(definition, firing_job, translator, ticks, default_status=sensor_status))
+    sinks = {d.sink.lower() for d in catalog.definitions if d.sink} if catalog else set()
     assets += [translator.get_source_asset_spec(s) for s in sorted(sources) if s.lower() not in sinks]
     assets += [error_placeholder(e) for e in errors]
     return dg.Definitions(

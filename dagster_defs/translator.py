@@ -6,7 +6,7 @@ import hashlib
 
 import dagster as dg
 
-from cq_engine.model import ContinuousQuery
+from cq_engine.model import Definition
 
 
 class CQTranslator:
@@ -15,36 +15,37 @@ class CQTranslator:
     def get_asset_key(self, table: str) -> dg.AssetKey:
         return dg.AssetKey([table])
 
-    def get_group_name(self, definition: ContinuousQuery) -> str:
+    def get_group_name(self, definition: Definition) -> str:
         return "cq_engine"
 
-    def get_job_name(self, definition: ContinuousQuery) -> str:
+    def get_job_name(self, definition: Definition) -> str:
         return f"{definition.name}_job"
 
-    def get_op_name(self, definition: ContinuousQuery) -> str:
+    def get_op_name(self, definition: Definition) -> str:
         return f"cq_{definition.name}"
 
-    def get_recalculate_job_name(self, definition: ContinuousQuery) -> str:
+    def get_recalculate_job_name(self, definition: Definition) -> str:
         return f"{definition.name}_recalculate"
 
-    def get_tags(self, definition: ContinuousQuery) -> dict[str, str]:
-        return {"cq/name": definition.name, "cq/kind": "continuous_query",
+    def get_tags(self, definition: Definition) -> dict[str, str]:
+        return {"cq/name": definition.name, "cq/kind": definition.kind.replace(" ", "_"),
                 "cq/timeout_policy": definition.timeout_policy}
 
-    def get_code_version(self, definition: ContinuousQuery) -> str:
+    def get_code_version(self, definition: Definition) -> str:
         return hashlib.sha256(definition.sql.lower().encode()).hexdigest()[:16]
 
-    def get_description(self, definition: ContinuousQuery) -> str:
+    def get_description(self, definition: Definition) -> str:
         return f"{definition.kind} `{definition.name}` ({definition.location})\n\n```sql\n{definition.sql}\n```"
 
     def get_source_asset_spec(self, table: str) -> dg.AssetSpec:
         return dg.AssetSpec(key=self.get_asset_key(table), group_name="sources",
                             description=f"Delta table `{table}` (a source of continuous queries)")
 
-    def get_sink_asset_spec(self, definition: ContinuousQuery) -> dg.AssetSpec:
+    def get_sink_asset_spec(self, definition: Definition) -> dg.AssetSpec:
         return dg.AssetSpec(
             key=self.get_asset_key(definition.sink),
-            deps=[self.get_asset_key(definition.source)],
+            deps=[self.get_asset_key(t) for t in dict.fromkeys(
+                x for x in (getattr(definition, "trigger_table", None), definition.source) if x)],
             group_name=self.get_group_name(definition),
             description=self.get_description(definition),
             code_version=self.get_code_version(definition),
@@ -53,8 +54,8 @@ class CQTranslator:
                       "cq/location": str(definition.location)},
         )
 
-    def get_schedule_name(self, definition: ContinuousQuery) -> str:
+    def get_schedule_name(self, definition: Definition) -> str:
         return f"{definition.name}_schedule"
 
-    def get_sensor_name(self, definition: ContinuousQuery) -> str:
+    def get_sensor_name(self, definition: Definition) -> str:
         return f"{definition.name}_ticks"

@@ -109,7 +109,7 @@ def test_several_statements_and_table_declaration():
     assert isinstance(meters, TableDecl) and meters.if_not_exists and meters.time_column == "ts"
     assert [(x.name, x.type, x.is_tag) for x in meters.columns] == [
         ("ts", "timestamp", False), ("current", "float", False), ("voltage", "bigint", False),
-        ("location", "string", True), ("groupId", "int", True)]
+        ("tbname", "string", True), ("location", "string", True), ("groupId", "int", True)]  # a super table
     assert t2.time_column == "b"
     assert c.location.line == 4
 

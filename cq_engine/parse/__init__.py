@@ -9,24 +9,27 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, Tokenizer
 
 from ..errors import CQError, ParseError
-from ..model import ContinuousQuery, TableDecl
+from ..model import ContinuousQuery, Stream, TableDecl
 from .cursor import Cursor, SourceText, split_statements
 from .iotdb import parse_continuous_query
 from .options import ParseOptions
 from .tables import parse_create_table
+from .tdengine import parse_create_stream
 
-Statement = Union[ContinuousQuery, TableDecl]
+Statement = Union[ContinuousQuery, Stream, TableDecl]
 StatementParser = Callable[[Cursor, ParseOptions, Token], Statement]
 
 # Leading keywords → parser; the longest match wins. Dialects add entries here.
 STATEMENT_PARSERS: dict[tuple[str, ...], StatementParser] = {
     ("CREATE", "CONTINUOUS", "QUERY"): parse_continuous_query,
     ("CREATE", "CQ"): parse_continuous_query,
+    ("CREATE", "STREAM"): parse_create_stream,
     ("CREATE", "TABLE"): parse_create_table,
 }
 
 # Commands that act on running state belong to the CLI, not to definition files.
-COMMANDS = {("DROP",): "cq drop", ("SHOW",): "cq show", ("RECALCULATE",): "cq recalculate"}
+COMMANDS = {("DROP",): "cq drop", ("SHOW",): "cq show", ("RECALCULATE",): "cq recalculate",
+            ("START",): "cq start", ("STOP",): "cq stop", ("PAUSE",): "cq pause", ("RESUME",): "cq resume"}
 
 
 def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | None = None) -> list[Statement]:
@@ -53,7 +56,7 @@ def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
         if cur.is_word(*words):
             raise cur.error_at(start, f"{start.text.upper()} is a command, not a definition: use `{command}`")
     raise cur.error_at(start, f"unknown statement starting with {start.text!r} "
-                              "(expected CREATE CONTINUOUS QUERY, CREATE CQ or CREATE TABLE)")
+                              "(expected CREATE CONTINUOUS QUERY, CREATE CQ, CREATE STREAM or CREATE TABLE)")
 
 
 def parse_file(path: str | Path, *, options: ParseOptions | None = None) -> list[Statement]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlglot.tokens import Token, TokenType
 
-from ..errors import ParseError
+from ..durations import IOTDB_UNITS, parse_duration
+from ..errors import CQError, ParseError
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,36 @@ class Cursor:
             last = self.advance()
         return self.source.text[first.start : last.end + 1], first
 
+    def table_name(self, what: str) -> Token:
+        """``[db.]name``: the name's token (a database prefix is dropped)."""
+        tok = self.identifier(what)
+        if self.peek() is not None and self.peek().token_type == TokenType.DOT:
+            self.advance()
+            tok = self.identifier(what)
+        return tok
+
+    def duration(self, what: str, *, units: dict[str, int] = IOTDB_UNITS,
+                 positive: bool = True) -> tuple[timedelta, Token]:
+        """A duration literal (``20s``, ``1h30m``); errors point at it and quote it."""
+        text, tok = self.word(what)
+        try:
+            value = parse_duration(text, units=units, what=what)
+        except CQError as exc:
+            raise self.error_at(tok, str(exc)) from None
+        if positive and value <= timedelta(0):
+            raise self.error_at(tok, f"{what} must be greater than 0, got {text!r}")
+        return value, tok
+
+    def group(self) -> tuple[Token, list[Token], Token]:
+        """Consume a parenthesised group: its ``(``, the tokens inside it and its ``)``."""
+        first = self.pos
+        self.balanced()
+        return self.tokens[first], self.tokens[first + 1 : self.pos - 1], self.tokens[self.pos - 1]
+
+    def sub(self, tokens: list[Token], end: int) -> "Cursor":
+        """A cursor over some of this statement's tokens; ``end`` is where running out is reported."""
+        return Cursor(self.source, tokens, end=end)
+
     def balanced(self) -> tuple[int, int]:
         """Consume a parenthesised group starting at ``(``; returns the offsets inside it."""
         open_tok = self.expect("(")
@@ -121,6 +153,22 @@ _NOT_NAMES = {TokenType.STRING, TokenType.NUMBER, TokenType.L_PAREN, TokenType.R
 
 def _is_name(text: str) -> bool:
     return text.replace("_", "a").isalnum() and not text[0].isdigit()
+
+
+def split_top(tokens: list[Token], separator: TokenType = TokenType.COMMA) -> list[list[Token]]:
+    """Split tokens on ``separator`` outside parentheses (one empty part for no tokens)."""
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for tok in tokens:
+        if tok.token_type in (TokenType.L_PAREN, TokenType.L_BRACKET):
+            depth += 1
+        elif tok.token_type in (TokenType.R_PAREN, TokenType.R_BRACKET):
+            depth -= 1
+        if tok.token_type == separator and depth == 0:
+            parts.append([])
+        else:
+            parts[-1].append(tok)
+    return parts
 
 
 def split_statements(source: SourceText, tokens: list[Token]) -> list[tuple[list[Token], int]]:

@@ -1,4 +1,7 @@
-"""``CREATE TABLE [IF NOT EXISTS] name (col TYPE [TIMESTAMP KEY], ...) [TAGS (tag TYPE, ...)]``."""
+"""``CREATE TABLE [IF NOT EXISTS] name (col TYPE [TIMESTAMP KEY], ...) [TAGS (tag TYPE, ...)]``.
+
+A table declared with TAGS is a TDengine super table: it gets a ``tbname STRING`` tag unless it
+declares one."""
 
 from __future__ import annotations
 
@@ -28,6 +31,9 @@ def parse_create_table(cur: Cursor, opts: ParseOptions, start: Token) -> TableDe
     columns, time_column = _column_list(cur, tags=False)
     if cur.match("TAGS"):
         tags, _ = _column_list(cur, tags=True)
+        # A super table: one Delta table whose rows carry their subtable's name (DESIGN §4).
+        if not any(c.name.lower() == "tbname" for c in columns + tags):
+            tags.insert(0, Column(name="tbname", type="string", is_tag=True))
         columns += tags
     if not cur.at_end():
         raise cur.unexpected("expected TAGS (...) or the end of CREATE TABLE")
@@ -51,8 +57,8 @@ def _column_list(cur: Cursor, *, tags: bool) -> tuple[list[Column], str | None]:
     columns, time_column = [], None
     while True:
         name = cur.identifier("a column name")
-        ctype = _type(cur)
-        if cur.match("TIMESTAMP", "KEY") or cur.match("PRIMARY", "KEY"):
+        ctype = column_type(cur)
+        if cur.match("TIMESTAMP", "KEY") or cur.match("PRIMARY KEY"):  # sqlglot: one token
             if tags or ctype != "timestamp":
                 raise cur.error_at(name, f"only a TIMESTAMP column can be the time key, not {name.text!r}")
             time_column = name.text
@@ -65,7 +71,8 @@ def _column_list(cur: Cursor, *, tags: bool) -> tuple[list[Column], str | None]:
     return columns, time_column
 
 
-def _type(cur: Cursor) -> str:
+def column_type(cur: Cursor) -> str:
+    """A dialect type name (with its arguments) at the cursor → a Spark SQL type name."""
     tok = cur.advance()
     word = tok.text.lower()
     if word not in _TYPES:

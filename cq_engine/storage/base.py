@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Mapping, Protocol, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Union
 
 import pyarrow as pa
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from ..model import TableDecl
+    from .log import Commit
 
 TimeRange = tuple[datetime, datetime]  # half-open [start, end), aware UTC
 ArrowData = Union[pa.Table, pa.RecordBatchReader]
@@ -82,5 +83,27 @@ class Storage(Protocol):
         """Atomically replace every row with ``time_column`` in ``time_range`` by ``data`` (one
         commit carrying the application transaction); creates the table if missing. Returns the
         new version."""
+
+    def replace_where(
+        self, table: str, data: ArrowData, *, predicate: str, time_column: str, app_id: str,
+        app_version: int, metadata: Mapping[str, str] | None = None,
+        check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
+    ) -> int:
+        """Atomically replace every row matching ``predicate`` (delta-rs SQL) by ``data`` (one commit
+        carrying the application transaction); creates the table if missing; ``check`` sees the data
+        (cast to the table's schema) before it is written. Returns the new version."""
+
+    def read_added(
+        self, spark: "SparkSession", table: str, *, after: int, until: int, time_column: str,
+    ) -> tuple["DataFrame", Scan]:
+        """A Spark DataFrame of the rows in the files added (data change) by versions
+        ``after + 1 .. until``."""
+
+    def latest_version(self, table: str, *, known: int | None = None) -> int | None:
+        """The table's latest version from the Delta log alone (None: no table), probing forward from
+        ``known``: no Spark, cost independent of the table's history."""
+
+    def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list["Commit"]:
+        """The commits ``after + 1 .. until`` with the files each added/removed (``storage.log``)."""
 
     def transaction_version(self, table: str, app_id: str) -> int | None: ...

@@ -1,7 +1,8 @@
 """``Storage`` over the ``deltalake`` (delta-rs) package: the Delta log through delta-rs, compute in Spark.
 
 Reads pin a snapshot, keep only the data files whose time-column statistics overlap the range and hand
-those to ``spark.read.parquet``; writes replace a time range in one atomic delta-rs commit (DESIGN §2).
+those to ``spark.read.parquet``; writes replace a time range (or any predicate) in one atomic delta-rs
+commit (DESIGN §2). Reading the log without Spark is ``storage.log``; predicates are ``storage.predicates``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import re
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,7 +20,12 @@ from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_d
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from ..errors import CQError, TableError
+from . import log
 from .base import ArrowData, Scan, TimeRange, align_columns
+from .predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
+
+__all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", "range_predicate",
+           "ranges_predicate"]
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -72,28 +78,6 @@ def _delta_types(schema: Schema) -> list[tuple[str, str]]:
     return [(f["name"], f["type"] if isinstance(f["type"], str) else json.dumps(f["type"])) for f in fields]
 
 
-def _range_bounds(time_range: TimeRange) -> tuple[datetime, datetime]:
-    lo, hi = time_range
-    if lo.tzinfo is None or hi.tzinfo is None:
-        raise CQError(f"time range [{lo}, {hi}) must be timezone-aware")
-    if not lo < hi:
-        raise CQError(f"empty time range [{lo.isoformat()}, {hi.isoformat()})")
-    return lo.astimezone(UTC), hi.astimezone(UTC)
-
-
-def _literal(t: datetime) -> str:
-    # delta-rs (DataFusion) casts a string literal compared with a timestamp column to that column's
-    # type, microseconds included; TIMESTAMP '...' and CAST(... AS TIMESTAMP) give Timestamp(ns) and fail.
-    return "'" + t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") + "'"
-
-
-def range_predicate(time_column: str, time_range: TimeRange) -> str:
-    """The delta-rs SQL predicate for ``time_column`` in the half-open ``time_range``."""
-    lo, hi = _range_bounds(time_range)
-    column = '"' + time_column.replace('"', '""') + '"'
-    return f"{column} >= {_literal(lo)} AND {column} < {_literal(hi)}"
-
-
 def _micros(t: datetime) -> int:
     return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
@@ -133,6 +117,15 @@ class DeltaRsStorage:
 
     def transaction_version(self, table: str, app_id: str) -> int | None:
         return self._open(table).transaction_version(app_id)
+
+    def latest_version(self, table: str, *, known: int | None = None) -> int | None:
+        """``log.latest_version`` of the table: no snapshot load, a few file probes."""
+        return log.latest_version(self.uri(table), known=known, storage_options=self.storage_options)
+
+    def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list[log.Commit]:
+        """``log.read_commits`` of the table: the JSON commit files ``after + 1 .. until``."""
+        return log.read_commits(self.uri(table), after=after, until=until, time_column=time_column,
+                                storage_options=self.storage_options)
 
     def create_table(self, decl: "TableDecl") -> bool:
         """Create ``decl``'s empty table; False if it exists with the same columns and types."""
@@ -178,16 +171,10 @@ class DeltaRsStorage:
         """Rows with ``time_column`` in ``time_range`` (None: all rows) at a pinned version, reading
         only the files whose statistics can hold such rows."""
         from pyspark.sql import functions as F
-        from pyspark.sql.types import StructType
 
         dt = self._open(table, version)
         column = self._time_field(table, dt, time_column)
-        protocol = dt.protocol()
-        # Plain parquet reads would ignore deleted-row bitmaps and physical column names.
-        unsupported = {"deletionVectors", "columnMapping"} & set(protocol.reader_features or ())
-        if unsupported:
-            raise TableError(f"table '{table}' uses Delta features {sorted(unsupported)} that the "
-                             "deltalake read path does not support")
+        _check_readable(table, dt)
         uris = dt.file_uris()
         actions = pa.table(dt.get_add_actions(flatten=True))
         if time_range is None:
@@ -195,19 +182,33 @@ class DeltaRsStorage:
         else:
             lo, hi = _range_bounds(time_range)
             kept = [u for u, keep in zip(uris, _overlaps(actions, column, lo, hi)) if keep]
-        spark_schema = StructType.fromJson(json.loads(dt.schema().to_json()))
-        if kept:
-            # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs writes s3://.
-            kept = [("s3a://" + u[5:]) if u.startswith("s3://") else u for u in kept]
-            df = spark.read.schema(spark_schema).parquet(*kept)
-        else:
-            df = spark.createDataFrame([], schema=spark_schema)
+        df = _read_files(spark, dt, kept)
         if time_range is not None:
             # Exact half-open filter; microsecond literals avoid any session-time-zone interpretation.
             ts = F.col(f"`{column}`")
             df = df.where((ts >= F.timestamp_micros(F.lit(_micros(lo))))
                           & (ts < F.timestamp_micros(F.lit(_micros(hi)))))
         return df, Scan(table=table, version=dt.version(), files_total=len(uris), files_read=len(kept))
+
+    def read_added(
+        self, spark: "SparkSession", table: str, *, after: int, until: int, time_column: str,
+    ) -> tuple["DataFrame", Scan]:
+        """The rows of the data files added (``dataChange``) by the commits ``after + 1 .. until``, read
+        with the schema of version ``until``: what each new version committed.
+
+        The Delta log records files, not rows: a commit that rewrites a file (DELETE, UPDATE, an
+        overwrite with a predicate that keeps some of a file's rows) adds a file holding the surviving
+        rows too, so those count as added; appends are exact. Files compacted without data change are
+        left out. ``Scan.files_total`` counts the added files, ``files_read`` those read (the same).
+        If a commit file has been cleaned up, the files of ``until`` not in ``after`` are read instead."""
+        dt = self._open(table, until)
+        self._time_field(table, dt, time_column)
+        _check_readable(table, dt)
+        commits = log.read_commits(self.uri(table), after=after, until=until, time_column=time_column,
+                                   storage_options=self.storage_options)
+        paths = list(dict.fromkeys(f.path for c in commits for f in c.added))
+        return _read_files(spark, dt, paths), Scan(table=table, version=until, files_total=len(paths),
+                                                   files_read=len(paths))
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -248,12 +249,44 @@ class DeltaRsStorage:
         app_id: str, app_version: int, metadata: Mapping[str, str] | None = None,
     ) -> int:
         """Replace every row with ``time_column`` in ``time_range`` by ``data`` in one commit carrying
-        the application transaction ``(app_id, app_version)``; creates the table if missing.
+        the application transaction ``(app_id, app_version)``; creates the table if missing. Rows of
+        ``data`` outside the range are a ``CQError`` (``replace_where`` with a range predicate)."""
+        lo, hi = _range_bounds(time_range)
+
+        def check_for(column: str) -> Callable[[pa.RecordBatch | pa.Table], None]:
+            return lambda part: _check_in_range(table, column, part.column(column), lo, hi)
+
+        return self._replace(table, data, predicate_for=lambda column: range_predicate(column, (lo, hi)),
+                             check_for=check_for, time_column=time_column, app_id=app_id,
+                             app_version=app_version, metadata=metadata)
+
+    def replace_where(
+        self, table: str, data: ArrowData, *, predicate: str, time_column: str, app_id: str,
+        app_version: int, metadata: Mapping[str, str] | None = None,
+        check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
+    ) -> int:
+        """Replace every row matching ``predicate`` (delta-rs SQL, e.g. from ``ranges_predicate`` or
+        ``groups_predicate``) by ``data`` in one commit carrying the application transaction
+        ``(app_id, app_version)``; returns the new version. ``data`` may be empty (a pure delete).
+
+        The table is created from ``data``'s schema if missing (it must then have a timestamp
+        ``time_column``); ``data`` is cast to the table's schema (column names matched ignoring case)
+        and ``check``, if given, is called on it (the whole table, or each streamed batch) before it is
+        written: raise to refuse it. delta-rs itself refuses rows that do not match ``predicate``.
 
         A ``pa.Table`` is rewritten up to ``MAX_ATTEMPTS`` times on a concurrent-commit conflict; a
         ``RecordBatchReader`` is streamed once (it cannot be replayed), so a conflict that delta-rs
         cannot resolve by itself is raised."""
-        lo, hi = _range_bounds(time_range)
+        return self._replace(table, data, predicate_for=lambda _column: predicate,
+                             check_for=lambda _column: check, time_column=time_column, app_id=app_id,
+                             app_version=app_version, metadata=metadata)
+
+    def _replace(
+        self, table: str, data: ArrowData, *, predicate_for: Callable[[str], str],
+        check_for: Callable[[str], Callable[[pa.RecordBatch | pa.Table], None] | None],
+        time_column: str, app_id: str, app_version: int, metadata: Mapping[str, str] | None,
+    ) -> int:
+        """``replace_where`` with the predicate and check made from the stored time column's name."""
         if not self.exists(table):
             incoming = {f.name.lower(): f.type for f in data.schema}
             if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
@@ -270,15 +303,16 @@ class DeltaRsStorage:
             max_commit_retries=MAX_ATTEMPTS,
             app_transactions=[Transaction(app_id=app_id, version=app_version)],
         )
-        predicate = range_predicate(column, (lo, hi))
+        predicate = predicate_for(column)
+        check = check_for(column)
         failure: list[BaseException] = []
         if isinstance(data, pa.Table):
             data = _cast_to(table, data, target)
-            _check_in_range(table, column, data.column(column), lo, hi)
+            if check is not None:
+                check(data)
             attempts = MAX_ATTEMPTS
         else:
-            data = pa.RecordBatchReader.from_batches(
-                target, _checked_batches(table, data, target, column, lo, hi, failure))
+            data = pa.RecordBatchReader.from_batches(target, _checked_batches(table, data, target, check, failure))
             attempts = 1
         for attempt in range(attempts):
             try:
@@ -295,6 +329,26 @@ class DeltaRsStorage:
                     raise failure[0] from None
                 raise
         return self._committed_version(table, commit_id)
+
+
+def _check_readable(table: str, dt: DeltaTable) -> None:
+    # Plain parquet reads would ignore deleted-row bitmaps and physical column names.
+    unsupported = {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ())
+    if unsupported:
+        raise TableError(f"table '{table}' uses Delta features {sorted(unsupported)} that the "
+                         "deltalake read path does not support")
+
+
+def _read_files(spark: "SparkSession", dt: DeltaTable, uris: list[str]) -> "DataFrame":
+    """``spark.read.parquet`` of ``uris`` with the snapshot's schema (an empty frame for no file)."""
+    from pyspark.sql.types import StructType
+
+    spark_schema = StructType.fromJson(json.loads(dt.schema().to_json()))
+    if not uris:
+        return spark.createDataFrame([], schema=spark_schema)
+    # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs writes s3://.
+    uris = [("s3a://" + u[5:]) if u.startswith("s3://") else u for u in uris]
+    return spark.read.schema(spark_schema).parquet(*uris)
 
 
 def _overlaps(actions: pa.Table, column: str, lo: datetime, hi: datetime) -> list[bool]:
@@ -352,14 +406,16 @@ def _check_in_range(table: str, column: str, values: pa.Array | pa.ChunkedArray,
             f"on '{column}', outside the replaced range [{lo.isoformat()}, {hi.isoformat()})")
 
 
-def _checked_batches(table: str, reader: pa.RecordBatchReader, schema: pa.Schema, column: str,
-                     lo: datetime, hi: datetime, failure: list[BaseException]) -> Iterator[pa.RecordBatch]:
-    """Stream ``reader`` cast to ``schema`` and range-checked; a failure is kept in ``failure`` so the
+def _checked_batches(table: str, reader: pa.RecordBatchReader, schema: pa.Schema,
+                     check: Callable[[pa.RecordBatch | pa.Table], None] | None,
+                     failure: list[BaseException]) -> Iterator[pa.RecordBatch]:
+    """Stream ``reader`` cast to ``schema`` and checked; a failure is kept in ``failure`` so the
     caller can re-raise it (delta-rs only reports its text)."""
     try:
         for batch in reader:
             batch = _cast_to(table, batch, schema)
-            _check_in_range(table, column, batch.column(column), lo, hi)
+            if check is not None:
+                check(batch)
             yield batch
     except BaseException as exc:
         failure.append(exc)

@@ -1,0 +1,181 @@
+"""``cq tick | stop | start | pause | resume | drop``: stream operations (seed 000's START/STOP/PAUSE/
+RESUME/DROP STREAM) for a file-defined system whose running state lives in Dagster."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+from .config import Settings
+from .errors import CQError
+from .model import ContinuousQuery, PeriodTrigger
+from .times import UTC, iso, parse_time
+
+
+def register(cmd) -> None:
+    sp = cmd("tick", _tick, "evaluate a definition's schedule or sensor once, as the daemon would, and run "
+                           "what it requests")
+    sp.add_argument("name")
+    sp.add_argument("--at", metavar="T", help="evaluation time (a schedule: its tick; default: now)")
+    for name, verb in (("stop", "stop"), ("start", "start"), ("pause", "stop"), ("resume", "start")):
+        sp = cmd(name, _control, f"{name} a definition's sensor or schedule in Dagster (STREAM {name.upper()})")
+        sp.add_argument("name")
+        sp.set_defaults(verb=verb)
+        if verb == "start":
+            sp.add_argument("--ignore-untreated", action="store_true",
+                            help="skip the data written while stopped instead of processing it as history")
+        sp.add_argument("--dagster", default="localhost:3000", metavar="HOST:PORT")
+    sp = cmd("drop", _drop, "what dropping a file-defined definition means (its outputs stay)")
+    sp.add_argument("name")
+
+
+def _engine(settings: Settings):
+    from .run import Engine
+
+    return Engine(settings=settings)
+
+
+def cursor_path(settings: Settings, name: str) -> Path:
+    """``cq tick``'s own sensor cursor (independent of the daemon's)."""
+    return Path(settings.home) / "ticks" / f"{name}.json"
+
+
+def _tick(args, settings: Settings) -> int:
+    from .ticks import ticks_of
+
+    engine = _engine(settings)
+    d = engine.definition(args.name)
+    now = parse_time(args.at, tz=settings.tz, what="--at") if args.at else datetime.now(UTC)
+    if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger):
+        created = now
+        if not isinstance(d, ContinuousQuery):
+            from .stream_run import stream_created
+
+            created = stream_created(engine, d, now=now)
+        ticks = ticks_of(d, timezone=settings.timezone, created=created)
+        fire = now if args.at else ticks.latest(now)
+        if fire is None or not ticks.is_tick(fire):
+            nearest = ticks.between(now, now + ticks.every * 2)
+            raise CQError(f"{iso(now)} is not a tick of {d.name!r} ({ticks.description})"
+                          + (f"; next: {iso(nearest[0])}" if nearest else ""))
+        r = engine.run_firing(d.name, fire) if isinstance(d, ContinuousQuery) else engine.run_period(d.name, fire)
+        print(f"{d.name}: tick {iso(fire)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
+              f"{r.rows_written} rows -> {d.sink} v{r.sink_version}")
+        return 0
+    from .stream_sensor import evaluate_stream
+
+    path = cursor_path(settings, d.name)
+    cursor = path.read_text() if path.exists() else None
+    plan = evaluate_stream(engine, d, cursor=cursor, now=now)
+    print(f"{d.name}: {plan.reason}")
+    for work in plan.works:
+        r = engine.run_stream(d.name, work)
+        print(f"{d.name}: {work.kind} run at version {work.version}: {r.rows_written} rows -> {d.sink} "
+              f"v{r.sink_version} ({r.seconds:.2f}s)")
+    # Saved once the requested runs succeeded, so a failed run is requested again next time.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(plan.cursor.to_json())
+    return 0
+
+
+_SENSOR = """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+  ... on Sensor { id sensorState { status typeSpecificData { ... on SensorData { lastCursor } } } }
+  ... on PythonError { message } ... on SensorNotFoundError { message } } }"""
+_SCHEDULE = """query($s: ScheduleSelector!) { scheduleOrError(scheduleSelector: $s) { __typename
+  ... on Schedule { id scheduleState { status } } ... on PythonError { message }
+  ... on ScheduleNotFoundError { message } } }"""
+_MUTATIONS = {
+    ("sensor", "start"): "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename "
+                         "... on PythonError { message } } }",
+    ("sensor", "stop"): "mutation($id: String) { stopSensor(id: $id) { __typename ... on PythonError { message } } }",
+    ("schedule", "start"): "mutation($s: ScheduleSelector!) { startSchedule(scheduleSelector: $s) { __typename "
+                           "... on PythonError { message } } }",
+    ("schedule", "stop"): "mutation($id: String) { stopRunningSchedule(id: $id) { __typename "
+                          "... on PythonError { message } } }",
+}
+_SET_CURSOR = ("mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s, cursor: $c) "
+               "{ __typename ... on PythonError { message } } }")
+
+
+class _GraphQL:
+    def __init__(self, address: str):
+        self.url = f"http://{address}/graphql"
+
+    def __call__(self, query: str, **variables) -> dict:
+        import requests
+
+        try:
+            response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=30)
+            body = response.json()
+        except Exception as exc:  # connection refused, not JSON...
+            raise CQError(f"cannot reach Dagster at {self.url}: {' '.join(str(exc).split())[:200]}") from None
+        if body.get("errors"):
+            raise CQError(f"Dagster at {self.url}: {body['errors'][0].get('message')}")
+        return body["data"]
+
+    def repository(self) -> tuple[str, str]:
+        data = self("{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")
+        nodes = data["repositoriesOrError"].get("nodes") or []
+        if not nodes:
+            raise CQError(f"Dagster at {self.url} has no code location loaded")
+        return nodes[0]["location"]["name"], nodes[0]["name"]
+
+
+def _control(args, settings: Settings) -> int:
+    from dagster_defs.translator import CQTranslator
+
+    engine = _engine(settings)
+    d = engine.definition(args.name)
+    translator = CQTranslator()
+    gql = _GraphQL(args.dagster)
+    location, repository = gql.repository()
+    kind = "sensor"
+    if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger):
+        name = translator.get_schedule_name(d)
+        data = gql(_SCHEDULE, s={"repositoryLocationName": location, "repositoryName": repository, "scheduleName": name})
+        found = data["scheduleOrError"]
+        if found["__typename"] == "Schedule":
+            kind = "schedule"
+    if kind == "sensor":
+        name = translator.get_sensor_name(d)
+        found = gql(_SENSOR, s={"repositoryLocationName": location, "repositoryName": repository,
+                                "sensorName": name})["sensorOrError"]
+        if found["__typename"] != "Sensor":
+            raise CQError(f"{d.name}: Dagster has no schedule or sensor for it ({found.get('message', '')})")
+    selector = {"repositoryLocationName": location, "repositoryName": repository, f"{kind}Name": name}
+    if args.verb == "start" and kind == "sensor" and getattr(args, "ignore_untreated", False):
+        from .stream_sensor import skip_untreated
+
+        cursor = found["sensorState"]["typeSpecificData"].get("lastCursor")
+        gql(_SET_CURSOR, s=selector, c=skip_untreated(engine, d, cursor))
+    variables = {"s": selector} if args.verb == "start" else {"id": found["id"]}
+    result = gql(_MUTATIONS[(kind, args.verb)], **variables)
+    outcome = next(iter(result.values()))
+    if outcome.get("__typename") == "PythonError":
+        raise CQError(f"{d.name}: {args.command} failed in Dagster: {outcome.get('message')}")
+    state = "running" if args.verb == "start" else "stopped"
+    extra = " (data written while stopped skipped)" if getattr(args, "ignore_untreated", False) else ""
+    print(f"{d.name}: {kind} {name} {state}{extra}")
+    return 0
+
+
+def _drop(args, settings: Settings) -> int:
+    from .catalog import load_catalog, parse_options
+    from .ledger import Ledger
+
+    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    d = catalog.definition(args.name)
+    if d is not None:
+        raise CQError(f"{d.name!r} is defined at {d.location}: remove that statement (or its file) to drop it; "
+                      f"its sink {d.sink!r} and the rows already written stay, as DROP STREAM leaves them")
+    runs = Ledger(uri=settings.state_uri("firings")).entries(args.name)
+    state = Path(settings.state_uri(f"streams/{args.name}"))
+    if not runs and not state.exists():
+        raise CQError(f"no definition named {args.name!r} in {settings.sql_dir}, and none has run")
+    if state.is_dir():  # the engine's per-stream state (frontier, ticks); a re-created stream starts afresh
+        shutil.rmtree(state)
+    print(json.dumps({"dropped": args.name, "runs_in_ledger": len(runs), "state_removed": str(state),
+                      "outputs": "kept"}))
+    return 0

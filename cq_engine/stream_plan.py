@@ -1,0 +1,101 @@
+"""plan for streams: the trigger rows of a run + its windows → one Spark DataFrame of sink rows.
+
+Placeholders are columns: every window's rows carry ``__cq_twstart``, ``__cq_twend``... (see
+``model.placeholder_column``), so the subquery's SELECT is evaluated per (partition group, window)
+by one ``groupBy`` — one Spark job for every window of the run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from .durations import micros
+from .model import PeriodTrigger, SlidingTrigger, Stream, placeholder_column
+from .windows import WCLOSED, WEND, WLAST, WROWS, WSTART
+
+ENGINE_COLUMNS = (WSTART, WCLOSED, WLAST)  # kept in the result for state, dropped before writing
+
+
+def _p(name: str) -> str:
+    return placeholder_column(name)
+
+
+def pre_window_filter(stream: Stream, df: DataFrame) -> DataFrame:
+    """PRE_FILTER, and the old form's WHERE (SQL applies it before the window clause)."""
+    if stream.options.pre_filter:
+        df = df.filter(F.expr(stream.options.pre_filter))
+    if stream.form == "old" and stream.where:
+        df = df.filter(F.expr(stream.where))
+    return df
+
+
+def group_id(keys: list[str]) -> Column:
+    """``_tgrpid``: a BIGINT that is the same for a partition group in every run."""
+    return F.xxhash64(*[F.col(k) for k in keys]) if keys else F.lit(0).cast("long")
+
+
+def _next_tick(trigger: SlidingTrigger, t: Column, tz: str) -> Column:
+    """The sliding-only tick after tick ``t`` (Spark): ``t + sliding``, cut at the next day's base."""
+    s = micros(trigger.sliding)
+    nxt = F.unix_micros(t) + F.lit(s)
+    if trigger.sliding.days >= 1:
+        return F.timestamp_micros(nxt)
+    off = micros(trigger.sliding_offset)
+    local_day = F.to_date(F.from_utc_timestamp(t - F.expr(f"INTERVAL {off} MICROSECONDS"), tz))
+    day_base = F.unix_micros(F.to_utc_timestamp(F.date_add(local_day, 1).cast("timestamp"), tz)) + F.lit(off)
+    return F.timestamp_micros(F.least(nxt, day_base))
+
+
+def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, tz: str) -> DataFrame:
+    """Add the window-constant placeholder columns the SELECT may use."""
+    keys = list(stream.partition_by)
+    start, end = F.col(WSTART), F.col(WEND)
+    df = df.withColumn(_p("_twduration"), ((F.unix_micros(end) - F.unix_micros(start)) / 1000).cast("long"))
+    df = df.withColumn(_p("_tgrpid"), group_id(keys))
+    df = df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp") if tick else F.current_timestamp())
+    if isinstance(stream.trigger, SlidingTrigger) and stream.trigger.interval is None:
+        df = (df.withColumn(_p("_tprev_ts"), start).withColumn(_p("_tcurrent_ts"), end)
+                .withColumn(_p("_tnext_ts"), _next_tick(stream.trigger, end, tz)))
+    return df
+
+
+def evaluate(stream: Stream, df: DataFrame, *, window_columns: list[str], keep_state: bool) -> DataFrame:
+    """The subquery's SELECT per (group, window), plus the partition columns the sink holds.
+
+    ``window_columns`` are the window-constant columns (grouped on, so placeholders may appear in
+    an aggregate SELECT); with ``keep_state`` the window's start/closed/last columns stay in the
+    result for the caller's state bookkeeping."""
+    if stream.form == "new" and stream.where:
+        df = df.filter(F.expr(stream.where))
+    keys = list(stream.partition_by)
+    names = {i.name.lower() for i in stream.select}
+    extra = [F.col(k) for k in keys if k.lower() not in names]
+    state = [F.col(c) for c in ENGINE_COLUMNS] if keep_state else []
+    items = [F.expr(i.expression).alias(i.name) for i in stream.select]
+    if stream.is_aggregate:
+        grouped = df.groupBy(*keys, *window_columns).agg(*items)
+        return grouped.select(*[F.col(i.name) for i in stream.select], *extra, *state)
+    return df.select(*items, *extra, *state)
+
+
+def window_columns(df: DataFrame) -> list[str]:
+    """The window-constant columns present in ``df``."""
+    constant = {WSTART, WEND, WLAST, WROWS, WCLOSED} | {placeholder_column(p) for p in (
+        "_twduration", "_tgrpid", "_tlocaltime", "_tprev_ts", "_tcurrent_ts", "_tnext_ts",
+        "_tprev_localtime", "_tnext_localtime")}
+    return [c for c in df.columns if c in constant]
+
+
+def period_frame(stream: Stream, df: DataFrame, *, tick: datetime, prev_tick: datetime, next_tick: datetime) -> DataFrame:
+    """A PERIOD stream's rows for one tick: placeholders are the tick times."""
+    assert isinstance(stream.trigger, PeriodTrigger)
+    keys = list(stream.partition_by)
+    df = (df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp"))
+            .withColumn(_p("_tprev_localtime"), F.lit(prev_tick).cast("timestamp"))
+            .withColumn(_p("_tnext_localtime"), F.lit(next_tick).cast("timestamp"))
+            .withColumn(_p("_tgrpid"), group_id(keys)))
+    return evaluate(stream, df, window_columns=[_p(n) for n in ("_tlocaltime", "_tprev_localtime",
+                                                                "_tnext_localtime", "_tgrpid")], keep_state=False)

@@ -1,0 +1,553 @@
+"""CREATE STREAM (seed 000, seed 002): both forms, every trigger, option, placeholder rule and rejection."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlglot.tokens import Tokenizer
+
+from cq_engine.catalog import load_catalog, referenced_columns
+from cq_engine.errors import ParseError
+from cq_engine.model import (CountTrigger, EventTrigger, Notify, PeriodTrigger, SelectItem, SessionTrigger,
+                             SlidingTrigger, StateTrigger, Stream, StreamOptions, TagDecl)
+from cq_engine.parse import ParseOptions, parse_text
+from cq_engine.parse.cursor import Cursor, SourceText, split_statements
+from cq_engine.parse.tdengine import NOT_YET_SUPPORTED, parse_stream
+
+S, M, MS = timedelta(seconds=1), timedelta(minutes=1), timedelta(milliseconds=1)
+
+
+def stream(sql: str) -> Stream:
+    (stmt,) = parse_text(sql, file="t.sql")
+    assert isinstance(stmt, Stream)
+    return stmt
+
+
+def parsed(sql: str) -> tuple[Stream, list[str]]:
+    """The IR with the not-yet-supported check left out, and the features the statement uses."""
+    source = SourceText(sql, "t.sql")
+    ((tokens, end),) = split_statements(source, Tokenizer().tokenize(sql))
+    cur = Cursor(source, tokens, end=end)
+    start = cur.expect("CREATE")
+    cur.expect("STREAM")
+    result, features = parse_stream(cur, ParseOptions(), start)
+    return result, [name for name, _ in features]
+
+
+def error(sql: str) -> str:
+    with pytest.raises(ParseError) as info:
+        parse_text(sql, file="t.sql")
+    return str(info.value)
+
+
+def at(sql: str, needle: str, nth: int = 1) -> str:
+    """``line:col`` of the nth occurrence of ``needle`` in ``sql``."""
+    offset = -1
+    for _ in range(nth):
+        offset = sql.index(needle, offset + 1)
+    line = sql.count("\n", 0, offset) + 1
+    return f"{line}:{offset - (sql.rfind(chr(10), 0, offset) + 1) + 1}"
+
+
+def names(s: Stream) -> list[str]:
+    return [i.name for i in s.select]
+
+
+# --- seed examples ------------------------------------------------------------------------------------
+
+def test_seed_avg_vol_s_old_form_interval_sliding():
+    s = stream("CREATE STREAM avg_vol_s INTO avg_vol AS\n"
+               "SELECT _wstart, count(*), avg(voltage) FROM power.meters PARTITION BY tbname INTERVAL(1m) SLIDING(30s);")
+    assert (s.name, s.form, s.trigger_table, s.source, s.sink) == ("avg_vol_s", "old", "meters", "meters", "avg_vol")
+    assert s.trigger == SlidingTrigger(sliding=30 * S, interval=M)
+    assert s.partition_by == ("tbname",) and s.key_bound == "start"
+    assert s.select == (SelectItem("__cq_twstart", "_wstart", False), SelectItem("COUNT(*)", "count", True),
+                        SelectItem("AVG(voltage)", "avg_voltage", True))
+    assert s.time_column == "_wstart"
+    # Old-form defaults: WINDOW_CLOSE, IGNORE EXPIRED 1, IGNORE UPDATE 1 (seed 000), FILL_HISTORY 0.
+    assert s.options == StreamOptions(ignore_disorder=True)
+    assert s.sql.startswith("CREATE STREAM avg_vol_s INTO avg_vol AS SELECT _wstart")
+    assert (s.location.line, s.location.col) == (1, 1)
+
+
+def test_seed_streams0_event_window():
+    s = stream("CREATE STREAM streams0 INTO streamt0 AS\nSELECT _wstart, count(*), avg(voltage) from meters "
+               "PARTITION BY tbname EVENT_WINDOW START WITH voltage < 0 END WITH voltage > 9;")
+    assert s.trigger == EventTrigger(start="voltage < 0", end="voltage > 9")
+
+
+def test_seed_streams1_count_window_with_old_options():
+    s = stream("CREATE STREAM streams1 IGNORE EXPIRED 1 WATERMARK 100s INTO streamt1 AS\n"
+               "SELECT _wstart, count(*), avg(voltage) from meters PARTITION BY tbname COUNT_WINDOW(10);")
+    assert s.trigger == CountTrigger(count=10, slide=10)
+    assert s.options.watermark == 100 * S and s.options.ignore_disorder
+
+
+DESIGN_EXAMPLE = """CREATE STREAM IF NOT EXISTS s_avg INTERVAL(1m) SLIDING(30s) FROM meters PARTITION BY tbname
+  OPTIONS(WATERMARK(10s) | FILL_HISTORY | MAX_DELAY(1m))
+  NOTIFY('ws://localhost:8080/notify') ON (WINDOW_CLOSE)
+  INTO avg_vol OUTPUT_SUBTABLE(CONCAT('avg_', tbname)) TAGS (loc VARCHAR(64) AS location)
+  AS SELECT _twstart, avg(voltage) FROM %%trows;"""
+
+
+def test_design_example_parses_completely():
+    s, features = parsed(DESIGN_EXAMPLE)
+    assert s.if_not_exists and s.form == "new" and (s.trigger_table, s.source, s.sink) == ("meters", "meters", "avg_vol")
+    assert s.options == StreamOptions(watermark=10 * S, fill_history=True, max_delay=M, trigger_mode="max_delay")
+    assert s.notify == Notify(urls=("ws://localhost:8080/notify",), events=("WINDOW_CLOSE",))
+    assert s.output_subtable == "CONCAT('avg_', tbname)"
+    assert s.tags == (TagDecl(name="loc", type="string", expression="location"),)
+    assert names(s) == ["_twstart", "avg_voltage"]
+    assert features == ["NOTIFY", "OUTPUT_SUBTABLE", "TAGS"]
+
+
+def test_design_example_reports_the_first_clause_not_supported_yet():
+    assert error(DESIGN_EXAMPLE) == f"t.sql:{at(DESIGN_EXAMPLE, 'NOTIFY')}: NOTIFY is not supported yet"
+    plain = DESIGN_EXAMPLE.replace("NOTIFY('ws://localhost:8080/notify') ON (WINDOW_CLOSE)\n", "")
+    assert error(plain) == f"t.sql:{at(plain, 'OUTPUT_SUBTABLE')}: OUTPUT_SUBTABLE is not supported yet"
+    plain = plain.replace(" OUTPUT_SUBTABLE(CONCAT('avg_', tbname))", "")
+    assert error(plain) == f"t.sql:{at(plain, 'TAGS')}: TAGS is not supported yet"
+    s = stream(plain.replace(" TAGS (loc VARCHAR(64) AS location)", ""))
+    assert s.sink == "avg_vol" and s.notify is None
+
+
+SEED_NOTIFY = """CREATE STREAM avg_current_stream FILL_HISTORY 1
+    AS SELECT _wstart, _wend, AVG(current) FROM meters
+    INTERVAL (1m)
+    NOTIFY ('ws://localhost:8080/notify', 'wss://192.168.1.1:8080/notify?key=foo')
+    ON ('WINDOW_OPEN', 'WINDOW_CLOSE')
+    NOTIFY_HISTORY 0
+    ON_FAILURE PAUSE"""
+
+
+def test_seed_notification_only_old_form():
+    s, features = parsed(SEED_NOTIFY)
+    assert s.sink is None and s.options.fill_history and names(s) == ["_wstart", "_wend", "avg_current"]
+    assert s.notify == Notify(urls=("ws://localhost:8080/notify", "wss://192.168.1.1:8080/notify?key=foo"),
+                              events=("WINDOW_OPEN", "WINDOW_CLOSE"), history=False, on_failure="pause")
+    assert features == ["WITHOUT INTO", "NOTIFY"]
+    assert error(SEED_NOTIFY) == ("t.sql:2:5: a stream without INTO (one that only sends notifications) "
+                                  "is not supported yet")
+
+
+def test_not_yet_supported_is_one_shrinkable_set():
+    assert NOT_YET_SUPPORTED == {"NOTIFY", "OUTPUT_SUBTABLE", "SUBTABLE", "TAGS", "FORCE_OUTPUT", "CALC_NOTIFY_ONLY",
+                                 "DELETE_OUTPUT_TABLE", "WITHOUT INTO"}
+
+
+@pytest.mark.parametrize("sql,clause", [
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(FORCE_OUTPUT) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "FORCE_OUTPUT"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname OPTIONS(LOW_LATENCY_CALC | DELETE_OUTPUT_TABLE) "
+     "INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "DELETE_OUTPUT_TABLE"),
+    ("CREATE STREAM s INTO o SUBTABLE(CONCAT('new-', tbname)) AS SELECT _wstart, count(*) AS c FROM meters "
+     "PARTITION BY tbname INTERVAL(1m)", "SUBTABLE"),
+    ("CREATE STREAM s INTO o TAGS (cc VARCHAR(100) COMMENT 'x') AS SELECT _wstart, count(*) AS c FROM meters "
+     "INTERVAL(1m)", "TAGS"),
+])
+def test_not_yet_supported_clauses_parse_then_fail_at_their_keyword(sql, clause):
+    s, features = parsed(sql)
+    assert clause in features
+    assert error(sql) == f"t.sql:{at(sql, clause)}: {clause} is not supported yet"
+
+
+def test_not_yet_supported_calc_notify_only_and_old_form_tags_subtable_ir():
+    sql = ("CREATE STREAM s STATE_WINDOW(st) FROM t OPTIONS(CALC_NOTIFY_ONLY) "
+           "NOTIFY(\"ws://h:8080\") ON (WINDOW_OPEN|WINDOW_CLOSE) AS SELECT _twstart, count(*) AS c FROM %%trows")
+    s, features = parsed(sql)
+    assert s.options.calc_notify_only and s.notify.events == ("WINDOW_OPEN", "WINDOW_CLOSE")
+    assert features == ["CALC_NOTIFY_ONLY", "NOTIFY", "WITHOUT INTO"]
+    assert error(sql) == f"t.sql:{at(sql, 'CALC_NOTIFY_ONLY')}: CALC_NOTIFY_ONLY is not supported yet"
+    s, _ = parsed("CREATE STREAM s INTO o (ts, c) TAGS (cc VARCHAR(100) COMMENT 'x', g INT) SUBTABLE(CONCAT('a', tbname)) "
+                  "AS SELECT _wstart, count(*) FROM meters PARTITION BY tbname INTERVAL(1m)")
+    assert s.sink_columns == ("ts", "c") and names(s) == ["ts", "c"]
+    assert s.tags == (TagDecl("cc", "string", comment="x"), TagDecl("g", "int"))
+    assert s.output_subtable == "CONCAT('a', tbname)"
+
+
+# --- new-form triggers ------------------------------------------------------------------------------
+
+def test_new_form_every_trigger():
+    base = "INTO o AS SELECT {first}, count(*) AS c FROM %%trows"
+    cases = [
+        ("PERIOD(5h30m, 1s) FROM t", "_tlocaltime", PeriodTrigger(period=timedelta(hours=5, minutes=30), offset=S), "tick"),
+        ("INTERVAL(1m, 10s) SLIDING(30s, 5s) FROM t", "_twend",
+         SlidingTrigger(sliding=30 * S, interval=M, interval_offset=10 * S), "end"),
+        ("SLIDING(1h, 10a) FROM t", "_tprev_ts", SlidingTrigger(sliding=timedelta(hours=1), sliding_offset=10 * MS), "start"),
+        ("SLIDING(1h) FROM t", "_tcurrent_ts", SlidingTrigger(sliding=timedelta(hours=1)), "end"),
+        ("SESSION(ts, 10s) FROM t", "_twstart", SessionTrigger(gap=10 * S, ts_column="ts"), "start"),
+        ("STATE_WINDOW(status) TRUE_FOR(5s) FROM t", "_twstart", StateTrigger(column="status", true_for=5 * S), "start"),
+        ("EVENT_WINDOW(START WITH v < 0 END WITH CASE WHEN v > 9 THEN 1 END = 1) TRUE_FOR(1m) FROM t", "_twstart",
+         EventTrigger(start="v < 0", end="CASE WHEN v > 9 THEN 1 END = 1", true_for=M), "start"),
+        ("COUNT_WINDOW(10) FROM t", "_twstart", CountTrigger(count=10, slide=10), "start"),
+        ("COUNT_WINDOW(10, 2, a, b) FROM t", "_twstart", CountTrigger(count=10, slide=2, columns=("a", "b")), "start"),
+        ("COUNT_WINDOW(10, a) FROM t", "_twstart", CountTrigger(count=10, slide=10, columns=("a",)), "start"),
+    ]
+    for trigger, first, expected, bound in cases:
+        s = stream(f"CREATE STREAM db.s {trigger} " + base.format(first=first))
+        assert (s.name, s.trigger, s.key_bound, s.trigger_table, s.source) == ("s", expected, bound, "t", "t"), trigger
+
+
+def test_period_reads_a_table_or_trows():
+    s = stream("CREATE STREAM p PERIOD(1d) INTO db.o AS SELECT _tlocaltime, _tprev_localtime, _tnext_localtime, "
+               "count(*) AS c FROM db.other WHERE v > 1")
+    assert (s.trigger_table, s.source, s.sink, s.where) == (None, "other", "o", "v > 1")
+    assert [i.expression for i in s.select][:3] == ["__cq_tlocaltime", "__cq_tprev_localtime", "__cq_tnext_localtime"]
+
+
+def test_sliding_offset_has_no_effect_with_interval():
+    assert stream("CREATE STREAM s INTERVAL(1m) SLIDING(1m, 5s) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows"
+                  ).trigger.sliding_offset == timedelta(0)
+
+
+# --- old-form windows and options --------------------------------------------------------------------
+
+OLD = "CREATE STREAM s {opts} INTO o AS SELECT {first}, count(*) AS c FROM meters PARTITION BY tbname {window}"
+
+
+@pytest.mark.parametrize("window,first,expected,bound", [
+    ("INTERVAL(1m)", "_wstart", SlidingTrigger(sliding=M, interval=M), "start"),
+    ("INTERVAL(1m, 10s) SLIDING(30s)", "_wend", SlidingTrigger(sliding=30 * S, interval=M, interval_offset=10 * S), "end"),
+    ("SESSION(ts, 10s)", "_wstart", SessionTrigger(gap=10 * S, ts_column="ts"), "start"),
+    ("STATE_WINDOW(status)", "_wstart", StateTrigger(column="status"), "start"),
+    ("EVENT_WINDOW START WITH v < 0 END WITH v > 9", "_wstart", EventTrigger(start="v < 0", end="v > 9"), "start"),
+    ("COUNT_WINDOW(10, 5)", "_wstart", CountTrigger(count=10, slide=5), "start"),
+])
+def test_old_form_every_window(window, first, expected, bound):
+    s = stream(OLD.format(opts="", first=first, window=window))
+    assert (s.trigger, s.key_bound, s.form) == (expected, bound, "old")
+
+
+@pytest.mark.parametrize("opts,expected", [
+    ("", StreamOptions(ignore_disorder=True)),
+    ("TRIGGER AT_ONCE", StreamOptions(ignore_disorder=True, trigger_mode="at_once")),
+    ("TRIGGER MAX_DELAY 5s", StreamOptions(ignore_disorder=True, trigger_mode="max_delay", max_delay=5 * S)),
+    ("TRIGGER FORCE_WINDOW_CLOSE", StreamOptions(ignore_disorder=True, trigger_mode="force_window_close")),
+    ("TRIGGER CONTINUOUS_WINDOW_CLOSE", StreamOptions(ignore_disorder=True, trigger_mode="continuous_window_close",
+                                                      recalc_every=60 * M)),
+    ("TRIGGER CONTINUOUS_WINDOW_CLOSE 10m", StreamOptions(ignore_disorder=True, trigger_mode="continuous_window_close",
+                                                          recalc_every=10 * M)),
+    ("FILL_HISTORY 1 ASYNC IGNORE UPDATE 0 IGNORE EXPIRED 0 DELETE_MARK 1d WATERMARK 10s TRIGGER WINDOW_CLOSE",
+     StreamOptions(fill_history=True, delete_recalc=True, ignore_disorder=False, delete_mark=timedelta(days=1),
+                   watermark=10 * S)),
+])
+def test_old_form_options(opts, expected):
+    assert stream(OLD.format(opts=opts, first="_wstart", window="INTERVAL(1m)")).options == expected
+
+
+def test_old_form_notify_defaults_and_options():
+    base = "CREATE STREAM s INTO o AS SELECT _wstart, count(*) AS c FROM t INTERVAL(1m) NOTIFY ('ws://h:1') ON ('WINDOW_OPEN')"
+    assert parsed(base)[0].notify == Notify(urls=("ws://h:1",), events=("WINDOW_OPEN",), on_failure="pause")
+    assert parsed(base + " ON_FAILURE DROP NOTIFY_HISTORY 1")[0].notify == Notify(
+        urls=("ws://h:1",), events=("WINDOW_OPEN",), history=True, on_failure="drop")
+
+
+# --- new-form options ----------------------------------------------------------------------------------
+
+NEW = "CREATE STREAM s {trigger} FROM meters PARTITION BY tbname OPTIONS({opts}) INTO o AS SELECT {first}, 1 AS x FROM %%trows"
+
+
+def test_every_new_form_option():
+    s = stream(NEW.format(trigger="SESSION(ts, 1s)", first="_twstart", opts=(
+        "WATERMARK(10s) | EXPIRED_TIME(1a) | IGNORE_DISORDER | DELETE_RECALC | FILL_HISTORY_FIRST('2024-01-01 08:00:00+08:00')"
+        " | LOW_LATENCY_CALC | PRE_FILTER(voltage > 0 AND tbname <> 'x') | MAX_DELAY(1m) | EVENT_TYPE(WINDOW_OPEN|WINDOW_CLOSE)")))
+    assert s.options == StreamOptions(
+        watermark=10 * S, expired_time=MS, ignore_disorder=True, delete_recalc=True, fill_history_first=True,
+        history_start=datetime(2024, 1, 1, tzinfo=timezone.utc), low_latency_calc=True,
+        pre_filter="voltage > 0 AND tbname <> 'x'", max_delay=M, trigger_mode="max_delay",
+        event_types=("WINDOW_OPEN", "WINDOW_CLOSE"))
+    assert stream(NEW.format(trigger="SESSION(ts, 1s)", first="_twstart", opts="FILL_HISTORY(1704067200000)")
+                  ).options.history_start == datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("trigger,first", [("SLIDING(1m)", "_tprev_ts"), ("PERIOD(1m)", "_tlocaltime")])
+def test_max_delay_and_event_type_are_ignored_for_sliding_and_period(trigger, first):
+    s = stream(NEW.format(trigger=trigger, first=first, opts="MAX_DELAY(1m) | EVENT_TYPE(WINDOW_OPEN)"))
+    assert (s.options.max_delay, s.options.event_types, s.options.trigger_mode) == (None, ("WINDOW_CLOSE",), "window_close")
+
+
+def test_new_form_notify_with_where_and_options():
+    s, _ = parsed("CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM t NOTIFY('ws://h:1', \"wss://g:2/n?k=v\") "
+                  "ON (WINDOW_CLOSE) WHERE avg_v > 10 AND c = 1 NOTIFY_OPTIONS(NOTIFY_HISTORY | ON_FAILURE_PAUSE) "
+                  "INTO o AS SELECT _twstart, avg(v) AS avg_v, count(*) AS c FROM %%trows")
+    assert s.notify == Notify(urls=("ws://h:1", "wss://g:2/n?k=v"), events=("WINDOW_CLOSE",), where="avg_v > 10 AND c = 1",
+                              history=True, on_failure="pause")
+    s, _ = parsed("CREATE STREAM s PERIOD(1m) NOTIFY('ws://h:1')")  # no ON needed, no query: notifications only
+    assert s.notify == Notify(urls=("ws://h:1",)) and s.select == () and s.sink is None
+
+
+# --- placeholders and result columns -----------------------------------------------------------------
+
+def test_placeholders_map_to_engine_columns():
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname, loc INTO o AS SELECT _twstart, "
+               "_twend, _twduration, _twrownum, _tgrpid, _tlocaltime, %%1, %%2 AS l, %%tbname AS tb, "
+               "concat(%%tbname, '-', %%2) FROM %%trows WHERE %%2 = 'x' AND _twrownum > 1")
+    assert [(i.name, i.expression) for i in s.select] == [
+        ("_twstart", "__cq_twstart"), ("_twend", "__cq_twend"), ("_twduration", "__cq_twduration"),
+        ("_twrownum", "__cq_twrownum"), ("_tgrpid", "__cq_tgrpid"), ("_tlocaltime", "__cq_tlocaltime"),
+        ("tbname", "tbname"), ("l", "loc"), ("tb", "tbname"), ("concat_tbname_2", "CONCAT(tbname, '-', loc)")]
+    assert s.where == "loc = 'x' AND __cq_twrownum > 1"
+    old = stream("CREATE STREAM s INTO o AS SELECT _wstart, _wend, _wduration FROM t INTERVAL(1m)")
+    assert [i.expression for i in old.select] == ["__cq_twstart", "__cq_twend", "__cq_twduration"]
+
+
+def test_result_column_names():
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT _twstart AS ts, count(*), avg(voltage), "
+               "voltage, Max(a) - MIN(a), (a + b) * 2, avg(v) AS named FROM %%trows")
+    assert names(s) == ["ts", "count", "avg_voltage", "voltage", "max_a_min_a", "_a_b_2", "named"]
+    assert [i.is_aggregate for i in s.select] == [False, True, True, False, True, False, True]
+    assert s.time_column == "ts"
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o (w, n) AS SELECT _twstart, count(*) FROM %%trows")
+    assert (names(s), s.sink_columns) == (["w", "n"], ("w", "n"))
+
+
+# --- rejections --------------------------------------------------------------------------------------
+
+W = "CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT _twstart, {items} FROM %%trows"
+
+REJECTIONS = [
+    # (sql, the text the error points at, message fragment)
+    ("CREATE STREAM s PERIOD(5a) INTO o AS SELECT _tlocaltime, 1 AS x FROM t", "5a", "between 10a and 3650d"),
+    ("CREATE STREAM s PERIOD(3651d) INTO o AS SELECT _tlocaltime, 1 AS x FROM t", "3651d", "between 10a and 3650d"),
+    ("CREATE STREAM s PERIOD(1h, 1d) INTO o AS SELECT _tlocaltime, 1 AS x FROM t", "1d", "unknown unit 'd'"),
+    ("CREATE STREAM s INTERVAL(1m) SLIDING(2m) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "2m",
+     "SLIDING must not be greater than INTERVAL"),
+    ("CREATE STREAM s INTERVAL(1m, 1m) SLIDING(1m) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "1m)",
+     "offset must be smaller"),
+    ("CREATE STREAM s INTERVAL(1m) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "FROM", "expected SLIDING"),
+    ("CREATE STREAM s SLIDING(1m, 1d) FROM t INTO o AS SELECT _tprev_ts, 1 AS x FROM %%trows", "1d", "unknown unit 'd'"),
+    ("CREATE STREAM s SESSION(ts, 0s) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "0s", "greater than 0"),
+    ("CREATE STREAM s SESSION(ts) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "SESSION", "SESSION(ts_column, gap)"),
+    ("CREATE STREAM s COUNT_WINDOW(1) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "1)", "between 2 and 2147483647"),
+    ("CREATE STREAM s COUNT_WINDOW(2147483648) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "2147483648", "between 2"),
+    ("CREATE STREAM s COUNT_WINDOW(10, 11) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "11", "between 1 and 10"),
+    ("CREATE STREAM s EVENT_WINDOW(START WITH v < 0) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "EVENT_WINDOW",
+     "END WITH is missing"),
+    ("CREATE STREAM s STATE_WINDOW(count(v)) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "count", "aggregates"),
+    ("CREATE STREAM s SESSION(ts, 1s) INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "SESSION", "needs a trigger table"),
+    # options
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(WATERMARK(1s) | WATERMARK(2s)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "WATERMARK(2s)", "WATERMARK given twice"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(FILL_HISTORY | FILL_HISTORY_FIRST) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "FILL_HISTORY_FIRST", "cannot be used with FILL_HISTORY"),
+    ("CREATE STREAM s PERIOD(1h) OPTIONS(FILL_HISTORY_FIRST) INTO o AS SELECT _tlocaltime, 1 AS x FROM t",
+     "FILL_HISTORY_FIRST", "PERIOD"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(EXPIRED_TIME(0a)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "0a", "greater than 0"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(BOGUS) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "BOGUS", "unknown stream option 'BOGUS'"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(IGNORE_DISORDER(1)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "(1)", "takes no argument"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(WATERMARK) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "WATERMARK", "needs an argument"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(FILL_HISTORY('yesterday')) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "'yesterday'", "not a time"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(EVENT_TYPE(WINDOW_OPEN|WINDOW_OPEN)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "WINDOW_OPEN)", "given twice"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(PRE_FILTER(max(v) > 1)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "max(v)", "aggregates"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(DELETE_OUTPUT_TABLE) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "DELETE_OUTPUT_TABLE", "needs PARTITION BY tbname"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(CALC_NOTIFY_ONLY) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "CALC_NOTIFY_ONLY", "needs NOTIFY"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o OPTIONS(WATERMARK(1s)) AS SELECT _twstart, 1 AS x FROM %%trows",
+     "OPTIONS", "OPTIONS must come before INTO"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o FOO AS SELECT _twstart, 1 AS x FROM %%trows", "FOO", "expected OUTPUT_SUBTABLE"),
+    # NOTIFY
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t NOTIFY('ws://h:1') INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "NOTIFY", "NOTIFY needs ON"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t NOTIFY('http://h:1') ON (WINDOW_OPEN) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "'http", "websocket URL"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t NOTIFY('ws://h') ON (WINDOW_OPEN) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "'ws://h'", "host and port"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t NOTIFY('ws://h:1') ON (WINDOW_OPEN, WINDOW_CLOSE) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "WINDOW_OPEN,", "separated by '|'"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t NOTIFY('ws://h:1') ON (WINDOW_OPEN) WHERE v > 1 INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "v > 1", "result's columns"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m) NOTIFY ('ws://h:1')", None, "expected ON"),
+    # INTO and AS
+    ("CREATE STREAM s PERIOD(1m) INTO o", "INTO", "INTO needs AS SELECT"),
+    ("CREATE STREAM s PERIOD(1m)", "s PERIOD", "needs AS SELECT"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t TAGS (a INT AS 1) AS SELECT _twstart, 1 AS x FROM %%trows", "TAGS", "needs INTO"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o (a, b PRIMARY KEY) AS SELECT _twstart, 1 AS x FROM %%trows",
+     "PRIMARY KEY", "composite key"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o (a, a) AS SELECT _twstart, 1 AS x FROM %%trows", "a)", "listed twice"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o (a, b) AS SELECT _twstart, 1, 2 FROM %%trows", "(a, b)",
+     "the column list names 2 columns but SELECT has 3"),
+    # the subquery
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT _twstart, 1 AS x FROM other", "other",
+     "reading another table per window is not supported yet"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, 1 AS x FROM %%tbname", "%%tbname",
+     "not supported yet"),
+    ("CREATE STREAM s PERIOD(1m) INTO o AS SELECT _tlocaltime, 1 AS x FROM %%trows", "%%trows", "needs a trigger table"),
+    (W.format(items="x FROM %%trows GROUP BY x --"), "GROUP BY", "GROUP BY is not allowed"),
+    (W.format(items="x FROM %%trows ORDER BY x --"), "ORDER BY", "ORDER BY is not allowed"),
+    (W.format(items="x FROM %%trows INTERVAL(1m) --"), "INTERVAL", "takes no window clause"),
+    (W.format(items="x FROM %%trows PARTITION BY a --"), "PARTITION BY", "belongs before AS"),
+    (W.format(items="x FROM %%trows LIMIT 1 --"), "LIMIT", "LIMIT is not supported"),
+    (W.format(items="x FROM %%trows t2 --"), "t2", "takes no alias"),
+    (W.format(items="x FROM a JOIN b --"), "JOIN", "FROM takes one table"),
+    (W.format(items="x FROM %%trows WHERE count(*) > 1 --"), "count(*) >", "aggregates are not allowed in WHERE"),
+    (W.format(items="x FROM %%trows WHERE x IN (SELECT y FROM z) --"), "y FROM z", "subqueries are not supported"),
+    (W.format(items="*"), "*", "SELECT * is not supported"),
+    (W.format(items="count(v), count(v)"), "count(v) FROM", "two result columns are named 'count_v'"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT DISTINCT _twstart, 1 AS x FROM %%trows", "DISTINCT", "DISTINCT"),
+    # the first column
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT count(*), _twstart FROM %%trows", "count(*),",
+     "the first column of a stream's result is the sink's time column: it must be the window start (_twstart)"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT _twend, 1 AS x FROM %%trows", "_twend", "for INTERVAL windows"),
+    ("CREATE STREAM s INTO o AS SELECT _wend, 1 AS x FROM t SESSION(ts, 1s)", "_wend", "window start (_wstart)"),
+    ("CREATE STREAM s SLIDING(1m) FROM t INTO o AS SELECT _tnext_ts, 1 AS x FROM %%trows", "_tnext_ts", "_tprev_ts"),
+    ("CREATE STREAM s PERIOD(1m) INTO o AS SELECT _tprev_localtime, 1 AS x FROM t", "_tprev_localtime", "_tlocaltime"),
+    ("CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM t INTO o AS SELECT _twstart + 1, 1 AS x FROM %%trows", "_twstart + 1",
+     "first column"),
+    # placeholders
+    (W.format(items="_tprev_ts"), "_tprev_ts", "_tprev_ts is a placeholder of SLIDING triggers without INTERVAL"),
+    ("CREATE STREAM s SLIDING(1m) FROM t INTO o AS SELECT _tprev_ts, _twstart FROM %%trows", "_twstart FROM",
+     "not of this SLIDING trigger"),
+    ("CREATE STREAM s PERIOD(1m) INTO o AS SELECT _tlocaltime, _tcurrent_ts FROM t", "_tcurrent_ts", "PERIOD"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT _wstart, 1 AS x FROM %%trows", "_wstart", "use _twstart"),
+    ("CREATE STREAM s INTO o AS SELECT _twstart, 1 AS x FROM t INTERVAL(1m)", "_twstart", "the old form offers _wstart"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, _tgrpid FROM t INTERVAL(1m)", "_tgrpid", "new CREATE STREAM form"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, %%1 FROM t PARTITION BY a INTERVAL(1m)", "%%1", "new CREATE STREAM form"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM %%trows INTERVAL(1m)", "%%trows", "new CREATE STREAM form"),
+    (W.format(items="%%trows"), "%%trows FROM", "%%trows can only be used in FROM"),
+    (W.format(items="%%tbname"), "%%tbname", "%%tbname needs PARTITION BY tbname"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, %%2 FROM %%trows", "%%2",
+     "PARTITION BY names 1 column(s)"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, %%foo FROM %%trows", "%%foo",
+     "unknown placeholder"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(PRE_FILTER(_twstart > 1)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "_twstart >", "can only be used in SELECT and WHERE, not in PRE_FILTER"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname INTO o TAGS (g INT AS %%1) AS SELECT _twstart, 1 AS x FROM %%trows",
+     "%%1", "not in TAGS"),
+    ("CREATE STREAM s STATE_WINDOW(%%tbname) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "%%tbname", "FROM, SELECT and WHERE, not in STATE_WINDOW"),
+    ("CREATE STREAM s COUNT_WINDOW(5, _twstart) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "_twstart)",
+     "is a placeholder, not a column"),
+    # PARTITION BY
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY concat(a, b) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "concat", "PARTITION BY takes column names"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname AS tn INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
+     "tbname AS", "PARTITION BY takes column names"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t PARTITION BY tbname tname INTERVAL(1m)", "tbname tname",
+     "PARTITION BY takes column names"),
+    # old form
+    ("CREATE STREAM s TRIGGER MAX_DELAY 4s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "4s", "at least 5s"),
+    ("CREATE STREAM s TRIGGER FORCE_WINDOW_CLOSE INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m) SLIDING(30s)",
+     "FORCE_WINDOW_CLOSE", "a SLIDING different from the INTERVAL"),
+    ("CREATE STREAM s TRIGGER FORCE_WINDOW_CLOSE INTO o AS SELECT _wstart, 1 AS x FROM t SESSION(ts, 1s)",
+     "FORCE_WINDOW_CLOSE", "only supports INTERVAL windows"),
+    ("CREATE STREAM s TRIGGER FORCE_WINDOW_CLOSE FILL_HISTORY 1 INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)",
+     "FILL_HISTORY", "FILL_HISTORY 1 cannot be used with TRIGGER FORCE_WINDOW_CLOSE"),
+    ("CREATE STREAM s IGNORE EXPIRED 0 TRIGGER FORCE_WINDOW_CLOSE INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)",
+     "IGNORE EXPIRED", "IGNORE EXPIRED 0 cannot be used"),
+    ("CREATE STREAM s TRIGGER FORCE_WINDOW_CLOSE IGNORE UPDATE 0 INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)",
+     "IGNORE UPDATE", "IGNORE UPDATE 0 cannot be used"),
+    ("CREATE STREAM s TRIGGER CONTINUOUS_WINDOW_CLOSE INTO o AS SELECT _wstart, 1 AS x FROM t STATE_WINDOW(a)",
+     "CONTINUOUS_WINDOW_CLOSE", "only supports INTERVAL windows, not STATE_WINDOW"),
+    ("CREATE STREAM s TRIGGER SOMETIMES INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "SOMETIMES", "TRIGGER takes"),
+    ("CREATE STREAM s WATERMARK 1s WATERMARK 2s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "WATERMARK 2s",
+     "given twice"),
+    ("CREATE STREAM s FILL_HISTORY 2 INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "2 INTO", "takes 0 or 1"),
+    ("CREATE STREAM s BOGUS INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "BOGUS", "expected a trigger"),
+    ("CREATE STREAM s INTO o SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "SELECT", "expected AS"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t", "SELECT", "a stream needs a window clause"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t SLIDING(1m)", "SLIDING", "needs INTERVAL"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m) SLIDING(1m, 1s)", "SLIDING", "SLIDING(sliding)"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t STATE_WINDOW(a) TRUE_FOR(1s)", "TRUE_FOR", "new form"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t COUNT_WINDOW(10, 2, a)", "COUNT_WINDOW", "COUNT_WINDOW(count[, sliding])"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m) FILL(prev)", "FILL", "FILL is not supported"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m) NOTIFY ('ws://h:1') ON ('WINDOW_OPEN') NOTIFY_HISTORY 1 NOTIFY_HISTORY 0",
+     "NOTIFY_HISTORY 0", "given twice"),
+    # commands
+    ("DROP STREAM s", "DROP", "use `cq drop`"),
+    ("SHOW STREAMS", "SHOW", "use `cq show`"),
+    ("START STREAM s", "START", "use `cq start`"),
+    ("STOP STREAM s", "STOP", "use `cq stop`"),
+    ("PAUSE STREAM IF EXISTS s", "PAUSE", "use `cq pause`"),
+    ("RESUME STREAM IGNORE UNTREATED s", "RESUME", "use `cq resume`"),
+    ("RECALCULATE STREAM s FROM '2024-01-01'", "RECALCULATE", "use `cq recalculate`"),
+    ("CREATE VIEW v", "CREATE", "CREATE STREAM or CREATE TABLE"),
+]
+
+
+@pytest.mark.parametrize("sql,needle,fragment", REJECTIONS)
+def test_rejections_name_file_line_col(sql, needle, fragment):
+    message = error(sql)
+    where = at(sql, needle) if needle is not None else f"1:{len(sql) + 1}"
+    assert message.startswith(f"t.sql:{where}: "), message
+    assert fragment in message, message
+
+
+def test_errors_on_later_lines_point_there():
+    sql = "CREATE STREAM s\n  SESSION(ts, 1s) FROM t\n  INTO o\n  AS SELECT _twstart,\n         _tprev_ts FROM %%trows"
+    assert error(sql).startswith("t.sql:5:10: _tprev_ts is a placeholder")
+    sql = "CREATE STREAM s INTO o AS\n  SELECT _wstart, 1 AS x\n  FROM t\n  INTERVAL(1m) SLIDING(2m)"
+    assert error(sql).startswith("t.sql:4:24: SLIDING must not be greater")
+
+
+# --- tables and the catalog --------------------------------------------------------------------------
+
+def test_super_table_gets_an_implicit_tbname_tag_unless_it_declares_one():
+    (t,) = parse_text("CREATE TABLE m (ts TIMESTAMP, v DOUBLE) TAGS (loc STRING)")
+    assert [(c.name, c.is_tag) for c in t.columns] == [("ts", False), ("v", False), ("tbname", True), ("loc", True)]
+    (t,) = parse_text("CREATE TABLE m (ts TIMESTAMP, v DOUBLE) TAGS (TBNAME VARCHAR(192), loc STRING)")
+    assert [c.name for c in t.columns] == ["ts", "v", "TBNAME", "loc"]
+    (t,) = parse_text("CREATE TABLE plain (ts TIMESTAMP PRIMARY KEY, v DOUBLE)")
+    assert [c.name for c in t.columns] == ["ts", "v"] and t.time_column == "ts"
+
+
+TABLES = """CREATE TABLE meters (ts TIMESTAMP, current FLOAT, voltage INT) TAGS (location VARCHAR(64), groupid INT);
+CREATE TABLE plain (ts TIMESTAMP, v DOUBLE, st INT);
+"""
+
+
+def test_catalog_checks_streams(tmp_path):
+    (tmp_path / "a.sql").write_text(TABLES + """
+CREATE STREAM good INTERVAL(1m) SLIDING(30s) FROM meters PARTITION BY tbname, location
+  OPTIONS(PRE_FILTER(current > 0)) INTO good_out AS SELECT _twstart, avg(voltage), %%2 FROM %%trows;
+CREATE STREAM old_good INTO old_out AS SELECT _wstart, count(*) FROM meters PARTITION BY tbname SESSION(ts, 10s);
+CREATE STREAM per PERIOD(1h) FROM meters INTO per_out AS SELECT _tlocaltime, sum(v) FROM plain;
+CREATE STREAM st STATE_WINDOW(st) FROM plain INTO st_out AS SELECT _twstart, count(*) FROM %%trows;
+""")
+    bad = {
+        "b": ("CREATE STREAM no_tbname EVENT_WINDOW(START WITH voltage < 0 END WITH voltage > 9) FROM meters INTO o_b "
+              "AS SELECT _twstart, count(*) FROM %%trows", "EVENT_WINDOW on super table 'meters' needs PARTITION BY tbname"),
+        "c": ("CREATE STREAM old_count INTO o_c AS SELECT _wstart, count(*) FROM meters PARTITION BY location COUNT_WINDOW(5)",
+              "COUNT_WINDOW on super table 'meters' needs PARTITION BY tbname"),
+        "d": ("CREATE STREAM bad_ts SESSION(current, 10s) FROM meters PARTITION BY tbname INTO o_d AS SELECT _twstart, "
+              "count(*) FROM %%trows", "SESSION(current, ...) must name the time column 'ts'"),
+        "e": ("CREATE STREAM bad_part SLIDING(1m) FROM meters PARTITION BY voltage INTO o_e AS SELECT _tprev_ts, "
+              "count(*) FROM %%trows", "PARTITION BY may only name tbname and tag columns of 'meters'"),
+        "f": ("CREATE STREAM bad_col STATE_WINDOW(nope) FROM plain INTO o_f AS SELECT _twstart, count(*) FROM %%trows",
+              "table 'plain' has no column 'nope'"),
+        "g": ("CREATE STREAM bad_pre PERIOD(1h) FROM meters OPTIONS(PRE_FILTER(humidity > 1)) INTO o_g AS SELECT "
+              "_tlocaltime, sum(v) FROM plain", "table 'meters' has no column 'humidity'"),
+        "h": ("CREATE STREAM bad_src PERIOD(1h) INTO o_h AS SELECT _tlocaltime, sum(zzz) FROM plain",
+              "table 'plain' has no column 'zzz'"),
+        "i": ("CREATE CQ same_sink BEGIN SELECT max(v) AS m INTO good_out FROM plain GROUP BY (1s) END",
+              "'same_sink' writes table 'good_out', which 'good' already writes"),
+        "j": ("CREATE STREAM self_write SESSION(ts, 1s) FROM plain INTO plain AS SELECT _twstart, count(*) FROM %%trows",
+              "reads and writes the same table 'plain'"),
+        "k": ("CREATE STREAM good INTO o_k AS SELECT _wstart, count(*) FROM plain INTERVAL(1s)", "'good' is defined twice"),
+        "l": ("CREATE STREAM old_part INTO o_l AS SELECT _wstart, count(*) FROM plain PARTITION BY nothere INTERVAL(1m)",
+              "table 'plain' has no column 'nothere'"),
+    }
+    for name, (sql, _) in bad.items():
+        (tmp_path / f"{name}.sql").write_text(sql + ";")
+    catalog = load_catalog(tmp_path)
+    assert [d.name for d in catalog.definitions] == ["good", "old_good", "per", "st"]
+    assert len(catalog.errors) == len(bad)
+    for error_text, (name, (_, fragment)) in zip(catalog.errors, sorted(bad.items())):
+        assert error_text.startswith(f"{tmp_path}/{name}.sql:1:1: ") and fragment in error_text, error_text
+    good = catalog.definition("good")
+    assert referenced_columns(good) == {"voltage", "current", "tbname", "location"}
+
+
+def test_streams_and_queries_share_sinks_across_files(tmp_path):
+    (tmp_path / "a.sql").write_text("CREATE STREAM s1 INTO shared AS SELECT _wstart, count(*) FROM src INTERVAL(1m);")
+    (tmp_path / "b.sql").write_text("CREATE STREAM s2 SESSION(ts, 1s) FROM src INTO shared AS SELECT _twstart, count(*) "
+                                    "FROM %%trows;")
+    catalog = load_catalog(tmp_path)
+    assert [d.name for d in catalog.definitions] == ["s1"]
+    assert "give each definition its own sink" in catalog.errors[0]
