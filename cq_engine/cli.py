@@ -109,7 +109,7 @@ def _trigger(d) -> str:
         return f"every={format_duration(r.every)} range=[-{format_duration(r.start_offset)}, -{format_duration(r.end_offset)})"
     t = d.trigger
     args = {k: (format_duration(v) if hasattr(v, "total_seconds") else v) for k, v in vars(t).items()
-            if k != "kind" and v not in (None, (), "")}
+            if k not in ("kind", "ts_column") and v not in (None, (), "", timedelta(0))}
     return f"{t.kind}({', '.join(f'{k}={v}' for k, v in args.items())}) from {d.trigger_table or '-'}"
 
 

@@ -82,21 +82,22 @@ def _tick(args, settings: Settings) -> int:
 
 _SENSOR = """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
   ... on Sensor { id sensorState { status typeSpecificData { ... on SensorData { lastCursor } } } }
-  ... on PythonError { message } ... on SensorNotFoundError { message } } }"""
+  ... on Error { message } } }"""
 _SCHEDULE = """query($s: ScheduleSelector!) { scheduleOrError(scheduleSelector: $s) { __typename
-  ... on Schedule { id scheduleState { status } } ... on PythonError { message }
-  ... on ScheduleNotFoundError { message } } }"""
+  ... on Schedule { id scheduleState { status } } ... on Error { message } } }"""
+_REPOSITORIES = """{ repositoriesOrError { __typename ... on Error { message }
+  ... on RepositoryConnection { nodes { name location { name } sensors { name } schedules { name } } } } }"""
 _MUTATIONS = {
     ("sensor", "start"): "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename "
-                         "... on PythonError { message } } }",
-    ("sensor", "stop"): "mutation($id: String) { stopSensor(id: $id) { __typename ... on PythonError { message } } }",
+                         "... on Error { message } } }",
+    ("sensor", "stop"): "mutation($id: String) { stopSensor(id: $id) { __typename ... on Error { message } } }",
     ("schedule", "start"): "mutation($s: ScheduleSelector!) { startSchedule(scheduleSelector: $s) { __typename "
-                           "... on PythonError { message } } }",
+                           "... on Error { message } } }",
     ("schedule", "stop"): "mutation($id: String) { stopRunningSchedule(id: $id) { __typename "
-                          "... on PythonError { message } } }",
+                          "... on Error { message } } }",
 }
 _SET_CURSOR = ("mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s, cursor: $c) "
-               "{ __typename ... on PythonError { message } } }")
+               "{ __typename ... on Error { message } } }")
 
 
 class _GraphQL:
@@ -115,12 +116,34 @@ class _GraphQL:
             raise CQError(f"Dagster at {self.url}: {body['errors'][0].get('message')}")
         return body["data"]
 
-    def repository(self) -> tuple[str, str]:
-        data = self("{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")
-        nodes = data["repositoriesOrError"].get("nodes") or []
+    def locate(self, candidates: list[tuple[str, str]]) -> tuple[str, str, str, str]:
+        """``(kind, name, location, repository)`` of the first of ``candidates`` (``(kind, name)``,
+        kind ``schedule`` or ``sensor``) loaded in any code location of the workspace."""
+        data = self(_REPOSITORIES)["repositoriesOrError"]
+        if data["__typename"] != "RepositoryConnection":
+            raise CQError(f"Dagster at {self.url}: {data.get('message', data['__typename'])}")
+        nodes = data.get("nodes") or []
         if not nodes:
             raise CQError(f"Dagster at {self.url} has no code location loaded")
-        return nodes[0]["location"]["name"], nodes[0]["name"]
+        for kind, name in candidates:
+            found = [(kind, name, n["location"]["name"], n["name"]) for n in nodes
+                     if name in {x["name"] for x in n[f"{kind}s"]}]
+            if len(found) > 1:
+                raise CQError(f"Dagster at {self.url}: {kind} {name} is in several code locations "
+                              f"({', '.join(f[2] for f in found)})")
+            if found:
+                return found[0]
+        wanted = " or ".join(f"{kind} {name}" for kind, name in candidates)
+        raise CQError(f"Dagster at {self.url} has no {wanted} in its code locations "
+                      f"({', '.join(sorted({n['location']['name'] for n in nodes}))})")
+
+
+def _check(result: dict, what: str) -> dict:
+    """A mutation's or query's single result, or a CQError naming Dagster's error."""
+    outcome = next(iter(result.values()))
+    if outcome.get("__typename", "").endswith("Error"):
+        raise CQError(f"{what} failed in Dagster: {outcome.get('message') or outcome['__typename']}")
+    return outcome
 
 
 def _control(args, settings: Settings) -> int:
@@ -130,34 +153,29 @@ def _control(args, settings: Settings) -> int:
     d = engine.definition(args.name)
     translator = CQTranslator()
     gql = _GraphQL(args.dagster)
-    location, repository = gql.repository()
-    kind = "sensor"
-    if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger):
-        name = translator.get_schedule_name(d)
-        data = gql(_SCHEDULE, s={"repositoryLocationName": location, "repositoryName": repository, "scheduleName": name})
-        found = data["scheduleOrError"]
-        if found["__typename"] == "Schedule":
-            kind = "schedule"
-    if kind == "sensor":
-        name = translator.get_sensor_name(d)
-        found = gql(_SENSOR, s={"repositoryLocationName": location, "repositoryName": repository,
-                                "sensorName": name})["sensorOrError"]
-        if found["__typename"] != "Sensor":
-            raise CQError(f"{d.name}: Dagster has no schedule or sensor for it ({found.get('message', '')})")
+    windowed = not isinstance(d, ContinuousQuery) and not isinstance(d.trigger, PeriodTrigger)
+    candidates = [("sensor", translator.get_sensor_name(d))]
+    if not windowed:  # a schedule, or a tick sensor where cron cannot express the ticks
+        candidates.insert(0, ("schedule", translator.get_schedule_name(d)))
+    kind, name, location, repository = gql.locate(candidates)
     selector = {"repositoryLocationName": location, "repositoryName": repository, f"{kind}Name": name}
-    if args.verb == "start" and kind == "sensor" and getattr(args, "ignore_untreated", False):
-        from .stream_sensor import skip_untreated
+    query = _SENSOR if kind == "sensor" else _SCHEDULE
+    found = _check(gql(query, s=selector), f"{d.name}: looking up {kind} {name}")
+    extra = ""
+    if args.verb == "start" and getattr(args, "ignore_untreated", False):
+        if windowed:
+            from .stream_sensor import skip_untreated
 
-        cursor = found["sensorState"]["typeSpecificData"].get("lastCursor")
-        gql(_SET_CURSOR, s=selector, c=skip_untreated(engine, d, cursor))
+            cursor = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
+            _check(gql(_SET_CURSOR, s=selector, c=skip_untreated(engine, d, cursor)),
+                   f"{d.name}: setting the cursor of {name}")
+            extra = " (data written while stopped skipped)"
+        else:
+            extra = " (--ignore-untreated applies to window-triggered streams only: nothing skipped)"
     variables = {"s": selector} if args.verb == "start" else {"id": found["id"]}
-    result = gql(_MUTATIONS[(kind, args.verb)], **variables)
-    outcome = next(iter(result.values()))
-    if outcome.get("__typename") == "PythonError":
-        raise CQError(f"{d.name}: {args.command} failed in Dagster: {outcome.get('message')}")
+    _check(gql(_MUTATIONS[(kind, args.verb)], **variables), f"{d.name}: {args.command}")
     state = "running" if args.verb == "start" else "stopped"
-    extra = " (data written while stopped skipped)" if getattr(args, "ignore_untreated", False) else ""
-    print(f"{d.name}: {kind} {name} {state}{extra}")
+    print(f"{d.name}: {kind} {name} in {location} {state}{extra}")
     return 0
 
 

@@ -283,7 +283,9 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     max_event = _max(cursor.max_event, *(s.max_time for s in added))
     t_prev = cursor.closed_until
     t_new = _max(t_prev, _watermark(stream, max_event, now))
-    floor = t_new - o.expired_time if (o.expired_time is not None and t_new is not None) else None
+    # EXPIRED_TIME ignores older changes; DELETE_MARK drops the state a recomputation would need.
+    horizon = min([d for d in (o.expired_time, o.delete_mark) if d is not None], default=None)
+    floor = t_new - horizon if (horizon is not None and t_new is not None) else None
 
     # Changes to event time already closed: late rows, and removed files (deletes, updates).
     late: list[TimeRange] = []

@@ -96,6 +96,7 @@ def test_ignore_disorder_and_expired_time_drop_late_rows():
     late = [added(t(10, 1, 10), t(10, 1, 20))]
     assert plan_tick(stream(ignore_disorder=True), c, version=4, changes=late, now=t(12, 0), tz="UTC").works == ()
     assert plan_tick(stream(expired_time=2 * M), c, version=4, changes=late, now=t(12, 0), tz="UTC").works == ()
+    assert plan_tick(stream(delete_mark=2 * M), c, version=4, changes=late, now=t(12, 0), tz="UTC").works == ()
     plan = plan_tick(stream(expired_time=5 * M), c, version=4, changes=late, now=t(12, 0), tz="UTC")
     assert starts(plan.works[0]) == [t(10, 1)]
 

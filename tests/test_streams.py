@@ -274,3 +274,9 @@ def test_recalculate_stream_and_cq_tick(tmp_path, spark, monkeypatch, capsys):
     assert main(["tick", "s_int"]) == 0
     out = capsys.readouterr().out
     assert "windows starting in [2026-11-21T10:04:00+00:00, 2026-11-21T10:06:00+00:00)" in out and "realtime run" in out
+    # DROP STREAM: a defined stream is dropped by removing its statement; its outputs stay.
+    assert main(["drop", "s_int"]) == 1
+    assert "s_int' is defined at" in capsys.readouterr().err
+    (tmp_path / "sql" / "s.sql").write_text("CREATE TABLE meters (ts TIMESTAMP, current DOUBLE) TAGS (location STRING);")
+    assert main(["drop", "s_int"]) == 0
+    assert '"outputs": "kept"' in capsys.readouterr().out and b.sink("s_int_out")
