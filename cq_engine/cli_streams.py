@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -96,6 +97,11 @@ _MUTATIONS = {
     ("schedule", "stop"): "mutation($id: String) { stopRunningSchedule(id: $id) { __typename "
                           "... on Error { message } } }",
 }
+# A daemon tick that read the sensor's state just before a stop writes that state back, running
+# (a read-modify-write race of the sensor daemon, cf. dagster-io/dagster#7736): a stop is checked
+# again after this long, and repeated if the daemon undid it.
+STOP_SETTLE_SECONDS = 2.0
+STOP_ATTEMPTS = 3
 _SET_CURSOR = ("mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s, cursor: $c) "
                "{ __typename ... on Error { message } } }")
 
@@ -173,7 +179,18 @@ def _control(args, settings: Settings) -> int:
         else:
             extra = " (--ignore-untreated applies to window-triggered streams only: nothing skipped)"
     variables = {"s": selector} if args.verb == "start" else {"id": found["id"]}
-    _check(gql(_MUTATIONS[(kind, args.verb)], **variables), f"{d.name}: {args.command}")
+    mutation = _MUTATIONS[(kind, args.verb)]
+    _check(gql(mutation, **variables), f"{d.name}: {args.command}")
+    if kind == "sensor" and args.verb == "stop":
+        for _ in range(STOP_ATTEMPTS):
+            time.sleep(STOP_SETTLE_SECONDS)
+            state = _check(gql(_SENSOR, s=selector), f"{d.name}: looking up {kind} {name}")["sensorState"]
+            if state["status"] == "STOPPED":
+                break
+            _check(gql(mutation, **variables), f"{d.name}: {args.command}")
+        else:
+            raise CQError(f"{d.name}: sensor {name} keeps running after {STOP_ATTEMPTS} stops (the Dagster daemon "
+                          "restores it); try again")
     state = "running" if args.verb == "start" else "stopped"
     print(f"{d.name}: {kind} {name} in {location} {state}{extra}")
     return 0

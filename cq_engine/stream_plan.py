@@ -62,12 +62,13 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
     return df
 
 
-def evaluate(stream: Stream, df: DataFrame, *, window_columns: list[str], keep_state: bool) -> DataFrame:
+def evaluate(stream: Stream, df: DataFrame, *, keep_state: bool, window_columns: list[str] | None = None) -> DataFrame:
     """The subquery's SELECT per (group, window), plus the partition columns the sink holds.
 
-    ``window_columns`` are the window-constant columns (grouped on, so placeholders may appear in
-    an aggregate SELECT); with ``keep_state`` the window's start/closed/last columns stay in the
-    result for the caller's state bookkeeping."""
+    Aggregates group on the window start and the window-constant columns the SQL uses (so
+    placeholders may appear in an aggregate SELECT); columns it does not use are left out, so Spark
+    prunes what computes them (a window function per row for ``_twrownum``). With ``keep_state``
+    the window's start/closed/last columns stay in the result for the caller's bookkeeping."""
     if stream.form == "new" and stream.where:
         df = df.filter(F.expr(stream.where))
     keys = list(stream.partition_by)
@@ -76,17 +77,22 @@ def evaluate(stream: Stream, df: DataFrame, *, window_columns: list[str], keep_s
     state = [F.col(c) for c in ENGINE_COLUMNS] if keep_state else []
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     if stream.is_aggregate:
+        if window_columns is None:
+            window_columns = _used_window_columns(stream, df, keep_state)
         grouped = df.groupBy(*keys, *window_columns).agg(*items)
         return grouped.select(*[F.col(i.name) for i in stream.select], *extra, *state)
     return df.select(*items, *extra, *state)
 
 
-def window_columns(df: DataFrame) -> list[str]:
-    """The window-constant columns present in ``df``."""
-    constant = {WSTART, WEND, WLAST, WROWS, WCLOSED} | {placeholder_column(p) for p in (
-        "_twduration", "_tgrpid", "_tlocaltime", "_tprev_ts", "_tcurrent_ts", "_tnext_ts",
-        "_tprev_localtime", "_tnext_localtime")}
-    return [c for c in df.columns if c in constant]
+_CONSTANT = {WSTART, WEND, WLAST, WROWS, WCLOSED} | {placeholder_column(p) for p in (
+    "_twduration", "_tgrpid", "_tlocaltime", "_tprev_ts", "_tcurrent_ts", "_tnext_ts",
+    "_tprev_localtime", "_tnext_localtime")}
+
+
+def _used_window_columns(stream: Stream, df: DataFrame, keep_state: bool) -> list[str]:
+    sql = " ".join([i.expression for i in stream.select] + [stream.where or ""]).lower()
+    wanted = {WSTART} | (set(ENGINE_COLUMNS) if keep_state else set())
+    return [c for c in df.columns if c in _CONSTANT and (c in wanted or c.lower() in sql)]
 
 
 def period_frame(stream: Stream, df: DataFrame, *, tick: datetime, prev_tick: datetime, next_tick: datetime) -> DataFrame:

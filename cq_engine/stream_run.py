@@ -25,7 +25,7 @@ from .errors import CQError, TableError
 from .ledger import LedgerEntry
 from .model import DATA_SHAPED, PeriodTrigger, Stream
 from .storage.delta import groups_predicate, ranges_predicate
-from .stream_plan import ENGINE_COLUMNS, evaluate, period_frame, pre_window_filter, window_columns, with_placeholders
+from .stream_plan import ENGINE_COLUMNS, evaluate, period_frame, pre_window_filter, with_placeholders
 from .times import EPOCH, UTC, iso
 from .windows import WCLOSED, WLAST, WSTART, assign_windows
 
@@ -114,7 +114,7 @@ def _run_time_windows(engine: "Engine", stream: Stream, work: st.StreamWork):
     windows = assign_windows(df, stream.trigger, time_column=time_column, keys=list(stream.partition_by),
                              close_until=work.close_until or _FAR, timezone=tz)
     windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
-    result = evaluate(stream, windows, window_columns=window_columns(windows), keep_state=False).toArrow()
+    result = evaluate(stream, windows, keep_state=False).toArrow()
     predicate = ranges_predicate(stream.time_column, st.key_ranges(stream, work.windows, tz))
     version = _write(engine, stream, result, predicate=predicate, app_version=work.version, kind=work.kind)
     return result.num_rows, version, (scan.files_read, scan.files_total)
@@ -191,7 +191,7 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork):
     windows = assign_windows(df, stream.trigger, time_column=time_column, keys=keys,
                              close_until=work.close_until or lo, timezone=tz)
     windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
-    result = evaluate(stream, windows, window_columns=window_columns(windows), keep_state=True).toArrow()
+    result = evaluate(stream, windows, keep_state=True).toArrow()
 
     out_keys = [next(n for n in result.column_names if n.lower() == k.lower()) for k in keys]
     groups = list(zip(*[result.column(k).to_pylist() for k in out_keys])) if keys else [()] * result.num_rows

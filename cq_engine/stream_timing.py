@@ -327,7 +327,7 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     trig = stream.trigger
     ranges: list[TimeRange] = []
     if closes and t_new is not None:  # a stream created on an empty table closes from the beginning
-        r = starts_ending_in(trig, t_prev or _first_closable(trig, added, tz), t_new, tz)
+        r = starts_ending_in(trig, t_prev or _first_closable(added), t_new, tz)
         if r:
             ranges.append(r)
     if t_prev is not None:
@@ -355,10 +355,9 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     return TickPlan(new_cursor, (work,), _describe(work))
 
 
-def _first_closable(trig: SlidingTrigger, added: Sequence[Span], tz: str) -> datetime:
-    """Just before the end of the first window holding any of ``added``."""
-    first = min((s.min_time for s in added if s.min_time is not None), default=EPOCH)
-    return starts_overlapping(trig, first, first, tz)[0] - _US
+def _first_closable(added: Sequence[Span]) -> datetime:
+    """The earliest event time added: windows ending after it are the ones that can hold data."""
+    return min((s.min_time for s in added if s.min_time is not None), default=EPOCH)
 
 
 def recalculation_work(stream: Stream, *, version: int, start: datetime, end: datetime, max_event: datetime | None,
