@@ -140,6 +140,17 @@ def _save_frontier(uri: str, frontier: dict[tuple, datetime], key_fields: list[p
         app_transactions=[Transaction(app_id=app_id, version=app_version)]))
 
 
+def move_frontier(engine: "Engine", stream: Stream, *, to: datetime) -> None:
+    """Every group resumes at ``to`` or later (``--ignore-untreated``)."""
+    uri = state_uri(engine, stream, "frontier")
+    if not DeltaTable.is_deltatable(uri):
+        return
+    current = pa.table(DeltaTable(uri).scan())
+    keys = [n for n in current.column_names if n != RESUME]
+    frontier = {g: max(t, to) for g, t in load_frontier(uri, keys).items()}
+    _save_frontier(uri, frontier, [current.schema.field(k) for k in keys], f"cq-engine/{stream.name}/untreated", 0)
+
+
 def _restarts(engine: "Engine", stream: Stream, at: datetime, keys: list[str]) -> dict[tuple, datetime]:
     """Per group, a window start at or before ``at`` from which segmenting again reproduces every
     window before it: the latest one (for sliding COUNT_WINDOWs, the earliest still holding ``at``)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 
 from . import stream_timing as st
 from .errors import TableError
-from .model import Stream
+from .model import DATA_SHAPED, Stream
 from .storage.log import latest_version, read_commits
 
 if TYPE_CHECKING:
@@ -78,10 +78,25 @@ def evaluate_stream(engine: "Engine", stream: Stream, *, cursor: str | None, now
 
 
 def skip_untreated(engine: "Engine", stream: Stream, cursor: str | None) -> str | None:
-    """``--ignore-untreated``: a cursor that treats every commit up to now as already seen."""
+    """``--ignore-untreated``: a cursor (and, for data-shaped windows, a frontier) for which every row
+    committed up to now is already treated, so the data written while stopped is never computed."""
     known = _cursor(cursor, stream)
     if known is None:
         return cursor
-    uri = engine.storage.uri(stream.trigger_table)
-    version = latest_version(uri, known=known.version, storage_options=engine.storage.storage_options)
-    return replace(known, version=version if version is not None else known.version).to_json()
+    storage = engine.storage
+    uri = storage.uri(stream.trigger_table)
+    version = latest_version(uri, known=known.version, storage_options=storage.storage_options)
+    if version is None or version == known.version:
+        return cursor
+    span = table_span(uri, version=version, time_column=engine.time_column(stream.trigger_table),
+                      storage_options=storage.storage_options)
+    max_event = st._max(known.max_event, span.max_time)
+    closed = st._max(known.closed_until, st._watermark(stream, max_event, datetime.now(st.UTC)))
+    skipped = replace(known, version=version, max_event=max_event, closed_until=closed)
+    if stream.trigger.kind in DATA_SHAPED and max_event is not None:
+        from .stream_run import move_frontier
+
+        origin = max_event + timedelta(microseconds=1)
+        move_frontier(engine, stream, to=origin)
+        skipped = replace(skipped, origin=origin)
+    return skipped.to_json()

@@ -15,7 +15,7 @@ from typing import Literal, Sequence
 from zoneinfo import ZoneInfo
 
 from .model import DATA_SHAPED, SlidingTrigger, Stream
-from .times import EPOCH, UTC, iso, parse_time
+from .times import EPOCH, UTC, iso, parse_time  # noqa: F401 (UTC: used by callers)
 
 TimeRange = tuple[datetime, datetime]
 WorkKind = Literal["realtime", "history", "recalculate"]

@@ -16,6 +16,7 @@ from cq_engine.times import UTC, iso
 from .translator import CQTranslator
 
 PRIORITY_TAG = "dagster/priority"
+WAITING = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 
 
 def work_request(stream: Stream, work: StreamWork, index: int, translator: CQTranslator) -> dg.RunRequest:
@@ -34,6 +35,12 @@ def build_stream_sensor(stream: Stream, job, translator: CQTranslator, engine: E
     interval = 1 if stream.options.low_latency_calc else 5
 
     def evaluate(context: dg.SensorEvaluationContext):
+        # Back-pressure: while a run of the stream still waits in the queue, leave the cursor where it
+        # is; the next evaluation puts everything that arrived meanwhile into one run.
+        waiting = context.instance.get_run_records(
+            dg.RunsFilter(tags={"cq/name": stream.name}, statuses=WAITING), limit=1)
+        if waiting:
+            return dg.SkipReason(f"a run of {stream.name} is still queued; new commits wait for the next tick")
         try:
             plan = evaluate_stream(engine, stream, cursor=context.cursor, now=datetime.now(UTC))
         except CQError as exc:

@@ -4,7 +4,8 @@ One temp project, one Spark Connect server, one DAGSTER_HOME written by ``write_
 
 - ``dagster-daemon run`` and ``dagster-webserver`` on a workspace with two code locations:
   ``cq_main`` (module ``dagster_defs``, managed by Dagster, as in the repo's workspace.yaml) holding
-  the sub-minute ``fast`` definition, and ``cq_slow``: a code server we start ourselves
+  the sub-minute ``fast`` definition and the ``meter_5s`` stream (its table ``meters`` is fed by
+  the stream test only), and ``cq_slow``: a code server we start ourselves
   (``dagster api grpc``) on a second sql dir holding a BLOCKED and a DISCARD definition. Only that
   server's environment carries ``CQ_FAILPOINT=sleep-before-commit:12``; runs are launched by the code
   server of their location and inherit its environment, so only the slow definitions are slow.
@@ -33,6 +34,7 @@ import pytest
 import requests
 
 from netutil import free_port, port_open  # noqa: F401
+from streams_util import METERS
 
 from cq_engine import spark as cq_spark
 from cq_engine.config import Settings
@@ -57,6 +59,12 @@ CREATE CQ fast RESAMPLE EVERY 5s RANGE 10s BEGIN
   SELECT max_value(temperature) AS m, count(temperature) AS n INTO fast_out FROM sensors GROUP BY (5s), device
 END;
 """
+# A window-triggered stream in the main location, over `meters` (which only the stream test appends to).
+STREAM = "meter_5s"
+STREAM_SQL = METERS + f"""
+CREATE STREAM {STREAM} INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(1s))
+  INTO {STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+"""
 SLOW_SQL = """
 CREATE CQ slow_blocked RESAMPLE EVERY 5s RANGE 10s TIMEOUT POLICY BLOCKED BEGIN
   SELECT max_value(temperature) AS m INTO blocked_out FROM sensors GROUP BY (5s), device
@@ -71,6 +79,15 @@ query Runs($filter: RunsFilter!) {
   runsOrError(filter: $filter, limit: 1000) {
     __typename
     ... on Runs { results { runId jobName status creationTime startTime endTime tags { key value } } }
+    ... on PythonError { message }
+  }
+}
+"""
+SENSOR_STATE_QUERY = """
+query State($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { status typeSpecificData { ... on SensorData { lastCursor } } } }
     ... on PythonError { message }
   }
 }
@@ -180,6 +197,14 @@ class Stack:
         assert result["__typename"] == "Sensor", result
         return result["sensorState"]["ticks"]
 
+    def sensor_state(self, location: str, sensor: str) -> tuple[str, str | None]:
+        """The sensor's status (RUNNING / STOPPED) and its stored cursor."""
+        selector = {"repositoryLocationName": location, "repositoryName": "__repository__", "sensorName": sensor}
+        result = self.graphql(SENSOR_STATE_QUERY, {"selector": selector})["sensorOrError"]
+        assert result["__typename"] == "Sensor", result
+        state = result["sensorState"]
+        return state["status"], (state["typeSpecificData"] or {}).get("lastCursor")
+
     def wait_for_runs(self, cq_name: str, *, successes: int, timeout: float) -> list[dict]:
         """Poll (bounded) until ``cq_name`` has ``successes`` SUCCESS runs; no run may fail."""
         deadline = time.monotonic() + timeout
@@ -260,16 +285,16 @@ class Stack:
                                          "--working-directory", str(REPO), "--host", "127.0.0.1",
                                          "--port", str(slow_port), "--location-name", SLOW_LOCATION],
                     self._env(self.slow_settings, CQ_FAILPOINT=f"sleep-before-commit:{SLOW_SECONDS}"))
-        self._wait("the slow code server's port", lambda: port_open(slow_port), 180)
+        self.wait_until("the slow code server's port", lambda: port_open(slow_port), 180)
         env = self._env(self.settings)
         self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)], env)
         self._spawn("webserver", [str(BIN / "dagster-webserver"), "-w", str(workspace), "-p", str(self.web_port),
                                   "-h", "127.0.0.1"], env)
-        self._wait("the webserver", self._webserver_up, 240)
-        self._wait("both code locations", self._locations_loaded, 240)
-        self._wait("the daemons", self._daemons_healthy, 180)
+        self.wait_until("the webserver", self._webserver_up, 240)
+        self.wait_until("both code locations", self._locations_loaded, 240)
+        self.wait_until("the daemons", self._daemons_healthy, 180)
 
-    def _wait(self, what: str, ready, timeout: float) -> None:
+    def wait_until(self, what: str, ready, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()
@@ -294,7 +319,7 @@ class Stack:
             if entry["loadStatus"] != "LOADED" or loc is None:
                 return False
             sensors |= {s["name"] for r in loc["repositories"] for s in r["sensors"]}
-        return {"fast_ticks", "slow_blocked_ticks", "slow_discard_ticks"} <= sensors
+        return {"fast_ticks", f"{STREAM}_ticks", "slow_blocked_ticks", "slow_discard_ticks"} <= sensors
 
     def _daemons_healthy(self) -> bool:
         statuses = self.graphql(DAEMONS_QUERY)["instance"]["daemonHealth"]["allDaemonStatuses"]
@@ -370,6 +395,7 @@ def acquire(tmp_path_factory) -> Stack:
             (root / "sql" / sub).mkdir(parents=True)
             (root / "sql" / sub / "sensors.sql").write_text(SENSORS_TABLE)
             (root / "sql" / sub / "cq.sql").write_text(sql)
+        (root / "sql" / "main" / "streams.sql").write_text(STREAM_SQL)
         _STACK = Stack(root=root, settings=settings, slow_settings=replace(settings, sql_dir=str(root / "sql" / "slow")),
                        dagster_home=root / "dagster_home", web_port=free_port())
         try:

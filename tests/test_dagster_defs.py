@@ -157,3 +157,229 @@ def _definition(project, name):
     from cq_engine.catalog import load_catalog, parse_options
 
     return load_catalog(settings.sql_dir, options=parse_options(settings)).definition(name)
+
+
+# -- streams: sensors over the trigger table's Delta versions, PERIOD schedules -------------------
+
+STREAMS_SQL = """
+CREATE STREAM s_int INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(2s))
+  INTO s_int_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE STREAM s_cnt COUNT_WINDOW(3) FROM meters PARTITION BY tbname
+  INTO s_cnt_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE STREAM s_hist INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname OPTIONS(FILL_HISTORY)
+  INTO s_hist_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE STREAM s_first INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname OPTIONS(FILL_HISTORY_FIRST)
+  INTO s_first_out AS SELECT _twstart, count(*) AS n FROM %%trows;
+CREATE STREAM s_per PERIOD(1m) FROM meters INTO s_per_out AS SELECT _tlocaltime, count(*) AS n FROM %%trows;
+CREATE STREAM s_missing INTERVAL(10s) SLIDING(10s) FROM nowhere INTO s_missing_out AS SELECT _twstart, count(*) AS n FROM %%trows;
+"""
+STREAM_NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)  # streams_util.NOW
+
+
+@pytest.fixture
+def streams(tmp_path, spark):
+    """A fresh warehouse with ``meters`` (streams_util.Bench) and the definitions built from it."""
+    from streams_util import Bench
+
+    bench = Bench(tmp_path, spark, STREAMS_SQL)
+    return bench, build_definitions(settings=bench.settings, now=STREAM_NOW)
+
+
+def _tick_sensor(defs, instance, name: str, cursor):
+    with dg.build_sensor_context(instance=instance, cursor=cursor) as ctx:
+        return defs.resolve_sensor_def(f"{name}_ticks").evaluate_tick(ctx)
+
+
+def _windows(rows: list[dict], *, width: int, until: datetime, members=None) -> list[tuple]:
+    """Independent computation: (tbname, window start, count, round(avg current, 6)) of every
+    ``width``-second window (epoch-aligned) ending at or before ``until``."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        start = datetime.fromtimestamp(r["ts"].timestamp() // width * width, UTC)
+        if start + timedelta(seconds=width) <= until and (members is None or r["tbname"] in members):
+            groups.setdefault((r["tbname"], start), []).append(r["current"])
+    return sorted((g, s, len(v), round(sum(v) / len(v), 6)) for (g, s), v in groups.items())
+
+
+def _summary(rows: list[dict]) -> list[tuple]:
+    return sorted((r["tbname"], r["_twstart"], r["n"], round(r["c"], 6)) for r in rows)
+
+
+def _run(defs, instance, name: str, request: dg.RunRequest):
+    result = defs.resolve_job_def(f"{name}_job").execute_in_process(instance=instance, tags=request.tags)
+    assert result.success
+    (mat,) = result.asset_materializations_for_node(f"cq_{name}")
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def test_streams_get_a_sensor_or_a_schedule_with_their_job(streams):
+    _, defs = streams
+    for name in ("s_int", "s_cnt", "s_hist", "s_first"):
+        sensor = defs.resolve_sensor_def(f"{name}_ticks")
+        assert sensor.job_name == f"{name}_job" and sensor.minimum_interval_seconds == 5
+        assert "cursor = versions seen and watermark" in sensor.description
+        assert defs.resolve_job_def(f"{name}_job").tags["cq/kind"] == "stream"
+    schedule = defs.resolve_schedule_def("s_per_schedule")
+    assert schedule.job_name == "s_per_job" and schedule.cron_schedule == "* * * * *"
+    assert "s_per_ticks" not in {s.name for s in defs.sensors}
+    keys = {k.to_user_string() for a in defs.assets if isinstance(a, dg.AssetsDefinition) for k in a.keys}
+    sources = {a.key.to_user_string() for a in defs.assets if isinstance(a, dg.AssetSpec)}
+    assert {"s_int_out", "s_cnt_out", "s_per_out"} <= keys and {"meters", "nowhere"} <= sources
+
+
+def test_stream_sensor_skips_while_its_trigger_table_is_missing(streams, instance):
+    _, defs = streams
+    result = _tick_sensor(defs, instance, "s_missing", None)
+    assert not result.run_requests and result.cursor is None
+    assert result.skip_message == "s_missing: trigger table 'nowhere' does not exist yet"
+
+
+def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
+    from cq_engine.stream_timing import StreamCursor, StreamWork
+    from cq_engine.times import iso
+    from streams_util import T0
+
+    bench, defs = streams
+    first = _tick_sensor(defs, instance, "s_int", None)  # created on the empty table
+    assert not first.run_requests and "created at version 0" in first.skip_message
+    assert StreamCursor.from_json(first.cursor).version == 0
+    assert _tick_sensor(defs, instance, "s_int", first.cursor).run_requests == []
+    version = bench.append([(s, d, s / 2) for s in range(0, 25, 2) for d in ("d1", "d2")])
+    result = _tick_sensor(defs, instance, "s_int", first.cursor)
+    (request,) = result.run_requests
+    cursor = StreamCursor.from_json(result.cursor)
+    assert (cursor.version, cursor.max_event, cursor.closed_until) == (version, T0 + timedelta(seconds=24),
+                                                                      T0 + timedelta(seconds=22))
+    tags = request.tags
+    work = StreamWork.from_json(tags["cq/work"])
+    assert work.windows == ((T0, T0 + timedelta(seconds=20)),) and work.version == version  # [0, 10s), [10s, 20s)
+    assert (tags["cq/name"], tags["cq/kind"], tags["cq/work_kind"], tags["cq/version"]) == (
+        "s_int", "stream", "realtime", str(version))
+    assert (tags["cq/range_start"], tags["cq/range_end"]) == ("2026-11-21T10:00:00+00:00", "2026-11-21T10:00:20+00:00")
+    assert "dagster/priority" not in tags
+    assert request.run_key == f"s_int@v{version}:realtime:{iso(work.tick)}#0"
+    again = _tick_sensor(defs, instance, "s_int", result.cursor)  # nothing new since
+    assert not again.run_requests and f"no window closed or changed at version {version}" in again.skip_message
+
+    meta = _run(defs, instance, "s_int", request)
+    expected = _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=22))
+    assert _summary(bench.sink("s_int_out")) == expected
+    assert expected[0] == ("d1", T0, 5, 2.0) and len(expected) == 4  # [0, 10s), [10s, 20s) per meter
+    assert (meta["cq/kind"], meta["cq/rows_written"], meta["cq/source_versions"]) == ("realtime", 4, {"meters": version})
+    assert (meta["cq/range_start"], meta["cq/range_end"]) == (tags["cq/range_start"], tags["cq/range_end"])
+    assert DeltaTable(bench.settings.table_uri("s_int_out")).version() == meta["cq/sink_version"]
+    ledger = bench.engine.ledger.entries("s_int")
+    assert [(e.kind, e.status, e.rows_written) for e in ledger] == [("realtime", "succeeded", 4)]
+
+    # The next commit closes the next window; the run reads that commit's version.
+    version = bench.append([(s, "d1", 1.0) for s in range(26, 36, 2)])
+    result = _tick_sensor(defs, instance, "s_int", result.cursor)
+    (request,) = result.run_requests
+    assert StreamWork.from_json(request.tags["cq/work"]).windows == ((T0 + timedelta(seconds=20), T0 + timedelta(seconds=30)),)
+    _run(defs, instance, "s_int", request)
+    assert _summary(bench.sink("s_int_out")) == _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=32))
+
+
+def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instance):
+    from cq_engine.stream_timing import StreamWork
+    from streams_util import T0
+
+    bench, defs = streams
+    cursor = _tick_sensor(defs, instance, "s_cnt", None).cursor
+    bench.append([(s, d, float(s)) for s in range(7) for d in ("d1", "d2")])
+    result = _tick_sensor(defs, instance, "s_cnt", cursor)
+    (request,) = result.run_requests
+    work = StreamWork.from_json(request.tags["cq/work"])
+    assert work.close_until == T0 + timedelta(seconds=6) and not work.windows
+    assert request.tags["cq/work_kind"] == "realtime" and request.tags["cq/range_end"] == "2026-11-21T10:00:06+00:00"
+    meta = _run(defs, instance, "s_cnt", request)
+    # Windows of 3 rows per meter: [0, 1, 2] and [3, 4, 5] closed; [6] stays open.
+    assert _summary(bench.sink("s_cnt_out")) == [(d, T0 + timedelta(seconds=k), 3, float(k + 1))
+                                                 for d in ("d1", "d2") for k in (0, 3)]
+    assert meta["cq/rows_written"] == 4
+    assert not _tick_sensor(defs, instance, "s_cnt", result.cursor).run_requests
+    bench.append([(s, "d1", float(s)) for s in (7, 8, 9)])
+    (request,) = _tick_sensor(defs, instance, "s_cnt", result.cursor).run_requests
+    meta = _run(defs, instance, "s_cnt", request)
+    assert meta["cq/rows_written"] == 1  # [6, 7, 8] of d1, from the frontier the first run left
+    assert _summary(bench.sink("s_cnt_out"))[:3] == [("d1", T0 + timedelta(seconds=k), 3, float(k + 1)) for k in (0, 3, 6)]
+
+
+def test_fill_history_requests_carry_the_priority_tag_unless_history_first(streams, instance, monkeypatch):
+    from cq_engine import stream_sensor
+    from streams_util import T0
+
+    monkeypatch.setattr(stream_sensor, "HISTORY_CHUNK_ROWS", 20)
+    bench, defs = streams
+    bench.append([(s, d, float(s % 4)) for s in range(0, 30) for d in ("d1", "d2")])  # before the streams start
+    history = _tick_sensor(defs, instance, "s_hist", None).run_requests
+    assert len(history) == 3 and {r.tags["cq/work_kind"] for r in history} == {"history"}
+    assert {r.tags["dagster/priority"] for r in history} == {"-1"}
+    assert len({r.run_key for r in history}) == 3
+    first = _tick_sensor(defs, instance, "s_first", None).run_requests
+    assert first and {r.tags["cq/work_kind"] for r in first} == {"history"}
+    assert not [r for r in first if "dagster/priority" in r.tags]
+    metas = [_run(defs, instance, "s_hist", r) for r in history]
+    assert {m["cq/kind"] for m in metas} == {"history"}
+    # Windows closed by the watermark (0 s): everything before the last row's window.
+    assert _summary(bench.sink("s_hist_out")) == _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=29))
+    assert len(bench.sink("s_hist_out")) == 4
+
+
+def test_period_stream_schedule_tick_runs_its_period(streams, instance):
+    bench, defs = streams
+    schedule = defs.resolve_schedule_def("s_per_schedule")
+    ticks = [STREAM_NOW + timedelta(minutes=k) for k in (1, 2)]
+    with dg.build_schedule_context(instance=instance, scheduled_execution_time=ticks[0] + timedelta(seconds=1)) as ctx:
+        result = schedule.evaluate_tick(ctx)
+    assert not result.run_requests and "is not a firing time of s_per" in result.skip_message
+    requests = []
+    for tick in ticks:
+        with dg.build_schedule_context(instance=instance, scheduled_execution_time=tick) as ctx:
+            (request,) = schedule.evaluate_tick(ctx).run_requests
+        requests.append(request)
+    assert [r.tags["cq/fire_time"] for r in requests] == ["2026-11-21T12:01:00+00:00", "2026-11-21T12:02:00+00:00"]
+    assert requests[1].tags["cq/range_start"] == "2026-11-21T12:01:00+00:00"
+    assert requests[1].run_key == "s_per@2026-11-21T12:02:00+00:00" and requests[1].tags["cq/kind"] == "stream"
+    bench.append([(s, "d1", 1.0) for s in range(3)])
+    meta = _run(defs, instance, "s_per", requests[0])  # the first tick sets the baseline of %%trows
+    assert meta["cq/kind"] == "period" and meta["cq/rows_written"] == 0
+    bench.append([(10 + s, "d2", 1.0) for s in range(5)])
+    bench.append([(20 + s, "d3", 1.0) for s in range(2)])
+    meta = _run(defs, instance, "s_per", requests[1])
+    assert (meta["cq/rows_written"], meta["cq/range_start"], meta["cq/range_end"]) == (
+        1, "2026-11-21T12:01:00+00:00", "2026-11-21T12:02:00+00:00")
+    assert [(r["_tlocaltime"], r["n"]) for r in bench.sink("s_per_out")] == [(ticks[1], 7)]
+
+
+def test_ignore_untreated_cursor_never_requests_the_windows_written_while_stopped(streams, instance):
+    """What `cq start NAME --ignore-untreated` does to the sensor's cursor (see cli_streams._control)."""
+    from cq_engine.stream_sensor import skip_untreated
+    from cq_engine.stream_timing import StreamWork
+    from streams_util import T0
+
+    bench, defs = streams
+    cursor = _tick_sensor(defs, instance, "s_int", None).cursor
+    bench.append([(s, "d1", 1.0) for s in range(0, 20)])
+    cursor = _tick_sensor(defs, instance, "s_int", cursor).cursor  # closes [0, 10s)
+    bench.append([(s, "d1", 2.0) for s in range(30, 60)])  # while stopped: its watermark closes [30s, 50s)
+    cursor = skip_untreated(bench.engine, bench.engine.stream("s_int"), cursor)
+    bench.append([(s, "d1", 3.0) for s in range(80, 100)])  # after the restart
+    (request,) = _tick_sensor(defs, instance, "s_int", cursor).run_requests
+    windows = StreamWork.from_json(request.tags["cq/work"]).windows
+    untreated = [(a, b) for a, b in windows if a < T0 + timedelta(seconds=50) and b > T0 + timedelta(seconds=30)]
+    assert not untreated, f"requested windows {windows} cover the untreated commit's closed windows"
+
+
+def test_cq_stop_names_an_unreachable_dagster(streams, monkeypatch, capsys):
+    from netutil import free_port
+
+    from cq_engine.cli import main
+
+    bench, _ = streams
+    for var, value in {"CQ_SQL_DIR": bench.settings.sql_dir, "CQ_WAREHOUSE": bench.settings.warehouse,
+                       "CQ_HOME": bench.settings.home}.items():
+        monkeypatch.setenv(var, value)
+    port = free_port()
+    assert main(["stop", "s_int", "--dagster", f"127.0.0.1:{port}"]) == 1
+    assert f"cq: error: cannot reach Dagster at http://127.0.0.1:{port}/graphql" in capsys.readouterr().err
