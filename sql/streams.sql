@@ -29,9 +29,9 @@ CREATE STREAM status_runs STATE_WINDOW(status) TRUE_FOR(20s) FROM meters PARTITI
 CREATE STREAM voltage_12 COUNT_WINDOW(12) FROM meters PARTITION BY tbname
   INTO voltage_12 AS SELECT _twstart, avg(voltage) AS avg_voltage FROM %%trows;
 
--- Session windows: readings at most 10 s apart.
-CREATE STREAM meter_sessions SESSION(ts, 10s) FROM meters PARTITION BY tbname
-  INTO meter_sessions AS SELECT _twstart, _twend, count(*) AS readings FROM %%trows;
+-- Session windows over the high-current readings only: bursts at most 30 s apart.
+CREATE STREAM meter_sessions SESSION(ts, 30s) FROM meters PARTITION BY tbname OPTIONS(PRE_FILTER(current > 11))
+  INTO meter_sessions AS SELECT _twstart, _twend, count(*) AS readings, max(current) AS peak FROM %%trows;
 
 -- PERIOD: every minute, how many readings were committed since the previous tick.
 CREATE STREAM readings_per_minute PERIOD(1m) FROM meters
