@@ -29,6 +29,13 @@ CREATE CQ per_minute RESAMPLE EVERY 1m BEGIN
 END;
 """
 
+# The meters super table and a 1-minute interval stream over it (the stream benchmarks).
+STREAM_SQL = """
+CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
+CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
+  INTO s_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+"""
+
 
 @dataclass
 class Outcome:

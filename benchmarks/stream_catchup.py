@@ -31,15 +31,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from . import T0, Context, Outcome, make_engine, spread, timed, verdict
+from . import STREAM_SQL, T0, Context, Outcome, make_engine, spread, timed, verdict
 
 NAME = "stream_catchup"
 TARGET = 1.5
 METERS = 20
-SQL = """
-CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
-CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
-  INTO s_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+SQL = STREAM_SQL + """
 CREATE STREAM s_state STATE_WINDOW(status) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
   INTO s_state_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 """

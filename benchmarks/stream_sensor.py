@@ -17,17 +17,13 @@ from datetime import timedelta
 
 import pyarrow as pa
 
-from . import T0, Context, Outcome, make_engine, measure, timed, verdict
+from . import STREAM_SQL, T0, Context, Outcome, make_engine, measure, timed, verdict
 
 NAME = "stream_sensor"
 TARGET = 1.5
 SMALL = 10
 METERS = 20
-SQL = """
-CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
-CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
-  INTO s_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
-"""
+SQL = STREAM_SQL
 
 
 def _minute(schema: pa.Schema, m: int) -> pa.Table:
