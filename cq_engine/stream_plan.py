@@ -12,9 +12,8 @@ from datetime import datetime
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from .durations import micros
 from .model import PeriodTrigger, SlidingTrigger, Stream, placeholder_column
-from .windows import WCLOSED, WEND, WLAST, WROWS, WSTART
+from .windows import WCLOSED, WEND, WLAST, WROWS, WSTART, with_next_tick
 
 ENGINE_COLUMNS = (WSTART, WCLOSED, WLAST)  # kept in the result for state, dropped before writing
 
@@ -37,18 +36,6 @@ def group_id(keys: list[str]) -> Column:
     return F.xxhash64(*[F.col(k) for k in keys]) if keys else F.lit(0).cast("long")
 
 
-def _next_tick(trigger: SlidingTrigger, t: Column, tz: str) -> Column:
-    """The sliding-only tick after tick ``t`` (Spark): ``t + sliding``, cut at the next day's base."""
-    s = micros(trigger.sliding)
-    nxt = F.unix_micros(t) + F.lit(s)
-    if trigger.sliding.days >= 1:
-        return F.timestamp_micros(nxt)
-    off = micros(trigger.sliding_offset)
-    local_day = F.to_date(F.from_utc_timestamp(t - F.expr(f"INTERVAL {off} MICROSECONDS"), tz))
-    day_base = F.unix_micros(F.to_utc_timestamp(F.date_add(local_day, 1).cast("timestamp"), tz)) + F.lit(off)
-    return F.timestamp_micros(F.least(nxt, day_base))
-
-
 def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, tz: str) -> DataFrame:
     """Add the window-constant placeholder columns the SELECT may use."""
     keys = list(stream.partition_by)
@@ -57,8 +44,8 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
     df = df.withColumn(_p("_tgrpid"), group_id(keys))
     df = df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp") if tick else F.current_timestamp())
     if isinstance(stream.trigger, SlidingTrigger) and stream.trigger.interval is None:
-        df = (df.withColumn(_p("_tprev_ts"), start).withColumn(_p("_tcurrent_ts"), end)
-                .withColumn(_p("_tnext_ts"), _next_tick(stream.trigger, end, tz)))
+        df = df.withColumn(_p("_tprev_ts"), start).withColumn(_p("_tcurrent_ts"), end)
+        df = with_next_tick(df, stream.trigger, column=WEND, out=_p("_tnext_ts"), timezone=tz)
     return df
 
 

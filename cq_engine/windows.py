@@ -83,6 +83,14 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
                       *[F.col(n) for n in extras])
 
 
+def with_next_tick(df: DataFrame, trigger: SlidingTrigger, *, column: str, out: str, timezone: str = "UTC") -> DataFrame:
+    """``out``: the sliding-only tick strictly after the timestamp ``column`` — for a window ending
+    at a tick, the end of the next window (``_tnext_ts``)."""
+    df = df.withColumn(_T, F.unix_micros(_c(column)))
+    df = _tick_bounds(df, micros(trigger.sliding), micros(trigger.sliding_offset), timezone)
+    return df.withColumn(out, F.timestamp_micros(F.col(_WE))).drop(_T, _WS, _WE)
+
+
 # --- helpers -----------------------------------------------------------------------------------
 
 

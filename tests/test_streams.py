@@ -280,3 +280,16 @@ def test_recalculate_stream_and_cq_tick(tmp_path, spark, monkeypatch, capsys):
     (tmp_path / "sql" / "s.sql").write_text("CREATE TABLE meters (ts TIMESTAMP, current DOUBLE) TAGS (location STRING);")
     assert main(["drop", "s_int"]) == 0
     assert '"outputs": "kept"' in capsys.readouterr().out and b.sink("s_int_out")
+
+
+def test_sliding_only_trigger_placeholders_follow_the_daily_ticks(tmp_path, spark):
+    b = Bench(tmp_path, spark, """CREATE STREAM sl SLIDING(5h30m) FROM meters PARTITION BY tbname
+        INTO sl_out AS SELECT _tcurrent_ts, _tprev_ts AS prev, _tnext_ts AS nxt, count(*) AS n FROM %%trows;""")
+    b.tick("sl")
+    hour = 3600
+    b.append([(s, "d1", 1.0) for s in (0, 60, 120)] + [(12 * hour + 600, "d1", 1.0), (14 * hour + 1800, "d1", 1.0)])
+    b.tick("sl")
+    day = T0.replace(hour=0)
+    assert [(r["_tcurrent_ts"], r["prev"], r["nxt"], r["n"]) for r in b.sink("sl_out")] == [
+        (day + 11 * hour * S, day + 5.5 * hour * S, day + 16.5 * hour * S, 3),
+        (day + 24 * hour * S, day + 22 * hour * S, day + 29.5 * hour * S, 1)]  # the day's last window is shorter
