@@ -105,6 +105,17 @@ class Engine:
                 created.append(decl.name)
         return created
 
+    def source_time_column(self, name: str, source: str, *, sink: str | None, role: str = "source") -> str:
+        """Create the declared sink and source if missing; the source's time column. A source that
+        exists nowhere is a ``TableError`` naming the definition and the table."""
+        if sink:
+            self.ensure_tables(sink)
+        # Each open of a long Delta log costs: the source is opened once here and once to read.
+        if not self.storage.exists(source) and not self.ensure_tables(source):
+            raise TableError(f"{name}: {role} table {source!r} does not exist (declare it with "
+                             f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)")
+        return self.time_column(source)
+
     def time_column(self, table: str) -> str:
         """The event-time column: declared, else ``ts``/``time``, else the first timestamp column."""
         decl = self.catalog.table(table)
@@ -225,12 +236,7 @@ class Engine:
         fire_time = fires[0] if kind == "firing" else None
         versions: dict[str, int] = {}
         try:
-            # Each open of a long Delta log costs: the source is opened once here and once to read.
-            self.ensure_tables(cq.sink)
-            if not self.storage.exists(cq.source) and not self.ensure_tables(cq.source):
-                raise TableError(f"{cq.name}: source table {cq.source!r} does not exist (declare it with "
-                                 f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)")
-            time_column = self.time_column(cq.source)
+            time_column = self.source_time_column(cq.name, cq.source, sink=cq.sink)
             version = self.storage.version(cq.source)
             versions = {cq.source: version}
             scans: list[Scan] = []

@@ -21,7 +21,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import functions as F
 
 from . import stream_timing as st
-from .errors import CQError, TableError
+from .durations import micros
+from .errors import CQError
 from .ledger import LedgerEntry
 from .model import DATA_SHAPED, PeriodTrigger, Stream
 from .storage.delta import groups_predicate, ranges_predicate
@@ -37,26 +38,18 @@ _FAR = datetime(9999, 1, 1, tzinfo=UTC)
 RESUME = "__cq_resume"
 
 
-def _micros(t: datetime) -> int:
-    return (t - EPOCH) // _US
-
-
 def _in_ranges(column: str, ranges) -> F.Column:
     c = F.unix_micros(F.col(column))
     cond = None
     for a, b in ranges:
-        part = (c >= F.lit(_micros(a))) & (c < F.lit(_micros(b)))
+        part = (c >= F.lit(micros(a - EPOCH))) & (c < F.lit(micros(b - EPOCH)))
         cond = part if cond is None else (cond | part)
     return cond if cond is not None else F.lit(False)
 
 
 def _source_table(engine: "Engine", stream: Stream) -> tuple[str, str]:
     table = stream.trigger_table or stream.source
-    engine.ensure_tables(table, stream.sink)
-    if not engine.storage.exists(table):
-        raise TableError(f"{stream.name}: trigger table {table!r} does not exist (declare it with CREATE TABLE in "
-                         f"{engine.settings.sql_dir} or load it with `cq ingest`)")
-    return table, engine.time_column(table)
+    return table, engine.source_time_column(stream.name, table, sink=stream.sink, role="trigger")
 
 
 def state_uri(engine: "Engine", stream: Stream, what: str) -> str:
@@ -254,10 +247,7 @@ def run_period(engine: "Engine", stream: Stream, tick: datetime, *, created: dat
 
     def body():
         table = stream.source
-        engine.ensure_tables(table, stream.sink)
-        if not engine.storage.exists(table):
-            raise TableError(f"{stream.name}: table {table!r} does not exist")
-        time_column = engine.time_column(table)
+        time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
         if stream.trigger_table and stream.source == stream.trigger_table:
             after, until = _tick_versions(engine, stream, tick)
             df, scan = engine.storage.read_added(engine.spark, table, after=after, until=until, time_column=time_column)
@@ -267,7 +257,7 @@ def run_period(engine: "Engine", stream: Stream, tick: datetime, *, created: dat
             versions[table] = scan.version
         result = period_frame(stream, df, tick=tick, prev_tick=prev_tick, next_tick=next_tick).toArrow()
         predicate = ranges_predicate(stream.time_column, [(tick, tick + _US)])
-        version = _write(engine, stream, result, predicate=predicate, app_version=_micros(tick), kind="period")
+        version = _write(engine, stream, result, predicate=predicate, app_version=micros(tick - EPOCH), kind="period")
         return result.num_rows, version, (scan.files_read, scan.files_total)
 
     return _recorded(engine, stream, kind="period", fire_time=tick, time_range=(prev_tick, tick),
