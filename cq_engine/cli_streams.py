@@ -9,6 +9,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from .cli import _engine
 from .config import Settings
 from .errors import CQError
 from .model import ContinuousQuery, PeriodTrigger
@@ -32,30 +33,17 @@ def register(cmd) -> None:
     sp.add_argument("name")
 
 
-def _engine(settings: Settings):
-    from .run import Engine
-
-    return Engine(settings=settings)
-
-
 def cursor_path(settings: Settings, name: str) -> Path:
     """``cq tick``'s own sensor cursor (independent of the daemon's)."""
     return Path(settings.home) / "ticks" / f"{name}.json"
 
 
 def _tick(args, settings: Settings) -> int:
-    from .ticks import ticks_of
-
     engine = _engine(settings)
     d = engine.definition(args.name)
     now = parse_time(args.at, tz=settings.tz, what="--at") if args.at else datetime.now(UTC)
     if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger):
-        created = now
-        if not isinstance(d, ContinuousQuery):
-            from .stream_run import stream_created
-
-            created = stream_created(engine, d, now=now)
-        ticks = ticks_of(d, timezone=settings.timezone, created=created)
+        ticks = engine.ticks(d.name, now=now)
         fire = now if args.at else ticks.latest(now)
         if fire is None or not ticks.is_tick(fire):
             nearest = ticks.between(now, now + ticks.every * 2)

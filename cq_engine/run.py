@@ -200,12 +200,22 @@ class Engine:
 
     def run_period(self, name: str, tick: datetime) -> RunResult:
         """Execute a PERIOD stream's tick."""
-        from .stream_run import run_period, stream_created
+        from .stream_run import run_period
 
         stream = self.stream(name)
         if not isinstance(stream.trigger, PeriodTrigger):
             raise CQError(f"{name!r} is not a PERIOD stream: its runs come from its sensor (`cq tick {name}`)")
-        return run_period(self, stream, tick, created=stream_created(self, stream, now=tick))
+        return run_period(self, stream, tick, ticks=self.ticks(name, now=tick))
+
+    def ticks(self, name: str, *, now: datetime):
+        """The firing instants of a continuous query or a PERIOD stream (``ticks.Ticks``); a PERIOD
+        stream's are anchored at its creation, recorded the first time it is asked for."""
+        from .stream_run import stream_created
+        from .ticks import ticks_of
+
+        d = self.definition(name)
+        created = stream_created(self, d, now=now) if isinstance(d, Stream) else now
+        return ticks_of(d, timezone=self.settings.timezone, created=created)
 
     def firing(self, name: str, fire_time: datetime) -> Firing:
         cq = self.continuous_query(name)

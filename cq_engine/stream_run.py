@@ -225,11 +225,8 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork):
 # --- PERIOD ---------------------------------------------------------------------------------------
 
 
-def _period_tick(stream: Stream, tick: datetime, *, tz: str, created: datetime) -> tuple[datetime, datetime]:
+def _period_tick(stream: Stream, tick: datetime, ticks) -> tuple[datetime, datetime]:
     """Check ``tick`` is a PERIOD tick; the ticks before and after it (``_tprev/_tnext_localtime``)."""
-    from .ticks import ticks_of
-
-    ticks = ticks_of(stream, timezone=tz, created=created)
     span = max(stream.trigger.period, timedelta(days=1)) * 2
     if not ticks.is_tick(tick):
         nxt = ticks.between(tick, tick + span)
@@ -238,11 +235,11 @@ def _period_tick(stream: Stream, tick: datetime, *, tz: str, created: datetime) 
     return ticks.range_of(tick)[0], (after[0] if after else tick + stream.trigger.period)
 
 
-def run_period(engine: "Engine", stream: Stream, tick: datetime, *, created: datetime) -> "RunResult":
-    """One PERIOD tick: the subquery over ``%%trows`` (rows committed to the trigger table since the
-    previous tick) or over its FROM table, written at the tick's time."""
-    tz = engine.settings.timezone
-    prev_tick, next_tick = _period_tick(stream, tick, tz=tz, created=created)
+def run_period(engine: "Engine", stream: Stream, tick: datetime, *, ticks) -> "RunResult":
+    """One PERIOD tick (``ticks``: the stream's ``ticks.Ticks``): the subquery over ``%%trows`` (rows
+    committed to the trigger table since the previous tick) or over its FROM table, written at the
+    tick's time."""
+    prev_tick, next_tick = _period_tick(stream, tick, ticks)
     versions: dict[str, int] = {}
 
     def body():

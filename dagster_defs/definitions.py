@@ -12,7 +12,6 @@ from cq_engine.config import Settings, load_settings
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
 from cq_engine.run import Engine
-from cq_engine.ticks import ticks_of
 from cq_engine.times import UTC
 
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
@@ -48,12 +47,7 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
         if not isinstance(definition, ContinuousQuery) and not isinstance(definition.trigger, PeriodTrigger):
             sensors.append(build_stream_sensor(definition, firing_job, translator, engine, default_status=sensor_status))
             continue
-        created = now
-        if not isinstance(definition, ContinuousQuery):
-            from cq_engine.stream_run import stream_created
-
-            created = stream_created(engine, definition, now=now)
-        ticks = ticks_of(definition, timezone=settings.timezone, created=created)
+        ticks = engine.ticks(definition.name, now=now)
         plan = ticks.cron(now)
         if plan is not None:
             schedules.append(build_schedule(definition, firing_job, translator, ticks, plan,
