@@ -16,6 +16,7 @@ from . import stream_timing as st
 from .errors import TableError
 from .model import DATA_SHAPED, Stream
 from .storage.log import latest_version, read_commits
+from .times import UTC
 
 if TYPE_CHECKING:
     from .run import Engine
@@ -47,7 +48,7 @@ def _cursor(text: str | None, stream: Stream) -> st.StreamCursor | None:
         return None
     try:
         cursor = st.StreamCursor.from_json(text)
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError):
         return None  # not ours (or from an older engine): start as a new stream
     return cursor if cursor.definition == definition_hash(stream) else None
 
@@ -90,8 +91,8 @@ def skip_untreated(engine: "Engine", stream: Stream, cursor: str | None) -> str 
         return cursor
     span = table_span(uri, version=version, time_column=engine.time_column(stream.trigger_table),
                       storage_options=storage.storage_options)
-    max_event = st._max(known.max_event, span.max_time)
-    closed = st._max(known.closed_until, st._watermark(stream, max_event, datetime.now(st.UTC)))
+    max_event = st.latest(known.max_event, span.max_time)
+    closed = st.latest(known.closed_until, st.watermark(stream, max_event, datetime.now(UTC)))
     skipped = replace(known, version=version, max_event=max_event, closed_until=closed)
     if stream.trigger.kind in DATA_SHAPED and max_event is not None:
         from .stream_run import move_frontier

@@ -9,13 +9,13 @@ starts to (re)compute (time windows: INTERVAL/SLIDING) or how far to close data-
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Literal, Sequence
 from zoneinfo import ZoneInfo
 
 from .model import DATA_SHAPED, SlidingTrigger, Stream
-from .times import EPOCH, UTC, iso, parse_time  # noqa: F401 (UTC: used by callers)
+from .times import EPOCH, UTC, iso, parse_time
 
 TimeRange = tuple[datetime, datetime]
 WorkKind = Literal["realtime", "history", "recalculate"]
@@ -41,8 +41,34 @@ class Change:
     removed: tuple[Span, ...] = ()
 
 
+class _Json:
+    """JSON for the frozen dataclasses below: aware datetimes as ISO-8601, time ranges as pairs."""
+
+    _TIMES: tuple[str, ...] = ()
+    _RANGES: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in self._TIMES:
+            d[k] = iso(d[k]) if d[k] is not None else None
+        for k in self._RANGES:
+            d[k] = [[iso(a), iso(b)] for a, b in d[k]]
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str):
+        d = {k: v for k, v in json.loads(text).items() if k in {f.name for f in fields(cls)}}
+        t = lambda v: parse_time(v, tz=UTC) if v else None  # noqa: E731
+        for k in cls._TIMES:
+            if k in d:
+                d[k] = t(d[k])
+        for k in cls._RANGES:
+            d[k] = tuple((t(a), t(b)) for a, b in d.get(k, ()))
+        return cls(**d)
+
+
 @dataclass(frozen=True)
-class StreamWork:
+class StreamWork(_Json):
     """One run of a window-triggered stream: its output is a pure function of these fields (and,
     for data-shaped windows, of the per-group state the previous run left)."""
 
@@ -55,21 +81,8 @@ class StreamWork:
     origin: datetime | None = None  # data-shaped: where a group without state starts
     tick: datetime | None = None  # processing time of the tick (``_tlocaltime``)
 
-    def to_json(self) -> str:
-        d = asdict(self)
-        d["windows"] = [[iso(a), iso(b)] for a, b in self.windows]
-        for k in ("close_until", "recompute_from", "origin", "tick"):
-            d[k] = iso(d[k]) if d[k] is not None else None
-        return json.dumps(d, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "StreamWork":
-        d = json.loads(text)
-        t = lambda v: parse_time(v, tz=UTC) if v else None  # noqa: E731
-        return cls(version=int(d["version"]), kind=d.get("kind", "realtime"),
-                   windows=tuple((t(a), t(b)) for a, b in d.get("windows", ())),
-                   close_until=t(d.get("close_until")), emit_open=bool(d.get("emit_open")),
-                   recompute_from=t(d.get("recompute_from")), origin=t(d.get("origin")), tick=t(d.get("tick")))
+    _TIMES = ("close_until", "recompute_from", "origin", "tick")
+    _RANGES = ("windows",)
 
     @property
     def extent(self) -> TimeRange:
@@ -82,7 +95,7 @@ class StreamWork:
 
 
 @dataclass(frozen=True)
-class StreamCursor:
+class StreamCursor(_Json):
     """The sensor's memory between ticks (stored as JSON in the Dagster cursor)."""
 
     version: int  # last trigger-table version seen
@@ -95,22 +108,8 @@ class StreamCursor:
     last_recalc: datetime | None = None
     definition: str = ""  # hash of the statement the cursor belongs to
 
-    def to_json(self) -> str:
-        d = asdict(self)
-        for k in ("created", "max_event", "closed_until", "origin", "last_partial", "last_recalc"):
-            d[k] = iso(d[k]) if d[k] is not None else None
-        d["pending"] = [[iso(a), iso(b)] for a, b in self.pending]
-        return json.dumps(d, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "StreamCursor":
-        d = json.loads(text)
-        t = lambda v: parse_time(v, tz=UTC) if v else None  # noqa: E731
-        return cls(version=int(d["version"]), created=t(d["created"]), max_event=t(d.get("max_event")),
-                   closed_until=t(d.get("closed_until")), origin=t(d.get("origin")),
-                   last_partial=t(d.get("last_partial")),
-                   pending=tuple((t(a), t(b)) for a, b in d.get("pending", ())), last_recalc=t(d.get("last_recalc")),
-                   definition=d.get("definition", ""))
+    _TIMES = ("created", "max_event", "closed_until", "origin", "last_partial", "last_recalc")
+    _RANGES = ("pending",)
 
 
 @dataclass(frozen=True)
@@ -217,12 +216,14 @@ def merge_ranges(ranges: Sequence[TimeRange]) -> tuple[TimeRange, ...]:
 # --- the sensor's decision -----------------------------------------------------------------------
 
 
-def _max(*values: datetime | None) -> datetime | None:
+def latest(*values: datetime | None) -> datetime | None:
+    """The latest of the given times, ignoring None."""
     present = [v for v in values if v is not None]
     return max(present) if present else None
 
 
-def _watermark(stream: Stream, max_event: datetime | None, now: datetime) -> datetime | None:
+def watermark(stream: Stream, max_event: datetime | None, now: datetime) -> datetime | None:
+    """T: windows ending at or before it are closed."""
     if stream.options.trigger_mode == "force_window_close":
         return now  # windows close by processing time
     return max_event - stream.options.watermark if max_event is not None else None
@@ -233,7 +234,7 @@ def first_tick(stream: Stream, *, version: int, span: Span, now: datetime, tz: s
     """The stream's creation: remember where real time starts; with FILL_HISTORY request the
     history in chunks of about ``chunk_rows`` rows."""
     o = stream.options
-    closed = _watermark(stream, span.max_time, now)
+    closed = watermark(stream, span.max_time, now)
     history = o.fill_history or o.fill_history_first
     if history:
         origin = o.history_start or span.min_time
@@ -280,9 +281,9 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     o = stream.options
     added = [s for c in changes for s in c.added]
     removed = [s for c in changes for s in c.removed]
-    max_event = _max(cursor.max_event, *(s.max_time for s in added))
+    max_event = latest(cursor.max_event, *(s.max_time for s in added))
     t_prev = cursor.closed_until
-    t_new = _max(t_prev, _watermark(stream, max_event, now))
+    t_new = latest(t_prev, watermark(stream, max_event, now))
     # EXPIRED_TIME ignores older changes; DELETE_MARK drops the state a recomputation would need.
     horizon = min([d for d in (o.expired_time, o.delete_mark) if d is not None], default=None)
     floor = t_new - horizon if (horizon is not None and t_new is not None) else None
@@ -363,7 +364,7 @@ def _first_closable(added: Sequence[Span]) -> datetime:
 def recalculation_work(stream: Stream, *, version: int, start: datetime, end: datetime, max_event: datetime | None,
                        now: datetime, tz: str) -> StreamWork:
     """``RECALCULATE STREAM s FROM start TO end``: the closed windows holding event time in [start, end)."""
-    t = _watermark(stream, max_event, now)
+    t = watermark(stream, max_event, now)
     if stream.trigger.kind in DATA_SHAPED:
         return StreamWork(version=version, kind="recalculate", close_until=t, recompute_from=start, tick=now)
     trig = stream.trigger

@@ -42,9 +42,9 @@ def firing_request(definition: Definition, fire: datetime, translator: CQTransla
                          tags=firing_tags(definition, fire, translator, ticks))
 
 
-def in_flight(instance: dg.DagsterInstance, definition: Definition) -> int:
-    """Runs of the definition queued or in progress (DISCARD skips while there are any)."""
-    records = instance.get_run_records(dg.RunsFilter(tags={"cq/name": definition.name}, statuses=IN_FLIGHT), limit=1)
+def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_FLIGHT) -> int:
+    """Runs of the definition queued or in progress (DISCARD skips while there are any); 0 or 1."""
+    records = instance.get_run_records(dg.RunsFilter(tags={"cq/name": definition.name}, statuses=statuses), limit=1)
     return len(records)
 
 

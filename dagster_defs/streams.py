@@ -13,6 +13,7 @@ from cq_engine.stream_sensor import evaluate_stream
 from cq_engine.stream_timing import StreamWork
 from cq_engine.times import UTC, iso
 
+from .builders import in_flight
 from .translator import CQTranslator
 
 PRIORITY_TAG = "dagster/priority"
@@ -37,9 +38,7 @@ def build_stream_sensor(stream: Stream, job, translator: CQTranslator, engine: E
     def evaluate(context: dg.SensorEvaluationContext):
         # Back-pressure: while a run of the stream still waits in the queue, leave the cursor where it
         # is; the next evaluation puts everything that arrived meanwhile into one run.
-        waiting = context.instance.get_run_records(
-            dg.RunsFilter(tags={"cq/name": stream.name}, statuses=WAITING), limit=1)
-        if waiting:
+        if in_flight(context.instance, stream, statuses=WAITING):
             return dg.SkipReason(f"a run of {stream.name} is still queued; new commits wait for the next tick")
         try:
             plan = evaluate_stream(engine, stream, cursor=context.cursor, now=datetime.now(UTC))
