@@ -47,6 +47,11 @@ class Fragment:
         self.source, self.start, self.end = source, start, end
         self.text = source.text[start:end]
 
+    @classmethod
+    def of(cls, source: SourceText, tokens: list) -> "Fragment":
+        """The text from the first to the last of ``tokens``."""
+        return cls(source, tokens[0].start, tokens[-1].end + 1)
+
     def parse(self, prefix: str) -> exp.Expression:
         sql = prefix + self.text
         try:

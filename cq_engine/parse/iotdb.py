@@ -8,7 +8,7 @@ from datetime import timedelta
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
-from ..durations import format_duration, parse_duration
+from ..durations import format_duration
 from ..errors import CQError
 from ..model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping
 from ..times import EPOCH, parse_time
@@ -88,17 +88,6 @@ class _Header:
     timeout_policy: str = "BLOCKED"
 
 
-def _positive(cur: Cursor, what: str) -> tuple[timedelta, Token]:
-    text, tok = cur.word(what)
-    try:
-        value = parse_duration(text, what=what)
-    except CQError as exc:
-        raise cur.error_at(tok, str(exc)) from None
-    if value <= timedelta(0):
-        raise cur.error_at(tok, f"{what} must be greater than 0, got {text!r}")
-    return value, tok
-
-
 def _parse_header(cur: Cursor, opts: ParseOptions) -> _Header:
     h = _Header()
     seen: set[str] = set()
@@ -110,16 +99,12 @@ def _parse_header(cur: Cursor, opts: ParseOptions) -> _Header:
                 raise cur.error_at(tok, f"{key} given twice")
             seen.add(key)
             if key == "EVERY":
-                h.every, h.every_tok = _positive(cur, "EVERY interval")
+                h.every, h.every_tok = cur.duration("EVERY interval")
             elif key == "RANGE":
                 h.range_tok = tok
-                h.start_offset, _ = _positive(cur, "RANGE start offset")
+                h.start_offset, _ = cur.duration("RANGE start offset")
                 if cur.match(","):
-                    text, etok = cur.word("RANGE end offset")
-                    try:
-                        h.end_offset = parse_duration(text, what="RANGE end offset")
-                    except CQError as exc:
-                        raise cur.error_at(etok, str(exc)) from None
+                    h.end_offset, _ = cur.duration("RANGE end offset", positive=False)
             else:
                 text, btok = cur.word("BOUNDARY time")
                 try:
@@ -185,7 +170,7 @@ def _split_clauses(cur: Cursor, tokens: list[Token]) -> dict[str, tuple[Token, l
 
 
 def _fragment(cur: Cursor, toks: list[Token]) -> Fragment:
-    return Fragment(cur.source, toks[0].start, toks[-1].end + 1)
+    return Fragment.of(cur.source, toks)
 
 
 def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
@@ -304,10 +289,10 @@ def _time_grouping(cur: Cursor, part: list[Token]) -> tuple[TimeGrouping, Token]
         raise cur.error_at(bracket, "GROUP BY in a continuous query takes no [start, end) range: "
                                     "each firing supplies its own time range")
     sub = Cursor(cur.source, inner, end=part[-1].start)
-    interval, interval_tok = _positive(sub, "GROUP BY interval")
+    interval, interval_tok = sub.duration("GROUP BY interval")
     step = interval
     if sub.match(","):
-        step, _ = _positive(sub, "GROUP BY sliding step")
+        step, _ = sub.duration("GROUP BY sliding step")
     if not sub.at_end():
         raise sub.unexpected("expected ')' after the GROUP BY interval")
     return TimeGrouping(interval=interval, step=step), interval_tok

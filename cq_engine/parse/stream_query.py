@@ -71,7 +71,7 @@ class Scope:
         self.used: set[int] = set()
 
     def fragment(self, toks: list[Token]) -> Fragment:
-        frag = Fragment(self.cur.source, toks[0].start, toks[-1].end + 1)
+        frag = Fragment.of(self.cur.source, toks)
         text = list(frag.text)
         for offset in self.marks:
             if frag.start <= offset < frag.end - 1:
