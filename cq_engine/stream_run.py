@@ -120,17 +120,24 @@ def load_frontier(uri: str, keys: list[str]) -> dict[tuple, datetime]:
     """Per partition group (its key values), the start of its first window not yet closed."""
     if not DeltaTable.is_deltatable(uri):
         return {}
-    data = pa.table(DeltaTable(uri).scan())
+    return _frontier_of(pa.table(DeltaTable(uri).scan()), keys)
+
+
+def _frontier_of(data: pa.Table, keys: list[str]) -> dict[tuple, datetime]:
     return {tuple(row[k] for k in keys): row[RESUME] for row in data.to_pylist()}
+
+
+def _frontier_table(frontier: dict[tuple, datetime], key_fields: list[pa.Field]) -> pa.Table:
+    """The frontier as Arrow: the key columns (typed as in the trigger table), then ``RESUME``."""
+    schema = pa.schema([*key_fields, pa.field(RESUME, pa.timestamp("us", tz="UTC"))])
+    columns = [[g[i] for g in frontier] for i in range(len(key_fields))] + [list(frontier.values())]
+    return pa.table(columns, schema=schema)
 
 
 def _save_frontier(uri: str, frontier: dict[tuple, datetime], key_fields: list[pa.Field], app_id: str,
                    app_version: int) -> None:
-    columns = {f.name: pa.array([g[i] for g in frontier], f.type) for i, f in enumerate(key_fields)}
-    columns[RESUME] = pa.array(list(frontier.values()), pa.timestamp("us", tz="UTC"))
-    data = pa.table(columns) if frontier else pa.schema([*key_fields, pa.field(RESUME, pa.timestamp("us", tz="UTC"))]).empty_table()
-    write_deltalake(uri, data, mode="overwrite", schema_mode="overwrite", commit_properties=CommitProperties(
-        app_transactions=[Transaction(app_id=app_id, version=app_version)]))
+    write_deltalake(uri, _frontier_table(frontier, key_fields), mode="overwrite", schema_mode="overwrite",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=app_version)]))
 
 
 def move_frontier(engine: "Engine", stream: Stream, *, to: datetime) -> None:
@@ -140,7 +147,7 @@ def move_frontier(engine: "Engine", stream: Stream, *, to: datetime) -> None:
         return
     current = pa.table(DeltaTable(uri).scan())
     keys = [n for n in current.column_names if n != RESUME]
-    frontier = {g: max(t, to) for g, t in load_frontier(uri, keys).items()}
+    frontier = {g: max(t, to) for g, t in _frontier_of(current, keys).items()}
     _save_frontier(uri, frontier, [current.schema.field(k) for k in keys], f"cq-engine/{stream.name}/untreated", 0)
 
 
@@ -184,8 +191,7 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork):
     df, scan = engine.storage.read_range(spark, table, time_column=time_column,
                                          time_range=(lo, hi) if hi is not None else (lo, _FAR), version=work.version)
     if frontier:
-        marks = pa.table({**{f"__cq_k{i}": pa.array([g[i] for g in frontier], f.type) for i, f in enumerate(key_fields)},
-                          RESUME: pa.array(list(frontier.values()), pa.timestamp("us", tz="UTC"))})
+        marks = _frontier_table(frontier, key_fields).rename_columns([f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
         fr = F.broadcast(spark.createDataFrame(marks))
         cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
         df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
