@@ -118,12 +118,9 @@ def referenced_columns(d: Definition) -> set[str]:
     """Source columns a definition reads (lower-cased), besides the time column."""
     if isinstance(d, Stream):
         return _query_columns(d) | _trigger_columns(d)
-    names: list[str] = list(d.group_keys)
-    for sql in [i.expression for i in d.select] + [d.where, d.having]:
-        if sql:
-            names += _columns(sql)
+    names = _names([i.expression for i in d.select] + [d.where, d.having]) | {k.lower() for k in d.group_keys}
     outputs = {i.name.lower() for i in d.select}
-    return {n.lower() for n in names if n != TIME_REF} - (outputs if d.having else set())
+    return names - (outputs if d.having else set())
 
 
 def _missing(d: Definition, table: TableDecl, need: set[str]) -> None:
