@@ -67,18 +67,12 @@ def _tick(engine, stream, cursor: str, version: int):
 
 
 def _per_call(cases, *, calls: int, warmup: int):
-    """Per-call wall times of the cases, alternated call by call (a, b, a, b, ...) so a slow spell of
-    the shared machine hits both alike; one call is far shorter than such a spell. Returns the
+    """Per-call wall times of the cases (``measure`` alternates them call by call, so a slow spell
+    of the shared machine hits both alike; one call is far shorter than such a spell). Returns the
     median, 10th and 90th percentile per case and each case's last result."""
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    last: dict[str, object] = {}
-    for i in range(warmup + calls):
-        for key, fn in cases.items():
-            seconds, last[key] = timed(fn)
-            if i >= warmup:
-                times[key].append(seconds)
-    pick = lambda q: {k: sorted(v)[int(q * (len(v) - 1))] for k, v in times.items()}  # noqa: E731
-    return pick(0.5), pick(0.1), pick(0.9), last
+    medians, samples, last = measure(cases, repeat=calls, warmup=warmup)
+    pick = lambda q: {k: sorted(v)[int(q * (len(v) - 1))] for k, v in samples.items()}  # noqa: E731
+    return medians, pick(0.1), pick(0.9), last
 
 
 def run(ctx: Context) -> Outcome:
