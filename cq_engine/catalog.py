@@ -102,16 +102,23 @@ def _names(sqls) -> set[str]:
     return {n.lower() for n in names if n != TIME_REF and not n.lower().startswith("__cq")}
 
 
+def _aliases(d: Stream) -> set[str]:
+    """The old form's PARTITION BY aliases: columns the engine computes, not the table's."""
+    return {alias.lower() for alias, _ in d.partition_exprs}
+
+
 def _query_columns(d: Stream) -> set[str]:
     """Columns a stream's query reads from its source."""
-    return _names([i.expression for i in d.select] + [d.where])
+    return _names([i.expression for i in d.select] + [d.where]) - _aliases(d)
 
 
 def _trigger_columns(d: Stream) -> set[str]:
-    """Columns a stream's trigger reads from its trigger table."""
+    """Columns a stream's trigger reads from its trigger table (a PARTITION BY alias: its expression's)."""
     t = d.trigger
     sqls = [d.options.pre_filter, getattr(t, "column", None), getattr(t, "start", None), getattr(t, "end", None)]
-    return _names(sqls) | {c.lower() for c in d.partition_by + getattr(t, "columns", ())}
+    sqls += [sql for _, sql in d.partition_exprs]
+    plain = {c.lower() for c in d.partition_by + getattr(t, "columns", ())} - _aliases(d)
+    return _names(sqls) | plain
 
 
 def referenced_columns(d: Definition) -> set[str]:
@@ -147,10 +154,24 @@ def _check_against_tables(d: Definition, tables: dict[str, TableDecl]) -> None:
 _TRIGGER_NAMES = {"session": "SESSION", "state": "STATE_WINDOW", "event": "EVENT_WINDOW", "count": "COUNT_WINDOW"}
 
 
+def check_sink_columns(stream: Stream, table: TableDecl) -> None:
+    """A stream writing a declared table must fit its columns (``stream_output.sink_mismatch``, the
+    rule runs apply to any existing sink); error at the stream."""
+    from .stream_output import data_columns, sink_mismatch
+
+    tags = tuple(c.name for c in table.columns if c.is_tag)
+    message = sink_mismatch(stream, table.name, data_columns(stream, [c.name for c in table.columns], tags))
+    if message is not None:
+        raise _err(stream.location, message)
+
+
 def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
     trigger = tables.get(d.trigger_table.lower()) if d.trigger_table else None
     source = tables.get(d.source.lower()) if d.source else None
-    partition = {p.lower() for p in d.partition_by}
+    if d.sink is not None and (sink := tables.get(d.sink.lower())) is not None:
+        check_sink_columns(d, sink)
+    # An old-form alias of tbname itself (PARTITION BY tbname tname) still groups by subtable.
+    partition = {p.lower() for p in d.partition_by} | {sql.lower() for _, sql in d.partition_exprs}
     if trigger is not None:
         tags = [c.name for c in trigger.columns if c.is_tag]
         if isinstance(d.trigger, SessionTrigger) and d.trigger.ts_column \

@@ -53,8 +53,13 @@ def _tick(args, settings: Settings) -> int:
         print(f"{d.name}: tick {iso(fire)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
               f"{r.rows_written} rows -> {d.sink} v{r.sink_version}")
         return 0
+    from .notify_outbox import gate
     from .stream_sensor import evaluate_stream
 
+    paused = gate(engine, d)
+    if paused:  # ON_FAILURE PAUSE: the cursor stays until the pending notifications are delivered
+        print(f"{d.name}: {paused}")
+        return 0
     path = cursor_path(settings, d.name)
     cursor = path.read_text() if path.exists() else None
     plan = evaluate_stream(engine, d, cursor=cursor, now=now)

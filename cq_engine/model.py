@@ -247,7 +247,9 @@ class Stream:
     source: str | None  # the table the subquery reads; %%trows and the old form: the trigger table
     sink: str | None
     select: tuple[SelectItem, ...] = ()
-    partition_by: tuple[str, ...] = ()
+    partition_by: tuple[str, ...] = ()  # the groups' column names (old-form aliases included)
+    partition_exprs: tuple[tuple[str, str], ...] = ()  # old form: (alias, Spark SQL) computed before windowing
+    reads: Literal["trows", "table", "tbname"] = "trows"  # %%trows, another table (range join), %%tbname
     where: str | None = None
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
@@ -279,6 +281,13 @@ class Stream:
 PLACEHOLDERS = ("_twstart", "_twend", "_twduration", "_twrownum", "_wstart", "_wend", "_wduration",
                 "_tprev_ts", "_tcurrent_ts", "_tnext_ts", "_tprev_localtime", "_tnext_localtime",
                 "_tlocaltime", "_tgrpid")
+
+
+def partition_placeholder(n: int) -> str:
+    """``%%n`` (1-based) → the engine column holding the n-th PARTITION BY value of the trigger group.
+    A column of its own (not the partition column's name) so a range join can tell the trigger
+    group's value from the joined table's column of the same name."""
+    return f"__cq_p{n}"
 
 
 def placeholder_column(name: str) -> str:

@@ -45,6 +45,7 @@ class RunResult:
     files_total: int
     seconds: float
     chunks: int = 1
+    notified: int = 0  # events a stream run put in its outbox (NOTIFY)
 
 
 @dataclass

@@ -12,8 +12,9 @@ snapshot and writes the same rows.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,11 +25,17 @@ from . import stream_timing as st
 from .durations import micros
 from .errors import CQError
 from .ledger import LedgerEntry
-from .model import DATA_SHAPED, PeriodTrigger, Stream
-from .storage.delta import groups_predicate, ranges_predicate
-from .stream_plan import ENGINE_COLUMNS, evaluate, period_frame, pre_window_filter, with_placeholders
+from .model import DATA_SHAPED, PeriodTrigger, Stream, placeholder_column
+from .storage.delta import groups_predicate, ranges_predicate, storable_schema
+from .storage.predicates import quote_ident
+from .stream_events import NOTIFY_OK
+from .stream_output import GROUP_ID, column_map, output_names, renamed
+from .stream_plan import (EMPTY, ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, group_id, join_source,
+                          partition_columns, period_frame, prepare, window_frame, with_empty_windows,
+                          with_placeholders)
 from .times import EPOCH, UTC, iso
-from .windows import WCLOSED, WLAST, WSTART, assign_windows
+from .windows import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WSTART,
+                      assign_windows)
 
 if TYPE_CHECKING:
     from .run import Engine, RunResult
@@ -62,18 +69,33 @@ def run_work(engine: "Engine", stream: Stream, work: st.StreamWork) -> "RunResul
         raise CQError(f"{stream.name} is a PERIOD stream: it runs per tick (cq tick / its schedule)")
     runner = _run_data_shaped if stream.trigger.kind in DATA_SHAPED else _run_time_windows
     lo, hi = work.extent
+    revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
     return _recorded(engine, stream, kind=work.kind, fire_time=work.tick, time_range=(lo, hi),
-                     versions=lambda table: {table: work.version}, body=lambda: runner(engine, stream, work))
+                     versions=lambda table: {table: work.version}, revision=revision,
+                     body=lambda: runner(engine, stream, work))
 
 
-def _recorded(engine: "Engine", stream: Stream, *, kind, fire_time, time_range, versions, body) -> "RunResult":
+@dataclass
+class _Outcome:
+    """What a run's body did: rows written, the sink version, files scanned, and for events the
+    result rows (engine columns included) and which windows it replaced."""
+
+    rows: int
+    version: int | None
+    scanned: tuple[int, int]
+    result: pa.Table | None = None
+    replaced: Callable[[int, datetime], bool] = lambda group, start: False
+
+
+def _recorded(engine: "Engine", stream: Stream, *, kind, fire_time, time_range, versions, revision,
+              body: Callable[[], _Outcome]) -> "RunResult":
     from .run import RunResult
 
     engine.spark  # a session start is not part of the run's cost
     started, clock = datetime.now(UTC), time.perf_counter()
     table = stream.trigger_table or stream.source
     try:
-        rows, sink_version, scanned = body()
+        out = body()
     except Exception as exc:
         engine.ledger.record(LedgerEntry(
             definition=stream.name, kind=kind, fire_time=fire_time, range_start=time_range[0],
@@ -82,61 +104,242 @@ def _recorded(engine: "Engine", stream: Stream, *, kind, fire_time, time_range, 
         raise
     engine.ledger.record(LedgerEntry(
         definition=stream.name, kind=kind, fire_time=fire_time, range_start=time_range[0], range_end=time_range[1],
-        source_versions=versions(table), rows_written=rows, sink_version=sink_version, status="succeeded",
+        source_versions=versions(table), rows_written=out.rows, sink_version=out.version, status="succeeded",
         started_at=started, finished_at=datetime.now(UTC)))
+    notified = _notify(engine, stream, out, kind=kind, revision=revision)
     return RunResult(definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range,
-                     rows_written=rows, sink_version=sink_version if sink_version is not None else -1,
-                     source_versions=versions(table), files_read=scanned[0], files_total=scanned[1],
-                     seconds=time.perf_counter() - clock)
+                     rows_written=out.rows, sink_version=out.version if out.version is not None else -1,
+                     source_versions=versions(table), files_read=out.scanned[0], files_total=out.scanned[1],
+                     seconds=time.perf_counter() - clock, notified=notified)
 
 
-def _write(engine: "Engine", stream: Stream, data: pa.Table, *, predicate: str, app_version: int, kind: str) -> int:
-    return engine.storage.replace_where(
-        stream.sink, data, predicate=predicate, time_column=stream.time_column,
+def _notify(engine: "Engine", stream: Stream, out: _Outcome, *, kind: str, revision: str) -> int:
+    """After the sink commit: the run's events into the outbox, then delivery (``notify_outbox``)."""
+    notify = stream.notify
+    if notify is None or out.result is None or (kind == "history" and not notify.history):
+        return 0
+    from . import notify_outbox
+    from .stream_events import build_events
+
+    now_ms = (datetime.now(UTC) - EPOCH) // timedelta(milliseconds=1)
+    events = build_events(stream, out.result.to_pylist(), reported=notify_outbox.reported(engine, stream),
+                          replaced=out.replaced, revision=revision, now_ms=now_ms)
+    notify_outbox.publish(engine, stream, events)
+    return len(events)
+
+
+def _keep(stream: Stream, windows) -> list[str]:
+    """Engine columns a run keeps in its result: state bookkeeping, and what events report."""
+    keep = [*ENGINE_COLUMNS, *partition_columns(stream)]
+    if stream.notify is not None:
+        keep += [c for c in (WEND, STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW) if c in windows.columns]
+    return keep
+
+
+def _compute(engine: "Engine", stream: Stream, windows, keep: list[str], *, read_range, version: int):
+    """The run's result rows: the query over every window (one Spark plan), the windows without a
+    result (FORCE_OUTPUT, events), and NOTIFY's WHERE."""
+    empties = stream.options.force_output or stream.notify is not None
+    frame = window_frame(stream, windows) if (empties or stream.reads != "trows") else None
+    if stream.reads == "trows":
+        result = evaluate(stream, windows, keep=keep)
+    else:
+        source = _joined_table(engine, stream, read_range, version)
+        result = evaluate(stream, join_source(stream, frame, source), keep=keep, where=False)
+    if empties:
+        result = with_empty_windows(stream, result, frame, keep)
+    if stream.notify is not None and stream.notify.where:
+        result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
+    return result
+
+
+def _joined_table(engine: "Engine", stream: Stream, read_range, version: int):
+    """The table a query reads besides %%trows: only the event time its windows can reach when the
+    WHERE bounds the time column by window placeholders, else all of it."""
+    table = stream.source
+    time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
+    pinned = version if table == stream.trigger_table else None
+    bounded = read_range if bounds_time(stream.where, time_column) else None
+    df, _ = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=bounded,
+                                      version=pinned)
+    return df
+
+
+def _sink_columns(engine: "Engine", stream: Stream) -> list[str] | None:
+    if stream.sink is None or not engine.storage.exists(stream.sink):
+        return None
+    return list(engine.storage.schema(stream.sink).names)
+
+
+def _column_map(engine: "Engine", stream: Stream) -> dict[str, str]:
+    decl = engine.catalog.table(stream.sink) if stream.sink else None
+    tags = tuple(c.name for c in decl.columns if c.is_tag) if decl is not None else ()
+    return column_map(stream, _sink_columns(engine, stream), tags)
+
+
+def _writes(stream: Stream) -> bool:
+    return stream.sink is not None and not stream.options.calc_notify_only
+
+
+def _write_sink(engine: "Engine", stream: Stream, result: pa.Table | None, *, open_ok: bool, ranges_of,
+                gone: list[int], app_version: int, kind: str) -> tuple[int, int | None]:
+    """Write the result rows that are due (closed, or open when ``open_ok``; FORCE_OUTPUT's rows),
+    replacing the rows ``ranges_of(sink time column)`` selects and the groups in ``gone``."""
+    if not _writes(stream):
+        return 0, None
+    mapping = _column_map(engine, stream)
+    sink_time = mapping[stream.time_column]
+    predicate = ranges_of(sink_time)
+    if gone:
+        predicate = f"({predicate}) OR {quote_ident(GROUP_ID)} IN ({', '.join(str(g) for g in gone)})"
+    data = _due(stream, result, open_ok=open_ok) if result is not None else _empty(stream, engine)
+    data = renamed(data, mapping)
+    existing = _sink_columns(engine, stream)
+    if existing is not None and GROUP_ID not in {c.lower() for c in existing}:
+        # A table the user made may leave group_id out, unless the engine must find a group's rows.
+        if stream.trigger.kind in DATA_SHAPED or stream.options.delete_output_table:
+            raise CQError(f"{stream.name}: table {stream.sink!r} has no {GROUP_ID!r} column, which this stream "
+                          f"needs to replace one partition group's rows: add {GROUP_ID} BIGINT to it")
+        data = data.drop_columns([c for c in data.column_names if c.lower() == GROUP_ID])
+    version = engine.storage.replace_where(
+        stream.sink, data, predicate=predicate, time_column=sink_time,
         app_id=f"cq-engine/{stream.name}/{kind}", app_version=app_version,
         metadata={"cq.definition": stream.name, "cq.kind": kind})
+    return data.num_rows, version
 
 
-def _run_time_windows(engine: "Engine", stream: Stream, work: st.StreamWork):
+def _due(stream: Stream, result: pa.Table, *, open_ok: bool) -> pa.Table:
+    keep = pc.equal(result.column(WCLOSED), True)
+    if open_ok:
+        keep = pa.array([True] * result.num_rows, pa.bool_())
+    if EMPTY in result.column_names and not stream.options.force_output:
+        keep = pc.and_(keep, pc.invert(result.column(EMPTY)))
+    rows = result.filter(keep)
+    return rows.select(output_names(stream))
+
+
+def _empty(stream: Stream, engine: "Engine") -> pa.Table:
+    """No rows (a pure delete), in the sink's schema when it exists."""
+    schema = engine.storage.schema(stream.sink) if engine.storage.exists(stream.sink) else None
+    if schema is None:
+        return pa.table({stream.time_column: pa.array([], pa.timestamp("us", tz="UTC"))})
+    return schema.empty_table()
+
+
+def _gone_groups(engine: "Engine", stream: Stream, version: int) -> list[int]:
+    """DELETE_OUTPUT_TABLE: the sink's groups no trigger-table row belongs to any more."""
+    if not (stream.options.delete_output_table and _writes(stream) and engine.storage.exists(stream.sink)):
+        return []
+    table, time_column = _source_table(engine, stream)
+    trig, _ = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=None,
+                                        version=version)
+    live = prepare(stream, trig).select(group_id(list(stream.partition_by)).alias("__cq_live")).distinct()
+    sink, _ = engine.storage.read_range(engine.spark, stream.sink, time_column=_sink_time(engine, stream),
+                                        time_range=None)
+    gone = (sink.select(GROUP_ID).distinct()
+            .join(live, F.col(GROUP_ID) == F.col("__cq_live"), "left_anti").toArrow())
+    return sorted(g for g in gone.column(GROUP_ID).to_pylist() if g is not None)
+
+
+def _sink_time(engine: "Engine", stream: Stream) -> str:
+    return _column_map(engine, stream)[stream.time_column]
+
+
+def _run_time_windows(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
     table, time_column = _source_table(engine, stream)
     tz = engine.settings.timezone
-    lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
-    df, scan = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=(lo, hi),
-                                         version=work.version)
-    df = pre_window_filter(stream, df)
-    windows = assign_windows(df, stream.trigger, time_column=time_column, keys=list(stream.partition_by),
-                             close_until=work.close_until or _FAR, timezone=tz)
-    windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
-    result = evaluate(stream, windows, keep_state=False).toArrow()
-    predicate = ranges_predicate(stream.time_column, st.key_ranges(stream, work.windows, tz))
-    version = _write(engine, stream, result, predicate=predicate, app_version=work.version, kind=work.kind)
-    return result.num_rows, version, (scan.files_read, scan.files_total)
+    result, scanned = None, (0, 0)
+    if work.windows:
+        lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
+        df, scan = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=(lo, hi),
+                                             version=work.version)
+        windows = assign_windows(prepare(stream, df), stream.trigger, time_column=time_column,
+                                 keys=list(stream.partition_by), close_until=work.close_until or _FAR, timezone=tz)
+        windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
+        result = _compute(engine, stream, windows, _keep(stream, windows), read_range=(lo, hi),
+                          version=work.version).toArrow()
+        scanned = (scan.files_read, scan.files_total)
+    gone = _gone_groups(engine, stream, work.version) if work.deleted else []
+    ranges = _written_ranges(stream, work, tz)
+    rows, version = _write_sink(engine, stream, result, open_ok=work.write_open, gone=gone,
+                                ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
+                                app_version=work.version, kind=work.kind)
+
+    def replaced(group: int, start: datetime) -> bool:
+        return group in gone or any(a <= start < b for a, b in ranges)
+
+    return _Outcome(rows, version, scanned, result, replaced)
+
+
+def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[datetime, datetime]]:
+    """The window starts whose rows the run replaces: all of its windows, or only the closed ones when
+    open windows are computed just to notify (their partial rows, if any, stay)."""
+    if work.write_open or work.close_until is None:
+        return list(work.windows)
+    closed = st.starts_ending_in(stream.trigger, EPOCH, work.close_until, tz)
+    if closed is None:
+        return []
+    return [(a, min(b, closed[1])) for a, b in work.windows if a < closed[1]]
+
+
+def bounds_time(where: str | None, time_column: str) -> bool:
+    """Whether ``where`` holds ``time_column >= P`` and ``time_column < P'`` (either way round, strict or
+    not) for window-time placeholders P, P' — then the joined rows lie within the run's event time."""
+    if not where:
+        return False
+    import sqlglot
+    from sqlglot import exp
+
+    bounds = {placeholder_column(p) for p in ("_twstart", "_twend", "_tprev_ts", "_tcurrent_ts", "_tnext_ts")}
+    lower = upper = False
+    tree = sqlglot.parse_one(where, read="spark").unnest()
+    for cond in (tree.flatten() if isinstance(tree, exp.And) else [tree]):
+        if not isinstance(cond, (exp.GTE, exp.GT, exp.LTE, exp.LT)):
+            continue
+        for a, b, flipped in ((cond.this, cond.expression, False), (cond.expression, cond.this, True)):
+            if (isinstance(a, exp.Column) and a.name.lower() == time_column.lower()
+                    and isinstance(b, exp.Column) and b.name.lower() in bounds):
+                greater = isinstance(cond, (exp.GTE, exp.GT)) != flipped  # time column >= / > P
+                lower, upper = lower or greater, upper or not greater
+    return lower and upper
 
 
 # --- data-shaped windows ---------------------------------------------------------------------------
 
 
-def load_frontier(uri: str, keys: list[str]) -> dict[tuple, datetime]:
-    """Per partition group (its key values), the start of its first window not yet closed."""
+def load_frontier(uri: str, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int], list[pa.Field]]:
+    """Per partition group (its key values): the start of its first window not yet closed and its
+    group id; and the key columns' Arrow fields."""
     if not DeltaTable.is_deltatable(uri):
-        return {}
-    return _frontier_of(pa.table(DeltaTable(uri).scan()), keys)
+        return {}, {}, []
+    data = pa.table(DeltaTable(uri).scan())
+    names = {n.lower(): n for n in data.column_names}
+    stored = [names.get(k.lower(), k) for k in keys]
+    if any(k not in data.column_names for k in stored):
+        return {}, {}, []  # the partitioning changed: the groups start over
+    resume, gids = _frontier_of(data, stored)
+    return resume, gids, list(storable_schema(pa.schema([data.schema.field(k).with_name(key)
+                                                          for k, key in zip(stored, keys)])))
 
 
-def _frontier_of(data: pa.Table, keys: list[str]) -> dict[tuple, datetime]:
-    return {tuple(row[k] for k in keys): row[RESUME] for row in data.to_pylist()}
+def _frontier_of(data: pa.Table, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int]]:
+    rows = data.to_pylist()
+    resume = {tuple(row[k] for k in keys): row[RESUME] for row in rows}
+    gids = {tuple(row[k] for k in keys): row[GROUP] for row in rows if row.get(GROUP) is not None}
+    return resume, gids
 
 
-def _frontier_table(frontier: dict[tuple, datetime], key_fields: list[pa.Field]) -> pa.Table:
-    """The frontier as Arrow: the key columns (typed as in the trigger table), then ``RESUME``."""
-    schema = pa.schema([*key_fields, pa.field(RESUME, pa.timestamp("us", tz="UTC"))])
-    columns = [[g[i] for g in frontier] for i in range(len(key_fields))] + [list(frontier.values())]
+def _frontier_table(frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field]) -> pa.Table:
+    """The frontier as Arrow: the key columns (typed as in the trigger table), the group id, ``RESUME``."""
+    schema = pa.schema([*key_fields, pa.field(GROUP, pa.int64()), pa.field(RESUME, pa.timestamp("us", tz="UTC"))])
+    columns = ([[g[i] for g in frontier] for i in range(len(key_fields))] + [[gids.get(g) for g in frontier]]
+               + [list(frontier.values())])
     return pa.table(columns, schema=schema)
 
 
-def _save_frontier(uri: str, frontier: dict[tuple, datetime], key_fields: list[pa.Field], app_id: str,
-                   app_version: int) -> None:
-    write_deltalake(uri, _frontier_table(frontier, key_fields), mode="overwrite", schema_mode="overwrite",
+def _save_frontier(uri: str, frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field],
+                   app_id: str, app_version: int) -> None:
+    write_deltalake(uri, _frontier_table(frontier, gids, key_fields), mode="overwrite", schema_mode="overwrite",
                     commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=app_version)]))
 
 
@@ -146,69 +349,72 @@ def move_frontier(engine: "Engine", stream: Stream, *, to: datetime) -> None:
     if not DeltaTable.is_deltatable(uri):
         return
     current = pa.table(DeltaTable(uri).scan())
-    keys = [n for n in current.column_names if n != RESUME]
-    frontier = {g: max(t, to) for g, t in _frontier_of(current, keys).items()}
-    _save_frontier(uri, frontier, [current.schema.field(k) for k in keys], f"cq-engine/{stream.name}/untreated", 0)
+    keys = [n for n in current.column_names if n not in (RESUME, GROUP)]
+    resume, gids = _frontier_of(current, keys)
+    frontier = {g: max(t, to) for g, t in resume.items()}
+    _save_frontier(uri, frontier, gids, [current.schema.field(k) for k in keys],
+                   f"cq-engine/{stream.name}/untreated", 0)
 
 
-def _restarts(engine: "Engine", stream: Stream, at: datetime, keys: list[str]) -> dict[tuple, datetime]:
-    """Per group, a window start at or before ``at`` from which segmenting again reproduces every
+def _restarts(engine: "Engine", stream: Stream, at: datetime) -> dict[int, datetime]:
+    """Per group id, a window start at or before ``at`` from which segmenting again reproduces every
     window before it: the latest one (for sliding COUNT_WINDOWs, the earliest still holding ``at``)."""
-    if not engine.storage.exists(stream.sink):
+    if not _writes(stream) or not engine.storage.exists(stream.sink):
         return {}
     from pyspark.sql import Window
 
-    sink_time = stream.time_column
+    sink_time = _sink_time(engine, stream)
     df, _ = engine.storage.read_range(engine.spark, stream.sink, time_column=sink_time,
                                       time_range=(EPOCH, at + _US))
     trig = stream.trigger
     back = -(-trig.count // trig.slide) if trig.kind == "count" else 1
-    starts = df.select(*keys, sink_time).distinct()
-    rank = F.row_number().over(Window.partitionBy(*keys).orderBy(F.col(sink_time).desc()))
+    starts = df.select(GROUP_ID, sink_time).distinct()
+    rank = F.row_number().over(Window.partitionBy(GROUP_ID).orderBy(F.col(sink_time).desc()))
     rows = starts.withColumn("__cq_rank", rank).filter(F.col("__cq_rank") <= back) \
-        .groupBy(*keys).agg(F.min(sink_time).alias("restart")).toArrow()
-    return {tuple(r[k] for k in keys): r["restart"] for r in rows.to_pylist()}
+        .groupBy(GROUP_ID).agg(F.min(sink_time).alias("restart")).toArrow()
+    return {r[GROUP_ID]: r["restart"] for r in rows.to_pylist()}
 
 
-def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork):
+def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
     table, time_column = _source_table(engine, stream)
     spark, tz = engine.spark, engine.settings.timezone
     keys = list(stream.partition_by)
-    schema = engine.storage.schema(table)
-    key_fields = [schema.field(schema.get_field_index(next(n for n in schema.names if n.lower() == k.lower())))
-                  for k in keys]
     uri = state_uri(engine, stream, "frontier")
-    frontier = load_frontier(uri, [f.name for f in key_fields])
+    frontier, gids, saved_fields = load_frontier(uri, keys)
     origin = work.origin or EPOCH
     restarted: dict[tuple, datetime] = {}
     if work.recompute_from is not None:
-        found = _restarts(engine, stream, work.recompute_from, keys)
-        for g in set(frontier) | set(found):
-            restarted[g] = min(frontier.get(g, _FAR), found.get(g, origin))
+        found = _restarts(engine, stream, work.recompute_from)
+        for g in frontier:
+            restarted[g] = min(frontier[g], found.get(gids.get(g), origin))
         frontier.update(restarted)
     lo = min([origin, *frontier.values()])
     hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
     df, scan = engine.storage.read_range(spark, table, time_column=time_column,
                                          time_range=(lo, hi) if hi is not None else (lo, _FAR), version=work.version)
+    df = prepare(stream, df)
     if frontier:
-        marks = _frontier_table(frontier, key_fields).rename_columns([f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
+        marks = _frontier_table(frontier, gids, saved_fields).drop_columns([GROUP]).rename_columns(
+            [f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
         fr = F.broadcast(spark.createDataFrame(marks))
         cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
         df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
         df = df.filter(F.col(time_column) >= F.coalesce(F.col(RESUME), F.lit(origin).cast("timestamp")))
         df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
-    df = pre_window_filter(stream, df)
     windows = assign_windows(df, stream.trigger, time_column=time_column, keys=keys,
                              close_until=work.close_until or lo, timezone=tz)
     windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
-    result = evaluate(stream, windows, keep_state=True).toArrow()
+    slack = stream.trigger.gap if stream.trigger.kind == "session" else timedelta(0)
+    result = _compute(engine, stream, windows, _keep(stream, windows),
+                      read_range=(lo, hi + slack if hi else _FAR), version=work.version).toArrow()
 
-    out_keys = [next(n for n in result.column_names if n.lower() == k.lower()) for k in keys]
-    groups = list(zip(*[result.column(k).to_pylist() for k in out_keys])) if keys else [()] * result.num_rows
-    starts, closed, last = (result.column(c).to_pylist() for c in (WSTART, WCLOSED, WLAST))
+    pcols = partition_columns(stream)
+    groups = list(zip(*[result.column(c).to_pylist() for c in pcols])) if keys else [()] * result.num_rows
+    starts, closed, last, ids = (result.column(c).to_pylist() for c in (WSTART, WCLOSED, WLAST, GROUP))
     moved: dict[tuple, datetime] = {}
     open_start: dict[tuple, datetime] = {}
-    for g, s, c, t in zip(groups, starts, closed, last):
+    for g, s, c, t, gid in zip(groups, starts, closed, last, ids):
+        gids[g] = gid
         if c:
             moved[g] = max(moved.get(g, EPOCH), t + _US)
         else:
@@ -216,16 +422,23 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork):
     new_frontier = dict(frontier)
     new_frontier.update(moved)
     new_frontier.update(open_start)
-    emitted = result if work.emit_open else result.filter(pc.equal(result.column(WCLOSED), True))
-    emitted = emitted.drop_columns(list(ENGINE_COLUMNS))
     bounds = {g: frontier.get(g, origin) for g in set(groups)}
     bounds.update(restarted)
-    version = None
-    if bounds:
-        predicate = groups_predicate(stream.time_column, out_keys or keys, sorted(bounds.items(), key=str))
-        version = _write(engine, stream, emitted, predicate=predicate, app_version=work.version, kind=work.kind)
-    _save_frontier(uri, new_frontier, key_fields, f"cq-engine/{stream.name}", work.version)
-    return emitted.num_rows, version, (scan.files_read, scan.files_total)
+    by_gid = {gids[g]: b for g, b in bounds.items() if g in gids}
+    gone = _gone_groups(engine, stream, work.version) if work.deleted else []
+    rows, version = 0, None
+    if by_gid or gone:
+        rows, version = _write_sink(
+            engine, stream, result, open_ok=work.emit_open and work.write_open, gone=gone,
+            ranges_of=lambda column: groups_predicate(column, [GROUP_ID], sorted(((g,), b) for g, b in by_gid.items())),
+            app_version=work.version, kind=work.kind)
+    key_fields = list(storable_schema(pa.schema([result.schema.field(c).with_name(k) for c, k in zip(pcols, keys)])))
+    _save_frontier(uri, new_frontier, gids, key_fields, f"cq-engine/{stream.name}", work.version)
+
+    def replaced(group: int, start: datetime) -> bool:
+        return group in gone or (group in by_gid and start >= by_gid[group])
+
+    return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced)
 
 
 # --- PERIOD ---------------------------------------------------------------------------------------
@@ -247,24 +460,41 @@ def run_period(engine: "Engine", stream: Stream, tick: datetime, *, ticks) -> "R
     tick's time."""
     prev_tick, next_tick = _period_tick(stream, tick, ticks)
     versions: dict[str, int] = {}
+    from .notify_outbox import gate
 
-    def body():
+    paused = gate(engine, stream)
+    if paused:  # ON_FAILURE PAUSE: a tick does not run past undelivered notifications
+        raise CQError(f"{stream.name}: {paused}; tick {iso(tick)} not run")
+
+    def body() -> _Outcome:
         table = stream.source
         time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
-        if stream.trigger_table and stream.source == stream.trigger_table:
+        if stream.reads == "trows":
             after, until = _tick_versions(engine, stream, tick)
             df, scan = engine.storage.read_added(engine.spark, table, after=after, until=until, time_column=time_column)
             versions[table] = until
         else:
             df, scan = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=None)
             versions[table] = scan.version
-        result = period_frame(stream, df, tick=tick, prev_tick=prev_tick, next_tick=next_tick).toArrow()
-        predicate = ranges_predicate(stream.time_column, [(tick, tick + _US)])
-        version = _write(engine, stream, result, predicate=predicate, app_version=micros(tick - EPOCH), kind="period")
-        return result.num_rows, version, (scan.files_read, scan.files_total)
+        frame_of = lambda d: period_frame(stream, d, tick=tick, prev_tick=prev_tick, next_tick=next_tick)  # noqa: E731
+        rows = frame_of(prepare(stream, df))
+        keep = [GROUP, WSTART, WEND, WCLOSED, *partition_columns(stream)]
+        result = evaluate(stream, rows, keep=keep, window_columns=PERIOD_COLUMNS)
+        if stream.options.force_output or stream.notify is not None:
+            # Without PARTITION BY a tick always has its one window, rows or not; with it, the groups seen.
+            frame = frame_of(engine.spark.range(1)) if not stream.partition_by else rows
+            result = with_empty_windows(stream, result, frame.select(*keep, *PERIOD_COLUMNS).distinct(), keep)
+        if stream.notify is not None and stream.notify.where:
+            result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
+        result = result.toArrow()
+        written, version = _write_sink(engine, stream, result, open_ok=True, gone=[],
+                                       ranges_of=lambda column: ranges_predicate(column, [(tick, tick + _US)]),
+                                       app_version=micros(tick - EPOCH), kind="period")
+        return _Outcome(written, version, (scan.files_read, scan.files_total), result,
+                        lambda group, start: start == prev_tick)
 
     return _recorded(engine, stream, kind="period", fire_time=tick, time_range=(prev_tick, tick),
-                     versions=lambda table: dict(versions), body=body)
+                     versions=lambda table: dict(versions), revision=f"period:{iso(tick)}", body=body)
 
 
 def _tick_versions(engine: "Engine", stream: Stream, tick: datetime) -> tuple[int, int]:

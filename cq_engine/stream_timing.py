@@ -80,6 +80,8 @@ class StreamWork(_Json):
     recompute_from: datetime | None = None  # data-shaped: recompute windows from this event time
     origin: datetime | None = None  # data-shaped: where a group without state starts
     tick: datetime | None = None  # processing time of the tick (``_tlocaltime``)
+    write_open: bool = True  # False: open windows are computed only for WINDOW_OPEN notifications
+    deleted: bool = False  # rows were removed from the trigger table (DELETE_OUTPUT_TABLE looks)
 
     _TIMES = ("close_until", "recompute_from", "origin", "tick")
     _RANGES = ("windows",)
@@ -270,7 +272,7 @@ def history_works(stream: Stream, *, version: int, lo: datetime, hi: datetime, r
         return []
     step = (last[1] - first) / chunks
     bounds = [first + step * i for i in range(chunks)] + [last[1]]
-    return [StreamWork(version=version, kind="history", windows=((a, b),), tick=now)
+    return [StreamWork(version=version, kind="history", windows=((a, b),), tick=now, close_until=hi)
             for a, b in zip(bounds, bounds[1:]) if a < b]
 
 
@@ -308,8 +310,12 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     at_once = o.trigger_mode == "at_once"
     partial_due = (o.max_delay is not None and max_event is not None and t_new is not None and max_event > t_new
                    and now - (cursor.last_partial or cursor.created) >= o.max_delay)
-    opened = "WINDOW_OPEN" in o.event_types and max_event is not None and max_event != cursor.max_event
+    notify_open = stream.notify is not None and "WINDOW_OPEN" in stream.notify.events
+    opened = (("WINDOW_OPEN" in o.event_types or notify_open) and max_event is not None
+              and max_event != cursor.max_event)
+    writes_open = at_once and bool(added) or partial_due or "WINDOW_OPEN" in o.event_types
     closes = "WINDOW_CLOSE" in o.event_types and not at_once
+    deleted = bool(removed) and o.delete_output_table
 
     new_cursor = replace(cursor, version=version, max_event=max_event, closed_until=t_new,
                          last_partial=now if partial_due else cursor.last_partial, pending=pending)
@@ -318,11 +324,12 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
 
     if stream.trigger.kind in DATA_SHAPED:
         advanced = t_new is not None and t_new != t_prev
-        emit_open = at_once and bool(added) or partial_due or opened
-        if not (advanced or late or emit_open):
+        emit_open = writes_open or opened
+        if not (advanced or late or emit_open or deleted):
             return TickPlan(new_cursor, (), f"nothing to do at version {version}")
         work = StreamWork(version=version, close_until=t_new, emit_open=bool(emit_open),
-                          recompute_from=min(a for a, _ in late) if late else None, origin=cursor.origin, tick=now)
+                          recompute_from=min(a for a, _ in late) if late else None, origin=cursor.origin, tick=now,
+                          write_open=bool(writes_open), deleted=deleted)
         return TickPlan(new_cursor, (work,), _describe(work))
 
     trig = stream.trigger
@@ -350,9 +357,10 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
             lo = min((s.min_time for s in added if s.min_time is not None), default=max_event)
             ranges.append(starts_overlapping(trig, lo, max_event, tz))
     windows = merge_ranges(ranges)
-    if not windows:
+    if not windows and not deleted:
         return TickPlan(new_cursor, (), f"no window closed or changed at version {version}")
-    work = StreamWork(version=version, windows=windows, tick=now)
+    work = StreamWork(version=version, windows=windows, tick=now, close_until=t_new,
+                      write_open=bool(writes_open), deleted=deleted)
     return TickPlan(new_cursor, (work,), _describe(work))
 
 
@@ -371,17 +379,21 @@ def recalculation_work(stream: Stream, *, version: int, start: datetime, end: da
     a, b = starts_overlapping(trig, start, end - _US, tz)
     closed = starts_ending_in(trig, EPOCH, t, tz) if t is not None else None
     hi = min(b, closed[1]) if closed else a
-    return StreamWork(version=version, kind="recalculate", windows=merge_ranges([(a, hi)]), tick=now)
+    return StreamWork(version=version, kind="recalculate", windows=merge_ranges([(a, hi)]), tick=now, close_until=t)
 
 
 def _describe(work: StreamWork) -> str:
-    if work.windows:
+    if work.windows or work.deleted:
+        if not work.windows:
+            return "removing the output of deleted groups"
         return "windows starting in " + ", ".join(f"[{iso(a)}, {iso(b)})" for a, b in work.windows)
     parts = [f"close data-shaped windows up to {iso(work.close_until)}" if work.close_until else "no closing"]
     if work.recompute_from:
         parts.append(f"recompute from {iso(work.recompute_from)}")
     if work.emit_open:
-        parts.append("with open windows' partial results")
+        parts.append("with open windows' partial results" if work.write_open else "with open windows (to notify)")
+    if work.deleted:
+        parts.append("removing the output of deleted groups")
     return "; ".join(parts)
 
 

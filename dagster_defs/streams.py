@@ -8,6 +8,7 @@ import dagster as dg
 
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
+from cq_engine.notify_outbox import gate, paused_by_notify
 from cq_engine.run import Engine
 from cq_engine.stream_sensor import evaluate_stream
 from cq_engine.stream_timing import StreamWork
@@ -40,6 +41,15 @@ def build_stream_sensor(stream: Stream, job, translator: CQTranslator, engine: E
         # is; the next evaluation puts everything that arrived meanwhile into one run.
         if in_flight(context.instance, stream, statuses=WAITING):
             return dg.SkipReason(f"a run of {stream.name} is still queued; new commits wait for the next tick")
+        # ON_FAILURE PAUSE: undelivered notifications hold the cursor until a retry gets them through
+        # (not while a run is in progress: it is delivering them itself).
+        if paused_by_notify(stream) and not in_flight(context.instance, stream):
+            try:
+                reason = gate(engine, stream)
+            except CQError as exc:
+                reason = str(exc)
+            if reason:
+                return dg.SkipReason(f"{stream.name} {reason}")
         try:
             plan = evaluate_stream(engine, stream, cursor=context.cursor, now=datetime.now(UTC))
         except CQError as exc:

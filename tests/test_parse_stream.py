@@ -3,15 +3,12 @@
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlglot.tokens import Tokenizer
 
 from cq_engine.catalog import load_catalog, referenced_columns
 from cq_engine.errors import ParseError
 from cq_engine.model import (CountTrigger, EventTrigger, Notify, PeriodTrigger, SelectItem, SessionTrigger,
                              SlidingTrigger, StateTrigger, Stream, StreamOptions, TagDecl)
-from cq_engine.parse import ParseOptions, parse_text
-from cq_engine.parse.cursor import Cursor, SourceText, split_statements
-from cq_engine.parse.tdengine import NOT_YET_SUPPORTED, parse_stream
+from cq_engine.parse import parse_text
 
 S, M, MS = timedelta(seconds=1), timedelta(minutes=1), timedelta(milliseconds=1)
 
@@ -20,17 +17,6 @@ def stream(sql: str) -> Stream:
     (stmt,) = parse_text(sql, file="t.sql")
     assert isinstance(stmt, Stream)
     return stmt
-
-
-def parsed(sql: str) -> tuple[Stream, list[str]]:
-    """The IR with the not-yet-supported check left out, and the features the statement uses."""
-    source = SourceText(sql, "t.sql")
-    ((tokens, end),) = split_statements(source, Tokenizer().tokenize(sql))
-    cur = Cursor(source, tokens, end=end)
-    start = cur.expect("CREATE")
-    cur.expect("STREAM")
-    result, features = parse_stream(cur, ParseOptions(), start)
-    return result, [name for name, _ in features]
 
 
 def error(sql: str) -> str:
@@ -90,24 +76,14 @@ DESIGN_EXAMPLE = """CREATE STREAM IF NOT EXISTS s_avg INTERVAL(1m) SLIDING(30s) 
 
 
 def test_design_example_parses_completely():
-    s, features = parsed(DESIGN_EXAMPLE)
+    s = stream(DESIGN_EXAMPLE)
     assert s.if_not_exists and s.form == "new" and (s.trigger_table, s.source, s.sink) == ("meters", "meters", "avg_vol")
+    assert (s.reads, s.partition_by, s.partition_exprs) == ("trows", ("tbname",), ())
     assert s.options == StreamOptions(watermark=10 * S, fill_history=True, max_delay=M, trigger_mode="max_delay")
     assert s.notify == Notify(urls=("ws://localhost:8080/notify",), events=("WINDOW_CLOSE",))
     assert s.output_subtable == "CONCAT('avg_', tbname)"
     assert s.tags == (TagDecl(name="loc", type="string", expression="location"),)
     assert names(s) == ["_twstart", "avg_voltage"]
-    assert features == ["NOTIFY", "OUTPUT_SUBTABLE", "TAGS"]
-
-
-def test_design_example_reports_the_first_clause_not_supported_yet():
-    assert error(DESIGN_EXAMPLE) == f"t.sql:{at(DESIGN_EXAMPLE, 'NOTIFY')}: NOTIFY is not supported yet"
-    plain = DESIGN_EXAMPLE.replace("NOTIFY('ws://localhost:8080/notify') ON (WINDOW_CLOSE)\n", "")
-    assert error(plain) == f"t.sql:{at(plain, 'OUTPUT_SUBTABLE')}: OUTPUT_SUBTABLE is not supported yet"
-    plain = plain.replace(" OUTPUT_SUBTABLE(CONCAT('avg_', tbname))", "")
-    assert error(plain) == f"t.sql:{at(plain, 'TAGS')}: TAGS is not supported yet"
-    s = stream(plain.replace(" TAGS (loc VARCHAR(64) AS location)", ""))
-    assert s.sink == "avg_vol" and s.notify is None
 
 
 SEED_NOTIFY = """CREATE STREAM avg_current_stream FILL_HISTORY 1
@@ -119,49 +95,134 @@ SEED_NOTIFY = """CREATE STREAM avg_current_stream FILL_HISTORY 1
     ON_FAILURE PAUSE"""
 
 
-def test_seed_notification_only_old_form():
-    s, features = parsed(SEED_NOTIFY)
-    assert s.sink is None and s.options.fill_history and names(s) == ["_wstart", "_wend", "avg_current"]
+def test_seed_notification_only_old_form_has_no_sink():
+    s = stream(SEED_NOTIFY)
+    assert (s.sink, s.trigger_table, s.source, s.reads, s.form) == (None, "meters", "meters", "trows", "old")
+    assert s.options.fill_history and names(s) == ["_wstart", "_wend", "avg_current"]
     assert s.notify == Notify(urls=("ws://localhost:8080/notify", "wss://192.168.1.1:8080/notify?key=foo"),
                               events=("WINDOW_OPEN", "WINDOW_CLOSE"), history=False, on_failure="pause")
-    assert features == ["WITHOUT INTO", "NOTIFY"]
-    assert error(SEED_NOTIFY) == ("t.sql:2:5: a stream without INTO (one that only sends notifications) "
-                                  "is not supported yet")
 
 
-def test_not_yet_supported_is_one_shrinkable_set():
-    assert NOT_YET_SUPPORTED == {"NOTIFY", "OUTPUT_SUBTABLE", "SUBTABLE", "TAGS", "FORCE_OUTPUT", "CALC_NOTIFY_ONLY",
-                                 "DELETE_OUTPUT_TABLE", "WITHOUT INTO"}
+def test_new_form_without_into_notifies_its_results():
+    s = stream("CREATE STREAM s STATE_WINDOW(st) FROM t OPTIONS(CALC_NOTIFY_ONLY) "
+               "NOTIFY(\"ws://h:8080\") ON (WINDOW_OPEN|WINDOW_CLOSE) AS SELECT _twstart, count(*) AS c FROM %%trows")
+    assert (s.sink, s.source, s.reads) == (None, "t", "trows")
+    assert s.options == StreamOptions(calc_notify_only=True)
+    assert s.notify == Notify(urls=("ws://h:8080",), events=("WINDOW_OPEN", "WINDOW_CLOSE"))
+    assert s.select == (SelectItem("__cq_twstart", "_twstart", False), SelectItem("COUNT(*)", "c", True))
 
 
-@pytest.mark.parametrize("sql,clause", [
-    ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(FORCE_OUTPUT) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
-     "FORCE_OUTPUT"),
-    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname OPTIONS(LOW_LATENCY_CALC | DELETE_OUTPUT_TABLE) "
-     "INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "DELETE_OUTPUT_TABLE"),
-    ("CREATE STREAM s INTO o SUBTABLE(CONCAT('new-', tbname)) AS SELECT _wstart, count(*) AS c FROM meters "
-     "PARTITION BY tbname INTERVAL(1m)", "SUBTABLE"),
-    ("CREATE STREAM s INTO o TAGS (cc VARCHAR(100) COMMENT 'x') AS SELECT _wstart, count(*) AS c FROM meters "
-     "INTERVAL(1m)", "TAGS"),
-])
-def test_not_yet_supported_clauses_parse_then_fail_at_their_keyword(sql, clause):
-    s, features = parsed(sql)
-    assert clause in features
-    assert error(sql) == f"t.sql:{at(sql, clause)}: {clause} is not supported yet"
+def test_new_form_notify_without_query_sends_trigger_events_only():
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM t NOTIFY('ws://h:1') ON (WINDOW_OPEN)")
+    assert (s.sink, s.select, s.source, s.trigger_table) == (None, (), None, "t")
+    assert s.notify == Notify(urls=("ws://h:1",), events=("WINDOW_OPEN",))
 
 
-def test_not_yet_supported_calc_notify_only_and_old_form_tags_subtable_ir():
-    sql = ("CREATE STREAM s STATE_WINDOW(st) FROM t OPTIONS(CALC_NOTIFY_ONLY) "
-           "NOTIFY(\"ws://h:8080\") ON (WINDOW_OPEN|WINDOW_CLOSE) AS SELECT _twstart, count(*) AS c FROM %%trows")
-    s, features = parsed(sql)
-    assert s.options.calc_notify_only and s.notify.events == ("WINDOW_OPEN", "WINDOW_CLOSE")
-    assert features == ["CALC_NOTIFY_ONLY", "NOTIFY", "WITHOUT INTO"]
-    assert error(sql) == f"t.sql:{at(sql, 'CALC_NOTIFY_ONLY')}: CALC_NOTIFY_ONLY is not supported yet"
-    s, _ = parsed("CREATE STREAM s INTO o (ts, c) TAGS (cc VARCHAR(100) COMMENT 'x', g INT) SUBTABLE(CONCAT('a', tbname)) "
-                  "AS SELECT _wstart, count(*) FROM meters PARTITION BY tbname INTERVAL(1m)")
+def test_calc_notify_only_with_into_keeps_the_sink():
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(CALC_NOTIFY_ONLY) NOTIFY('ws://h:1') ON (WINDOW_CLOSE) "
+               "INTO o AS SELECT _twstart, count(*) AS c FROM %%trows")
+    assert (s.sink, s.options.calc_notify_only, s.notify.events) == ("o", True, ("WINDOW_CLOSE",))
+
+
+def test_force_output_and_delete_output_table_options():
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM meters PARTITION BY tbname "
+               "OPTIONS(FORCE_OUTPUT | LOW_LATENCY_CALC | DELETE_OUTPUT_TABLE) INTO o AS SELECT _twstart, count(*) AS c "
+               "FROM %%trows")
+    assert s.options == StreamOptions(force_output=True, low_latency_calc=True, delete_output_table=True)
+    assert (s.partition_by, s.sink) == (("tbname",), "o")
+
+
+def test_new_form_output_subtable_and_tags_use_partition_placeholders():
+    s = stream("CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location INTO o "
+               "OUTPUT_SUBTABLE(CONCAT('out_', %%tbname, '_', %%2)) "
+               "TAGS (loc VARCHAR(64) COMMENT 'where' AS %%2, src VARCHAR(192) AS upper(%%1), g INT AS groupid) "
+               "AS SELECT _twstart, avg(voltage) AS v FROM %%trows")
+    assert s.output_subtable == "CONCAT('out_', __cq_p1, '_', __cq_p2)"
+    assert s.tags == (TagDecl("loc", "string", expression="__cq_p2", comment="where"),
+                      TagDecl("src", "string", expression="UPPER(__cq_p1)"), TagDecl("g", "int", expression="groupid"))
+
+
+def test_old_form_subtable_with_partition_alias_seed_002():
+    s = stream("CREATE STREAM avg_vol_s INTO avg_vol SUBTABLE(CONCAT('new-', tname)) AS SELECT _wstart, count(*), "
+               "avg(voltage) FROM meters PARTITION BY tbname tname INTERVAL(1m);")
+    assert (s.partition_by, s.partition_exprs, s.reads) == (("tname",), (("tname", "tbname"),), "trows")
+    assert s.output_subtable == "CONCAT('new-', tname)" and s.tags == ()
+    assert names(s) == ["_wstart", "count", "avg_voltage"]
+
+
+def test_old_form_tags_take_the_partition_expression_seed_000():
+    s = stream("CREATE STREAM streams2 trigger at_once INTO st1 TAGS(cc varchar(100)) as select _wstart, count(*) c1 "
+               "from st partition by concat(\"tag-\", tbname) as cc interval(10s);")
+    assert (s.partition_by, s.partition_exprs) == (("cc",), (("cc", "CONCAT('tag-', tbname)"),))
+    assert s.tags == (TagDecl("cc", "string", expression="cc"),)
+    assert s.options.trigger_mode == "at_once" and names(s) == ["_wstart", "c1"]
+
+
+def test_old_form_partition_items_and_tag_matching():
+    base = ("CREATE STREAM s INTO o {tags} AS SELECT _wstart, count(*) AS c FROM meters "
+            "PARTITION BY tbname, location, groupid % 2 AS parity INTERVAL(1m)")
+    s = stream(base.format(tags=""))
+    assert s.partition_by == ("tbname", "location", "parity")
+    assert s.partition_exprs == (("parity", "groupid % 2"),)
+    # every tag named after an item: matched by name, in the tags' order
+    s = stream(base.format(tags="TAGS (PARITY INT, Location VARCHAR(64))"))
+    assert s.tags == (TagDecl("PARITY", "int", expression="parity"), TagDecl("Location", "string", expression="location"))
+    # otherwise by position when the counts match
+    s = stream(base.format(tags="TAGS (a VARCHAR(192), b VARCHAR(64) COMMENT 'x', c INT)"))
+    assert s.tags == (TagDecl("a", "string", expression="tbname"), TagDecl("b", "string", expression="location",
+                                                                            comment="x"),
+                      TagDecl("c", "int", expression="parity"))
+
+
+def test_old_form_column_list_tags_and_subtable_together():
+    s = stream("CREATE STREAM s INTO o (ts, c) TAGS (cc VARCHAR(100) COMMENT 'x', g INT) SUBTABLE(CONCAT('a', tname)) "
+               "AS SELECT _wstart, count(*) FROM meters PARTITION BY tbname tname, groupid INTERVAL(1m)")
     assert s.sink_columns == ("ts", "c") and names(s) == ["ts", "c"]
-    assert s.tags == (TagDecl("cc", "string", comment="x"), TagDecl("g", "int"))
-    assert s.output_subtable == "CONCAT('a', tbname)"
+    assert s.tags == (TagDecl("cc", "string", expression="tname", comment="x"), TagDecl("g", "int", expression="groupid"))
+    assert s.output_subtable == "CONCAT('a', tname)"
+    assert (s.partition_by, s.partition_exprs) == (("tname", "groupid"), (("tname", "tbname"),))
+
+
+def test_window_trigger_reads_another_table():
+    s = stream("CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location INTO o AS "
+               "SELECT _twstart, avg(current) AS a, %%2, %%tbname FROM db.other "
+               "WHERE ts >= _twstart AND ts < _twend AND tbname = %%tbname")
+    assert (s.reads, s.source, s.trigger_table) == ("table", "other", "meters")
+    assert s.where == "ts >= __cq_twstart AND ts < __cq_twend AND tbname = __cq_p1"
+    assert [(i.name, i.expression) for i in s.select] == [
+        ("_twstart", "__cq_twstart"), ("a", "AVG(current)"), ("location", "__cq_p2"), ("tbname", "__cq_p1")]
+
+
+def test_from_tbname_reads_each_groups_own_table():
+    s = stream("CREATE STREAM s COUNT_WINDOW(5) FROM meters PARTITION BY location, TBNAME INTO o AS "
+               "SELECT _twstart, count(*) AS c FROM %%tbname WHERE ts >= _twstart")
+    assert (s.reads, s.source, s.trigger_table, s.partition_by) == ("tbname", "meters", "meters", ("location", "TBNAME"))
+    assert s.where == "ts >= __cq_twstart"
+
+
+@pytest.mark.parametrize("query,reads,source", [
+    ("FROM %%trows", "trows", "t"), ("FROM db.other", "table", "other"), ("FROM %%tbname", "tbname", "t")])
+def test_period_and_sliding_reads(query, reads, source):
+    for trigger, first in (("PERIOD(1h) FROM t", "_tlocaltime"), ("SLIDING(1h) FROM t", "_tprev_ts")):
+        s = stream(f"CREATE STREAM s {trigger} PARTITION BY tbname INTO o AS SELECT {first}, count(*) AS c {query}")
+        assert (s.reads, s.source, s.trigger_table) == (reads, source, "t"), trigger
+
+
+def test_notify_on_is_optional_for_sliding_and_period_only():
+    for trigger, first in (("PERIOD(1m) FROM t", "_tlocaltime"), ("SLIDING(1m) FROM t", "_tprev_ts")):
+        s = stream(f"CREATE STREAM s {trigger} NOTIFY('ws://h:1') AS SELECT {first}, count(*) AS c FROM %%trows")
+        assert s.notify == Notify(urls=("ws://h:1",), events=("WINDOW_CLOSE",)) and s.sink is None, trigger
+    s = stream("CREATE STREAM s PERIOD(1m) NOTIFY('ws://h:1') ON (WINDOW_OPEN)")
+    assert s.notify.events == ("WINDOW_OPEN",)
+    sql = "CREATE STREAM s COUNT_WINDOW(5) FROM t NOTIFY('ws://h:1') AS SELECT _twstart, count(*) AS c FROM %%trows"
+    assert error(sql) == (f"t.sql:{at(sql, 'NOTIFY')}: NOTIFY needs ON (WINDOW_OPEN|WINDOW_CLOSE) with the "
+                          "COUNT_WINDOW trigger")
+
+
+def test_double_quoted_text_is_a_string_in_stream_expressions():
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(PRE_FILTER(loc <> \"x\")) INTO o AS "
+               "SELECT _twstart, concat(\"a\", v) AS c FROM %%trows WHERE loc = \"b\"")
+    assert (s.options.pre_filter, s.select[1].expression, s.where) == ("loc <> 'x'", "CONCAT('a', v)", "loc = 'b'")
 
 
 # --- new-form triggers ------------------------------------------------------------------------------
@@ -236,8 +297,8 @@ def test_old_form_options(opts, expected):
 
 def test_old_form_notify_defaults_and_options():
     base = "CREATE STREAM s INTO o AS SELECT _wstart, count(*) AS c FROM t INTERVAL(1m) NOTIFY ('ws://h:1') ON ('WINDOW_OPEN')"
-    assert parsed(base)[0].notify == Notify(urls=("ws://h:1",), events=("WINDOW_OPEN",), on_failure="pause")
-    assert parsed(base + " ON_FAILURE DROP NOTIFY_HISTORY 1")[0].notify == Notify(
+    assert stream(base).notify == Notify(urls=("ws://h:1",), events=("WINDOW_OPEN",), on_failure="pause")
+    assert stream(base + " ON_FAILURE DROP NOTIFY_HISTORY 1").notify == Notify(
         urls=("ws://h:1",), events=("WINDOW_OPEN",), history=True, on_failure="drop")
 
 
@@ -266,13 +327,14 @@ def test_max_delay_and_event_type_are_ignored_for_sliding_and_period(trigger, fi
 
 
 def test_new_form_notify_with_where_and_options():
-    s, _ = parsed("CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM t NOTIFY('ws://h:1', \"wss://g:2/n?k=v\") "
+    s = stream("CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM t NOTIFY('ws://h:1', \"wss://g:2/n?k=v\") "
                   "ON (WINDOW_CLOSE) WHERE avg_v > 10 AND c = 1 NOTIFY_OPTIONS(NOTIFY_HISTORY | ON_FAILURE_PAUSE) "
                   "INTO o AS SELECT _twstart, avg(v) AS avg_v, count(*) AS c FROM %%trows")
     assert s.notify == Notify(urls=("ws://h:1", "wss://g:2/n?k=v"), events=("WINDOW_CLOSE",), where="avg_v > 10 AND c = 1",
                               history=True, on_failure="pause")
-    s, _ = parsed("CREATE STREAM s PERIOD(1m) NOTIFY('ws://h:1')")  # no ON needed, no query: notifications only
-    assert s.notify == Notify(urls=("ws://h:1",)) and s.select == () and s.sink is None
+    s = stream("CREATE STREAM s PERIOD(1m) NOTIFY('ws://h:1')")  # no ON needed, no query: notifications only
+    assert s.notify == Notify(urls=("ws://h:1",), events=("WINDOW_CLOSE",)) and s.select == () and s.sink is None
+    assert (s.trigger_table, s.source) == (None, None)
 
 
 # --- placeholders and result columns -----------------------------------------------------------------
@@ -284,8 +346,11 @@ def test_placeholders_map_to_engine_columns():
     assert [(i.name, i.expression) for i in s.select] == [
         ("_twstart", "__cq_twstart"), ("_twend", "__cq_twend"), ("_twduration", "__cq_twduration"),
         ("_twrownum", "__cq_twrownum"), ("_tgrpid", "__cq_tgrpid"), ("_tlocaltime", "__cq_tlocaltime"),
-        ("tbname", "tbname"), ("l", "loc"), ("tb", "tbname"), ("concat_tbname_2", "CONCAT(tbname, '-', loc)")]
-    assert s.where == "loc = 'x' AND __cq_twrownum > 1"
+        ("tbname", "__cq_p1"), ("l", "__cq_p2"), ("tb", "__cq_p1"), ("concat_tbname_2", "CONCAT(__cq_p1, '-', __cq_p2)")]
+    assert s.where == "__cq_p2 = 'x' AND __cq_twrownum > 1"
+    s = stream("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY loc, tbname INTO o AS SELECT _twstart, "
+               "%%2, %%1, %%tbname AS t2 FROM %%trows")
+    assert [(i.name, i.expression) for i in s.select][1:] == [("tbname", "__cq_p2"), ("loc", "__cq_p1"), ("t2", "__cq_p2")]
     old = stream("CREATE STREAM s INTO o AS SELECT _wstart, _wend, _wduration FROM t INTERVAL(1m)")
     assert [i.expression for i in old.select] == ["__cq_twstart", "__cq_twend", "__cq_twduration"]
 
@@ -366,7 +431,13 @@ REJECTIONS = [
     ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m) NOTIFY ('ws://h:1')", None, "expected ON"),
     # INTO and AS
     ("CREATE STREAM s PERIOD(1m) INTO o", "INTO", "INTO needs AS SELECT"),
-    ("CREATE STREAM s PERIOD(1m)", "s PERIOD", "needs AS SELECT"),
+    ("CREATE STREAM s PERIOD(1m)", "s PERIOD", "a stream needs INTO table or NOTIFY(...)"),
+    ("CREATE STREAM db.s SESSION(ts, 1s) FROM t AS SELECT _twstart, 1 AS x FROM %%trows", "s SESSION",
+     "a stream needs INTO table or NOTIFY(...): without either its results go nowhere"),
+    ("CREATE STREAM s WATERMARK 1s AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "s WATERMARK",
+     "a stream needs INTO table or NOTIFY(...)"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t OUTPUT_SUBTABLE(CONCAT('a', x)) AS SELECT _twstart, 1 AS x FROM %%trows",
+     "OUTPUT_SUBTABLE", "OUTPUT_SUBTABLE needs INTO table"),
     ("CREATE STREAM s SESSION(ts, 1s) FROM t TAGS (a INT AS 1) AS SELECT _twstart, 1 AS x FROM %%trows", "TAGS", "needs INTO"),
     ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o (a, b PRIMARY KEY) AS SELECT _twstart, 1 AS x FROM %%trows",
      "PRIMARY KEY", "composite key"),
@@ -374,10 +445,14 @@ REJECTIONS = [
     ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o (a, b) AS SELECT _twstart, 1, 2 FROM %%trows", "(a, b)",
      "the column list names 2 columns but SELECT has 3"),
     # the subquery
-    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT _twstart, 1 AS x FROM other", "other",
-     "reading another table per window is not supported yet"),
-    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, 1 AS x FROM %%tbname", "%%tbname",
-     "not supported yet"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%tbname", "%%tbname",
+     "FROM %%tbname (each group's own table) needs PARTITION BY tbname"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY loc INTO o AS SELECT _twstart, 1 AS x FROM %%tbname",
+     "%%tbname", "FROM %%tbname (each group's own table) needs PARTITION BY tbname"),
+    ("CREATE STREAM s PERIOD(1m) PARTITION BY tbname INTO o AS SELECT _tlocaltime, 1 AS x FROM %%tbname", "%%tbname",
+     "FROM %%tbname needs a trigger table"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o AS SELECT count(*), _twstart FROM other", "count(*),",
+     "the first column of a stream's result is the sink's time column"),
     ("CREATE STREAM s PERIOD(1m) INTO o AS SELECT _tlocaltime, 1 AS x FROM %%trows", "%%trows", "needs a trigger table"),
     (W.format(items="x FROM %%trows GROUP BY x --"), "GROUP BY", "GROUP BY is not allowed"),
     (W.format(items="x FROM %%trows ORDER BY x --"), "ORDER BY", "ORDER BY is not allowed"),
@@ -418,10 +493,19 @@ REJECTIONS = [
      "unknown placeholder"),
     ("CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(PRE_FILTER(_twstart > 1)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
      "_twstart >", "can only be used in SELECT and WHERE, not in PRE_FILTER"),
-    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname INTO o TAGS (g INT AS %%1) AS SELECT _twstart, 1 AS x FROM %%trows",
-     "%%1", "not in TAGS"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname OPTIONS(PRE_FILTER(%%1 = 'x')) INTO o AS "
+     "SELECT _twstart, 1 AS x FROM %%trows", "%%1",
+     "%%1 can only be used in SELECT, WHERE, TAGS, OUTPUT_SUBTABLE and NOTIFY ... WHERE, not in PRE_FILTER"),
     ("CREATE STREAM s STATE_WINDOW(%%tbname) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
-     "%%tbname", "FROM, SELECT and WHERE, not in STATE_WINDOW"),
+     "%%tbname", "FROM, SELECT, WHERE, TAGS, OUTPUT_SUBTABLE and NOTIFY ... WHERE, not in STATE_WINDOW"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY a INTO o TAGS (g INT AS %%2) AS SELECT _twstart, 1 AS x "
+     "FROM %%trows", "%%2", "%%2 refers to PARTITION BY column 2, but PARTITION BY names 1 column(s)"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY a INTO o OUTPUT_SUBTABLE(%%tbname) AS SELECT _twstart, 1 AS x "
+     "FROM %%trows", "%%tbname", "%%tbname needs PARTITION BY tbname"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY a NOTIFY('ws://h:1') ON (WINDOW_CLOSE) WHERE %%trows = 1 "
+     "AS SELECT _twstart, 1 AS x FROM %%trows", "%%trows =", "%%trows can only be used in FROM, not in NOTIFY ... WHERE"),
+    ("CREATE STREAM s SESSION(ts, 1s) FROM t INTO o TAGS (g INT AS 1, G INT AS 2) AS SELECT _twstart, 1 AS x "
+     "FROM %%trows", "G INT", "tag 'G' is declared twice"),
     ("CREATE STREAM s COUNT_WINDOW(5, _twstart) FROM t INTO o AS SELECT _twstart, 1 AS x FROM %%trows", "_twstart)",
      "is a placeholder, not a column"),
     # PARTITION BY
@@ -429,8 +513,19 @@ REJECTIONS = [
      "concat", "PARTITION BY takes column names"),
     ("CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname AS tn INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
      "tbname AS", "PARTITION BY takes column names"),
-    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t PARTITION BY tbname tname INTERVAL(1m)", "tbname tname",
-     "PARTITION BY takes column names"),
+    # the old form's PARTITION BY and TAGS
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t PARTITION BY tbname, concat(\"tag-\", tbname) "
+     "INTERVAL(1m)", "concat", "give the PARTITION BY expression a name: concat(\"tag-\", tbname) AS name"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t PARTITION BY tbname, upper(loc) tbname INTERVAL(1m)",
+     "upper", "PARTITION BY names 'tbname' twice"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t PARTITION BY count(v) AS c INTERVAL(1m)", "count",
+     "aggregates are not allowed in PARTITION BY"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t PARTITION BY _wstart AS w INTERVAL(1m)", "_wstart AS",
+     "_wstart can only be used in SELECT and WHERE, not in PARTITION BY"),
+    ("CREATE STREAM s INTO o TAGS (a INT, b INT) AS SELECT _wstart, 1 AS x FROM t PARTITION BY tbname INTERVAL(1m)",
+     "TAGS", "TAGS names 2 tag(s) but PARTITION BY has 1 item(s) (tbname): name the tags after the PARTITION BY"),
+    ("CREATE STREAM s INTO o TAGS (a INT) AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "TAGS",
+     "the old form's TAGS take their values from PARTITION BY, and the query has none"),
     # old form
     ("CREATE STREAM s TRIGGER MAX_DELAY 4s INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m)", "4s", "at least 5s"),
     ("CREATE STREAM s TRIGGER FORCE_WINDOW_CLOSE INTO o AS SELECT _wstart, 1 AS x FROM t INTERVAL(1m) SLIDING(30s)",

@@ -58,7 +58,7 @@ def test_old_form_seed_avg_vol_s_ignores_expired_rows_by_default(tmp_path, spark
     b.append([(s, d, 1.0, 200 + s % 11) for s in range(0, 185, 5) for d in ("d1001", "d1002")])
     b.tick("avg_vol_s")
     rows = b.sink("avg_vol")
-    assert set(rows[0]) == {"_wstart", "count", "avg_voltage", "tbname"}
+    assert set(rows[0]) == {"_wstart", "count", "avg_voltage", "tbname", "group_id"}
     # Windows [k*30s, k*30s + 1m) closed by T = 180s: starts -30s .. 120s.
     assert sorted({r["_wstart"] for r in rows}) == [T0 + k * 30 * S for k in range(-1, 5)]
     data = [r for r in b.rows() if r["tbname"] == "d1001"]

@@ -41,7 +41,7 @@ def _urls(cur: Cursor, keyword: Token) -> tuple[str, ...]:
 _WHERE_ENDS = ("NOTIFY_OPTIONS", "INTO", "OUTPUT_SUBTABLE", "TAGS", "AS")
 
 
-def parse_notify(cur: Cursor) -> tuple[Notify, Token, list[Token] | None]:
+def parse_notify(cur: Cursor) -> tuple[Notify, list[Token] | None]:
     """New form: ``NOTIFY(url, ...) [ON (events)] [WHERE cond] [NOTIFY_OPTIONS(...)]``; the WHERE's
     tokens come back unparsed (it names result columns, known after the query)."""
     keyword = cur.advance()
@@ -73,22 +73,23 @@ def parse_notify(cur: Cursor) -> tuple[Notify, Token, list[Token] | None]:
                 raise cur.error_at(tok, f"{value} given twice")
             seen.add(value)
         history, on_failure = "NOTIFY_HISTORY" in seen, "pause" if "ON_FAILURE_PAUSE" in seen else "drop"
-    return Notify(urls=urls, events=events, history=history, on_failure=on_failure), keyword, where
+    return Notify(urls=urls, events=events, history=history, on_failure=on_failure), where
 
 
 def notify_where(scope: Scope, toks: list[Token], names: tuple[str, ...]) -> str:
-    """NOTIFY's WHERE may name the result's columns and constants only (seed 000)."""
+    """NOTIFY's WHERE may name the result's columns, the group's ``%%n`` and constants (seed 000)."""
     node, frag = scope.parse_expression(toks, "NOTIFY ... WHERE", toks[0])
     resolved = scope.resolve(node, frag, "NOTIFY ... WHERE")
     known = {n.lower() for n in names}
     for col in node.find_all(exp.Column):
-        if col.name.lower() not in known:
+        placeholder = frag.offset_of(col) in scope.marks or col.this.args.get("quoted")  # %%n, "string"
+        if not placeholder and col.name.lower() not in known:
             raise frag.error(col, f"NOTIFY ... WHERE can only use the result's columns ({', '.join(names)}) "
                                   f"and constants, not {col.name!r}")
     return to_spark(resolved)
 
 
-def parse_old_notify(cur: Cursor) -> tuple[Notify, Token]:
+def parse_old_notify(cur: Cursor) -> Notify:
     """Old form: ``NOTIFY (urls) ON ('WINDOW_OPEN', ...) [NOTIFY_HISTORY 0|1] [ON_FAILURE DROP|PAUSE]``."""
     keyword = cur.advance()
     urls = _urls(cur, keyword)
@@ -111,4 +112,4 @@ def parse_old_notify(cur: Cursor) -> tuple[Notify, Token]:
             if value is None or value.text.upper() not in ("DROP", "PAUSE"):
                 raise cur.unexpected("ON_FAILURE takes DROP or PAUSE")
             on_failure = cur.advance().text.lower()
-    return Notify(urls=urls, events=events, history=bool(history), on_failure=on_failure), keyword
+    return Notify(urls=urls, events=events, history=bool(history), on_failure=on_failure)

@@ -248,6 +248,8 @@ def parse_tags(cur: Cursor, scope: Scope) -> tuple[tuple[TagDecl, ...], Token]:
     for part in split_top(inner):
         sub = cur.sub(part, part[-1].end + 1 if part else close.start)
         name = sub.identifier("a tag name")
+        if name.text.lower() in (t.name.lower() for t in tags):
+            raise sub.error_at(name, f"tag {name.text!r} is declared twice")
         ttype = column_type(sub)
         comment = sub.advance().text if sub.match("COMMENT") else None
         expression = None
@@ -260,10 +262,10 @@ def parse_tags(cur: Cursor, scope: Scope) -> tuple[tuple[TagDecl, ...], Token]:
     return tuple(tags), keyword
 
 
-def parse_subtable(cur: Cursor, scope: Scope) -> tuple[str, Token]:
+def parse_subtable(cur: Cursor, scope: Scope) -> str:
     """``OUTPUT_SUBTABLE(expr)`` / the old form's ``SUBTABLE(expr)``."""
     keyword = cur.advance()
     if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
         raise cur.unexpected(f"expected '(' after {keyword.text.upper()}")
     _, inner, _ = cur.group()
-    return to_spark(scope.expression(inner, keyword.text.upper(), keyword)), keyword
+    return to_spark(scope.expression(inner, keyword.text.upper(), keyword))

@@ -1,15 +1,14 @@
-"""The expressions of ``CREATE STREAM``: placeholders, the subquery's clauses and its result columns."""
+"""The expressions of ``CREATE STREAM``: placeholders (``Scope``) and the subquery's clauses."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
-from ..model import PLACEHOLDERS, KeyBound, SelectItem, placeholder_column
-from .cursor import Cursor, split_top
+from ..model import PLACEHOLDERS, partition_placeholder, placeholder_column
+from .cursor import Cursor
 from .fragments import Fragment, is_aggregate, to_spark
 
 # Which trigger family offers which placeholder (seed 000's table; the old form has its own three).
@@ -21,16 +20,11 @@ FAMILY_PLACEHOLDERS = {
 }
 COMMON_PLACEHOLDERS = ("_tgrpid", "_tlocaltime")
 OLD_PLACEHOLDERS = ("_wstart", "_wend", "_wduration")
+# Where %%n and %%tbname may stand (seed 000 says SELECT and WHERE; TDengine's own examples also use
+# them for the output subtable's name and tags, which is what they are for).
+PERCENT_CLAUSES = ("SELECT", "WHERE", "TAGS", "OUTPUT_SUBTABLE", "NOTIFY ... WHERE")
 _FAMILY_NAMES = {"window": "window triggers (INTERVAL ... SLIDING, SESSION, STATE_WINDOW, EVENT_WINDOW, COUNT_WINDOW)",
                  "sliding": "SLIDING triggers without INTERVAL", "period": "PERIOD triggers"}
-# The first result column: the sink's time column, per family → {placeholder: key bound}.
-_KEYS: dict[str, dict[str, KeyBound]] = {
-    "window": {"_twstart": "start", "_twend": "end"}, "old": {"_wstart": "start", "_wend": "end"},
-    "sliding": {"_tprev_ts": "start", "_tcurrent_ts": "end"}, "period": {"_tlocaltime": "tick"},
-}
-_KEY_WORDS = {"window": "the window start (_twstart)", "old": "the window start (_wstart)",
-              "sliding": "the previous trigger time (_tprev_ts) or this trigger's time (_tcurrent_ts)",
-              "period": "the trigger time (_tlocaltime)"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +54,8 @@ class Scope:
     """What one stream's expressions may reference: its trigger's placeholders, its PARTITION BY.
 
     sqlglot reads ``%%name`` as ``__name`` (same length, so error offsets stay right); placeholders
-    become engine columns (``placeholder_column``), ``%%n`` the n-th PARTITION BY column."""
+    become engine columns (``placeholder_column``), ``%%n`` and ``%%tbname`` the column holding the
+    trigger group's n-th PARTITION BY value (``partition_placeholder``)."""
 
     def __init__(self, cur: Cursor, marks: dict[int, Mark], form: str):
         self.cur, self.marks, self.form = cur, marks, form
@@ -84,7 +79,7 @@ class Scope:
         if not toks:
             raise self.cur.error_at(at, f"{clause} needs an expression")
         frag = self.fragment(toks)
-        parsed = _only(frag, frag.parse("SELECT "), "expressions")
+        parsed = plain_select(frag, frag.parse("SELECT "), "expressions")
         if len(parsed.expressions) != 1 or isinstance(parsed.expressions[0], exp.Alias):
             raise frag.error(parsed.expressions[-1], f"{clause} takes one expression")
         return parsed.expressions[0], frag
@@ -107,6 +102,8 @@ class Scope:
         def visit(n: exp.Expression) -> exp.Expression:
             if not isinstance(n, exp.Column) or n.table:
                 return n
+            if n.this.args.get("quoted"):  # TDengine: "text" is a string like 'text' (identifiers use `...`)
+                return exp.Literal.string(n.name)
             offset = frag.offset_of(n)
             if offset in self.marks:
                 self.used.add(offset)
@@ -122,23 +119,31 @@ class Scope:
         at = mark.token
         if self.form == "old":
             raise self.cur.error_at(at, f"{mark.text}: %% placeholders belong to the new CREATE STREAM form")
-        name = mark.name.lower()
-        if name == "trows":
+        if mark.name.lower() == "trows":
             raise self.cur.error_at(at, f"%%trows can only be used in FROM, not in {clause}")
-        if clause not in ("SELECT", "WHERE"):
-            where = "FROM, SELECT and WHERE" if name == "tbname" else "SELECT and WHERE"
-            raise self.cur.error_at(at, f"{mark.text} can only be used in {where}, not in {clause}")
+        if clause not in PERCENT_CLAUSES:
+            raise self.cur.error_at(at, f"{mark.text} can only be used in {_percent_clauses(mark)}, not in {clause}")
+        return partition_placeholder(self.partition_index(mark))
+
+    def partition_index(self, mark: Mark) -> int:
+        """The 1-based PARTITION BY position ``%%n`` / ``%%tbname`` stands for."""
+        at, name = mark.token, mark.name.lower()
         if name == "tbname":
-            if "tbname" not in (p.lower() for p in self.partition_by):
+            lowered = [p.lower() for p in self.partition_by]
+            if "tbname" not in lowered:
                 raise self.cur.error_at(at, "%%tbname needs PARTITION BY tbname")
-            return "tbname"
+            return lowered.index("tbname") + 1
         if not name.isdigit():
             raise self.cur.error_at(at, f"unknown placeholder {mark.text!r} (known: %%trows, %%tbname, %%1, %%2, ...)")
         n = int(name)
         if not 1 <= n <= len(self.partition_by):
             raise self.cur.error_at(at, f"{mark.text} refers to PARTITION BY column {n}, but PARTITION BY names "
                                         f"{len(self.partition_by)} column(s)")
-        return self.partition_by[n - 1]
+        return n
+
+    def partition_name(self, mark: Mark) -> str:
+        """A result column written ``%%n`` is named after the n-th PARTITION BY column (``%%tbname``: tbname)."""
+        return "tbname" if mark.name.lower() == "tbname" else self.partition_by[self.partition_index(mark) - 1]
 
     def check_placeholder(self, name: str, offset: int, clause: str) -> None:
         lowered = name.lower()
@@ -161,11 +166,17 @@ class Scope:
         """A ``%%`` placeholder no clause took (in a table name, an alias...) is misplaced."""
         for offset, mark in sorted(self.marks.items()):
             if offset not in self.used:
-                where = {"trows": "FROM", "tbname": "FROM, SELECT and WHERE"}.get(mark.name.lower(), "SELECT and WHERE")
-                raise self.cur.error_at(mark.token, f"{mark.text} can only be used in {where}")
+                raise self.cur.error_at(mark.token, f"{mark.text} can only be used in {_percent_clauses(mark)}")
 
 
-def _only(frag: Fragment, parsed: exp.Expression, *keys: str) -> exp.Select:
+def _percent_clauses(mark: Mark) -> str:
+    if mark.name.lower() == "trows":
+        return "FROM"
+    return ("FROM, " if mark.name.lower() == "tbname" else "") + ", ".join(PERCENT_CLAUSES[:-1]) + " and " + \
+        PERCENT_CLAUSES[-1]
+
+
+def plain_select(frag: Fragment, parsed: exp.Expression, *keys: str) -> exp.Select:
     """``parsed`` must be a plain SELECT with only ``keys`` set (no GROUP BY slipping through)."""
     if not isinstance(parsed, exp.Select):
         raise frag.source.error(frag.start, f"unexpected {type(parsed).__name__.upper()} in a stream's query")
@@ -271,75 +282,7 @@ def from_clause(scope: Scope, clause: Token, toks: list[Token]) -> tuple[str, bo
 
 def where_clause(scope: Scope, toks: list[Token]) -> str:
     frag = scope.fragment(toks)
-    cond = _only(frag, frag.parse("SELECT 1 WHERE "), "expressions", "where").args["where"].this
+    cond = plain_select(frag, frag.parse("SELECT 1 WHERE "), "expressions", "where").args["where"].this
     if is_aggregate(cond):
         raise frag.error(cond, "aggregates are not allowed in WHERE")
     return to_spark(scope.resolve(cond, frag, "WHERE"))
-
-
-def derived_name(text: str) -> str:
-    """``count(*)`` → ``count``, ``avg(voltage)`` → ``avg_voltage``."""
-    lowered = re.sub(r"\(\s*\*\s*\)", "", text).lower()
-    return re.sub(r"[^a-z0-9_]+", "_", lowered).rstrip("_")
-
-
-def select_items(scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ...] | None,
-                 columns_tok: Token | None) -> tuple[tuple[SelectItem, ...], KeyBound]:
-    """The result columns and the bound the first one (the sink's time column) carries."""
-    cur = scope.cur
-    parts = split_top(toks)
-    for part in parts:
-        if not part:
-            raise cur.error_at(toks[0], "empty item in SELECT")
-    frag = scope.fragment(toks)
-    nodes = _only(frag, frag.parse("SELECT "), "expressions").expressions
-    if len(nodes) != len(parts):
-        raise cur.error_at(toks[0], "cannot split the SELECT list into items")
-    if sink_columns is not None and len(sink_columns) != len(nodes):
-        raise cur.error_at(columns_tok, f"the column list names {len(sink_columns)} columns but SELECT has {len(nodes)}")
-    key_bound = _first_column(scope, frag, nodes[0], parts[0])
-    items, seen = [], {}
-    for i, (node, part) in enumerate(zip(nodes, parts)):
-        body = node.this if isinstance(node, exp.Alias) else node
-        if isinstance(body, exp.Star) or body.find(exp.Star) is body:
-            raise frag.error(node, "SELECT * is not supported in a stream: name the columns")
-        if sink_columns is not None:
-            name = sink_columns[i]
-        elif isinstance(node, exp.Alias):
-            name = node.alias
-        elif isinstance(body, exp.Column) and not body.table and frag.offset_of(body) in scope.marks:
-            name = None  # %%n / %%tbname: named after the column it stands for, below
-        elif isinstance(body, exp.Column):
-            name = body.name
-        else:
-            name = derived_name(cur.source.text[part[0].start : part[-1].end + 1])
-        resolved = scope.resolve(body, frag, "SELECT")
-        if name is None:
-            name = resolved.name
-        if not name:
-            raise cur.error_at(part[0], "this select item needs a name: add AS name")
-        if (prev := seen.get(name.lower())) is not None:
-            at = columns_tok if sink_columns is not None else part[0]
-            raise cur.error_at(at, f"two result columns are named {name!r} (items {prev} and {i + 1}): "
-                                   "give one an alias with AS name")
-        seen[name.lower()] = i + 1
-        items.append(SelectItem(expression=to_spark(resolved), name=name, is_aggregate=is_aggregate(resolved)))
-    return tuple(items), key_bound
-
-
-def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list[Token]) -> KeyBound:
-    body = node.this if isinstance(node, exp.Alias) else node
-    keys = dict(_KEYS[scope.family])
-    if scope.family in ("window", "old") and not scope.interval_window:
-        keys = {k: v for k, v in keys.items() if v == "start"}
-    if isinstance(body, exp.Column) and not body.table and body.name.lower() in PLACEHOLDERS:
-        scope.check_placeholder(body.name, frag.offset_of(body), "SELECT")  # the wrong trigger's: say so
-    if isinstance(body, exp.Column) and not body.table and body.name.lower() in keys:
-        return keys[body.name.lower()]
-    want = _KEY_WORDS[scope.family]
-    if scope.family in ("window", "old"):
-        end = "_twend" if scope.family == "window" else "_wend"
-        want += f" or, for INTERVAL windows, the window end ({end})"
-    text = scope.cur.source.text[part[0].start : part[-1].end + 1]
-    raise scope.cur.error_at(part[0], f"the first column of a stream's result is the sink's time column: it must be "
-                                      f"{want}, found {text!r}")

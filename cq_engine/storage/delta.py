@@ -217,7 +217,7 @@ class DeltaRsStorage:
         if self.exists(table):
             data = _cast_to(table, data, self.schema(table))
         else:
-            data = data.cast(_storable_schema(data.schema))
+            data = data.cast(storable_schema(data.schema))
         commit_id = uuid.uuid4().hex
         props = CommitProperties(custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id})
         for attempt in range(MAX_ATTEMPTS):
@@ -292,7 +292,7 @@ class DeltaRsStorage:
             if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
                 raise TableError(f"table '{table}' does not exist and the data to write has no "
                                  f"timestamp column '{time_column}' to create it from")
-            DeltaTable.create(self.uri(table), _storable_schema(data.schema), mode="ignore",
+            DeltaTable.create(self.uri(table), storable_schema(data.schema), mode="ignore",
                               storage_options=self.storage_options)
         dt = self._open(table)
         column = self._time_field(table, dt, time_column)
@@ -361,7 +361,7 @@ def _overlaps(actions: pa.Table, column: str, lo: datetime, hi: datetime) -> lis
     return [mn is None or mx is None or (mn < hi and mx + _STATS_SLACK > lo) for mn, mx in zip(mins, maxs)]
 
 
-def _storable_schema(schema: pa.Schema) -> pa.Schema:
+def storable_schema(schema: pa.Schema) -> pa.Schema:
     """The schema a new table gets from its first data: nullable columns, timestamps as UTC micros
     (naive timestamps are UTC inside the engine), large/view strings as plain strings."""
     def fix(t: pa.DataType) -> pa.DataType:
