@@ -383,3 +383,38 @@ def test_cq_stop_names_an_unreachable_dagster(streams, monkeypatch, capsys):
     port = free_port()
     assert main(["stop", "s_int", "--dagster", f"127.0.0.1:{port}"]) == 1
     assert f"cq: error: cannot reach Dagster at http://127.0.0.1:{port}/graphql" in capsys.readouterr().err
+
+
+def test_stream_sensor_holds_its_cursor_while_pause_notifications_fail(tmp_path, spark, instance):
+    """ON_FAILURE PAUSE: the job's run commits but cannot notify; the sensor then skips without moving
+    its cursor until a retry delivers, and every event arrives once."""
+    from streams_util import Bench
+    from ws_recorder import Recorder
+
+    from cq_engine.stream_timing import StreamCursor
+
+    with Recorder() as recorder:
+        bench = Bench(tmp_path, spark, f"""CREATE STREAM s_note INTERVAL(10s) SLIDING(10s) FROM meters
+            NOTIFY('{recorder.url()}') ON (WINDOW_CLOSE) NOTIFY_OPTIONS(ON_FAILURE_PAUSE)
+            INTO s_note_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+        defs = build_definitions(settings=bench.settings, now=STREAM_NOW)
+        cursor = _tick_sensor(defs, instance, "s_note", None).cursor
+        recorder.stop()
+        bench.append([(s, "d1", 1.0) for s in range(0, 25, 5)])
+        result = _tick_sensor(defs, instance, "s_note", cursor)
+        (request,) = result.run_requests
+        _run(defs, instance, "s_note", request)  # sink committed, its 2 closes pending
+        assert len(bench.sink("s_note_out")) == 2
+        bench.append([(s, "d1", 1.0) for s in range(25, 45, 5)])
+        held = _tick_sensor(defs, instance, "s_note", result.cursor)
+        assert not held.run_requests and held.cursor == result.cursor  # the cursor does not move
+        assert held.skip_message.startswith("s_note paused: notification delivery failing (ws://127.0.0.1:")
+        recorder.start()
+        resumed = _tick_sensor(defs, instance, "s_note", result.cursor)
+        (request,) = resumed.run_requests
+        assert StreamCursor.from_json(resumed.cursor).version == 2
+        assert [e["windowStart"] for e in recorder.wait_for(1) and recorder.events()] == [1795255200000, 1795255210000]
+        _run(defs, instance, "s_note", request)
+        recorder.wait_for(2)
+        starts = [e["windowStart"] for e in recorder.events()]
+        assert starts == [1795255200000, 1795255210000, 1795255220000, 1795255230000]
