@@ -31,6 +31,11 @@ def register(cmd) -> None:
         sp.add_argument("--dagster", default="localhost:3000", metavar="HOST:PORT")
     sp = cmd("drop", _drop, "what dropping a file-defined definition means (its outputs stay)")
     sp.add_argument("name")
+    sp = cmd("listen", _listen, "a local WebSocket server printing the NOTIFY messages it receives, one JSON "
+                               "line each (for trying NOTIFY('ws://127.0.0.1:8765/notify'))")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8765)
+    sp.add_argument("--count", type=int, default=0, help="exit after this many messages (default: run until Ctrl-C)")
 
 
 def cursor_path(settings: Settings, name: str) -> Path:
@@ -206,4 +211,33 @@ def _drop(args, settings: Settings) -> int:
         shutil.rmtree(state)
     print(json.dumps({"dropped": args.name, "runs_in_ledger": len(runs), "state_removed": str(state),
                       "outputs": "kept"}))
+    return 0
+
+
+def _listen(args, settings: Settings) -> int:
+    """Receive NOTIFY messages and print each on one line; ``--count`` stops after that many."""
+    import threading
+
+    from websockets.sync.server import serve
+
+    seen = {"n": 0}
+    done = threading.Event()
+
+    def handle(ws) -> None:
+        for text in ws:
+            print(text if isinstance(text, str) else text.decode(), flush=True)
+            seen["n"] += 1
+            if args.count and seen["n"] >= args.count:
+                done.set()
+
+    with serve(handle, args.host, args.port) as server:
+        print(f"listening on ws://{args.host}:{args.port}/ (Ctrl-C to stop)", flush=True)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            while not done.wait(0.2):
+                pass
+        except KeyboardInterrupt:
+            pass
+        server.shutdown()
     return 0

@@ -10,13 +10,14 @@ its WHERE (a range join such as ``ts >= _twstart AND ts < _twend``).
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import sqlglot
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from sqlglot import exp
 
+from .durations import micros
 from .model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
 from .stream_output import shaping_columns
 from .windows import WCLOSED, WEND, WLAST, WROWS, WSTART, with_next_tick
@@ -27,6 +28,7 @@ GROUP = placeholder_column("_tgrpid")
 ENGINE_COLUMNS = (WSTART, WCLOSED, WLAST, GROUP)  # kept in the result for state, dropped before writing
 EMPTY = "__cq_empty"  # a window of the run without a result row (FORCE_OUTPUT's row, OPEN events)
 PER_WINDOW_LIMIT = 2000
+_BIN_W, _BIN_R = "__cq_bin_w", "__cq_bin_r"
 # Spark refuses nondeterministic expressions in a join condition: such a WHERE runs per window.
 _NONDETERMINISTIC = {"rand", "random", "randn", "uuid", "shuffle", "monotonically_increasing_id", "rand_str",
                      "randstr", "uniform"}
@@ -151,10 +153,37 @@ def nondeterministic(sql: str | None) -> list[str]:
     return sorted(names & _NONDETERMINISTIC)
 
 
-def join_source(stream: Stream, frame: DataFrame, source: DataFrame) -> DataFrame:
-    """The read table's rows joined to every window whose condition they meet: one Spark join (a
-    range join on the window bounds), or — when the WHERE is nondeterministic — one filter per window
-    over literal placeholder values, logged."""
+def time_bounds(where: str | None, time_column: str) -> tuple[str, str] | None:
+    """``(P, P')`` when ``where`` holds ``time_column >= P`` and ``time_column < P'`` (either way round,
+    strict or not) for window-time placeholders P, P': the joined rows then lie within the run's event
+    time, and each window within [P, P'] — what the range join bins on."""
+    if not where:
+        return None
+    bounds = {placeholder_column(p) for p in ("_twstart", "_twend", "_tprev_ts", "_tcurrent_ts", "_tnext_ts")}
+    lower = upper = None
+    tree = sqlglot.parse_one(where, read="spark").unnest()
+    for cond in (tree.flatten() if isinstance(tree, exp.And) else [tree]):
+        if not isinstance(cond, (exp.GTE, exp.GT, exp.LTE, exp.LT)):
+            continue
+        for a, b, flipped in ((cond.this, cond.expression, False), (cond.expression, cond.this, True)):
+            if (isinstance(a, exp.Column) and a.name.lower() == time_column.lower()
+                    and isinstance(b, exp.Column) and b.name.lower() in bounds):
+                greater = isinstance(cond, (exp.GTE, exp.GT)) != flipped  # time column >= / > P
+                if greater:
+                    lower = lower or b.name
+                else:
+                    upper = upper or b.name
+    return (lower, upper) if lower and upper else None
+
+
+def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_column: str,
+                bin: timedelta) -> DataFrame:
+    """The read table's rows joined to every window whose condition they meet: one Spark join, or —
+    when the WHERE is nondeterministic — one filter per window over literal placeholder values, logged.
+
+    When the WHERE bounds the time column by window placeholders, the join also matches on a time
+    bucket of size ``bin`` (each window exploded into the buckets it spans, each row in its own), so
+    Spark runs an equi-join instead of comparing every row with every window."""
     cond = join_condition(stream)
     bad = nondeterministic(cond)
     if not bad:
@@ -162,7 +191,15 @@ def join_source(stream: Stream, frame: DataFrame, source: DataFrame) -> DataFram
             log.warning("%s: the query's WHERE does not relate %s to the window: every window reads "
                         "the whole table", stream.name, stream.source)
             return source.crossJoin(frame)
-        return source.join(frame, on=F.expr(cond), how="inner")
+        bounds = time_bounds(stream.where, time_column)
+        if bounds is None:
+            return source.join(frame, on=F.expr(cond), how="inner")
+        size = max(1, micros(bin))
+        bucket = lambda c: F.floor(F.unix_micros(c) / F.lit(size)).cast("long")  # noqa: E731
+        frame = frame.withColumn(_BIN_W, F.explode(F.sequence(bucket(F.col(bounds[0])), bucket(F.col(bounds[1])))))
+        source = source.withColumn(_BIN_R, bucket(F.col(time_column)))
+        joined = source.join(frame, on=(F.col(_BIN_R) == F.col(_BIN_W)) & F.expr(cond), how="inner")
+        return joined.drop(_BIN_R, _BIN_W)
     rows = frame.toArrow().to_pylist()
     if len(rows) > PER_WINDOW_LIMIT:
         from .errors import CQError

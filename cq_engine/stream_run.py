@@ -25,13 +25,13 @@ from . import stream_timing as st
 from .durations import micros
 from .errors import CQError
 from .ledger import LedgerEntry
-from .model import DATA_SHAPED, PeriodTrigger, Stream, placeholder_column
+from .model import DATA_SHAPED, PeriodTrigger, SlidingTrigger, Stream
 from .storage.delta import groups_predicate, ranges_predicate, storable_schema
 from .storage.predicates import quote_ident
 from .stream_events import NOTIFY_OK
 from .stream_output import GROUP_ID, column_map, output_names, renamed
 from .stream_plan import (EMPTY, ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, group_id, join_source,
-                          partition_columns, period_frame, prepare, window_frame, with_empty_windows,
+                          partition_columns, period_frame, prepare, time_bounds, window_frame, with_empty_windows,
                           with_placeholders)
 from .times import EPOCH, UTC, iso
 from .windows import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WSTART,
@@ -144,8 +144,9 @@ def _compute(engine: "Engine", stream: Stream, windows, keep: list[str], *, read
     if stream.reads == "trows":
         result = evaluate(stream, windows, keep=keep)
     else:
-        source = _joined_table(engine, stream, read_range, version)
-        result = evaluate(stream, join_source(stream, frame, source), keep=keep, where=False)
+        source, time_column = _joined_table(engine, stream, read_range, version)
+        joined = join_source(stream, frame, source, time_column=time_column, bin=_bin(stream))
+        result = evaluate(stream, joined, keep=keep, where=False)
     if empties:
         result = with_empty_windows(stream, result, frame, keep)
     if stream.notify is not None and stream.notify.where:
@@ -159,10 +160,18 @@ def _joined_table(engine: "Engine", stream: Stream, read_range, version: int):
     table = stream.source
     time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
     pinned = version if table == stream.trigger_table else None
-    bounded = read_range if bounds_time(stream.where, time_column) else None
+    bounded = read_range if time_bounds(stream.where, time_column) else None
     df, _ = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=bounded,
                                       version=pinned)
-    return df
+    return df, time_column
+
+
+def _bin(stream: Stream) -> timedelta:
+    """The range join's bucket: about one window (time windows), the gap (sessions), else a minute."""
+    trig = stream.trigger
+    if isinstance(trig, SlidingTrigger):
+        return st.window_length(trig)
+    return trig.gap if trig.kind == "session" else timedelta(minutes=1)
 
 
 def _sink_columns(engine: "Engine", stream: Stream) -> list[str] | None:
@@ -280,28 +289,6 @@ def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[
     if closed is None:
         return []
     return [(a, min(b, closed[1])) for a, b in work.windows if a < closed[1]]
-
-
-def bounds_time(where: str | None, time_column: str) -> bool:
-    """Whether ``where`` holds ``time_column >= P`` and ``time_column < P'`` (either way round, strict or
-    not) for window-time placeholders P, P' — then the joined rows lie within the run's event time."""
-    if not where:
-        return False
-    import sqlglot
-    from sqlglot import exp
-
-    bounds = {placeholder_column(p) for p in ("_twstart", "_twend", "_tprev_ts", "_tcurrent_ts", "_tnext_ts")}
-    lower = upper = False
-    tree = sqlglot.parse_one(where, read="spark").unnest()
-    for cond in (tree.flatten() if isinstance(tree, exp.And) else [tree]):
-        if not isinstance(cond, (exp.GTE, exp.GT, exp.LTE, exp.LT)):
-            continue
-        for a, b, flipped in ((cond.this, cond.expression, False), (cond.expression, cond.this, True)):
-            if (isinstance(a, exp.Column) and a.name.lower() == time_column.lower()
-                    and isinstance(b, exp.Column) and b.name.lower() in bounds):
-                greater = isinstance(cond, (exp.GTE, exp.GT)) != flipped  # time column >= / > P
-                lower, upper = lower or greater, upper or not greater
-    return lower and upper
 
 
 # --- data-shaped windows ---------------------------------------------------------------------------

@@ -36,3 +36,21 @@ CREATE STREAM meter_sessions SESSION(ts, 30s) FROM meters PARTITION BY tbname OP
 -- PERIOD: every minute, how many readings were committed since the previous tick.
 CREATE STREAM readings_per_minute PERIOD(1m) FROM meters
   INTO readings_per_minute AS SELECT _tlocaltime, count(*) AS readings FROM %%trows;
+
+-- Output shaping: one output subtable per meter, its location as a tag; a row even when no reading
+-- exceeds 11 A in the minute (FORCE_OUTPUT keeps the window start, the rest is NULL).
+CREATE STREAM hot_minutes INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location
+  OPTIONS(FORCE_OUTPUT | DELETE_OUTPUT_TABLE)
+  INTO hot_minutes OUTPUT_SUBTABLE(CONCAT('hot_', %%tbname)) TAGS (site VARCHAR(64) AS %%2)
+  AS SELECT _twstart, count(*) AS hot_readings, max(current) AS peak FROM %%trows WHERE current > 11;
+
+-- A query reading a table instead of %%trows: per meter and minute, the whole fleet's average voltage
+-- in that minute (every meter's rows), next to the meter (one Spark range join for all windows).
+CREATE STREAM fleet_voltage INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
+  INTO fleet_voltage AS SELECT _twstart, avg(voltage) AS fleet_avg_voltage, count(*) AS fleet_readings
+  FROM meters WHERE ts >= _twstart AND ts < _twend;
+
+-- Notifications: run `cq listen` in another terminal to watch them (undelivered ones are dropped).
+CREATE STREAM status_changes STATE_WINDOW(status) FROM meters PARTITION BY tbname
+  NOTIFY('ws://127.0.0.1:8765/notify') ON (WINDOW_OPEN|WINDOW_CLOSE)
+  INTO status_changes AS SELECT _twstart, _twend, count(*) AS readings FROM %%trows;

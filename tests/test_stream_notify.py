@@ -218,3 +218,32 @@ def test_old_form_notify_defaults_to_pause(tmp_path, spark, recorder):
     b.tick("avg_current_stream")
     closes = [e for e in recorder.wait_for(1) and recorder.events() if e["eventType"] == "WINDOW_CLOSE"]
     assert closes[0]["result"] == {"_wstart": ms(T0), "_wend": ms(T0 + M), "avg_current": 25.0}
+
+
+def test_cq_listen_prints_each_message(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from cq_engine.notify_ws import deliver
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "cq_engine.cli", "listen", "--port", str(port), "--count", "1"],
+                            stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().startswith(f"listening on ws://127.0.0.1:{port}/")
+        event = {"windowId": "w1", "eventType": "WINDOW_CLOSE", "result": {"n": 3}}
+        for attempt in range(50):
+            try:
+                (sent,) = deliver([f"ws://127.0.0.1:{port}/notify"], {"s": [event]}, now_ms=5)
+                break
+            except Exception:
+                time.sleep(0.1)
+        assert json.loads(proc.stdout.readline()) == sent
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
