@@ -98,8 +98,8 @@ def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...]
     Aggregates group on the partition columns, the window start and the window-constant columns the
     SQL uses; columns it does not use are left out, so Spark prunes what computes them (a window
     function per row for ``_twrownum``). ``where=False``: the new form's WHERE was already applied
-    (as a join condition)."""
-    if where and stream.form == "new" and stream.where and stream.reads == "trows":
+    (as the join condition of a query reading another table)."""
+    if where and stream.form == "new" and stream.where:
         df = df.filter(F.expr(stream.where))
     pcols = partition_columns(stream)
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]

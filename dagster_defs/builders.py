@@ -59,6 +59,7 @@ def materialization(definition: Definition, result: RunResult) -> dg.Materialize
             "cq/source_versions": dg.MetadataValue.json(result.source_versions),
             "cq/files_read": dg.MetadataValue.int(result.files_read),
             "cq/seconds": dg.MetadataValue.float(round(result.seconds, 3)),
+            "cq/notified": dg.MetadataValue.int(result.notified),
         },
     )
 
@@ -87,7 +88,8 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
             raise dg.Failure(f"{definition.name}: a run needs the tag cq/fire_time (a firing), cq/work (a "
                              "stream run) or recalculate_from in its config (a recalculation)")
         context.log.info(f"{definition.name}: {result.kind} [{iso(result.time_range[0])}, {iso(result.time_range[1])}) "
-                         f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}")
+                         f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
+                         + (f"; {result.notified} notification(s)" if result.notified else ""))
         yield materialization(definition, result)
 
     return _asset

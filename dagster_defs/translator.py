@@ -42,8 +42,9 @@ class CQTranslator:
                             description=f"Delta table `{table}` (a source of continuous queries)")
 
     def get_sink_asset_spec(self, definition: Definition) -> dg.AssetSpec:
+        """The sink; a stream without INTO (it only notifies) gets the asset ``<name>_notifications``."""
         return dg.AssetSpec(
-            key=self.get_asset_key(definition.sink),
+            key=self.get_asset_key(definition.sink or f"{definition.name}_notifications"),
             deps=[self.get_asset_key(t) for t in dict.fromkeys(
                 x for x in (getattr(definition, "trigger_table", None), definition.source) if x)],
             group_name=self.get_group_name(definition),

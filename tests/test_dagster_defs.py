@@ -172,6 +172,8 @@ CREATE STREAM s_first INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
   INTO s_first_out AS SELECT _twstart, count(*) AS n FROM %%trows;
 CREATE STREAM s_per PERIOD(1m) FROM meters INTO s_per_out AS SELECT _tlocaltime, count(*) AS n FROM %%trows;
 CREATE STREAM s_missing INTERVAL(10s) SLIDING(10s) FROM nowhere INTO s_missing_out AS SELECT _twstart, count(*) AS n FROM %%trows;
+CREATE STREAM s_notify INTERVAL(10s) SLIDING(10s) FROM meters NOTIFY('ws://127.0.0.1:9/n') ON (WINDOW_CLOSE)
+  AS SELECT _twstart, count(*) AS n FROM %%trows;
 """
 STREAM_NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)  # streams_util.NOW
 
@@ -224,7 +226,8 @@ def test_streams_get_a_sensor_or_a_schedule_with_their_job(streams):
     assert "s_per_ticks" not in {s.name for s in defs.sensors}
     keys = {k.to_user_string() for a in defs.assets if isinstance(a, dg.AssetsDefinition) for k in a.keys}
     sources = {a.key.to_user_string() for a in defs.assets if isinstance(a, dg.AssetSpec)}
-    assert {"s_int_out", "s_cnt_out", "s_per_out"} <= keys and {"meters", "nowhere"} <= sources
+    assert {"s_int_out", "s_cnt_out", "s_per_out", "s_notify_notifications"} <= keys and {"meters", "nowhere"} <= sources
+    assert defs.resolve_sensor_def("s_notify_ticks").job_name == "s_notify_job"
 
 
 def test_stream_sensor_skips_while_its_trigger_table_is_missing(streams, instance):

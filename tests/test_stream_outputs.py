@@ -198,13 +198,18 @@ def test_force_output_writes_a_null_row_keeping_constants(tmp_path, spark):
         (T0, 60 * MS, 7, None, None), (T0 + M, 60 * MS, 7, 3, 107.0)]  # 110, 100.5, 110.5
 
 
-def test_calc_notify_only_writes_nothing(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM quiet INTERVAL(1m) SLIDING(1m) FROM meters
-        OPTIONS(CALC_NOTIFY_ONLY) NOTIFY('ws://127.0.0.1:9/x') ON (WINDOW_CLOSE)
-        INTO quiet_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
-    b.tick("quiet")
-    _two_meters(b)
-    b.tick("quiet")
+def test_calc_notify_only_notifies_and_writes_nothing(tmp_path, spark):
+    from ws_recorder import Recorder
+
+    with Recorder() as recorder:
+        b = Bench(tmp_path, spark, f"""CREATE STREAM quiet INTERVAL(1m) SLIDING(1m) FROM meters
+            OPTIONS(CALC_NOTIFY_ONLY) NOTIFY('{recorder.url()}') ON (WINDOW_CLOSE)
+            INTO quiet_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+        b.tick("quiet")
+        _two_meters(b)
+        b.tick("quiet")
+        recorder.wait_for(1)
+        assert [e["result"]["n"] for e in recorder.events()] == [12, 12]
     assert b.sink("quiet_out") == []
 
 
@@ -219,3 +224,14 @@ def test_delete_output_table_removes_a_dropped_meters_rows(tmp_path, spark):
     b.tick("d")
     assert {(r["tbname"], r["_twstart"]) for r in b.sink("d_out")} == {("d1001", T0), ("d1001", T0 + M)}
 
+
+
+def test_period_stream_reading_a_table_applies_its_where(tmp_path, spark):
+    b = Bench(tmp_path, spark, """CREATE TABLE prices (ts TIMESTAMP, price DOUBLE);
+        CREATE STREAM pt PERIOD(1m) INTO pt_out AS SELECT _tlocaltime, count(*) AS n FROM prices WHERE price > 100;""")
+    b.engine.storage.append("prices", pa.table({
+        "ts": pa.array([T0 + timedelta(seconds=s) for s in range(0, 180, 20)], pa.timestamp("us", tz="UTC")),
+        "price": pa.array([float(s) for s in range(0, 180, 20)])}))
+    tick = NOW.replace(second=0)
+    b.engine.run_period("pt", tick)
+    assert [(r["_tlocaltime"], r["n"]) for r in b.sink("pt_out")] == [(tick, 3)]  # 120, 140, 160
