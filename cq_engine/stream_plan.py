@@ -104,7 +104,7 @@ def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...]
     pcols = partition_columns(stream)
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     shaping = shaping_columns(stream)
-    if stream.is_aggregate:
+    if stream.is_aggregate or not stream.select:  # no query (NOTIFY only): one row per window
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
         group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))

@@ -249,3 +249,15 @@ def test_cq_listen_prints_each_message(tmp_path):
         assert proc.wait(timeout=10) == 0
     finally:
         proc.kill()
+
+
+def test_stream_without_query_notifies_its_trigger_windows(tmp_path, spark, recorder):
+    b = _bench(tmp_path, spark, recorder, """CREATE STREAM bare SESSION(ts, 15s) FROM meters PARTITION BY tbname
+        NOTIFY('URL') ON (WINDOW_OPEN|WINDOW_CLOSE);""")
+    b.tick("bare")
+    _meters(b, [0, 10, 20, 60, 70])
+    b.tick("bare")  # [0, 20] closes (60 is more than 15 s later), [60, 70] stays open
+    recorder.wait_for(1)
+    assert [(e["eventType"], e["windowStart"], e.get("windowEnd"), e.get("result")) for e in recorder.events()] == [
+        ("WINDOW_OPEN", ms(T0), None, None), ("WINDOW_CLOSE", ms(T0), ms(T0 + 35 * M / 60), {}),
+        ("WINDOW_OPEN", ms(T0 + M), None, None)]
