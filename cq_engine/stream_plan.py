@@ -43,6 +43,12 @@ def partition_columns(stream: Stream) -> list[str]:
     return [partition_placeholder(i + 1) for i in range(len(stream.partition_by))]
 
 
+def with_partition_columns(stream: Stream, df: DataFrame) -> DataFrame:
+    """``%%1``... as columns of the trigger rows."""
+    columns = {c: F.col(k) for c, k in zip(partition_columns(stream), stream.partition_by)}
+    return df.withColumns(columns) if columns else df  # Spark Connect refuses an empty withColumns
+
+
 def prepare(stream: Stream, df: DataFrame) -> DataFrame:
     """Trigger rows before windowing: the old form's PARTITION BY expressions, PRE_FILTER, and the
     old form's WHERE (SQL applies it before the window clause)."""
@@ -64,7 +70,7 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
     """Add the window-constant placeholder columns the SELECT may use."""
     keys = list(stream.partition_by)
     start, end = F.col(WSTART), F.col(WEND)
-    df = df.withColumns({c: F.col(k) for c, k in zip(partition_columns(stream), keys)})
+    df = with_partition_columns(stream, df)
     df = df.withColumn(_p("_twduration"), ((F.unix_micros(end) - F.unix_micros(start)) / 1000).cast("long"))
     df = df.withColumn(GROUP, group_id(keys))
     df = df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp") if tick else F.current_timestamp())
@@ -250,7 +256,7 @@ def period_frame(stream: Stream, df: DataFrame, *, tick: datetime, prev_tick: da
     """A PERIOD stream's rows for one tick: placeholders are the tick times."""
     assert isinstance(stream.trigger, PeriodTrigger)
     keys = list(stream.partition_by)
-    df = df.withColumns({c: F.col(k) for c, k in zip(partition_columns(stream), keys)})
+    df = with_partition_columns(stream, df)
     df = (df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp"))
             .withColumn(_p("_tprev_localtime"), F.lit(prev_tick).cast("timestamp"))
             .withColumn(_p("_tnext_localtime"), F.lit(next_tick).cast("timestamp"))

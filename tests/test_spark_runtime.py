@@ -103,3 +103,47 @@ def test_stop(server):
     assert not server_status(settings).running
     assert not list(Path(settings.home, "spark").glob("*.pid"))
     assert stop_server(settings) is False
+
+
+STREAMS_OVER_CONNECT = r'''
+import json, sys
+from datetime import timedelta
+import pyarrow as pa
+from pathlib import Path
+from cq_engine.config import Settings
+from cq_engine.spark import get_session, session_kind
+from streams_util import NOW, T0, Bench
+
+spark = get_session(Settings(home=sys.argv[1], spark_port=int(sys.argv[2])))
+assert session_kind(spark) == "connect"
+b = Bench(Path(sys.argv[3]), spark, """CREATE TABLE prices (ts TIMESTAMP, price DOUBLE);
+    CREATE STREAM j INTERVAL(1m) SLIDING(1m) FROM meters OPTIONS(FORCE_OUTPUT) INTO j_out AS
+        SELECT _twstart, count(*) AS n, avg(price) AS p FROM prices WHERE ts >= _twstart AND ts < _twend;
+    CREATE STREAM pe PERIOD(1m) FROM meters INTO pe_out AS SELECT _tlocaltime, count(*) AS n FROM %%trows;""")
+b.engine.storage.append("prices", pa.table({"ts": pa.array([T0 + timedelta(seconds=30)], pa.timestamp("us", tz="UTC")),
+                                            "price": pa.array([5.0])}))
+b.tick("j")
+b.append([(s, "d1", 1.0) for s in range(0, 130, 10)])
+b.tick("j")
+tick = NOW.replace(second=0)
+b.engine.run_period("pe", tick - timedelta(minutes=1))
+b.append([(200, "d1", 1.0)])
+b.engine.run_period("pe", tick)
+print(json.dumps({"j": [[r["_twstart"].isoformat(), r["n"], r["p"]] for r in b.sink("j_out")],
+                  "pe": [r["n"] for r in b.sink("pe_out")]}))
+'''
+
+
+def test_streams_run_over_spark_connect(server, tmp_path):
+    """Unpartitioned streams, a range join and FORCE_OUTPUT's rows through a Spark Connect session
+    (what `cq dev` runs), not only the classic one the other tests share."""
+    import json
+
+    settings, _ = server
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    out = subprocess.run([sys.executable, "-c", STREAMS_OVER_CONNECT, settings.home, str(settings.spark_port),
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"j": [["2026-11-21T10:00:00+00:00", 1, 5.0], ["2026-11-21T10:01:00+00:00", None, None]],
+                      "pe": [1]}  # the first tick only sets the %%trows baseline (no rows, no group)
