@@ -18,9 +18,11 @@ from pyspark.sql import functions as F
 from sqlglot import exp
 
 from .durations import micros
+from .errors import CQError
 from .model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
 from .stream_output import shaping_columns
-from .windows import WCLOSED, WEND, WLAST, WROWS, WSTART, with_next_tick
+from .windows import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WROWS, WSTART,
+                      with_next_tick)
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +138,6 @@ def window_frame(stream: Stream, windows: DataFrame) -> DataFrame:
 
 
 def _is_window_constant(column: str) -> bool:
-    from .windows import CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE
-
     return column in _CONSTANT or column in (STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW)
 
 
@@ -208,8 +208,6 @@ def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_col
         return joined.drop(_BIN_R, _BIN_W)
     rows = frame.toArrow().to_pylist()
     if len(rows) > PER_WINDOW_LIMIT:
-        from .errors import CQError
-
         raise CQError(f"{stream.name}: the WHERE uses {', '.join(bad)}, which Spark cannot evaluate in a join, and "
                       f"per-window evaluation is limited to {PER_WINDOW_LIMIT} windows (this run has {len(rows)})")
     log.warning("%s: per-window evaluation of %d window(s): the WHERE uses %s, which Spark cannot "

@@ -17,8 +17,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from . import stream_timing as st
@@ -27,12 +26,13 @@ from .errors import CQError
 from .ledger import LedgerEntry
 from .model import DATA_SHAPED, PeriodTrigger, SlidingTrigger, Stream
 from .storage.delta import groups_predicate, ranges_predicate, storable_schema
-from .storage.predicates import quote_ident
 from .stream_events import NOTIFY_OK
-from .stream_output import GROUP_ID, column_map, output_names, renamed
-from .stream_plan import (EMPTY, ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, group_id, join_source,
+from .stream_output import GROUP_ID
+from .stream_plan import (ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, join_source,
                           partition_columns, period_frame, prepare, time_bounds, window_frame, with_empty_windows,
                           with_placeholders)
+from .stream_frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_uri
+from .stream_sink import gone_groups, write_sink
 from .times import EPOCH, UTC, iso
 from .windows import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WSTART,
                       assign_windows)
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
-RESUME = "__cq_resume"
 
 
 def _in_ranges(column: str, ranges) -> F.Column:
@@ -57,10 +56,6 @@ def _in_ranges(column: str, ranges) -> F.Column:
 def _source_table(engine: "Engine", stream: Stream) -> tuple[str, str]:
     table = stream.trigger_table or stream.source
     return table, engine.source_time_column(stream.name, table, sink=stream.sink, role="trigger")
-
-
-def state_uri(engine: "Engine", stream: Stream, what: str) -> str:
-    return engine.settings.state_uri(f"streams/{stream.name}/{what}")
 
 
 def run_work(engine: "Engine", stream: Stream, work: st.StreamWork) -> "RunResult":
@@ -174,86 +169,6 @@ def _bin(stream: Stream) -> timedelta:
     return trig.gap if trig.kind == "session" else timedelta(minutes=1)
 
 
-def _sink_columns(engine: "Engine", stream: Stream) -> list[str] | None:
-    if stream.sink is None or not engine.storage.exists(stream.sink):
-        return None
-    return list(engine.storage.schema(stream.sink).names)
-
-
-def _column_map(engine: "Engine", stream: Stream) -> dict[str, str]:
-    decl = engine.catalog.table(stream.sink) if stream.sink else None
-    tags = tuple(c.name for c in decl.columns if c.is_tag) if decl is not None else ()
-    return column_map(stream, _sink_columns(engine, stream), tags)
-
-
-def _writes(stream: Stream) -> bool:
-    return stream.sink is not None and not stream.options.calc_notify_only
-
-
-def _write_sink(engine: "Engine", stream: Stream, result: pa.Table | None, *, open_ok: bool, ranges_of,
-                gone: list[int], app_version: int, kind: str) -> tuple[int, int | None]:
-    """Write the result rows that are due (closed, or open when ``open_ok``; FORCE_OUTPUT's rows),
-    replacing the rows ``ranges_of(sink time column)`` selects and the groups in ``gone``."""
-    if not _writes(stream):
-        return 0, None
-    mapping = _column_map(engine, stream)
-    sink_time = mapping[stream.time_column]
-    predicate = ranges_of(sink_time)
-    if gone:
-        predicate = f"({predicate}) OR {quote_ident(GROUP_ID)} IN ({', '.join(str(g) for g in gone)})"
-    data = _due(stream, result, open_ok=open_ok) if result is not None else _empty(stream, engine)
-    data = renamed(data, mapping)
-    existing = _sink_columns(engine, stream)
-    if existing is not None and GROUP_ID not in {c.lower() for c in existing}:
-        # A table the user made may leave group_id out, unless the engine must find a group's rows.
-        if stream.trigger.kind in DATA_SHAPED or stream.options.delete_output_table:
-            raise CQError(f"{stream.name}: table {stream.sink!r} has no {GROUP_ID!r} column, which this stream "
-                          f"needs to replace one partition group's rows: add {GROUP_ID} BIGINT to it")
-        data = data.drop_columns([c for c in data.column_names if c.lower() == GROUP_ID])
-    version = engine.storage.replace_where(
-        stream.sink, data, predicate=predicate, time_column=sink_time,
-        app_id=f"cq-engine/{stream.name}/{kind}", app_version=app_version,
-        metadata={"cq.definition": stream.name, "cq.kind": kind})
-    return data.num_rows, version
-
-
-def _due(stream: Stream, result: pa.Table, *, open_ok: bool) -> pa.Table:
-    keep = pc.equal(result.column(WCLOSED), True)
-    if open_ok:
-        keep = pa.array([True] * result.num_rows, pa.bool_())
-    if EMPTY in result.column_names and not stream.options.force_output:
-        keep = pc.and_(keep, pc.invert(result.column(EMPTY)))
-    rows = result.filter(keep)
-    return rows.select(output_names(stream))
-
-
-def _empty(stream: Stream, engine: "Engine") -> pa.Table:
-    """No rows (a pure delete), in the sink's schema when it exists."""
-    schema = engine.storage.schema(stream.sink) if engine.storage.exists(stream.sink) else None
-    if schema is None:
-        return pa.table({stream.time_column: pa.array([], pa.timestamp("us", tz="UTC"))})
-    return schema.empty_table()
-
-
-def _gone_groups(engine: "Engine", stream: Stream, version: int) -> list[int]:
-    """DELETE_OUTPUT_TABLE: the sink's groups no trigger-table row belongs to any more."""
-    if not (stream.options.delete_output_table and _writes(stream) and engine.storage.exists(stream.sink)):
-        return []
-    table, time_column = _source_table(engine, stream)
-    trig, _ = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=None,
-                                        version=version)
-    live = prepare(stream, trig).select(group_id(list(stream.partition_by)).alias("__cq_live")).distinct()
-    sink, _ = engine.storage.read_range(engine.spark, stream.sink, time_column=_sink_time(engine, stream),
-                                        time_range=None)
-    gone = (sink.select(GROUP_ID).distinct()
-            .join(live, F.col(GROUP_ID) == F.col("__cq_live"), "left_anti").toArrow())
-    return sorted(g for g in gone.column(GROUP_ID).to_pylist() if g is not None)
-
-
-def _sink_time(engine: "Engine", stream: Stream) -> str:
-    return _column_map(engine, stream)[stream.time_column]
-
-
 def _run_time_windows(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
     table, time_column = _source_table(engine, stream)
     tz = engine.settings.timezone
@@ -268,9 +183,9 @@ def _run_time_windows(engine: "Engine", stream: Stream, work: st.StreamWork) -> 
         result = _compute(engine, stream, windows, _keep(stream, windows), read_range=(lo, hi),
                           version=work.version).toArrow()
         scanned = (scan.files_read, scan.files_total)
-    gone = _gone_groups(engine, stream, work.version) if work.deleted else []
+    gone = gone_groups(engine, stream, work.version) if work.deleted else []
     ranges = _written_ranges(stream, work, tz)
-    rows, version = _write_sink(engine, stream, result, open_ok=work.write_open, gone=gone,
+    rows, version = write_sink(engine, stream, result, open_ok=work.write_open, gone=gone,
                                 ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
                                 app_version=work.version, kind=work.kind)
 
@@ -294,74 +209,6 @@ def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[
 # --- data-shaped windows ---------------------------------------------------------------------------
 
 
-def load_frontier(uri: str, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int], list[pa.Field]]:
-    """Per partition group (its key values): the start of its first window not yet closed and its
-    group id; and the key columns' Arrow fields."""
-    if not DeltaTable.is_deltatable(uri):
-        return {}, {}, []
-    data = pa.table(DeltaTable(uri).scan())
-    names = {n.lower(): n for n in data.column_names}
-    stored = [names.get(k.lower(), k) for k in keys]
-    if any(k not in data.column_names for k in stored):
-        return {}, {}, []  # the partitioning changed: the groups start over
-    resume, gids = _frontier_of(data, stored)
-    return resume, gids, list(storable_schema(pa.schema([data.schema.field(k).with_name(key)
-                                                          for k, key in zip(stored, keys)])))
-
-
-def _frontier_of(data: pa.Table, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int]]:
-    rows = data.to_pylist()
-    resume = {tuple(row[k] for k in keys): row[RESUME] for row in rows}
-    gids = {tuple(row[k] for k in keys): row[GROUP] for row in rows if row.get(GROUP) is not None}
-    return resume, gids
-
-
-def _frontier_table(frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field]) -> pa.Table:
-    """The frontier as Arrow: the key columns (typed as in the trigger table), the group id, ``RESUME``."""
-    schema = pa.schema([*key_fields, pa.field(GROUP, pa.int64()), pa.field(RESUME, pa.timestamp("us", tz="UTC"))])
-    columns = ([[g[i] for g in frontier] for i in range(len(key_fields))] + [[gids.get(g) for g in frontier]]
-               + [list(frontier.values())])
-    return pa.table(columns, schema=schema)
-
-
-def _save_frontier(uri: str, frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field],
-                   app_id: str, app_version: int) -> None:
-    write_deltalake(uri, _frontier_table(frontier, gids, key_fields), mode="overwrite", schema_mode="overwrite",
-                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=app_version)]))
-
-
-def move_frontier(engine: "Engine", stream: Stream, *, to: datetime) -> None:
-    """Every group resumes at ``to`` or later (``--ignore-untreated``)."""
-    uri = state_uri(engine, stream, "frontier")
-    if not DeltaTable.is_deltatable(uri):
-        return
-    current = pa.table(DeltaTable(uri).scan())
-    keys = [n for n in current.column_names if n not in (RESUME, GROUP)]
-    resume, gids = _frontier_of(current, keys)
-    frontier = {g: max(t, to) for g, t in resume.items()}
-    _save_frontier(uri, frontier, gids, [current.schema.field(k) for k in keys],
-                   f"cq-engine/{stream.name}/untreated", 0)
-
-
-def _restarts(engine: "Engine", stream: Stream, at: datetime) -> dict[int, datetime]:
-    """Per group id, a window start at or before ``at`` from which segmenting again reproduces every
-    window before it: the latest one (for sliding COUNT_WINDOWs, the earliest still holding ``at``)."""
-    if not _writes(stream) or not engine.storage.exists(stream.sink):
-        return {}
-    from pyspark.sql import Window
-
-    sink_time = _sink_time(engine, stream)
-    df, _ = engine.storage.read_range(engine.spark, stream.sink, time_column=sink_time,
-                                      time_range=(EPOCH, at + _US))
-    trig = stream.trigger
-    back = -(-trig.count // trig.slide) if trig.kind == "count" else 1
-    starts = df.select(GROUP_ID, sink_time).distinct()
-    rank = F.row_number().over(Window.partitionBy(GROUP_ID).orderBy(F.col(sink_time).desc()))
-    rows = starts.withColumn("__cq_rank", rank).filter(F.col("__cq_rank") <= back) \
-        .groupBy(GROUP_ID).agg(F.min(sink_time).alias("restart")).toArrow()
-    return {r[GROUP_ID]: r["restart"] for r in rows.to_pylist()}
-
-
 def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
     table, time_column = _source_table(engine, stream)
     spark, tz = engine.spark, engine.settings.timezone
@@ -371,7 +218,7 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _
     origin = work.origin or EPOCH
     restarted: dict[tuple, datetime] = {}
     if work.recompute_from is not None:
-        found = _restarts(engine, stream, work.recompute_from)
+        found = restarts(engine, stream, work.recompute_from)
         for g in frontier:
             restarted[g] = min(frontier[g], found.get(gids.get(g), origin))
         frontier.update(restarted)
@@ -381,7 +228,7 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _
                                          time_range=(lo, hi) if hi is not None else (lo, _FAR), version=work.version)
     df = prepare(stream, df)
     if frontier:
-        marks = _frontier_table(frontier, gids, saved_fields).drop_columns([GROUP]).rename_columns(
+        marks = frontier_table(frontier, gids, saved_fields).drop_columns([GROUP]).rename_columns(
             [f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
         fr = F.broadcast(spark.createDataFrame(marks))
         cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
@@ -412,15 +259,15 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _
     bounds = {g: frontier.get(g, origin) for g in set(groups)}
     bounds.update(restarted)
     by_gid = {gids[g]: b for g, b in bounds.items() if g in gids}
-    gone = _gone_groups(engine, stream, work.version) if work.deleted else []
+    gone = gone_groups(engine, stream, work.version) if work.deleted else []
     rows, version = 0, None
     if by_gid or gone:
-        rows, version = _write_sink(
+        rows, version = write_sink(
             engine, stream, result, open_ok=work.emit_open and work.write_open, gone=gone,
             ranges_of=lambda column: groups_predicate(column, [GROUP_ID], sorted(((g,), b) for g, b in by_gid.items())),
             app_version=work.version, kind=work.kind)
     key_fields = list(storable_schema(pa.schema([result.schema.field(c).with_name(k) for c, k in zip(pcols, keys)])))
-    _save_frontier(uri, new_frontier, gids, key_fields, f"cq-engine/{stream.name}", work.version)
+    save_frontier(uri, new_frontier, gids, key_fields, f"cq-engine/{stream.name}", work.version)
 
     def replaced(group: int, start: datetime) -> bool:
         return group in gone or (group in by_gid and start >= by_gid[group])
@@ -474,7 +321,7 @@ def run_period(engine: "Engine", stream: Stream, tick: datetime, *, ticks) -> "R
         if stream.notify is not None and stream.notify.where:
             result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
         result = result.toArrow()
-        written, version = _write_sink(engine, stream, result, open_ok=True, gone=[],
+        written, version = write_sink(engine, stream, result, open_ok=True, gone=[],
                                        ranges_of=lambda column: ranges_predicate(column, [(tick, tick + _US)]),
                                        app_version=micros(tick - EPOCH), kind="period")
         return _Outcome(written, version, (scan.files_read, scan.files_total), result,

@@ -95,7 +95,7 @@ def skip_untreated(engine: "Engine", stream: Stream, cursor: str | None) -> str 
     closed = st.latest(known.closed_until, st.watermark(stream, max_event, datetime.now(UTC)))
     skipped = replace(known, version=version, max_event=max_event, closed_until=closed)
     if stream.trigger.kind in DATA_SHAPED and max_event is not None:
-        from .stream_run import move_frontier
+        from .stream_frontier import move_frontier
 
         origin = max_event + timedelta(microseconds=1)
         move_frontier(engine, stream, to=origin)
