@@ -94,17 +94,6 @@ def test_java_missing(tmp_path, monkeypatch):
         start_server(Settings(home=str(tmp_path), spark_port=free_port()), timeout=10)
 
 
-def test_stop(server):
-    settings, status = server
-    assert stop_server(settings) is True
-    assert not _alive(status.pid)
-    assert proc_state(status.pid) in (None, "Z")
-    assert not port_open(settings.spark_port)
-    assert not server_status(settings).running
-    assert not list(Path(settings.home, "spark").glob("*.pid"))
-    assert stop_server(settings) is False
-
-
 STREAMS_OVER_CONNECT = r'''
 import json, sys
 from datetime import timedelta
@@ -147,3 +136,15 @@ def test_streams_run_over_spark_connect(server, tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"j": [["2026-11-21T10:00:00+00:00", 1, 5.0], ["2026-11-21T10:01:00+00:00", None, None]],
                       "pe": [1]}  # the first tick only sets the %%trows baseline (no rows, no group)
+
+
+def test_stop(server):
+    settings, status = server
+    assert stop_server(settings) is True
+    assert not _alive(status.pid)
+    assert proc_state(status.pid) in (None, "Z")
+    assert not port_open(settings.spark_port)
+    assert not server_status(settings).running
+    assert not list(Path(settings.home, "spark").glob("*.pid"))
+    assert stop_server(settings) is False
+
