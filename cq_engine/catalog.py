@@ -170,6 +170,10 @@ def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
     source = tables.get(d.source.lower()) if d.source else None
     if d.sink is not None and (sink := tables.get(d.sink.lower())) is not None:
         check_sink_columns(d, sink)
+    if d.trigger.kind == "period" and d.partition_by and d.reads == "table":
+        # A tick's groups are those of its %%trows; a table read whole has no such groups.
+        raise _err(d.location, f"{d.name!r}: a PERIOD stream with PARTITION BY reads FROM %%trows or %%tbname, "
+                               f"not another table ({d.source!r})")
     # An old-form alias of tbname itself (PARTITION BY tbname tname) still groups by subtable.
     partition = {p.lower() for p in d.partition_by} | {sql.lower() for _, sql in d.partition_exprs}
     if trigger is not None:

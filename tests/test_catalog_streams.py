@@ -162,3 +162,10 @@ def test_notification_only_streams_write_no_sink(tmp_path):
                                "CREATE STREAM n2 PERIOD(1m) NOTIFY('ws://h:1')")
     assert catalog.errors == ()
     assert [(d.name, d.sink) for d in catalog.definitions] == [("n1", None), ("n2", None)]
+
+
+def test_partitioned_period_stream_reading_another_table_is_rejected(tmp_path):
+    catalog = load(tmp_path, a="CREATE STREAM s PERIOD(1m) FROM meters PARTITION BY tbname INTO o AS "
+                               "SELECT _tlocaltime, count(*) AS n FROM plain")
+    assert only_error(catalog, "s") == (f"{tmp_path}/a.sql:1:1: 's': a PERIOD stream with PARTITION BY reads "
+                                        "FROM %%trows or %%tbname, not another table ('plain')")
