@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import sqlglot
@@ -9,7 +10,8 @@ from sqlglot import exp
 
 from .config import Settings
 from .errors import CQError, ParseError
-from .model import DATA_SHAPED, Catalog, Definition, SessionTrigger, Stream, TableDecl
+from .model import (DATA_SHAPED, Catalog, Definition, SelectItem, SessionTrigger, Stream, TableDecl,
+                    TriggerDef)
 from .parse import ParseOptions, parse_file, sql_files
 from .parse.fragments import TIME_REF
 
@@ -32,13 +34,16 @@ def load_catalog(path: str | Path, *, options: ParseOptions | None = None) -> Ca
     opts = options or ParseOptions()
     tables: list[TableDecl] = []
     definitions: list[Definition] = []
+    triggers: list[TriggerDef] = []
     errors: list[str] = []
     for file in sql_files(path):
         try:
             statements = parse_file(file, options=opts)
             file_tables = [s for s in statements if isinstance(s, TableDecl)]
-            file_defs = [s for s in statements if not isinstance(s, TableDecl)]
+            file_triggers = [s for s in statements if isinstance(s, TriggerDef)]
+            file_defs = [s for s in statements if not isinstance(s, (TableDecl, TriggerDef))]
             _check_unique(tables + file_tables, definitions + file_defs)
+            _check_trigger_names(triggers + file_triggers, definitions + file_defs)
             all_tables = {t.name.lower(): t for t in tables + file_tables}
             for d in file_defs:
                 _check_against_tables(d, all_tables)
@@ -47,16 +52,41 @@ def load_catalog(path: str | Path, *, options: ParseOptions | None = None) -> Ca
             continue
         tables += file_tables
         definitions += file_defs
+        triggers += file_triggers
     # A source declared in a later file than its query is checked once everything is in.
     by_name = {t.name.lower(): t for t in tables}
+    by_name.update({t.alias.lower(): t for t in tables if t.alias})
     kept = []
     for d in definitions:
         try:
+            d = _resolve_rule(d, by_name)
             _check_against_tables(d, by_name)
             kept.append(d)
         except ParseError as exc:
             errors.append(str(exc))
-    return Catalog(tables=tuple(tables), definitions=tuple(kept), errors=tuple(errors))
+    return Catalog(tables=tuple(tables), definitions=tuple(kept), errors=tuple(errors), triggers=tuple(triggers))
+
+
+def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:
+    """An eKuiper rule reads the table its stream name declares, and ``SELECT *`` is its fields."""
+    if not isinstance(d, Stream) or d.form != "ekuiper":
+        return d
+    table = tables.get(d.source.lower())
+    star = any(i.expression == "*" for i in d.select)
+    if table is None:
+        if star:
+            raise _err(d.location, f"{d.name!r}: SELECT * needs {d.source!r} declared (CREATE STREAM {d.source} "
+                                   "(...) WITH (...) or CREATE TABLE) to know its fields")
+        return d
+    items = []
+    for item in d.select:
+        if item.expression != "*":
+            items.append(item)
+            continue
+        taken = {i.name.lower() for i in d.select}
+        items += [SelectItem(expression=f"`{c.name}`", name=c.name, is_aggregate=False)
+                  for c in table.columns if c.name.lower() not in taken]
+    return replace(d, trigger_table=table.name, source=table.name, select=tuple(items))
 
 
 def _err(location, message: str) -> ParseError:
@@ -68,6 +98,16 @@ def _reads(d: Definition) -> list[str]:
     if isinstance(d, Stream):
         return [t for t in dict.fromkeys((d.trigger_table, d.source)) if t]
     return [d.source]
+
+
+def _check_trigger_names(triggers: list[TriggerDef], definitions: list[Definition]) -> None:
+    """Trigger names are unique, and distinct from definitions' (``cq drop NAME`` takes either)."""
+    seen = {d.name.lower(): d.location for d in definitions}
+    for t in triggers:
+        if (prev := seen.get(t.name.lower())) is not None:
+            raise _err(t.location, f"{t.name!r} is defined twice (first at {prev}): trigger names are unique "
+                                   "among triggers and definitions")
+        seen[t.name.lower()] = t.location
 
 
 def _check_unique(tables: list[TableDecl], definitions: list[Definition]) -> None:
@@ -109,13 +149,15 @@ def _aliases(d: Stream) -> set[str]:
 
 def _query_columns(d: Stream) -> set[str]:
     """Columns a stream's query reads from its source."""
-    return _names([i.expression for i in d.select] + [d.where]) - _aliases(d)
+    outputs = {i.name.lower() for i in d.select}  # HAVING may name the result's columns
+    return (_names([i.expression for i in d.select] + [d.where]) | (_names([d.having]) - outputs)) - _aliases(d)
 
 
 def _trigger_columns(d: Stream) -> set[str]:
     """Columns a stream's trigger reads from its trigger table (a PARTITION BY alias: its expression's)."""
     t = d.trigger
-    sqls = [d.options.pre_filter, getattr(t, "column", None), getattr(t, "start", None), getattr(t, "end", None)]
+    sqls = [d.options.pre_filter, getattr(t, "column", None), getattr(t, "start", None), getattr(t, "end", None),
+            getattr(t, "over", None)]
     sqls += [sql for _, sql in d.partition_exprs]
     plain = {c.lower() for c in d.partition_by + getattr(t, "columns", ())} - _aliases(d)
     return _names(sqls) | plain

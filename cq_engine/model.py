@@ -41,6 +41,7 @@ class TableDecl:
     if_not_exists: bool
     location: SourceLocation
     sql: str = ""
+    alias: str | None = None  # eKuiper: the stream name rules use for this table
 
     def column(self, name: str) -> Column | None:
         lowered = name.lower()
@@ -183,10 +184,51 @@ class CountTrigger:
     slide: int
     columns: tuple[str, ...] = ()
     kind: str = "count"
+    # eKuiper's COUNTWINDOW(n, k) fires at every k-th event once n arrived, so a group's windows
+    # start ``ceil(n/k)*k - n`` rows in; only full windows are ever emitted.
+    ekuiper: bool = False
 
 
-Trigger = Union[PeriodTrigger, SlidingTrigger, SessionTrigger, StateTrigger, EventTrigger, CountTrigger]
-DATA_SHAPED = ("session", "state", "event", "count")
+@dataclass(frozen=True)
+class EkSessionTrigger:
+    """eKuiper ``SESSIONWINDOW(unit, timeout, max_duration)``: rows at most ``timeout`` apart share a
+    window, which is also cut at the first multiple of ``max_duration`` (from the epoch, in event
+    time) at or after ``start + max_duration``."""
+
+    timeout: timedelta
+    max_duration: timedelta
+    kind: str = "ek_session"
+
+
+@dataclass(frozen=True)
+class EkSlidingTrigger:
+    """eKuiper ``SLIDINGWINDOW(unit, size[, delay]) [OVER(WHEN cond)]``: one window per triggering
+    row (``over`` true, or every row) at time t, holding the rows in ``(t - size, t + delay]``."""
+
+    size: timedelta
+    delay: timedelta = timedelta(0)
+    over: str | None = None
+    kind: str = "ek_sliding"
+
+
+Trigger = Union[PeriodTrigger, SlidingTrigger, SessionTrigger, StateTrigger, EventTrigger, CountTrigger,
+                EkSessionTrigger, EkSlidingTrigger]
+DATA_SHAPED = ("session", "state", "event", "count", "ek_session", "ek_sliding")
+
+
+@dataclass(frozen=True)
+class TriggerDef:
+    """IoTDB-style ``CREATE [STATELESS | STATEFUL] TRIGGER name BEFORE | AFTER INSERT ON pattern AS
+    'module:Class' [WITH ("k" = "v", ...)]`` (seed 004, with Python classes for Java ones)."""
+
+    name: str
+    stateful: bool
+    event: Literal["before", "after"]
+    pattern: str  # a table name, ``*`` matching any run of characters
+    target: str  # 'package.module:Class'
+    attributes: tuple[tuple[str, str], ...] = ()
+    location: SourceLocation = field(default_factory=lambda: SourceLocation("<string>", 1, 1))
+    sql: str = ""
 
 
 @dataclass(frozen=True)
@@ -251,13 +293,14 @@ class Stream:
     partition_exprs: tuple[tuple[str, str], ...] = ()  # old form: (alias, Spark SQL) computed before windowing
     reads: Literal["trows", "table", "tbname"] = "trows"  # %%trows, another table (range join), %%tbname
     where: str | None = None
+    having: str | None = None  # eKuiper rules: on each window's aggregated row
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None
     output_subtable: str | None = None
     tags: tuple[TagDecl, ...] = ()
     key_bound: KeyBound = "start"
-    form: Literal["new", "old"] = "new"
+    form: Literal["new", "old", "ekuiper"] = "new"
     if_not_exists: bool = False
     location: SourceLocation = field(default_factory=lambda: SourceLocation("<string>", 1, 1))
     sql: str = ""
@@ -308,11 +351,13 @@ class Catalog:
     tables: tuple[TableDecl, ...] = ()
     definitions: tuple[Definition, ...] = ()
     errors: tuple[str, ...] = ()
+    triggers: tuple[TriggerDef, ...] = ()  # IoTDB-style triggers (not definitions: no sink, no schedule)
 
     def definition(self, name: str) -> Definition | None:
         lowered = name.lower()
         return next((d for d in self.definitions if d.name.lower() == lowered), None)
 
     def table(self, name: str) -> TableDecl | None:
+        """The table called ``name``, or declared as the eKuiper stream ``name``."""
         lowered = name.lower()
-        return next((t for t in self.tables if t.name.lower() == lowered), None)
+        return next((t for t in self.tables if t.name.lower() == lowered or (t.alias or "").lower() == lowered), None)

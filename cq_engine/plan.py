@@ -18,6 +18,7 @@ from pyspark.sql.types import BooleanType, NumericType, StringType
 
 from .durations import micros
 from .errors import CQError
+from .parse.fragments import is_aggregate_sql
 from .model import ContinuousQuery, TimeGrouping
 from .parse.fragments import TIME_REF
 from .times import EPOCH
@@ -117,7 +118,7 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     df = df.filter((F.col(_K) < grid.windows) & _covered(ws, grid.anchor, every, length))
 
     aggs = [F.expr(i.expression).alias(i.name) for i in cq.select]
-    having_in_agg = cq.having is not None and _is_aggregate_sql(cq.having)
+    having_in_agg = cq.having is not None and is_aggregate_sql(cq.having)
     if having_in_agg:
         aggs.append(F.expr(cq.having).alias(_HAVING))
     agg = df.groupBy(_K, *keys).agg(*aggs)
@@ -176,14 +177,6 @@ def _zero_counts(table: pa.Table, *, time_column: str, keys: list[str], starts: 
             columns[field.name] = pa.array([value] * len(missing), field.type)
     extra = pa.table({f.name: columns[f.name] for f in table.schema}, schema=table.schema)
     return pa.concat_tables([table, extra])
-
-
-def _is_aggregate_sql(sql: str) -> bool:
-    import sqlglot
-
-    from .parse.fragments import is_aggregate
-
-    return is_aggregate(sqlglot.parse_one(sql, read="spark"))
 
 
 def _fill(agg: DataFrame, cq: ContinuousQuery, keys: list[str]) -> DataFrame:

@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from .durations import micros
 from .errors import CQError
+from .parse.fragments import is_aggregate, is_aggregate_sql
 from .model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
 from .stream_output import shaping_columns
 from .windows import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WROWS, WSTART,
@@ -31,6 +32,7 @@ ENGINE_COLUMNS = (WSTART, WCLOSED, WLAST, GROUP)  # kept in the result for state
 EMPTY = "__cq_empty"  # a window of the run without a result row (FORCE_OUTPUT's row, OPEN events)
 PER_WINDOW_LIMIT = 2000
 _BIN_W, _BIN_R = "__cq_bin_w", "__cq_bin_r"
+_HAVING = "__cq_having"
 # Spark refuses nondeterministic expressions in a join condition: such a WHERE runs per window.
 _NONDETERMINISTIC = {"rand", "random", "randn", "uuid", "shuffle", "monotonically_increasing_id", "rand_str",
                      "randstr", "uniform"}
@@ -107,7 +109,7 @@ def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...]
     SQL uses; columns it does not use are left out, so Spark prunes what computes them (a window
     function per row for ``_twrownum``). ``where=False``: the new form's WHERE was already applied
     (as the join condition of a query reading another table)."""
-    if where and stream.form == "new" and stream.where:
+    if where and stream.form != "old" and stream.where:  # the old form's WHERE ran before windowing
         df = df.filter(F.expr(stream.where))
     pcols = partition_columns(stream)
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
@@ -117,8 +119,15 @@ def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...]
             window_columns = _window_columns(stream, df, list(keep))
         group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))
         extra = [F.first(F.expr(sql)).alias(name) for name, sql in shaping]
-        return df.groupBy(*group).agg(*items, *extra).select(
-            *[i.name for i in stream.select], *[n for n, _ in shaping], *_kept(keep, group))
+        having = []
+        if stream.having and is_aggregate_sql(stream.having):  # over the window's rows
+            having = [F.expr(stream.having).alias(_HAVING)]
+        out = df.groupBy(*group).agg(*items, *extra, *having)
+        if having:
+            out = out.filter(F.col(_HAVING))
+        elif stream.having:  # over the result's columns
+            out = out.filter(F.expr(stream.having))
+        return out.select(*[i.name for i in stream.select], *[n for n, _ in shaping], *_kept(keep, group))
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
     return df.select(*items, *extra, *[F.col(k) for k in _kept(keep, df.columns)])
 
@@ -226,8 +235,6 @@ def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_col
 
 def is_constant(sql: str) -> bool:
     """An item FORCE_OUTPUT keeps: no aggregate, and only placeholders and the group's values."""
-    from .parse.fragments import is_aggregate
-
     tree = sqlglot.parse_one(sql, read="spark")
     return not is_aggregate(tree) and all(c.name.lower().startswith("__cq_") for c in tree.find_all(exp.Column))
 

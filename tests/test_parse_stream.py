@@ -562,7 +562,7 @@ REJECTIONS = [
     ("PAUSE STREAM IF EXISTS s", "PAUSE", "use `cq pause`"),
     ("RESUME STREAM IGNORE UNTREATED s", "RESUME", "use `cq resume`"),
     ("RECALCULATE STREAM s FROM '2024-01-01'", "RECALCULATE", "use `cq recalculate`"),
-    ("CREATE VIEW v", "CREATE", "CREATE STREAM or CREATE TABLE"),
+    ("CREATE VIEW v", "CREATE", "unknown statement starting with 'CREATE' (expected CREATE CONTINUOUS QUERY"),
 ]
 
 

@@ -9,14 +9,16 @@ from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, Tokenizer
 
 from ..errors import CQError, ParseError
-from ..model import ContinuousQuery, Stream, TableDecl
+from ..model import ContinuousQuery, Stream, TableDecl, TriggerDef
 from .cursor import Cursor, SourceText, split_statements
 from .iotdb import parse_continuous_query
 from .options import ParseOptions
 from .tables import parse_create_table
+from .ekuiper import parse_rule
 from .tdengine import parse_create_stream
+from .triggers import parse_create_trigger
 
-Statement = Union[ContinuousQuery, Stream, TableDecl]
+Statement = Union[ContinuousQuery, Stream, TableDecl, TriggerDef]
 StatementParser = Callable[[Cursor, ParseOptions, Token], Statement]
 
 # Leading keywords → parser; the longest match wins. Dialects add entries here.
@@ -24,11 +26,17 @@ STATEMENT_PARSERS: dict[tuple[str, ...], StatementParser] = {
     ("CREATE", "CONTINUOUS", "QUERY"): parse_continuous_query,
     ("CREATE", "CQ"): parse_continuous_query,
     ("CREATE", "STREAM"): parse_create_stream,
+    ("CREATE", "RULE"): parse_rule,
     ("CREATE", "TABLE"): parse_create_table,
+    # IoTDB triggers: [STATELESS | STATEFUL] is optional (default STATELESS).
+    ("CREATE", "TRIGGER"): parse_create_trigger,
+    ("CREATE", "STATELESS", "TRIGGER"): parse_create_trigger,
+    ("CREATE", "STATEFUL", "TRIGGER"): parse_create_trigger,
 }
 
 # Commands that act on running state belong to the CLI, not to definition files.
-COMMANDS = {("DROP",): "cq drop", ("SHOW",): "cq show", ("RECALCULATE",): "cq recalculate",
+COMMANDS = {("DROP", "TRIGGER"): "cq drop NAME", ("SHOW", "TRIGGERS"): "cq triggers",
+            ("DROP",): "cq drop", ("SHOW",): "cq show", ("RECALCULATE",): "cq recalculate",
             ("START",): "cq start", ("STOP",): "cq stop", ("PAUSE",): "cq pause", ("RESUME",): "cq resume"}
 
 
@@ -54,9 +62,10 @@ def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
             return STATEMENT_PARSERS[words](cur, opts, start)
     for words, command in COMMANDS.items():
         if cur.is_word(*words):
-            raise cur.error_at(start, f"{start.text.upper()} is a command, not a definition: use `{command}`")
+            raise cur.error_at(start, f"{' '.join(words)} is a command, not a definition: use `{command}`")
     raise cur.error_at(start, f"unknown statement starting with {start.text!r} "
-                              "(expected CREATE CONTINUOUS QUERY, CREATE CQ, CREATE STREAM or CREATE TABLE)")
+                              "(expected CREATE CONTINUOUS QUERY, CREATE CQ, CREATE STREAM, CREATE RULE, CREATE TABLE "
+                              "or CREATE TRIGGER)")
 
 
 def parse_file(path: str | Path, *, options: ParseOptions | None = None) -> list[Statement]:

@@ -112,6 +112,11 @@ def is_aggregate(node: exp.Expression) -> bool:
     )
 
 
+def is_aggregate_sql(sql: str) -> bool:
+    """``is_aggregate`` of Spark SQL text."""
+    return is_aggregate(sqlglot.parse_one(sql, read="spark"))
+
+
 def to_spark(node: exp.Expression) -> str:
     return node.sql(dialect="spark")
 

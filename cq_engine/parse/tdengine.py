@@ -15,8 +15,9 @@ from dataclasses import replace
 
 from sqlglot.tokens import Token, TokenType
 
-from ..model import SourceLocation, Stream
+from ..model import SourceLocation, Stream, TableDecl
 from .cursor import Cursor
+from .ekuiper import is_ekuiper_stream, parse_ekuiper_stream
 from .options import ParseOptions
 from .stream_notify import notify_where, parse_notify, parse_old_notify
 from .stream_options import (old_stream_options, parse_column_list, parse_old_options, parse_options, parse_subtable,
@@ -34,8 +35,11 @@ _WINDOW_USAGE = ("INTERVAL(i) [SLIDING(s)], SESSION(ts_col, gap), STATE_WINDOW(c
 _NO_OUTPUT = "a stream needs INTO table or NOTIFY(...): without either its results go nowhere"
 
 
-def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
-    """The whole statement (after ``CREATE STREAM``)."""
+def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream | TableDecl:
+    """The whole statement (after ``CREATE STREAM``); eKuiper's (a field list after the name) declares a
+    source table instead."""
+    if is_ekuiper_stream(cur):
+        return parse_ekuiper_stream(cur, opts, start)
     if_not_exists = cur.match("IF", "NOT", "EXISTS")
     name_tok = cur.table_name("a stream name")
     nxt = cur.peek()
