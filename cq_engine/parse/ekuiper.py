@@ -12,7 +12,6 @@ whose windows are the window function's; the sink gets ``window_start`` and ``wi
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo
 
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
@@ -266,7 +265,7 @@ def _natural(unit: timedelta, opts: ParseOptions) -> timedelta:
     local midnight of ``CQ_TIMEZONE`` (its standard offset: a day window stays 24 h across DST)."""
     if unit < timedelta(days=1):
         return timedelta(0)
-    offset = ZoneInfo(opts.tz).utcoffset(datetime(2001, 1, 15)) or timedelta(0)
+    offset = datetime(2001, 1, 15, tzinfo=opts.tz).utcoffset() or timedelta(0)
     return -offset % timedelta(days=1)
 
 

@@ -1,0 +1,148 @@
+"""eKuiper rules (seed 003) from ``.sql``: stream declarations, the rule dialect's errors, and rules run
+end to end on real Spark and Delta through the stream sensor (``streams_util.Bench``)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+from streams_util import T0, Bench
+
+from cq_engine.catalog import load_catalog
+from cq_engine.errors import ParseError
+from cq_engine.model import CountTrigger, EkSessionTrigger, EkSlidingTrigger, SlidingTrigger
+from cq_engine.parse import ParseOptions, parse_text
+
+DEMO = 'CREATE STREAM demo (ID STRING, temperature DOUBLE, revenue DOUBLE, ts BIGINT) WITH (DATASOURCE="demo", FORMAT="json", KEY="ts", TIMESTAMP="ts");\n'
+S = timedelta(seconds=1)
+
+
+def parse(sql: str, tz: str = "UTC"):
+    from zoneinfo import ZoneInfo
+
+    return parse_text(sql, file="r.sql", options=ParseOptions(tz=ZoneInfo(tz)))
+
+
+def error(sql: str) -> str:
+    with pytest.raises(ParseError) as info:
+        parse(sql)
+    return str(info.value)
+
+
+def test_stream_declaration_is_a_source_table_named_by_its_datasource():
+    (decl,) = parse('CREATE STREAM demo (color STRING, size BIGINT, ts BIGINT) '
+                    'WITH (DATASOURCE="demo_t", FORMAT="json", KEY="ts", TIMESTAMP="ts")')
+    assert (decl.name, decl.alias, decl.time_column) == ("demo_t", "demo", "ts")
+    assert [(c.name, c.type) for c in decl.columns] == [("color", "string"), ("size", "bigint"), ("ts", "timestamp")]
+
+
+@pytest.mark.parametrize("window,trigger", [
+    ("TUMBLINGWINDOW(ss, 10)", SlidingTrigger(sliding=10 * S, interval=10 * S)),
+    ("HOPPINGWINDOW(mi, 10, 5)", SlidingTrigger(sliding=timedelta(minutes=5), interval=timedelta(minutes=10))),
+    ("SLIDINGWINDOW(ss, 5, 5)", EkSlidingTrigger(size=5 * S, delay=5 * S)),
+    ("SLIDINGWINDOW(ms, 1500)", EkSlidingTrigger(size=timedelta(milliseconds=1500))),
+    ("SESSIONWINDOW(mi, 2, 1)", EkSessionTrigger(timeout=timedelta(minutes=2), max_duration=timedelta(minutes=1))),
+    ("COUNTWINDOW(5)", CountTrigger(count=5, slide=5, ekuiper=True)),
+    ("COUNTWINDOW(5, 2)", CountTrigger(count=5, slide=2, ekuiper=True)),
+])
+def test_window_functions_become_triggers(window, trigger):
+    (rule,) = parse(f"CREATE RULE r INTO out AS SELECT count(*) FROM demo GROUP BY ID, {window}")
+    assert rule.trigger == trigger and rule.partition_by == ("ID",) and rule.form == "ekuiper"
+    assert [(i.name, i.is_aggregate) for i in rule.select] == [("window_start", False), ("window_end", False),
+                                                              ("count", True)]
+
+
+def test_day_windows_end_at_local_midnight():
+    (rule,) = parse("CREATE RULE r INTO out AS SELECT count(*) FROM demo GROUP BY TUMBLINGWINDOW(dd, 1)",
+                    tz="Asia/Shanghai")
+    assert rule.trigger.interval_offset == timedelta(hours=16)  # 00:00 +08:00
+
+
+def test_filter_over_where_having_and_window_functions():
+    (rule,) = parse("CREATE RULE r INTO out AS SELECT window_end() AS we, sum(revenue) AS s FROM demo "
+                    "WHERE temperature > 20 GROUP BY SlidingWindow(ss, 1) FILTER(where revenue > 100) "
+                    "OVER(when revenue > 200) HAVING count(*) > 2")
+    assert rule.options.pre_filter == "revenue > 100" and rule.trigger.over == "revenue > 200"
+    assert (rule.where, rule.having) == ("temperature > 20", "COUNT(*) > 2")
+    assert [(i.name, i.expression) for i in rule.select][2:] == [("we", "__cq_twend"), ("s", "SUM(revenue)")]
+
+
+@pytest.mark.parametrize("sql,message", [
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo GROUP BY COUNTWINDOW(2, 5)",
+     "r.sql:1:75: COUNTWINDOW's interval (5) must not exceed its count (2)"),
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo GROUP BY TUMBLINGWINDOW(yy, 5)",
+     "r.sql:1:75: unknown time unit 'yy' (DD, HH, MI, SS or MS)"),
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo GROUP BY id",
+     "r.sql:1:51: GROUP BY needs a window function: TUMBLINGWINDOW(unit, size), "),
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo GROUP BY TUMBLINGWINDOW(ss, 5) OVER(when a > 1)",
+     "r.sql:1:82: OVER (WHEN ...) only follows SLIDINGWINDOW"),
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo GROUP BY TUMBLINGWINDOW(ss, 0)",
+     "r.sql:1:79: the size must be a positive integer"),
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo GROUP BY HOPPINGWINDOW(ss, 5)",
+     "r.sql:1:60: HOPPINGWINDOW takes 3 arguments: HOPPINGWINDOW(unit, size, hop)"),
+    ("CREATE RULE x AS SELECT count(*) FROM demo GROUP BY TUMBLINGWINDOW(ss, 5)",
+     "r.sql:1:15: expected INTO sink (where the rule's results go), found 'AS'"),
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo", "r.sql:1:25: a rule needs GROUP BY with a window function"),
+    ("CREATE RULE x INTO o AS SELECT count(*) FROM demo GROUP BY COUNTWINDOW(3) FILTER(revenue > 1)",
+     "r.sql:1:75: FILTER takes (WHERE condition)"),
+    ('CREATE STREAM d (a INT) WITH (DATASOURCE="d")', "r.sql:1:15: stream 'd' needs TIMESTAMP=\"field\" in WITH"),
+    ('CREATE STREAM d (a INT, ts BIGINT) WITH (TIMESTAMP="t")', "r.sql:1:52: TIMESTAMP names 't', which is not a field"),
+])
+def test_rule_errors_name_file_line_col(sql, message):
+    assert error(sql).startswith(message)
+
+
+def test_select_star_expands_to_the_declared_fields(tmp_path):
+    (tmp_path / "r.sql").write_text(DEMO + "CREATE RULE r INTO out AS SELECT * FROM demo GROUP BY COUNTWINDOW(3);\n"
+                                    "CREATE RULE bad INTO out2 AS SELECT * FROM nowhere GROUP BY COUNTWINDOW(3);\n")
+    catalog = load_catalog(tmp_path)
+    rule = catalog.definition("r")
+    assert [i.name for i in rule.select] == ["window_start", "window_end", "ID", "temperature", "revenue", "ts"]
+    assert (rule.trigger_table, rule.source) == ("demo", "demo")
+    assert catalog.errors == (f"{tmp_path}/r.sql:3:1: 'bad': SELECT * needs 'nowhere' declared (CREATE STREAM "
+                              "nowhere (...) WITH (...) or CREATE TABLE) to know its fields",)
+
+
+def _demo(b: Bench, rows: list[tuple]) -> None:
+    """Rows ``(seconds after T0, ID, temperature[, revenue])`` in one commit."""
+    rows = [(list(r) + [0.0])[:4] for r in rows]
+    b.engine.storage.append("demo", pa.table({
+        "ID": [r[1] for r in rows], "temperature": [float(r[2]) for r in rows], "revenue": [float(r[3]) for r in rows],
+        "ts": pa.array([T0 + timedelta(seconds=r[0]) for r in rows], pa.timestamp("us", tz="UTC"))}))
+
+
+def test_tumbling_and_hopping_rules_end_to_end(tmp_path, spark):
+    b = Bench(tmp_path, spark, DEMO + """
+        CREATE RULE tumble INTO tumble_out AS SELECT count(*) AS n, avg(temperature) AS t FROM demo
+            GROUP BY ID, TUMBLINGWINDOW(ss, 10) HAVING count(*) > 1;
+        CREATE RULE hop INTO hop_out AS SELECT count(*) AS n FROM demo GROUP BY HOPPINGWINDOW(ss, 10, 5);
+        CREATE RULE hot INTO hot_out AS SELECT ID, temperature FROM demo WHERE temperature > 20
+            GROUP BY TUMBLINGWINDOW(ss, 10);""")
+    for name in ("tumble", "hop", "hot"):
+        b.tick(name)
+    _demo(b, [(s, d, s) for s in range(0, 40, 3) for d in ("a", "b")] + [(21, "c", 1.0)])
+    for name in ("tumble", "hop", "hot"):
+        b.tick(name)
+    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    # windows end at multiples of 10 s; [30, 40) is still open (latest event 39 s); c's window has one row
+    assert sorted((r["ID"], r["window_start"], r["window_end"], r["n"], r["t"]) for r in b.sink("tumble_out")) == [
+        (d, at(a), at(a + 10), n, t) for d in ("a", "b") for a, n, t in ((0, 4, 4.5), (10, 3, 15.0), (20, 3, 24.0))]
+    assert sorted((r["window_start"], r["n"]) for r in b.sink("hop_out")) == [
+        (at(-5), 4), (at(0), 8), (at(5), 6), (at(10), 6), (at(15), 9), (at(20), 7), (at(25), 6)]
+    assert sorted((r["window_start"], r["ID"], r["temperature"]) for r in b.sink("hot_out")) == [
+        (at(20), d, float(s)) for d in ("a", "b") for s in (21, 24, 27)]
+
+
+def test_day_window_ends_at_local_midnight_end_to_end(tmp_path, spark):
+    b = Bench(tmp_path, spark, DEMO + "CREATE RULE daily INTO daily_out AS SELECT count(*) AS n FROM demo "
+                                      "GROUP BY TUMBLINGWINDOW(dd, 1);", timezone="Asia/Shanghai")
+    b.tick("daily")
+    midnight = datetime(2026, 11, 21, 16, 0, tzinfo=timezone.utc)  # 2026-11-22 00:00 +08:00
+    b.engine.storage.append("demo", pa.table({
+        "ID": ["a"] * 3, "temperature": [1.0] * 3, "revenue": [0.0] * 3,
+        "ts": pa.array([midnight - timedelta(hours=1), midnight - S, midnight + timedelta(hours=1)],
+                       pa.timestamp("us", tz="UTC"))}))
+    b.tick("daily", now=midnight + timedelta(hours=2))
+    assert [(r["window_start"], r["window_end"], r["n"]) for r in b.sink("daily_out")] == [
+        (midnight - timedelta(days=1), midnight, 2)]
