@@ -24,7 +24,7 @@ from . import stream_timing as st
 from .durations import micros
 from .errors import CQError
 from .ledger import LedgerEntry
-from .model import DATA_SHAPED, PeriodTrigger, SlidingTrigger, Stream
+from .model import DATA_SHAPED, EkSlidingTrigger, PeriodTrigger, SlidingTrigger, Stream
 from .storage.delta import groups_predicate, ranges_predicate, storable_schema
 from .stream_events import NOTIFY_OK
 from .stream_output import GROUP_ID
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
+_PHASE = "__cq_count_phase"
 
 
 def _in_ranges(column: str, ranges) -> F.Column:
@@ -234,9 +235,13 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _
         cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
         df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
         df = df.filter(F.col(time_column) >= F.coalesce(F.col(RESUME), F.lit(origin).cast("timestamp")))
+        if stream.trigger.kind == "count":  # a resumed group's first row starts a window
+            resumed = F.col(RESUME).isNotNull() & (F.col(RESUME) > F.lit(origin).cast("timestamp"))
+            df = df.withColumn(_PHASE, F.when(resumed, F.lit(0)))
         df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
+    phase = _PHASE if _PHASE in df.columns else None
     windows = assign_windows(df, stream.trigger, time_column=time_column, keys=keys,
-                             close_until=work.close_until or lo, timezone=tz)
+                             close_until=work.close_until or lo, timezone=tz, count_phase_column=phase)
     windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
     slack = stream.trigger.gap if stream.trigger.kind == "session" else timedelta(0)
     result = _compute(engine, stream, windows, _keep(stream, windows),
@@ -247,16 +252,26 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _
     starts, closed, last, ids = (result.column(c).to_pylist() for c in (WSTART, WCLOSED, WLAST, GROUP))
     moved: dict[tuple, datetime] = {}
     open_start: dict[tuple, datetime] = {}
+    bounds = {g: frontier.get(g, origin) for g in set(groups)}
+    complete = []
     for g, s, c, t, gid in zip(groups, starts, closed, last, ids):
         gids[g] = gid
+        # A closed window starting before its group's resume point (eKuiper's sliding windows look back)
+        # saw only part of its rows; it was written by the run that saw all of them.
+        complete.append(not (c and s < bounds[g]))
+        if not complete[-1]:
+            continue
         if c:
             moved[g] = max(moved.get(g, EPOCH), t + _US)
         else:
             open_start[g] = min(open_start.get(g, _FAR), s)
+    if not all(complete):
+        result = result.filter(pa.array(complete, pa.bool_()))
+    if isinstance(stream.trigger, EkSlidingTrigger):  # a later row's window reaches back `size`
+        moved = {g: m - stream.trigger.size for g, m in moved.items()}
     new_frontier = dict(frontier)
     new_frontier.update(moved)
     new_frontier.update(open_start)
-    bounds = {g: frontier.get(g, origin) for g in set(groups)}
     bounds.update(restarted)
     by_gid = {gids[g]: b for g, b in bounds.items() if g in gids}
     gone = gone_groups(engine, stream, work.version) if work.deleted else []

@@ -21,7 +21,12 @@ Semantics per trigger type (groups = ``keys``, rows ordered by time, timestamps 
 * ``EventTrigger``: opened by a ``start`` row while none is open, closed by the first ``end`` row at
   or after the opener (possibly the opener itself). NULL conditions count as false.
 * ``CountTrigger``: valid rows only; windows start at valid rows ``0, slide, 2*slide, ...`` and hold
-  up to ``count`` rows; closed once full with the last row at or before T.
+  up to ``count`` rows; closed once full with the last row at or before T. With ``ekuiper`` (seed
+  003's COUNTWINDOW(n, k): a window fires at every k-th row once n arrived) the starts are shifted by
+  ``ceil(n/k)*k - n`` rows (earlier rows are in no window); not yet full windows are open, as for
+  TDengine. ``count_phase_column`` overrides the shift per group (resuming from saved state).
+* ``EkSlidingTrigger``, ``EkSessionTrigger``: eKuiper's SLIDINGWINDOW and SESSIONWINDOW, see
+  :mod:`cq_engine.ek_windows`.
 
 TRUE_FOR(d) drops closed windows whose ``last - first < d``; open windows are kept.
 """
@@ -35,7 +40,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from .durations import micros
-from .model import CountTrigger, EventTrigger, SessionTrigger, SlidingTrigger, StateTrigger
+from .model import (
+    CountTrigger, EkSessionTrigger, EkSlidingTrigger, EventTrigger, SessionTrigger, SlidingTrigger, StateTrigger,
+)
 from .times import EPOCH, UTC
 
 WSTART, WEND, WLAST, WROWS, WCLOSED = "__cq_twstart", "__cq_twend", "__cq_wlast", "__cq_twrownum", "__cq_wclosed"
@@ -49,12 +56,17 @@ _UNBOUNDED = (Window.unboundedPreceding, Window.unboundedFollowing)
 
 
 def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str], close_until: datetime,
-                   timezone: str = "UTC") -> DataFrame:
+                   timezone: str = "UTC", count_phase_column: str | None = None) -> DataFrame:
     """One row per (input row, window containing it): all input columns, then ``WSTART``, ``WEND``,
     ``WLAST`` (timestamps), ``WROWS`` (long), ``WCLOSED`` (boolean), then the extras of STATE
     (``STATE``, ``PREV_STATE``, ``NEXT_STATE``) and EVENT (``OPEN_ROW``, ``CLOSE_ROW``) windows.
     Rows after ``close_until`` join windows normally but never close one; rows without a time
-    belong to no window. Lazy: no Spark action."""
+    belong to no window. Lazy: no Spark action.
+
+    ``count_phase_column`` (COUNT windows only): an integer column whose value on a group's first
+    counted row is the 0-based index (among the group's counted rows) of its first window start;
+    NULL (or no column) keeps the default: 0 for TDengine, ``ceil(n/k)*k - n`` for eKuiper. A caller
+    resuming a group from saved state at a window start sets 0 there. Negative values count as 0."""
     if close_until.tzinfo is None or close_until.utcoffset() is None:
         raise ValueError("close_until must be timezone-aware")
     until = micros(close_until.astimezone(UTC) - EPOCH)
@@ -71,7 +83,12 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
     elif isinstance(trigger, EventTrigger):
         out, extras = _event(rows, trigger, keys, until, inputs), [OPEN_ROW, CLOSE_ROW]
     elif isinstance(trigger, CountTrigger):
-        out = _count(rows, trigger, keys, until)
+        out = _count(rows, trigger, keys, until, count_phase_column)
+    elif isinstance(trigger, (EkSlidingTrigger, EkSessionTrigger)):
+        from .ek_windows import ek_session, ek_sliding
+
+        fn = ek_sliding if isinstance(trigger, EkSlidingTrigger) else ek_session
+        out = fn(rows, trigger, keys, until)
     else:
         raise TypeError(f"assign_windows: unsupported trigger {trigger!r}")
     return out.select(*[_c(n) for n in inputs],
@@ -118,9 +135,9 @@ def _per_window(keys: list[str], *cols: str):
             .orderBy(F.col(_T)).rowsBetween(*_UNBOUNDED))
 
 
-def _stats(df: DataFrame, keys: list[str], seg: str) -> DataFrame:
-    """Per-window first/last row time and row count over windows ``(keys, seg)``."""
-    w = _per_window(keys, seg)
+def _stats(df: DataFrame, keys: list[str], *segs: str) -> DataFrame:
+    """Per-window first/last row time and row count over windows ``(keys, *segs)``."""
+    w = _per_window(keys, *segs)
     return df.withColumns({_WS: F.min(_T).over(w), _LAST: F.max(_T).over(w), WROWS: F.count(F.lit(1)).over(w)})
 
 
@@ -272,7 +289,7 @@ def _condition_struct(sql: str, inputs: list[str]) -> Column:
     return F.struct(*[_c(n).alias(n) for n in condition_columns(sql, inputs)])
 
 
-def _count(df: DataFrame, trig: CountTrigger, keys, until: int) -> DataFrame:
+def _count(df: DataFrame, trig: CountTrigger, keys, until: int, phase_column: str | None) -> DataFrame:
     n, slide = trig.count, trig.slide
     _positive(n, "count")
     _positive(slide, "slide")
@@ -280,7 +297,13 @@ def _count(df: DataFrame, trig: CountTrigger, keys, until: int) -> DataFrame:
         valid = [_c(c).isNotNull() for c in trig.columns]
         df = df.filter(valid[0] if len(valid) == 1 else F.greatest(*valid))
     idx = F.row_number().over(_ordered(keys)) - F.lit(1)
-    df = df.withColumn("__cq_w_i", idx)
+    phase = -(-n // slide) * slide - n if trig.ekuiper else 0  # eKuiper: full windows end at rows k, 2k, ...
+    if phase_column is not None:
+        first = F.first(_c(phase_column).cast("long")).over(_per_window(keys))
+        idx = idx - F.greatest(F.coalesce(first, F.lit(phase)), F.lit(0))
+    elif phase:
+        idx = idx - F.lit(phase)
+    df = df.withColumn("__cq_w_i", idx).filter(F.col("__cq_w_i") >= 0)  # rows before the first start: none
     j_max = _fdiv(F.col("__cq_w_i"), slide)
     if slide == n:
         df = df.withColumn(_SEG, j_max)

@@ -146,3 +146,105 @@ def test_day_window_ends_at_local_midnight_end_to_end(tmp_path, spark):
     b.tick("daily", now=midnight + timedelta(hours=2))
     assert [(r["window_start"], r["window_end"], r["n"]) for r in b.sink("daily_out")] == [
         (midnight - timedelta(days=1), midnight, 2)]
+
+
+# --- data-shaped eKuiper windows: incremental runs (a tick after each commit) against the reference ------
+
+from ekuiper_reference import count_windows, session_windows, sliding_windows  # noqa: E402
+
+US = 1_000_000
+
+
+def _us(seconds: float) -> int:
+    return int((T0 + timedelta(seconds=seconds)).timestamp() * US)
+
+
+def _at(us: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
+
+
+def _closed(windows, rows_by_t) -> list[tuple]:
+    """(start, count, sum of temperature) of every closed reference window."""
+    return sorted((_at(w["start"]), len(w["members"]), round(sum(rows_by_t[t] for t in w["members"]), 6))
+                  for w in windows if w["closed"])
+
+
+def _feed_in_commits(b: Bench, name: str, rows: list[tuple], commits: int) -> None:
+    """Append ``rows`` in ``commits`` time-ordered commits, with a tick after each."""
+    b.tick(name)
+    step = -(-len(rows) // commits)
+    for i in range(0, len(rows), step):
+        _demo(b, rows[i : i + step])
+        b.tick(name)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("window", ["COUNTWINDOW(5, 2)", "COUNTWINDOW(4)", "SLIDINGWINDOW(ss, 20, 5)",
+                                    "SESSIONWINDOW(ss, 15, 60)"])
+def test_data_shaped_rules_match_the_reference_across_ticks(tmp_path, spark, window, seed):
+    import random
+
+    rng = random.Random(seed)
+    seconds, t = [], 0
+    while len(seconds) < 60:
+        t += rng.choice([1, 3, 5, 10, 15, 16, 40])
+        seconds.append(t)
+    rows = [(s, "a", float(rng.randint(0, 50))) for s in seconds]
+    b = Bench(tmp_path, spark, DEMO + f"CREATE RULE r INTO r_out AS SELECT count(*) AS n, sum(temperature) AS s "
+                                      f"FROM demo GROUP BY ID, {window};")
+    _feed_in_commits(b, "r", rows, commits=4)
+    times = [_us(s) for s, _, _ in rows]
+    by_t = dict(zip(times, (temp for _, _, temp in rows)))
+    until = max(times)  # the watermark: the latest event time (WATERMARK 0)
+    if window.startswith("COUNT"):
+        n, k = (int(x) for x in window[12:-1].replace(" ", "").split(",")) if "," in window else (4, 4)
+        ref = count_windows(times, count=n, interval=k, until=until)
+    elif window.startswith("SLIDING"):
+        ref = sliding_windows(times, size=20 * US, delay=5 * US, until=until)
+    else:
+        ref = session_windows(times, timeout=15 * US, max_duration=60 * US, until=until)
+    got = sorted((r["window_start"], r["n"], round(r["s"], 6)) for r in b.sink("r_out"))
+    assert got == _closed(ref, by_t) and got
+
+
+def test_seed_countwindow_having_and_filter_versus_where(tmp_path, spark):
+    b = Bench(tmp_path, spark, DEMO + """
+        CREATE RULE having INTO having_out AS SELECT count(*) AS n FROM demo WHERE temperature > 20
+            GROUP BY COUNTWINDOW(5, 1) HAVING COUNT(*) > 2;
+        CREATE RULE filtered INTO filtered_out AS SELECT count(*) AS n, min(revenue) AS low FROM demo
+            GROUP BY COUNTWINDOW(3, 1) FILTER(WHERE revenue > 100);
+        CREATE RULE whered INTO whered_out AS SELECT count(*) AS n, min(revenue) AS low FROM demo
+            WHERE revenue > 100 GROUP BY COUNTWINDOW(3, 1);""")
+    for name in ("having", "filtered", "whered"):
+        b.tick(name)
+    temps = [25, 10, 30, 26, 5, 40, 21, 22]
+    revenue = [150, 50, 120, 90, 300, 110, 20, 130]
+    _demo(b, [(i, "a", temp, rev) for i, (temp, rev) in enumerate(zip(temps, revenue))])
+    for name in ("having", "filtered", "whered"):
+        b.tick(name)
+    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    # COUNTWINDOW(5,1): a window at each row from the 5th, holding the last 5 rows; WHERE keeps the
+    # rows above 20 inside each, HAVING the windows with more than 2 of them.
+    assert sorted((r["window_start"], r["n"]) for r in b.sink("having_out")) == [
+        (at(0), 3), (at(1), 3), (at(2), 4), (at(3), 4)]
+    # FILTER before windowing: windows of exactly 3 kept rows (revenue 150, 120, 300, 110, 130)
+    assert sorted((r["window_start"], r["n"], r["low"]) for r in b.sink("filtered_out")) == [
+        (at(0), 3, 120.0), (at(2), 3, 110.0), (at(4), 3, 110.0)]
+    # WHERE after windowing: windows of 3 rows of which only those above 100 are counted
+    assert sorted((r["window_start"], r["n"], r["low"]) for r in b.sink("whered_out")) == [
+        (at(0), 2, 120.0), (at(1), 1, 120.0), (at(2), 2, 120.0), (at(3), 2, 110.0), (at(4), 2, 110.0),
+        (at(5), 2, 110.0)]
+
+
+def test_seed_sliding_window_with_over(tmp_path, spark):
+    b = Bench(tmp_path, spark, DEMO + """CREATE RULE spikes INTO spikes_out AS
+        SELECT count(*) AS n, max(revenue) AS peak FROM demo
+        GROUP BY SLIDINGWINDOW(ss, 10) FILTER(WHERE revenue > 100) OVER(WHEN revenue > 200);""")
+    b.tick("spikes")
+    _demo(b, [(0, "a", 0, 150), (4, "a", 0, 90), (6, "a", 0, 250), (12, "a", 0, 120), (15, "a", 0, 210),
+              (30, "a", 0, 500)])
+    b.tick("spikes")
+    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    # windows (t-10, t] at the rows above 200 (6 s, 15 s, 30 s), over the rows above 100
+    assert sorted((r["window_start"], r["window_end"], r["n"], r["peak"]) for r in b.sink("spikes_out")) == [
+        (at(-4), at(6), 2, 250.0), (at(5), at(15), 3, 250.0), (at(20), at(30), 1, 500.0)]
