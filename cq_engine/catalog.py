@@ -43,7 +43,7 @@ def load_catalog(path: str | Path, *, options: ParseOptions | None = None) -> Ca
             file_triggers = [s for s in statements if isinstance(s, TriggerDef)]
             file_defs = [s for s in statements if not isinstance(s, (TableDecl, TriggerDef))]
             _check_unique(tables + file_tables, definitions + file_defs)
-            _check_trigger_names(triggers + file_triggers, definitions + file_defs)
+            _check_trigger_names(triggers + file_triggers, definitions + file_defs, new=file_triggers + file_defs)
             all_tables = {t.name.lower(): t for t in tables + file_tables}
             for d in file_defs:
                 _check_against_tables(d, all_tables)
@@ -100,14 +100,17 @@ def _reads(d: Definition) -> list[str]:
     return [d.source]
 
 
-def _check_trigger_names(triggers: list[TriggerDef], definitions: list[Definition]) -> None:
-    """Trigger names are unique, and distinct from definitions' (``cq drop NAME`` takes either)."""
-    seen = {d.name.lower(): d.location for d in definitions}
-    for t in triggers:
-        if (prev := seen.get(t.name.lower())) is not None:
-            raise _err(t.location, f"{t.name!r} is defined twice (first at {prev}): trigger names are unique "
+def _check_trigger_names(triggers: list[TriggerDef], definitions: list[Definition], *, new: list) -> None:
+    """Trigger names are unique, and distinct from definitions' (``cq drop NAME`` takes either); the
+    error points at the statement of ``new`` (the file being added)."""
+    fresh = {id(x) for x in new}
+    seen = {x.name.lower(): x.location for x in [*definitions, *triggers] if id(x) not in fresh}
+    for x in sorted(new, key=lambda x: (x.location.line, x.location.col)):
+        if (prev := seen.get(x.name.lower())) is not None and (isinstance(x, TriggerDef) or x.name.lower() in {
+                t.name.lower() for t in triggers}):
+            raise _err(x.location, f"{x.name!r} is defined twice (first at {prev}): trigger names are unique "
                                    "among triggers and definitions")
-        seen[t.name.lower()] = t.location
+        seen[x.name.lower()] = x.location
 
 
 def _check_unique(tables: list[TableDecl], definitions: list[Definition]) -> None:
@@ -224,7 +227,7 @@ def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
                 and d.trigger.ts_column.lower() != trigger.time_column.lower():
             raise _err(d.location, f"{d.name!r}: SESSION({d.trigger.ts_column}, ...) must name the time column "
                                    f"{trigger.time_column!r} of table {trigger.name!r}")
-        if tags and d.trigger.kind in DATA_SHAPED and "tbname" not in partition:
+        if tags and d.form != "ekuiper" and d.trigger.kind in DATA_SHAPED and "tbname" not in partition:
             raise _err(d.location, f"{d.name!r}: {_TRIGGER_NAMES[d.trigger.kind]} on super table {trigger.name!r} "
                                    "needs PARTITION BY tbname (each subtable has its own windows)")
         if d.form == "new":

@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_streams import register
 
     register(cmd)
+    # `cq drop NAME` also drops a trigger whose statement was removed (calling its on_drop()).
+    drop = sub.choices["drop"]
+    drop.set_defaults(handler=_drop_trigger_or(drop.get_default("handler")))
+    cmd("triggers", _triggers, "list the triggers (IoTDB's SHOW TRIGGERS): event, type, state, pattern, class")
     sp = cmd("demo", _demo, "scripted demo: ingest the sample feed, run the sample queries, print the sinks")
     sp.add_argument("--firings", type=int, default=3)
     return p
@@ -87,15 +91,24 @@ def _engine(settings: Settings):
 
 def _validate(args, settings: Settings) -> int:
     from .catalog import load_catalog, parse_options
+    from .trigger_runtime import check_trigger
 
     catalog = load_catalog(args.path or settings.sql_dir, options=parse_options(settings))
     for t in catalog.tables:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
         print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {d.timeout_policy}  {d.location}")
-    for err in catalog.errors:
+    errors = list(catalog.errors)
+    for t in catalog.triggers:
+        print(f"trigger {t.name:<23} {t.event.upper()} INSERT ON {t.pattern} AS {t.target}  "
+              f"{'STATEFUL' if t.stateful else 'STATELESS'}  {t.location}")
+        try:  # imports the class and calls its validate(attributes)
+            check_trigger(t, settings=settings)
+        except CQError as exc:
+            errors.append(str(exc))
+    for err in errors:
         print(err, file=sys.stderr)
-    return 1 if catalog.errors else 0
+    return 1 if errors else 0
 
 
 def _kind(d) -> str:
@@ -221,10 +234,39 @@ def _show(args, settings: Settings) -> int:
 
 
 def _ingest(args, settings: Settings) -> int:
-    engine = _engine(settings)
-    version, rows = engine.ingest(args.table, args.file)
-    print(f"{args.table}: appended {rows} rows from {args.file} (version {version})")
+    from .ingest import ingest
+
+    result = ingest(table=args.table, data=args.file, engine=_engine(settings))
+    for failure in result.trigger_failures:
+        print(f"cq: warning: {failure} (OPTIMISTIC: the rows were written)", file=sys.stderr)
+    print(f"{args.table}: appended {result.rows} rows from {args.file} (version {result.version})")
     return 0
+
+
+def _triggers(args, settings: Settings) -> int:
+    from .trigger_runtime import show
+
+    engine = _engine(settings)
+    rows = show(engine.catalog, engine=engine)
+    header = ["name", "event", "type", "state", "pattern", "class", "runs in", "tables"]
+    _print_rows(header, [[r[h] for h in header] for r in rows])
+    for err in engine.catalog.errors:
+        print(err, file=sys.stderr)
+    return 1 if engine.catalog.errors else 0
+
+
+def _drop_trigger_or(fallback):
+    def handler(args, settings: Settings) -> int:
+        from .catalog import load_catalog, parse_options
+        from .trigger_runtime import drop
+
+        catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+        dropped = drop(args.name, catalog=catalog, settings=settings)
+        if dropped is None:
+            return fallback(args, settings)
+        print(json.dumps(dropped))
+        return 0
+    return handler
 
 
 def _query(args, settings: Settings) -> int:

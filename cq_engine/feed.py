@@ -1,4 +1,4 @@
-"""Simulated feeds for the sample ``sensors`` and ``meters`` tables (demo and dev setup)."""
+"""Simulated feeds for the sample ``sensors``, ``meters`` and ``demo`` tables (demo and dev setup)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,25 @@ def meter_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(s
     return pa.table({k: pa.array(v, types[k]) for k, v in cols.items()})
 
 
-FEEDS = {"sensors": sensor_rows, "meters": meter_rows}
+def demo_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(seconds=5), seed: int = 13) -> pa.Table:
+    """eKuiper's ``demo`` stream (seed 003): two devices' temperature and revenue, with the revenue
+    spiking now and then (so FILTER and OVER have something to choose)."""
+    rng = random.Random(seed + int(start.timestamp()))
+    cols: dict[str, list] = {k: [] for k in ("ts", "ID", "temperature", "revenue")}
+    t = start
+    while t < end:
+        for device in ("dev-1", "dev-2"):
+            cols["ts"].append(t)
+            cols["ID"].append(device)
+            cols["temperature"].append(round(20 + rng.gauss(0, 3), 2))
+            cols["revenue"].append(round(rng.choice((50, 80, 120, 150, 250)) + rng.random(), 2))
+        t += every
+    types = {"ts": pa.timestamp("us", tz="UTC"), "ID": pa.string(), "temperature": pa.float64(),
+             "revenue": pa.float64()}
+    return pa.table({k: pa.array(v, types[k]) for k, v in cols.items()})
+
+
+FEEDS = {"sensors": sensor_rows, "meters": meter_rows, "demo": demo_rows}
 
 
 def floor_time(t: datetime, step: timedelta) -> datetime:

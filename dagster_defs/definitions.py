@@ -16,6 +16,7 @@ from cq_engine.times import UTC
 
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
 from .streams import build_stream_sensor
+from .triggers import build_trigger_sensor
 from .resource import CQEngineResource, pyspark_resource
 from .translator import CQTranslator
 
@@ -54,6 +55,9 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
                                             default_status=schedule_status))
         else:
             sensors.append(build_tick_sensor(definition, firing_job, translator, ticks, default_status=sensor_status))
+    # BEFORE INSERT triggers run in the ingest path; AFTER INSERT ones get a sensor each.
+    sensors += [build_trigger_sensor(t, engine, default_status=sensor_status)
+                for t in (catalog.triggers if catalog else ()) if t.event == "after"]
     sinks = {d.sink.lower() for d in catalog.definitions if d.sink} if catalog else set()
     assets += [translator.get_source_asset_spec(s) for s in sorted(sources) if s.lower() not in sinks]
     assets += [error_placeholder(e) for e in errors]
