@@ -112,7 +112,9 @@ def _validate(args, settings: Settings) -> int:
 
 
 def _kind(d) -> str:
-    return "cq" if isinstance(d, ContinuousQuery) else "stream"
+    if isinstance(d, ContinuousQuery):
+        return "cq"
+    return "rule" if d.form == "ekuiper" else "stream"
 
 
 def _trigger(d) -> str:

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from . import timing
 from .config import Settings
 from .feed import FEEDS, floor_time
+from .ingest import ingest
 from .model import ContinuousQuery, PeriodTrigger
 from .run import Engine
 from .times import UTC, iso
@@ -20,7 +21,7 @@ def run_demo(settings: Settings, *, firings: int = 3, now: datetime | None = Non
     print(f"creating tables: {', '.join(engine.ensure_tables()) or 'all exist'}")
     for table in [t.name for t in engine.catalog.tables if t.name in FEEDS]:
         feed = FEEDS[table](start=now - timedelta(minutes=10), end=now)
-        version = engine.storage.append(table, feed, metadata={"cq.ingest": "demo feed"})
+        version = ingest(table=table, data=feed, engine=engine, label="demo feed").version
         print(f"{table}: appended {feed.num_rows} readings for [{iso(now - timedelta(minutes=10))}, {iso(now)}) (v{version})")
     for d in engine.catalog.definitions:
         if not isinstance(d, ContinuousQuery):

@@ -15,6 +15,7 @@ from typing import Callable
 
 from .config import Settings
 from .feed import FEEDS, floor_time
+from .ingest import ingest
 from .run import Engine
 from .times import UTC, iso
 
@@ -63,7 +64,7 @@ def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: 
         end = floor_time(datetime.now(UTC), reading_every)
         if end > start:
             rows = FEEDS[table](start=start, end=end, every=reading_every)
-            engine.storage.append(table, rows, metadata={"cq.ingest": label})
+            ingest(table=table, data=rows, engine=engine, label=label)  # through BEFORE INSERT triggers
             start = end
             if on_batch:
                 on_batch()
@@ -80,7 +81,7 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
     fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
     now = floor_time(datetime.now(UTC), timedelta(seconds=5))
     for table in fed:
-        engine.storage.append(table, FEEDS[table](start=now - backfill, end=now), metadata={"cq.ingest": "cq dev"})
+        ingest(table=table, data=FEEDS[table](start=now - backfill, end=now), engine=engine, label="cq dev")
         print(f"cq dev: {table} holds the last {backfill} of readings; a new batch every {feed_every:g}s")
     if created:
         print(f"cq dev: created {', '.join(created)}")

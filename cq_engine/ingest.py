@@ -38,14 +38,15 @@ class IngestResult:
 
 
 def ingest(*, table: str, data: pa.Table | str | os.PathLike, engine: "Engine | None" = None,
-           settings: "Settings | None" = None, now: datetime | None = None) -> IngestResult:
+           settings: "Settings | None" = None, now: datetime | None = None, label: str | None = None) -> IngestResult:
     """Append ``data`` (an Arrow table, or a CSV / JSON-lines / Parquet file) to ``table`` in one Delta
     commit, creating a declared table if missing. Columns match by name and are cast as in ``conform``.
 
     The BEFORE INSERT triggers whose pattern matches ``table`` fire first, in name order, on the
     conformed rows; a PESSIMISTIC one failing raises ``TriggerError`` and nothing is written.
     ``engine`` (else one built from ``settings``, else from the environment) supplies the definitions
-    and the warehouse; ``now`` (default: the clock) is only recorded when a trigger is first created."""
+    and the warehouse; ``now`` (default: the clock) is only recorded when a trigger is first created;
+    ``label`` goes into the commit's ``cq.ingest`` metadata (default: the file, or "python")."""
     from .run import Engine
     from .trigger_runtime import fire_before
 
@@ -56,7 +57,7 @@ def ingest(*, table: str, data: pa.Table | str | os.PathLike, engine: "Engine | 
     engine.ensure_tables(table)
     if not engine.storage.exists(table):
         raise TableError(f"table {table!r} does not exist: declare it with CREATE TABLE in {engine.settings.sql_dir}")
-    label = "python" if isinstance(data, pa.Table) else str(data)
+    label = label or ("python" if isinstance(data, pa.Table) else str(data))
     raw = data if isinstance(data, pa.Table) else read_input(str(data))
     rows = conform(raw, engine.storage.schema(table), table=table, time_column=engine.time_column(table),
                    tz=engine.settings.tz)

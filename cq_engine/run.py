@@ -161,16 +161,12 @@ class Engine:
         return self._execute(cq, fires, kind="recalculate", app_version=micros(end - EPOCH), progress=progress)
 
     def ingest(self, table: str, path: str) -> tuple[int, int]:
-        """Append a CSV / JSON-lines / Parquet file to ``table`` in one commit: (version, rows)."""
-        from .ingest import conform, read_input
+        """Append a CSV / JSON-lines / Parquet file to ``table`` in one commit, through its BEFORE
+        INSERT triggers (``ingest.ingest``): (version, rows)."""
+        from .ingest import ingest
 
-        self.ensure_tables(table)
-        if not self.storage.exists(table):
-            raise TableError(f"table {table!r} does not exist: declare it with CREATE TABLE in {self.settings.sql_dir}")
-        time_column = self.time_column(table)
-        data = conform(read_input(path), self.storage.schema(table), table=table, time_column=time_column,
-                       tz=self.settings.tz)
-        return self.storage.append(table, data, metadata={"cq.ingest": str(path)}), data.num_rows
+        result = ingest(table=table, data=path, engine=self)
+        return result.version, result.rows
 
     def tables(self) -> list[str]:
         """Delta tables in the warehouse (declared or found on disk), engine state excluded."""
