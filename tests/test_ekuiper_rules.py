@@ -248,3 +248,13 @@ def test_seed_sliding_window_with_over(tmp_path, spark):
     # windows (t-10, t] at the rows above 200 (6 s, 15 s, 30 s), over the rows above 100
     assert sorted((r["window_start"], r["window_end"], r["n"], r["peak"]) for r in b.sink("spikes_out")) == [
         (at(-4), at(6), 2, 250.0), (at(5), at(15), 3, 250.0), (at(20), at(30), 1, 500.0)]
+
+
+def test_a_stream_grouped_by_a_window_function_is_a_rule():
+    (s,) = parse("CREATE STREAM IF NOT EXISTS tc INTO tc_out AS SELECT count(*) AS n FROM demo "
+                 "GROUP BY ID, TUMBLINGWINDOW(ss, 10)")
+    assert (s.form, s.if_not_exists, s.sink, s.partition_by) == ("ekuiper", True, "tc_out", ("ID",))
+    assert s.trigger == SlidingTrigger(sliding=10 * S, interval=10 * S)
+    (old,) = parse("CREATE STREAM avg_vol_s INTO avg_vol AS SELECT _wstart, count(*) FROM meters "
+                   "PARTITION BY tbname INTERVAL(1m) SLIDING(30s)")
+    assert old.form == "old"  # TDengine's own streams are untouched

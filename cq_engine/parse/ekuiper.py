@@ -36,6 +36,14 @@ _CLAUSES = ("FROM", "WHERE", "GROUP BY", "FILTER", "OVER", "HAVING")
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 
 
+def has_window_function(cur: Cursor) -> bool:
+    """``CREATE STREAM name INTO sink AS SELECT ... GROUP BY ..., TUMBLINGWINDOW(...)``: a stream whose
+    SELECT groups by an eKuiper window function (parsed as a rule)."""
+    words = [t.text.upper() for t in cur.tokens[cur.pos :]]
+    head = words[3:] if words[:3] == ["IF", "NOT", "EXISTS"] else words
+    return head[1:2] == ["INTO"] and ("GROUP BY" in words or "GROUP" in words) and any(w in WINDOWS for w in words)
+
+
 def is_ekuiper_stream(cur: Cursor) -> bool:
     """``CREATE STREAM name (`` (a column list) is eKuiper's; TDengine's has a trigger after the name."""
     nxt = cur.peek(1)
@@ -81,6 +89,7 @@ def parse_ekuiper_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Table
 
 
 def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
+    """``CREATE RULE`` (and ``CREATE STREAM ... INTO ... AS`` a SELECT grouped by a window function)."""
     if_not_exists = cur.match("IF", "NOT", "EXISTS")
     name = cur.table_name("a rule name")
     into = cur.expect("INTO", what="INTO sink (where the rule's results go)")

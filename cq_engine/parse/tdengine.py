@@ -17,7 +17,7 @@ from sqlglot.tokens import Token, TokenType
 
 from ..model import SourceLocation, Stream, TableDecl
 from .cursor import Cursor
-from .ekuiper import is_ekuiper_stream, parse_ekuiper_stream
+from .ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
 from .options import ParseOptions
 from .stream_notify import notify_where, parse_notify, parse_old_notify
 from .stream_options import (old_stream_options, parse_column_list, parse_old_options, parse_options, parse_subtable,
@@ -40,6 +40,8 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
     source table instead."""
     if is_ekuiper_stream(cur):
         return parse_ekuiper_stream(cur, opts, start)
+    if has_window_function(cur):
+        return parse_rule(cur, opts, start)
     if_not_exists = cur.match("IF", "NOT", "EXISTS")
     name_tok = cur.table_name("a stream name")
     nxt = cur.peek()
