@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Union
@@ -342,6 +343,12 @@ def placeholder_column(name: str) -> str:
 
 
 Definition = Union[ContinuousQuery, Stream]
+
+
+def statement_hash(statement: Definition | TriggerDef) -> str:
+    """Changes when the statement's text does (case aside): a redefined stream or trigger starts over,
+    and Dagster sees a new code version."""
+    return hashlib.sha256(statement.sql.lower().encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

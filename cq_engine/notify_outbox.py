@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from .model import Stream
 from .stream_events import CLOSE, INVALIDATION, OPEN, Reported, public
-from .times import EPOCH, UTC
+from .times import EPOCH, UTC, epoch_ms
 
 if TYPE_CHECKING:
     from .run import Engine
@@ -32,7 +33,6 @@ _OUTBOX = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("window_id", pa
                      ("event_type", pa.string()), ("digest", pa.string()), ("table_name", pa.string()),
                      ("event", pa.string())])
 _DELIVERED = pa.schema([("key", pa.string()), ("status", pa.string()), ("at", _TS)])
-_MS = timedelta(milliseconds=1)
 
 
 def _uri(engine: "Engine", stream: Stream, what: str) -> str:
@@ -47,21 +47,20 @@ def _outbox(engine: "Engine", stream: Stream) -> list[dict]:
     return sorted(_read(_uri(engine, stream, "outbox")), key=lambda r: r["seq"])
 
 
-def reported(engine: "Engine", stream: Stream) -> dict[str, Reported]:
+def _reported(outbox: list[dict]) -> dict[str, Reported]:
     """Per window id, what its receivers were told last."""
     out: dict[str, Reported] = {}
-    for r in _outbox(engine, stream):
+    for r in outbox:
         prev = out.get(r["window_id"])
         cur = prev or Reported(r["window_id"], r["group_id"], r["window_start"], r["window_end"],
                                table_name=r["table_name"])
         kind = r["event_type"]
         if kind == OPEN:
-            cur = Reported(**{**cur.__dict__, "opened": True})
+            cur = replace(cur, opened=True)
         elif kind == CLOSE:
-            cur = Reported(**{**cur.__dict__, "closed_digest": r["digest"], "window_end": r["window_end"],
-                              "table_name": r["table_name"]})
+            cur = replace(cur, closed_digest=r["digest"], window_end=r["window_end"], table_name=r["table_name"])
         elif kind == INVALIDATION:
-            cur = Reported(**{**cur.__dict__, "closed_digest": None})
+            cur = replace(cur, closed_digest=None)
         out[r["window_id"]] = cur
     return out
 
@@ -70,27 +69,25 @@ def _time(ms: int | None) -> datetime | None:
     return EPOCH + timedelta(milliseconds=ms) if ms is not None else None
 
 
-def record(engine: "Engine", stream: Stream, events: list[dict]) -> int:
-    """Append the events not yet in the outbox (a retried run's are); returns how many were new."""
-    uri = _uri(engine, stream, "outbox")
-    existing = _outbox(engine, stream)
-    known = {r["key"] for r in existing}
+def _record(engine: "Engine", stream: Stream, outbox: list[dict], events: list[dict]) -> list[dict]:
+    """Append the events not yet in ``outbox`` (a retried run's are); the rows appended."""
+    known = {r["key"] for r in outbox}
     fresh = [e for e in events if e["_key"] not in known]
     if not fresh:
-        return 0
-    start = (existing[-1]["seq"] + 1) if existing else 0
+        return []
+    start = (outbox[-1]["seq"] + 1) if outbox else 0
     rows = [{"key": e["_key"], "seq": start + i, "window_id": e["windowId"], "group_id": int(e["groupId"]),
              "window_start": _time(e.get("windowStart")), "window_end": _time(e.get("windowEnd")),
              "event_type": e["eventType"], "digest": e.get("_digest", ""), "table_name": e["tableName"],
              "event": json.dumps(public(e), separators=(",", ":"))} for i, e in enumerate(fresh)]
-    write_deltalake(uri, pa.Table.from_pylist(rows, schema=_OUTBOX), mode="append")
-    return len(fresh)
+    write_deltalake(_uri(engine, stream, "outbox"), pa.Table.from_pylist(rows, schema=_OUTBOX), mode="append")
+    return rows
 
 
-def pending(engine: "Engine", stream: Stream) -> list[dict]:
-    """Events in the outbox not yet delivered (nor dropped), in order."""
+def pending(engine: "Engine", stream: Stream, outbox: list[dict] | None = None) -> list[dict]:
+    """Events in the outbox (``outbox``: its rows, already read) not yet delivered (nor dropped), in order."""
     done = {r["key"] for r in _read(_uri(engine, stream, "delivered"))}
-    return [r for r in _outbox(engine, stream) if r["key"] not in done]
+    return [r for r in (_outbox(engine, stream) if outbox is None else outbox) if r["key"] not in done]
 
 
 def _mark(engine: "Engine", stream: Stream, keys: list[str], status: str) -> None:
@@ -99,18 +96,18 @@ def _mark(engine: "Engine", stream: Stream, keys: list[str], status: str) -> Non
     write_deltalake(_uri(engine, stream, "delivered"), data, mode="append")
 
 
-def flush(engine: "Engine", stream: Stream, *, timeout: float = 5.0) -> str | None:
+def flush(engine: "Engine", stream: Stream, *, outbox: list[dict] | None = None, timeout: float = 5.0) -> str | None:
     """Send every pending event to every NOTIFY address. None when nothing is left pending; else
     (ON_FAILURE PAUSE) why delivery failed — the events stay pending for the next try."""
     from .notify_ws import NotifyError, deliver
 
     notify = stream.notify
-    rows = pending(engine, stream) if notify is not None else []
+    rows = pending(engine, stream, outbox) if notify is not None else []
     if not rows:
         return None
     events = [{**json.loads(r["event"]), "_key": r["key"]} for r in rows]  # the key makes messageIds unique
     keys = [r["key"] for r in rows]
-    now_ms = (datetime.now(UTC) - EPOCH) // _MS
+    now_ms = epoch_ms(datetime.now(UTC))
     try:
         deliver(notify.urls, {stream.name: events}, now_ms=now_ms, timeout=timeout)
     except NotifyError as exc:
@@ -125,12 +122,16 @@ def flush(engine: "Engine", stream: Stream, *, timeout: float = 5.0) -> str | No
     return None
 
 
-def publish(engine: "Engine", stream: Stream, events: list[dict]) -> str | None:
-    """After a run's sink commit: record its events and try to deliver everything pending."""
+def publish(engine: "Engine", stream: Stream, build: Callable[[dict[str, Reported]], list[dict]]) -> int:
+    """After a run's sink commit: the events ``build`` makes from what receivers were told before go
+    into the outbox, then everything pending is sent (the outbox is read once). Returns how many
+    events the run made."""
     if stream.notify is None:
-        return None
-    record(engine, stream, events)
-    return flush(engine, stream)
+        return 0
+    outbox = _outbox(engine, stream)
+    events = build(_reported(outbox))
+    flush(engine, stream, outbox=outbox + _record(engine, stream, outbox, events))
+    return len(events)
 
 
 def paused_by_notify(stream: Stream) -> bool:

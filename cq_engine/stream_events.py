@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from typing import Callable, Iterable
 
 from .model import Stream
 from .stream_output import SUBTABLE
-from .times import EPOCH
+from .times import epoch_ms
 from .windows import CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WSTART
 
 GROUP = "__cq_tgrpid"
@@ -57,11 +57,8 @@ def table_name(stream: Stream, row: dict) -> str:
     return "t_" + hashlib.md5(f"{stream.sink or stream.name}_{row[GROUP]}".encode()).hexdigest()
 
 
-def _ms(t: datetime) -> int:
-    return (t - EPOCH) // _MS if t is not None else None
-
-
-_MS = timedelta(milliseconds=1)
+def _ms(t: datetime | None) -> int | None:
+    return epoch_ms(t) if t is not None else None
 
 
 def _value(v):

@@ -24,7 +24,7 @@ from . import stream_timing as st
 from .durations import micros
 from .errors import CQError
 from .ledger import LedgerEntry
-from .model import DATA_SHAPED, EkSlidingTrigger, PeriodTrigger, SlidingTrigger, Stream
+from .model import DATA_SHAPED, EkSlidingTrigger, PeriodTrigger, SlidingTrigger, Stream, statement_hash
 from .storage.delta import groups_predicate, ranges_predicate, storable_schema
 from .stream_events import NOTIFY_OK
 from .stream_output import GROUP_ID
@@ -33,7 +33,7 @@ from .stream_plan import (ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, join_
                           with_placeholders)
 from .stream_frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_uri
 from .stream_sink import gone_groups, write_sink
-from .times import EPOCH, UTC, iso
+from .times import EPOCH, UTC, epoch_ms, iso
 from .windows import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WSTART,
                       assign_windows)
 
@@ -117,11 +117,9 @@ def _notify(engine: "Engine", stream: Stream, out: _Outcome, *, kind: str, revis
     from . import notify_outbox
     from .stream_events import build_events
 
-    now_ms = (datetime.now(UTC) - EPOCH) // timedelta(milliseconds=1)
-    events = build_events(stream, out.result.to_pylist(), reported=notify_outbox.reported(engine, stream),
-                          replaced=out.replaced, revision=revision, now_ms=now_ms)
-    notify_outbox.publish(engine, stream, events)
-    return len(events)
+    now_ms, rows = epoch_ms(datetime.now(UTC)), out.result.to_pylist()
+    return notify_outbox.publish(engine, stream, lambda reported: build_events(
+        stream, rows, reported=reported, replaced=out.replaced, revision=revision, now_ms=now_ms))
 
 
 def _keep(stream: Stream, windows) -> list[str]:
@@ -366,10 +364,8 @@ def _tick_versions(engine: "Engine", stream: Stream, tick: datetime) -> tuple[in
 def stream_created(engine: "Engine", stream: Stream, *, now: datetime) -> datetime:
     """When the stream (this statement of it) was first seen: PERIOD's creation day, recorded in
     ``_cq/streams/<name>/created`` the first time it is asked for."""
-    from .stream_sensor import definition_hash
-
     uri = state_uri(engine, stream, "created")
-    digest = definition_hash(stream)
+    digest = statement_hash(stream)
     if DeltaTable.is_deltatable(uri):
         for row in pa.table(DeltaTable(uri).scan()).to_pylist():
             if row["definition"] == digest:

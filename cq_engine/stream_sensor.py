@@ -4,7 +4,6 @@ both call :func:`evaluate_stream`."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -14,7 +13,7 @@ from deltalake import DeltaTable
 
 from . import stream_timing as st
 from .errors import TableError
-from .model import DATA_SHAPED, Stream
+from .model import DATA_SHAPED, Stream, statement_hash
 from .storage.log import latest_version, read_commits
 from .times import UTC
 
@@ -22,11 +21,6 @@ if TYPE_CHECKING:
     from .run import Engine
 
 HISTORY_CHUNK_ROWS = 5_000_000
-
-
-def definition_hash(stream: Stream) -> str:
-    """Changes when the statement changes: a redefined stream starts over, as a new one would."""
-    return hashlib.sha256(stream.sql.lower().encode()).hexdigest()[:16]
 
 
 def table_span(uri: str, *, version: int | None, time_column: str, storage_options=None) -> st.Span:
@@ -50,7 +44,7 @@ def _cursor(text: str | None, stream: Stream) -> st.StreamCursor | None:
         cursor = st.StreamCursor.from_json(text)
     except (ValueError, KeyError, TypeError):
         return None  # not ours (or from an older engine): start as a new stream
-    return cursor if cursor.definition == definition_hash(stream) else None
+    return cursor if cursor.definition == statement_hash(stream) else None
 
 
 def evaluate_stream(engine: "Engine", stream: Stream, *, cursor: str | None, now: datetime) -> st.TickPlan:
@@ -67,7 +61,7 @@ def evaluate_stream(engine: "Engine", stream: Stream, *, cursor: str | None, now
     if known is None:
         span = table_span(uri, version=version, time_column=time_column, storage_options=storage.storage_options)
         plan = st.first_tick(stream, version=version, span=span, now=now, tz=tz, chunk_rows=HISTORY_CHUNK_ROWS)
-        return replace(plan, cursor=replace(plan.cursor, definition=definition_hash(stream)))
+        return replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream)))
     changes: list[st.Change] = []
     if version > known.version:
         for commit in read_commits(uri, after=known.version, until=version, time_column=time_column,

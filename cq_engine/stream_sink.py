@@ -21,16 +21,17 @@ if TYPE_CHECKING:
     from .run import Engine
 
 
-def sink_columns(engine: "Engine", stream: Stream) -> list[str] | None:
+def _sink_schema(engine: "Engine", stream: Stream) -> pa.Schema | None:
+    """The existing sink's schema (one Delta snapshot load), or None."""
     if stream.sink is None or not engine.storage.exists(stream.sink):
         return None
-    return list(engine.storage.schema(stream.sink).names)
+    return engine.storage.schema(stream.sink)
 
 
-def sink_column_map(engine: "Engine", stream: Stream) -> dict[str, str]:
+def _column_map(engine: "Engine", stream: Stream, schema: pa.Schema | None) -> dict[str, str]:
     decl = engine.catalog.table(stream.sink) if stream.sink else None
     tags = tuple(c.name for c in decl.columns if c.is_tag) if decl is not None else ()
-    return column_map(stream, sink_columns(engine, stream), tags)
+    return column_map(stream, list(schema.names) if schema is not None else None, tags)
 
 
 def writes(stream: Stream) -> bool:
@@ -43,15 +44,15 @@ def write_sink(engine: "Engine", stream: Stream, result: pa.Table | None, *, ope
     replacing the rows ``ranges_of(sink time column)`` selects and the groups in ``gone``."""
     if not writes(stream):
         return 0, None
-    mapping = sink_column_map(engine, stream)
+    schema = _sink_schema(engine, stream)
+    mapping = _column_map(engine, stream, schema)
     sink_time = mapping[stream.time_column]
     predicate = ranges_of(sink_time)
     if gone:
         predicate = f"({predicate}) OR {quote_ident(GROUP_ID)} IN ({', '.join(str(g) for g in gone)})"
-    data = _due(stream, result, open_ok=open_ok) if result is not None else _empty(stream, engine)
+    data = _due(stream, result, open_ok=open_ok) if result is not None else _empty(stream, schema)
     data = renamed(data, mapping)
-    existing = sink_columns(engine, stream)
-    if existing is not None and GROUP_ID not in {c.lower() for c in existing}:
+    if schema is not None and GROUP_ID not in {c.lower() for c in schema.names}:
         # A table the user made may leave group_id out, unless the engine must find a group's rows.
         if stream.trigger.kind in DATA_SHAPED or stream.options.delete_output_table:
             raise CQError(f"{stream.name}: table {stream.sink!r} has no {GROUP_ID!r} column, which this stream "
@@ -74,9 +75,8 @@ def _due(stream: Stream, result: pa.Table, *, open_ok: bool) -> pa.Table:
     return rows.select(output_names(stream))
 
 
-def _empty(stream: Stream, engine: "Engine") -> pa.Table:
+def _empty(stream: Stream, schema: pa.Schema | None) -> pa.Table:
     """No rows (a pure delete), in the sink's schema when it exists."""
-    schema = engine.storage.schema(stream.sink) if engine.storage.exists(stream.sink) else None
     if schema is None:
         return pa.table({stream.time_column: pa.array([], pa.timestamp("us", tz="UTC"))})
     return schema.empty_table()
@@ -99,4 +99,5 @@ def gone_groups(engine: "Engine", stream: Stream, version: int) -> list[int]:
 
 
 def sink_time(engine: "Engine", stream: Stream) -> str:
-    return sink_column_map(engine, stream)[stream.time_column]
+    """The sink's column holding the query's time column (renamed when mapped onto an existing sink)."""
+    return _column_map(engine, stream, _sink_schema(engine, stream))[stream.time_column]

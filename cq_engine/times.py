@@ -27,6 +27,11 @@ def parse_time(text: str, *, tz: tzinfo, what: str = "time") -> datetime:
     return parsed.astimezone(UTC)
 
 
+def epoch_ms(t: datetime) -> int:
+    """Milliseconds since the UTC epoch (``t`` timezone-aware)."""
+    return (t - EPOCH) // timedelta(milliseconds=1)
+
+
 def iso(t: datetime) -> str:
     """ISO-8601 UTC with a ``Z``-free ``+00:00`` offset, millisecond precision when needed."""
     t = t.astimezone(UTC)

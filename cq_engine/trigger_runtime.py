@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from .config import Settings
 from .errors import CQError
-from .model import Catalog, SourceLocation, TriggerDef
+from .model import Catalog, SourceLocation, TriggerDef, statement_hash
 from .times import iso
 from .triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
 
@@ -48,12 +48,6 @@ def matching(triggers: Iterable[TriggerDef], *, table: str, event: str) -> list[
     """The ``event`` triggers whose pattern matches ``table``, by name (IoTDB promises no order)."""
     return sorted((t for t in triggers if t.event == event and matches(t.pattern, table)),
                   key=lambda t: t.name.lower())
-
-
-def definition_hash(trigger: TriggerDef) -> str:
-    import hashlib
-
-    return hashlib.sha256(trigger.sql.lower().encode()).hexdigest()[:16]
 
 
 def where(trigger: TriggerDef) -> str:
@@ -166,7 +160,7 @@ def registration(settings: Settings, name: str) -> Registration | None:
 
 def _register(trigger: TriggerDef, *, settings: Settings, now: datetime) -> tuple[Registration, bool]:
     """The trigger's registration and whether an earlier process made it (a restart)."""
-    digest = definition_hash(trigger)
+    digest = statement_hash(trigger)
     known = registration(settings, trigger.name)
     if known is not None and known.hash == digest:
         return known, True
@@ -200,7 +194,7 @@ _LIVE_LOCK = threading.RLock()  # re-entrant: on_create may itself ingest
 def instance(trigger: TriggerDef, *, settings: Settings, now: datetime) -> Live:
     """This process's instance of ``trigger``, created on first use: ``validate``, ``on_create``, and
     ``restore`` for a STATEFUL trigger that an earlier process registered."""
-    key = (str(Path(settings.home).resolve()), trigger.name.lower(), definition_hash(trigger))
+    key = (str(Path(settings.home).resolve()), trigger.name.lower(), statement_hash(trigger))
     with _LIVE_LOCK:
         if key in _LIVE:
             return _LIVE[key]
@@ -285,7 +279,7 @@ def show(catalog: Catalog, *, engine: "Engine") -> list[dict[str, str]]:
         if t.name.lower() not in defined:
             state = "DROPPING"
         else:
-            state = "ACTIVE" if reg is not None and reg.hash == definition_hash(t) else "INACTIVE"
+            state = "ACTIVE" if reg is not None and reg.hash == statement_hash(t) else "INACTIVE"
         done = (AfterCursor.parse(_read_text(progress_path(settings, t)), reg.generation) if reg else None)
         watched = [f"{x}@v{done.tables[x.lower()]}" if done and x.lower() in done.tables else x
                  for x in tables if matches(t.pattern, x)]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 
 import dagster as dg
 
-from cq_engine.model import Definition
+from cq_engine.model import Definition, statement_hash
 
 
 class CQTranslator:
@@ -32,7 +31,7 @@ class CQTranslator:
                 "cq/timeout_policy": definition.timeout_policy}
 
     def get_code_version(self, definition: Definition) -> str:
-        return hashlib.sha256(definition.sql.lower().encode()).hexdigest()[:16]
+        return statement_hash(definition)
 
     def get_description(self, definition: Definition) -> str:
         return f"{definition.kind} `{definition.name}` ({definition.location})\n\n```sql\n{definition.sql}\n```"
