@@ -106,7 +106,7 @@ class Context:
 def make_engine(workdir: Path, sql: str, spark, **settings):
     """An Engine over ``workdir`` (sql/, wh/, .cq/) with one definition file holding ``sql``."""
     from cq_engine.config import Settings
-    from cq_engine.run import Engine
+    from cq_engine.engine import Engine
 
     (workdir / "sql").mkdir(parents=True, exist_ok=True)
     (workdir / "sql" / "defs.sql").write_text(sql)

@@ -2,7 +2,7 @@
 Connect server versus with an in-process ``local[*]`` session started by the command (no target; the
 ratio in-process / Connect is reported).
 
-Both sides are fresh ``python -m cq_engine.cli run NAME --at T`` subprocesses over the same warehouse:
+Both sides are fresh ``python -m cq_engine.cli.main run NAME --at T`` subprocesses over the same warehouse:
 the Connect side with ``CQ_SPARK_REMOTE=sc://localhost:<port>``, the in-process side with a different
 ``CQ_HOME`` (no server pid file there, so the engine falls back to ``local[*]``). The server is started
 once with ``cq_engine.spark.start_server`` on a free port, warmed up, and always stopped at the end.
@@ -28,7 +28,7 @@ _ENGINE_SECONDS = re.compile(r"files, ([0-9.]+)s\)")
 
 def run(ctx: Context) -> Outcome:
     from cq_engine.config import Settings
-    from cq_engine.feed import sensor_rows
+    from cq_engine.cli.feed import sensor_rows
     from cq_engine.spark import start_server, stop_server
 
     repeat = 1 if ctx.quick else 3
@@ -53,7 +53,7 @@ def run(ctx: Context) -> Outcome:
     wrong_kind: list[str] = []
 
     def cq_run(kind: str):
-        proc = subprocess.run([sys.executable, "-m", "cq_engine.cli", "run", "per_minute", "--at", fire.isoformat()],
+        proc = subprocess.run([sys.executable, "-m", "cq_engine.cli.main", "run", "per_minute", "--at", fire.isoformat()],
                               env=envs[kind], cwd=work, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise RuntimeError(f"`cq run` ({kind}) exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")

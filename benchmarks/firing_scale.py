@@ -17,7 +17,7 @@ FACTOR = 20
 
 
 def _load(engine, commits: int) -> None:
-    from cq_engine.feed import sensor_rows
+    from cq_engine.cli.feed import sensor_rows
 
     for m in range(commits):
         engine.storage.append("sensors", sensor_rows(start=T0 + timedelta(minutes=m),

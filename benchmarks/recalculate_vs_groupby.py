@@ -54,7 +54,7 @@ def _check_same(engine_uri: str, hand_uri: str) -> None:
 
 
 def run(ctx: Context) -> Outcome:
-    from cq_engine.feed import sensor_rows
+    from cq_engine.cli.feed import sensor_rows
 
     hours = 3 if ctx.quick else 24
     # The first runs of each side are much slower (JIT, fresh shapes of Spark jobs): warm both up.
@@ -101,8 +101,8 @@ def _profile(ctx: Context, engine, lo, hi) -> list[str]:
     windows x groups left-joined with the aggregate."""
     import statistics
 
-    from cq_engine.plan import plan_query
-    from cq_engine.timing import recalculation_range
+    from cq_engine.resample.plan import plan_query
+    from cq_engine.resample.timing import recalculation_range
 
     spark = ctx.spark
     source_uri, out_uri = engine.storage.uri("sensors"), engine.storage.uri("hand_out")

@@ -134,7 +134,7 @@ def _measure(cases: dict, *, repeat: int, warmup: int, setup: dict | None = None
 
 
 def run(ctx: Context) -> Outcome:
-    from cq_engine.stream_sensor import evaluate_stream
+    from cq_engine.streams.sensor import evaluate_stream
 
     hours, commits = (2, 4) if ctx.quick else (28, 20)
     warmup, repeat = (1, 3) if ctx.quick else (2, 5)
@@ -200,8 +200,8 @@ def run(ctx: Context) -> Outcome:
 
 def _state_note(ctx: Context, engine, stream, cursor: str, now, source_uri: str, last_event, *, warmup: int,
                 repeat: int) -> str:
-    from cq_engine.stream_run import state_uri
-    from cq_engine.stream_sensor import evaluate_stream
+    from cq_engine.streams.run import state_uri
+    from cq_engine.streams.sensor import evaluate_stream
 
     plan = evaluate_stream(engine, stream, cursor=cursor, now=now)
     if len(plan.works) != 1 or plan.works[0].close_until is None:
@@ -231,10 +231,10 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
     from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
-    from cq_engine import stream_timing as st
-    from cq_engine.stream_plan import evaluate, pre_window_filter, with_placeholders
-    from cq_engine.stream_run import _in_ranges
-    from cq_engine.windows import WSTART, assign_windows
+    from cq_engine.streams import timing as st
+    from cq_engine.streams.plan import evaluate, pre_window_filter, with_placeholders
+    from cq_engine.streams.run import _in_ranges
+    from cq_engine.streams.windows.tdengine import WSTART, assign_windows
 
     spark = ctx.spark
     stream = engine.stream("s")

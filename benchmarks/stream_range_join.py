@@ -51,9 +51,9 @@ def _sink(engine, table: str) -> list[tuple]:
 def run(ctx: Context) -> Outcome:
     import logging
 
-    from cq_engine.stream_timing import StreamWork
+    from cq_engine.streams.timing import StreamWork
 
-    logging.getLogger("cq_engine.stream_plan").setLevel(logging.ERROR)  # the fallback's warning, once per run
+    logging.getLogger("cq_engine.streams.plan").setLevel(logging.ERROR)  # the fallback's warning, once per run
     hours = 2 if ctx.quick else 12
     repeat = 3 if ctx.quick else 5
     engine = make_engine(ctx.workdir(NAME), SQL, ctx.spark)

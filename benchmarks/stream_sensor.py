@@ -42,7 +42,7 @@ def _build(ctx: Context, label: str, commits: int):
     table), and the sensor cursor of version ``commits - 2``: the next tick finds the last commit."""
     from deltalake import write_deltalake
 
-    from cq_engine.stream_sensor import evaluate_stream
+    from cq_engine.streams.sensor import evaluate_stream
 
     engine = make_engine(ctx.workdir(f"{NAME}/{label}"), SQL, None)
     stream = engine.stream("s")
@@ -57,7 +57,7 @@ def _build(ctx: Context, label: str, commits: int):
 
 
 def _tick(engine, stream, cursor: str, version: int):
-    from cq_engine.stream_sensor import evaluate_stream
+    from cq_engine.streams.sensor import evaluate_stream
 
     plan = evaluate_stream(engine, stream, cursor=cursor, now=T0)
     if plan.cursor.version != version or len(plan.works) != 1 or len(plan.works[0].windows) != 1:
@@ -78,7 +78,7 @@ def _per_call(cases, *, calls: int, warmup: int):
 def run(ctx: Context) -> Outcome:
     from deltalake import DeltaTable
 
-    from cq_engine.stream_sensor import evaluate_stream
+    from cq_engine.streams.sensor import evaluate_stream
 
     large_commits = 200 if ctx.quick else 1000
     calls, warmup = (2000, 200) if ctx.quick else (5000, 500)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from .errors import CQError
+from cq_engine.errors import CQError
 
 _NS = 1
 _US = 1_000

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .storage.base import align_columns
-from .errors import CQError, TableError, TimeError
-from .times import parse_time
+from cq_engine.storage.base import align_columns
+from cq_engine.errors import CQError, TableError, TimeError
+from cq_engine.times import parse_time
 
 if TYPE_CHECKING:
-    from .config import Settings
-    from .run import Engine
+    from cq_engine.config import Settings
+    from cq_engine.engine import Engine
 
 UTC = timezone.utc
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -47,11 +47,11 @@ def ingest(*, table: str, data: pa.Table | str | os.PathLike, engine: "Engine | 
     ``engine`` (else one built from ``settings``, else from the environment) supplies the definitions
     and the warehouse; ``now`` (default: the clock) is only recorded when a trigger is first created;
     ``label`` goes into the commit's ``cq.ingest`` metadata (default: the file, or "python")."""
-    from .run import Engine
-    from .trigger_runtime import fire_before
+    from cq_engine.engine import Engine
+    from cq_engine.triggers.runtime import fire_before
 
     if engine is None:
-        from .config import load_settings
+        from cq_engine.config import load_settings
 
         engine = Engine(settings=settings or load_settings())
     engine.ensure_tables(table)

@@ -23,8 +23,8 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from .config import Settings, load_settings
-from .errors import SparkError
+from cq_engine.config import Settings, load_settings
+from cq_engine.errors import SparkError
 
 # PySpark logs every analysis error as a JSON blob on stderr; the engine reports it as a one-line CQError.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)

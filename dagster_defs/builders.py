@@ -7,11 +7,11 @@ from typing import Optional
 import dagster as dg
 from dagster_pyspark import PySparkResource
 
-from cq_engine.cron import CronPlan
+from cq_engine.schedule.cron import CronPlan
 from cq_engine.model import ContinuousQuery, Definition
-from cq_engine.run import RunResult
-from cq_engine.stream_timing import StreamWork
-from cq_engine.ticks import Ticks, ticks_of
+from cq_engine.engine import RunResult
+from cq_engine.streams.timing import StreamWork
+from cq_engine.schedule.ticks import Ticks, ticks_of
 from cq_engine.times import UTC, iso, parse_time
 
 from .resource import CQEngineResource

@@ -11,7 +11,7 @@ from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings, load_settings
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
-from cq_engine.run import Engine
+from cq_engine.engine import Engine
 from cq_engine.times import UTC
 
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor

@@ -9,7 +9,7 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from cq_engine.config import Settings, load_settings
-from cq_engine.run import Engine
+from cq_engine.engine import Engine
 from cq_engine.spark import BASE_CONF, server_status
 
 

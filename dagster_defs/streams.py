@@ -1,5 +1,5 @@
 """A window-triggered stream's sensor: it reads the trigger table's new Delta commits (no Spark)
-and requests the runs ``cq_engine.stream_sensor`` plans; the cursor is the stream's
+and requests the runs ``cq_engine.streams.sensor`` plans; the cursor is the stream's
 ``StreamCursor`` (versions seen, watermark)."""
 
 from datetime import datetime
@@ -8,10 +8,10 @@ import dagster as dg
 
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
-from cq_engine.notify_outbox import gate, paused_by_notify
-from cq_engine.run import Engine
-from cq_engine.stream_sensor import evaluate_stream
-from cq_engine.stream_timing import StreamWork
+from cq_engine.notify.outbox import gate, paused_by_notify
+from cq_engine.engine import Engine
+from cq_engine.streams.sensor import evaluate_stream
+from cq_engine.streams.timing import StreamWork
 from cq_engine.times import UTC, iso
 
 from .builders import in_flight

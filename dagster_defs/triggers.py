@@ -1,5 +1,5 @@
 """An AFTER INSERT trigger's sensor ``<name>_trigger``: each evaluation fires the trigger on the new
-Delta versions of the tables its pattern matches (``cq_engine.trigger_runtime.deliver_after``); it
+Delta versions of the tables its pattern matches (``cq_engine.triggers.runtime.deliver_after``); it
 requests no runs. The cursor (JSON: registration generation, last version handled per table) is
 returned with the result, so Dagster stores it only after every ``fire`` of the evaluation returned."""
 
@@ -11,10 +11,10 @@ import dagster as dg
 
 from cq_engine.errors import CQError
 from cq_engine.model import TriggerDef
-from cq_engine.run import Engine
+from cq_engine.engine import Engine
 from cq_engine.times import UTC
-from cq_engine.trigger_after import deliver_after
-from cq_engine.trigger_runtime import load_class, sensor_name
+from cq_engine.triggers.after import deliver_after
+from cq_engine.triggers.runtime import load_class, sensor_name
 
 INTERVAL_SECONDS = 2
 

@@ -38,9 +38,9 @@ from streams_util import METERS
 
 from cq_engine import spark as cq_spark
 from cq_engine.config import Settings
-from cq_engine.dev import dagster_env, feed_forever, stop_process_group, write_dagster_home
-from cq_engine.feed import floor_time, sensor_rows
-from cq_engine.run import Engine
+from cq_engine.cli.dev import dagster_env, feed_forever, stop_process_group, write_dagster_home
+from cq_engine.cli.feed import floor_time, sensor_rows
+from cq_engine.engine import Engine
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

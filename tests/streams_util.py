@@ -9,8 +9,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from cq_engine.config import Settings
-from cq_engine.run import Engine
-from cq_engine.stream_sensor import evaluate_stream
+from cq_engine.engine import Engine
+from cq_engine.streams.sensor import evaluate_stream
 
 UTC = timezone.utc
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ another table, sinks declared with CREATE TABLE, one writer per sink."""
 import pytest
 
 from cq_engine.catalog import check_sink_columns, load_catalog, referenced_columns
-from cq_engine.stream_output import sink_mismatch
+from cq_engine.streams.output import sink_mismatch
 from cq_engine.errors import ParseError
 from cq_engine.parse import parse_text
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from cq_engine.cli import main
+from cq_engine.cli.main import main
 
 DATA = Path(__file__).parent / "data"
 

@@ -9,7 +9,7 @@ import pytest
 from croniter import croniter_range
 from dagster._utils.schedules import schedule_execution_time_iterator
 
-from cq_engine.cron import (
+from cq_engine.schedule.cron import (
     CronPlan, compile_cron, period_cron, period_ticks, resample_cron, resample_ticks,
 )
 from cq_engine.durations import parse_duration

@@ -115,7 +115,7 @@ def test_tick_sensor_discard_skips_and_catches_up_with_the_latest(project, insta
 
 def test_firing_job_runs_on_spark_and_reports_the_materialization(project, instance, spark):
     settings, defs = project
-    from cq_engine.run import Engine
+    from cq_engine.engine import Engine
 
     Engine(settings=settings, spark_session=spark).ingest("ln", str(DATA / "ln.csv"))
     job = defs.resolve_job_def("cq1_job")
@@ -238,7 +238,7 @@ def test_stream_sensor_skips_while_its_trigger_table_is_missing(streams, instanc
 
 
 def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
-    from cq_engine.stream_timing import StreamCursor, StreamWork
+    from cq_engine.streams.timing import StreamCursor, StreamWork
     from cq_engine.times import iso
     from streams_util import T0
 
@@ -284,7 +284,7 @@ def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
 
 
 def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instance):
-    from cq_engine.stream_timing import StreamWork
+    from cq_engine.streams.timing import StreamWork
     from streams_util import T0
 
     bench, defs = streams
@@ -309,7 +309,7 @@ def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instan
 
 
 def test_fill_history_requests_carry_the_priority_tag_unless_history_first(streams, instance, monkeypatch):
-    from cq_engine import stream_sensor
+    from cq_engine.streams import sensor as stream_sensor
     from streams_util import T0
 
     monkeypatch.setattr(stream_sensor, "HISTORY_CHUNK_ROWS", 20)
@@ -357,8 +357,8 @@ def test_period_stream_schedule_tick_runs_its_period(streams, instance):
 
 def test_ignore_untreated_cursor_never_requests_the_windows_written_while_stopped(streams, instance):
     """What `cq start NAME --ignore-untreated` does to the sensor's cursor (see cli_streams._control)."""
-    from cq_engine.stream_sensor import skip_untreated
-    from cq_engine.stream_timing import StreamWork
+    from cq_engine.streams.sensor import skip_untreated
+    from cq_engine.streams.timing import StreamWork
     from streams_util import T0
 
     bench, defs = streams
@@ -377,7 +377,7 @@ def test_ignore_untreated_cursor_never_requests_the_windows_written_while_stoppe
 def test_cq_stop_names_an_unreachable_dagster(streams, monkeypatch, capsys):
     from netutil import free_port
 
-    from cq_engine.cli import main
+    from cq_engine.cli.main import main
 
     bench, _ = streams
     for var, value in {"CQ_SQL_DIR": bench.settings.sql_dir, "CQ_WAREHOUSE": bench.settings.warehouse,
@@ -394,7 +394,7 @@ def test_stream_sensor_holds_its_cursor_while_pause_notifications_fail(tmp_path,
     from streams_util import Bench
     from ws_recorder import Recorder
 
-    from cq_engine.stream_timing import StreamCursor
+    from cq_engine.streams.timing import StreamCursor
 
     with Recorder() as recorder:
         bench = Bench(tmp_path, spark, f"""CREATE STREAM s_note INTERVAL(10s) SLIDING(10s) FROM meters

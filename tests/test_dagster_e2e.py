@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from cq_engine.run import Engine
-from cq_engine.stream_timing import StreamCursor
+from cq_engine.engine import Engine
+from cq_engine.streams.timing import StreamCursor
 
 from dagster_e2e_util import (MAIN_LOCATION, SLOW_LOCATION, SLOW_SECONDS, STREAM, UTC, dagster_stack,  # noqa: F401
                               parse_iso)
@@ -169,7 +169,7 @@ def test_discard_skips_while_a_run_is_in_flight_and_catches_up(dagster_stack):
 
 def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, monkeypatch, capsys):
     """`cq recalculate --via-dagster` submits <name>_recalculate through the webserver's GraphQL API."""
-    from cq_engine.cli import main
+    from cq_engine.cli.main import main
 
     settings = dagster_stack.settings
     for var, value in {"CQ_SQL_DIR": settings.sql_dir, "CQ_WAREHOUSE": settings.warehouse, "CQ_HOME": settings.home}.items():
@@ -250,7 +250,7 @@ def wait_stream(stack, required: set, *, timeout: float = STREAM_WAIT) -> tuple[
 
 
 def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkeypatch, capsys):
-    from cq_engine.cli import main
+    from cq_engine.cli.main import main
 
     stack, settings = dagster_stack, dagster_stack.settings
     engine, sensor = Engine(settings=settings), f"{STREAM}_ticks"

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 import ekuiper_reference as ref
 from cq_engine.model import CountTrigger, EkSessionTrigger, EkSlidingTrigger
 from cq_engine.times import EPOCH, UTC
-from cq_engine.windows import WCLOSED, WEND, WLAST, WROWS, WSTART, assign_windows
+from cq_engine.streams.windows.tdengine import WCLOSED, WEND, WLAST, WROWS, WSTART, assign_windows
 
 S = 1_000_000
 M = 60 * S

@@ -13,7 +13,7 @@ import pytest
 from cq_engine.config import Settings
 from cq_engine.errors import CQError, TableError
 from cq_engine.ingest import conform, read_input
-from cq_engine.ledger import Ledger, LedgerEntry
+from cq_engine.storage.ledger import Ledger, LedgerEntry
 from cq_engine.storage.delta import DeltaRsStorage
 
 UTC = timezone.utc

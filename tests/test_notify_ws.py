@@ -14,7 +14,7 @@ import pytest
 from websockets.sync.server import serve
 
 from cq_engine.errors import CQError
-from cq_engine.notify_ws import NotifyError, batches, deliver, message, send
+from cq_engine.notify.ws import NotifyError, batches, deliver, message, send
 from ws_recorder import Recorder
 
 NOW = 1733284887203

@@ -5,9 +5,9 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pytest
 
-from cq_engine import timing
+from cq_engine.resample import timing
 from cq_engine.parse import ParseOptions, parse_text
-from cq_engine.plan import plan_query
+from cq_engine.resample.plan import plan_query
 
 UTC = timezone.utc
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -12,8 +12,8 @@ from deltalake import DeltaTable
 
 from cq_engine.config import Settings
 from cq_engine.errors import CQError, TableError, TimeError
-from cq_engine.feed import sensor_rows
-from cq_engine.run import Engine
+from cq_engine.cli.feed import sensor_rows
+from cq_engine.engine import Engine
 
 UTC = timezone.utc
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
@@ -91,7 +91,7 @@ def test_crash_between_compute_and_commit_leaves_sink_unchanged(engine):
     before = rows(engine, "per_minute_out")
     env = {**os.environ, "CQ_SQL_DIR": engine.settings.sql_dir, "CQ_WAREHOUSE": engine.settings.warehouse,
            "CQ_HOME": engine.settings.home, "CQ_FAILPOINT": "before-commit"}
-    proc = subprocess.run([sys.executable, "-m", "cq_engine.cli", "run", "per_minute", "--at", fire.isoformat()],
+    proc = subprocess.run([sys.executable, "-m", "cq_engine.cli.main", "run", "per_minute", "--at", fire.isoformat()],
                           env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 75, proc.stderr[-2000:]  # killed just before the commit
     assert DeltaTable(engine.settings.table_uri("per_minute_out")).version() == before_version

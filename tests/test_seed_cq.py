@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable
 
 from cq_engine.config import Settings
-from cq_engine.run import Engine
+from cq_engine.engine import Engine
 from cq_engine.times import parse_time
 
 from seed_tables import CQ1, CQ2, CQ3, CQ4, CQ5, CST, aligned_to_rows, wide_to_rows

@@ -9,8 +9,8 @@ import pytest
 from streams_util import NOW, T0, Bench, M
 from ws_recorder import Recorder
 
-from cq_engine import notify_outbox
-from cq_engine.stream_events import window_id
+from cq_engine.notify import outbox as notify_outbox
+from cq_engine.streams.events import window_id
 
 MS = 1000
 
@@ -227,12 +227,12 @@ def test_cq_listen_prints_each_message(tmp_path):
     import sys
     import time
 
-    from cq_engine.notify_ws import deliver
+    from cq_engine.notify.ws import deliver
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "cq_engine.cli", "listen", "--port", str(port), "--count", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "cq_engine.cli.main", "listen", "--port", str(port), "--count", "1"],
                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         assert proc.stdout.readline().startswith(f"listening on ws://127.0.0.1:{port}/")

@@ -92,7 +92,7 @@ def test_nondeterministic_where_falls_back_to_per_window_evaluation_and_says_so(
         "price": pa.array([1.0] * 9)}))
     b.tick("lucky")
     _two_meters(b)
-    with caplog.at_level(logging.WARNING, logger="cq_engine.stream_plan"):
+    with caplog.at_level(logging.WARNING, logger="cq_engine.streams.plan"):
         b.tick("lucky")
     assert [(r["_twstart"], r["n"]) for r in b.sink("lucky_out")] == [(T0, 3), (T0 + M, 3)]
     assert "per-window evaluation of 2 window(s): the WHERE uses rand" in caplog.text

@@ -3,7 +3,7 @@
 from datetime import datetime, timedelta, timezone
 
 from cq_engine.model import (CountTrigger, SelectItem, SessionTrigger, SlidingTrigger, Stream, StreamOptions)
-from cq_engine.stream_timing import (Change, Span, StreamCursor, StreamWork, first_tick, key_ranges, merge_ranges,
+from cq_engine.streams.timing import (Change, Span, StreamCursor, StreamWork, first_tick, key_ranges, merge_ranges,
                                      plan_tick, recalculation_work, starts_ending_in, tick_after, tick_floor)
 
 UTC = timezone.utc

@@ -5,8 +5,8 @@ import random
 import pytest
 
 import window_reference as ref
-from cq_engine import stream_sensor
-from cq_engine.cli import main
+from cq_engine.streams import sensor as stream_sensor
+from cq_engine.cli.main import main
 from cq_engine.errors import CQError
 from streams_util import NOW, T0, Bench, M, S, reference, sink_summary, us
 

@@ -5,7 +5,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cq_engine import timing
+from cq_engine.resample import timing
 from cq_engine.errors import TimeError
 from cq_engine.model import Resample
 from cq_engine.times import parse_time

@@ -13,14 +13,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from cq_engine import trigger_runtime as rt
+from cq_engine.triggers import runtime as rt
 from cq_engine.catalog import load_catalog
-from cq_engine.cli import main
+from cq_engine.cli.main import main
 from cq_engine.config import Settings
 from cq_engine.errors import ParseError
 from cq_engine.ingest import ingest
 from cq_engine.parse import parse_text
-from cq_engine.run import Engine
+from cq_engine.engine import Engine
 from cq_engine.triggers import FailureStrategy, Trigger, TriggerError, batch_info
 from dagster_defs import build_definitions
 

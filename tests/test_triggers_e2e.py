@@ -21,10 +21,10 @@ import pytest
 from dagster._core.scheduler.instigation import InstigatorType
 
 from cq_engine.config import Settings
-from cq_engine.dev import dagster_env, stop_process_group, write_dagster_home
+from cq_engine.cli.dev import dagster_env, stop_process_group, write_dagster_home
 from cq_engine.ingest import ingest
-from cq_engine.run import Engine
-from cq_engine.trigger_runtime import state_dir
+from cq_engine.engine import Engine
+from cq_engine.triggers.runtime import state_dir
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 import window_reference as ref
 from cq_engine.model import CountTrigger, EventTrigger, SessionTrigger, SlidingTrigger, StateTrigger
 from cq_engine.times import EPOCH, UTC
-from cq_engine.windows import (
+from cq_engine.streams.windows.tdengine import (
     CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WROWS, WSTART, assign_windows,
     condition_columns,
 )

@@ -1,4 +1,4 @@
-"""A deliberately simple pure-Python model of ``cq_engine.windows.assign_windows`` for tests.
+"""A deliberately simple pure-Python model of ``cq_engine.streams.windows.tdengine.assign_windows`` for tests.
 
 Rows are dicts with ``t`` (int microseconds) plus value columns; conditions are Python callables.
 Each function takes one group's rows (any order) and returns one dict per (row, window) with the
@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from cq_engine.cron import period_ticks
+from cq_engine.schedule.cron import period_ticks
 from cq_engine.times import EPOCH, UTC
 
 DAY = 86_400_000_000

@@ -8,15 +8,15 @@ from typing import Callable, Union
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, Tokenizer
 
-from ..errors import CQError, ParseError
-from ..model import ContinuousQuery, Stream, TableDecl, TriggerDef
-from .cursor import Cursor, SourceText, split_statements
-from .iotdb import parse_continuous_query
-from .options import ParseOptions
-from .tables import parse_create_table
-from .ekuiper import parse_rule
-from .tdengine import parse_create_stream
-from .triggers import parse_create_trigger
+from cq_engine.errors import CQError, ParseError
+from cq_engine.model import ContinuousQuery, Stream, TableDecl, TriggerDef
+from cq_engine.parse.cursor import Cursor, SourceText, split_statements
+from cq_engine.parse.iotdb import parse_continuous_query
+from cq_engine.parse.options import ParseOptions
+from cq_engine.parse.tables import parse_create_table
+from cq_engine.parse.ekuiper import parse_rule
+from cq_engine.parse.tdengine.statement import parse_create_stream
+from cq_engine.parse.triggers import parse_create_trigger
 
 Statement = Union[ContinuousQuery, Stream, TableDecl, TriggerDef]
 StatementParser = Callable[[Cursor, ParseOptions, Token], Statement]

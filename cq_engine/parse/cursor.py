@@ -8,8 +8,8 @@ from datetime import timedelta
 
 from sqlglot.tokens import Token, TokenType
 
-from ..durations import IOTDB_UNITS, parse_duration
-from ..errors import CQError, ParseError
+from cq_engine.durations import IOTDB_UNITS, parse_duration
+from cq_engine.errors import CQError, ParseError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError as SqlglotParseError
 
-from .cursor import SourceText
+from cq_engine.parse.cursor import SourceText
 
 # The planner exposes the source's event time under this name, so functions that need it
 # (first_value, max_time...) can be written before the source table is known.

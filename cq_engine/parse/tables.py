@@ -9,9 +9,9 @@ import re
 
 from sqlglot.tokens import Token, TokenType
 
-from ..model import Column, SourceLocation, TableDecl
-from .cursor import Cursor
-from .options import ParseOptions
+from cq_engine.model import Column, SourceLocation, TableDecl
+from cq_engine.parse.cursor import Cursor
+from cq_engine.parse.options import ParseOptions
 
 # Dialect type names (TDengine, IoTDB, Spark) → Spark SQL type names.
 _TYPES = {

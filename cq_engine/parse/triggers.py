@@ -7,9 +7,9 @@ import re
 
 from sqlglot.tokens import Token, TokenType
 
-from ..model import SourceLocation, TriggerDef
-from .cursor import Cursor
-from .options import ParseOptions
+from cq_engine.model import SourceLocation, TriggerDef
+from cq_engine.parse.cursor import Cursor
+from cq_engine.parse.options import ParseOptions
 
 _PATTERN = re.compile(r"[A-Za-z0-9_*]+")
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"

@@ -15,8 +15,8 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..model import TableDecl
-    from .log import Commit
+    from cq_engine.model import TableDecl
+    from cq_engine.storage.log import Commit
 
 TimeRange = tuple[datetime, datetime]  # half-open [start, end), aware UTC
 ArrowData = Union[pa.Table, pa.RecordBatchReader]
@@ -26,7 +26,7 @@ def align_columns(names: list[str], schema: pa.Schema, *, table: str) -> list[tu
     """Pair each field of ``schema`` with the index of the same-named column in ``names``
     (case-insensitive), or None for a missing nullable one. Unknown, doubled or missing
     non-nullable columns are a ``TableError`` naming the table and column."""
-    from ..errors import TableError
+    from cq_engine.errors import TableError
 
     by_name: dict[str, int] = {}
     for i, name in enumerate(names):

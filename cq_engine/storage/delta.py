@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from ..errors import CQError, TableError
-from . import log
-from .base import ArrowData, Scan, TimeRange, align_columns
-from .predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
+from cq_engine.errors import CQError, TableError
+from cq_engine.storage import log
+from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
+from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
 
 __all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", "range_predicate",
            "ranges_predicate"]
@@ -30,7 +30,7 @@ __all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..model import TableDecl
+    from cq_engine.model import TableDecl
 
 UTC = timezone.utc
 TIMESTAMP = pa.timestamp("us", tz="UTC")

@@ -12,8 +12,8 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import Iterable, Sequence
 
-from ..errors import CQError
-from .base import TimeRange
+from cq_engine.errors import CQError
+from cq_engine.storage.base import TimeRange
 
 UTC = timezone.utc
 # What delta-rs accepts as a predicate that matches no row (checked in tests/test_delta_log.py).

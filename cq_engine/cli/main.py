@@ -1,0 +1,324 @@
+"""``cq``: every command is a thin call into the library (the same functions Dagster calls)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timedelta
+from typing import Sequence
+
+from cq_engine.resample import timing
+from cq_engine.durations import format_duration
+from cq_engine.config import Settings, load_settings
+from cq_engine.errors import CQError
+from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.times import UTC, iso, parse_time
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+        return args.handler(args, settings) or 0
+    except CQError as exc:
+        print(f"cq: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cq", description="cq-engine: continuous queries on Spark and Delta Lake")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, handler, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(handler=handler)
+        return sp
+
+    sp = cmd("validate", _validate, "parse the definitions and list them; errors as file:line:col")
+    sp.add_argument("path", nargs="?", help="file or directory (default: CQ_SQL_DIR)")
+    sp = cmd("plan", _plan, "print the next firings at or after a time")
+    sp.add_argument("name")
+    sp.add_argument("--from", dest="start", required=True, metavar="T")
+    sp.add_argument("--count", type=int, default=5)
+    sp.add_argument("--json", action="store_true")
+    sp = cmd("run", _run, "execute the firing scheduled at T")
+    sp.add_argument("name")
+    sp.add_argument("--at", required=True, metavar="T")
+    sp = cmd("recalculate", _recalculate, "recompute every window in [T1, T2) in one run")
+    sp.add_argument("name")
+    sp.add_argument("--from", dest="start", required=True, metavar="T1")
+    sp.add_argument("--to", dest="end", metavar="T2", help="default: the end of the latest firing's range")
+    sp.add_argument("--via-dagster", nargs="?", const="localhost:3000", metavar="HOST:PORT",
+                    help="launch the definition's recalculate job on a Dagster webserver instead")
+    cmd("show", _show, "list definitions with their last firing")
+    sp = cmd("ingest", _ingest, "append a CSV, JSON-lines or Parquet file to a table (one commit)")
+    sp.add_argument("table")
+    sp.add_argument("file")
+    sp = cmd("query", _query, "run Spark SQL over the warehouse tables")
+    sp.add_argument("sql")
+    sp.add_argument("--limit", type=int, default=1000)
+    sp = cmd("spark", _spark, "manage the local Spark Connect server")
+    sp.add_argument("action", choices=["start", "stop", "status"])
+    sp = cmd("dev", _dev, "Spark Connect server + Dagster UI/daemon + a simulated sensor feed; Ctrl-C stops all")
+    sp.add_argument("--port", type=int, default=3000)
+    sp.add_argument("--feed-every", type=float, default=5.0, metavar="SECONDS")
+    sp.add_argument("--no-spark-server", action="store_true", help="use in-process Spark in each run")
+    from cq_engine.cli.streams import register
+
+    register(cmd)
+    # `cq drop NAME` also drops a trigger whose statement was removed (calling its on_drop()).
+    drop = sub.choices["drop"]
+    drop.set_defaults(handler=_drop_trigger_or(drop.get_default("handler")))
+    cmd("triggers", _triggers, "list the triggers (IoTDB's SHOW TRIGGERS): event, type, state, pattern, class")
+    sp = cmd("demo", _demo, "scripted demo: ingest the sample feed, run the sample queries, print the sinks")
+    sp.add_argument("--firings", type=int, default=3)
+    return p
+
+
+def _time(text: str, settings: Settings, what: str) -> datetime:
+    return parse_time(text, tz=settings.tz, what=what)
+
+
+def _engine(settings: Settings):
+    from cq_engine.engine import Engine
+
+    return Engine(settings=settings)
+
+
+def _validate(args, settings: Settings) -> int:
+    from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.triggers.runtime import check_trigger
+
+    catalog = load_catalog(args.path or settings.sql_dir, options=parse_options(settings))
+    for t in catalog.tables:
+        print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
+    for d in catalog.definitions:
+        print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {d.timeout_policy}  {d.location}")
+    errors = list(catalog.errors)
+    for t in catalog.triggers:
+        print(f"trigger {t.name:<23} {t.event.upper()} INSERT ON {t.pattern} AS {t.target}  "
+              f"{'STATEFUL' if t.stateful else 'STATELESS'}  {t.location}")
+        try:  # imports the class and calls its validate(attributes)
+            check_trigger(t, settings=settings)
+        except CQError as exc:
+            errors.append(str(exc))
+    for err in errors:
+        print(err, file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _kind(d) -> str:
+    if isinstance(d, ContinuousQuery):
+        return "cq"
+    return "rule" if d.form == "ekuiper" else "stream"
+
+
+def _trigger(d) -> str:
+    """One line describing when a definition runs."""
+    if isinstance(d, ContinuousQuery):
+        r = d.resample
+        return f"every={format_duration(r.every)} range=[-{format_duration(r.start_offset)}, -{format_duration(r.end_offset)})"
+    t = d.trigger
+    args = {k: (format_duration(v) if hasattr(v, "total_seconds") else v) for k, v in vars(t).items()
+            if k not in ("kind", "ts_column") and v not in (None, (), "", timedelta(0))}
+    return f"{t.kind}({', '.join(f'{k}={v}' for k, v in args.items())}) from {d.trigger_table or '-'}"
+
+
+def _definition(name: str, settings: Settings):
+    from cq_engine.catalog import load_catalog, parse_options, require_definition
+
+    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    return require_definition(catalog, name, sql_dir=settings.sql_dir)
+
+
+def _plan(args, settings: Settings) -> int:
+    from cq_engine.schedule.ticks import ticks_of
+
+    d = _definition(args.name, settings)
+    if args.count < 1:
+        raise CQError("--count must be at least 1")
+    if not isinstance(d, ContinuousQuery) and not isinstance(d.trigger, PeriodTrigger):
+        raise CQError(f"{d.name!r} is a window-triggered stream: its runs follow its trigger table's data, "
+                      f"not a clock (see `cq tick {d.name}`)")
+    start = _time(args.start, settings, "--from")
+    ticks = ticks_of(d, timezone=settings.timezone, created=start)
+    fires = []
+    while len(fires) < args.count:
+        more = ticks.between(fires[-1] + timedelta(microseconds=1) if fires else start,
+                             (fires[-1] if fires else start) + max(ticks.every, timedelta(days=1)) * 2)
+        if not more:
+            break
+        fires += more[: args.count - len(fires)]
+    firings = [timing.Firing(d.name, f, ticks.range_of(f)).as_dict() for f in fires]
+    if args.json:
+        print(json.dumps(firings, indent=2))
+    else:
+        _print_rows(["fire_time", "range_start", "range_end"], [list(f.values()) for f in firings])
+    return 0
+
+
+def _run(args, settings: Settings) -> int:
+    engine = _engine(settings)
+    at = _time(args.at, settings, "--at")
+    d = engine.definition(args.name)
+    r = engine.run_period(args.name, at) if not isinstance(d, ContinuousQuery) else engine.run_firing(args.name, at)
+    print(f"{r.definition}: fired {iso(r.fire_time)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
+          f"{r.rows_written} rows -> {engine.definition(args.name).sink} v{r.sink_version} "
+          f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)")
+    return 0
+
+
+def _recalculate(args, settings: Settings) -> int:
+    if args.via_dagster:
+        return _recalculate_via_dagster(args, settings)
+    engine = _engine(settings)
+    start = _time(args.start, settings, "--from")
+    end = _time(args.end, settings, "--to") if args.end else None
+    r = engine.recalculate(args.name, start=start, end=end, now=datetime.now(UTC), progress=_progress_bar)
+    print(f"{r.definition}: recalculated [{iso(r.time_range[0])}, {iso(r.time_range[1])}) in {r.chunks} "
+          f"chunk(s): {r.rows_written} rows -> v{r.sink_version} ({r.seconds:.2f}s)")
+    return 0
+
+
+def _recalculate_via_dagster(args, settings: Settings) -> int:
+    from dagster_graphql import DagsterGraphQLClient
+
+    from dagster_defs import CQTranslator
+
+    d = _definition(args.name, settings)
+    _time(args.start, settings, "--from")  # reject bad times before anything is launched
+    if args.end:
+        _time(args.end, settings, "--to")
+    translator = CQTranslator()
+    job = translator.get_recalculate_job_name(d)
+    host, _, port = args.via_dagster.partition(":")
+    config = {"recalculate_from": args.start, **({"recalculate_to": args.end} if args.end else {})}
+    try:
+        run_id = DagsterGraphQLClient(host, port_number=int(port or 3000)).submit_job_execution(
+            job, run_config={"ops": {translator.get_op_name(d): {"config": config}}})
+    except Exception as exc:  # the client's own errors, and requests' connection errors
+        cause = exc.__cause__ or exc.__context__ or exc
+        detail = " ".join(str(cause).split())[:300] or type(cause).__name__
+        raise CQError(f"--via-dagster {args.via_dagster}: cannot launch {job}: {detail}") from None
+    print(f"{args.name}: recalculate run {run_id} launched on http://{host}:{port or 3000}/runs/{run_id}")
+    return 0
+
+
+def _progress_bar(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} chunks")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _show(args, settings: Settings) -> int:
+    from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.storage.ledger import Ledger
+
+    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    last = Ledger(uri=settings.state_uri("firings")).last_by_definition()
+    rows = []
+    for d in catalog.definitions:
+        e = last.get(d.name)
+        rows.append([d.name, f"{d.source} -> {d.sink}", _trigger(d).split(" ")[0], d.timeout_policy,
+                     iso(e.fire_time) if e and e.fire_time else (e.kind if e else "-"),
+                     e.status if e else "never", str(e.rows_written) if e else "-"])
+    _print_rows(["name", "tables", "trigger", "policy", "last firing", "status", "rows"], rows)
+    for err in catalog.errors:
+        print(err, file=sys.stderr)
+    return 1 if catalog.errors else 0
+
+
+def _ingest(args, settings: Settings) -> int:
+    from cq_engine.ingest import ingest
+
+    result = ingest(table=args.table, data=args.file, engine=_engine(settings))
+    for failure in result.trigger_failures:
+        print(f"cq: warning: {failure} (OPTIMISTIC: the rows were written)", file=sys.stderr)
+    print(f"{args.table}: appended {result.rows} rows from {args.file} (version {result.version})")
+    return 0
+
+
+def _triggers(args, settings: Settings) -> int:
+    from cq_engine.triggers.runtime import show
+
+    engine = _engine(settings)
+    rows = show(engine.catalog, engine=engine)
+    header = ["name", "event", "type", "state", "pattern", "class", "runs in", "tables"]
+    _print_rows(header, [[r[h] for h in header] for r in rows])
+    for err in engine.catalog.errors:
+        print(err, file=sys.stderr)
+    return 1 if engine.catalog.errors else 0
+
+
+def _drop_trigger_or(fallback):
+    def handler(args, settings: Settings) -> int:
+        from cq_engine.catalog import load_catalog, parse_options
+        from cq_engine.triggers.runtime import drop
+
+        catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+        dropped = drop(args.name, catalog=catalog, settings=settings)
+        if dropped is None:
+            return fallback(args, settings)
+        print(json.dumps(dropped))
+        return 0
+    return handler
+
+
+def _query(args, settings: Settings) -> int:
+    engine = _engine(settings)
+    table = engine.query(args.sql, limit=args.limit)
+    _print_rows(table.column_names, [[_cell(v) for v in row.values()] for row in table.to_pylist()])
+    return 0
+
+
+def _cell(v) -> str:
+    if isinstance(v, datetime):
+        return iso(v)
+    return "NULL" if v is None else str(v)
+
+
+def _spark(args, settings: Settings) -> int:
+    from cq_engine import spark
+
+    if args.action == "start":
+        print(spark.start_server(settings).describe())
+    elif args.action == "stop":
+        print("stopped" if spark.stop_server(settings) else "not running")
+    else:
+        status = spark.server_status(settings)
+        print(status.describe())
+        return 0 if status.running else 3
+    return 0
+
+
+def _dev(args, settings: Settings) -> int:
+    from cq_engine.cli.dev import run_dev
+
+    return run_dev(settings, port=args.port, feed_every=args.feed_every, spark_server=not args.no_spark_server)
+
+
+def _demo(args, settings: Settings) -> int:
+    from cq_engine.cli.demo import run_demo
+
+    return run_demo(settings, firings=args.firings)
+
+
+def _print_rows(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max([len(h)] + [len(str(r[i])) for r in rows]) for i, h in enumerate(header)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

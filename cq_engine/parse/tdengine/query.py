@@ -1,0 +1,288 @@
+"""The expressions of ``CREATE STREAM``: placeholders (``Scope``) and the subquery's clauses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlglot import exp
+from sqlglot.tokens import Token, TokenType
+
+from cq_engine.model import PLACEHOLDERS, partition_placeholder, placeholder_column
+from cq_engine.parse.cursor import Cursor
+from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
+
+# Which trigger family offers which placeholder (seed 000's table; the old form has its own three).
+WINDOW_PLACEHOLDERS = ("_twstart", "_twend", "_twduration", "_twrownum")
+FAMILY_PLACEHOLDERS = {
+    "window": WINDOW_PLACEHOLDERS,
+    "sliding": ("_tprev_ts", "_tcurrent_ts", "_tnext_ts"),
+    "period": ("_tprev_localtime", "_tnext_localtime"),
+}
+COMMON_PLACEHOLDERS = ("_tgrpid", "_tlocaltime")
+OLD_PLACEHOLDERS = ("_wstart", "_wend", "_wduration")
+# Where %%n and %%tbname may stand (seed 000 says SELECT and WHERE; TDengine's own examples also use
+# them for the output subtable's name and tags, which is what they are for).
+PERCENT_CLAUSES = ("SELECT", "WHERE", "TAGS", "OUTPUT_SUBTABLE", "NOTIFY ... WHERE")
+_FAMILY_NAMES = {"window": "window triggers (INTERVAL ... SLIDING, SESSION, STATE_WINDOW, EVENT_WINDOW, COUNT_WINDOW)",
+                 "sliding": "SLIDING triggers without INTERVAL", "period": "PERIOD triggers"}
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A ``%%name`` placeholder (``%%trows``, ``%%tbname``, ``%%1``) at ``offset``."""
+
+    offset: int
+    name: str
+    token: Token
+
+    @property
+    def text(self) -> str:
+        return "%%" + self.name
+
+
+def find_marks(tokens: list[Token]) -> dict[int, Mark]:
+    """The ``%%`` placeholders of a statement: ``%`` ``%`` name written without spaces."""
+    marks = {}
+    for a, b, c in zip(tokens, tokens[1:], tokens[2:]):
+        if (a.token_type == b.token_type == TokenType.MOD and b.start == a.end + 1 and c.start == b.end + 1
+                and c.text.replace("_", "a").isalnum()):
+            marks[a.start] = Mark(a.start, c.text, a)
+    return marks
+
+
+class Scope:
+    """What one stream's expressions may reference: its trigger's placeholders, its PARTITION BY.
+
+    sqlglot reads ``%%name`` as ``__name`` (same length, so error offsets stay right); placeholders
+    become engine columns (``placeholder_column``), ``%%n`` and ``%%tbname`` the column holding the
+    trigger group's n-th PARTITION BY value (``partition_placeholder``)."""
+
+    def __init__(self, cur: Cursor, marks: dict[int, Mark], form: str):
+        self.cur, self.marks, self.form = cur, marks, form
+        self.family = "old" if form == "old" else "window"
+        self.label = ""
+        self.interval_window = False
+        self.partition_by: tuple[str, ...] = ()
+        self.used: set[int] = set()
+
+    def fragment(self, toks: list[Token]) -> Fragment:
+        frag = Fragment.of(self.cur.source, toks)
+        text = list(frag.text)
+        for offset in self.marks:
+            if frag.start <= offset < frag.end - 1:
+                text[offset - frag.start : offset - frag.start + 2] = "__"
+        frag.text = "".join(text)
+        return frag
+
+    def parse_expression(self, toks: list[Token], clause: str, at: Token) -> tuple[exp.Expression, Fragment]:
+        """One expression as written (placeholders not resolved) and its fragment."""
+        if not toks:
+            raise self.cur.error_at(at, f"{clause} needs an expression")
+        frag = self.fragment(toks)
+        parsed = plain_select(frag, frag.parse("SELECT "), "expressions")
+        if len(parsed.expressions) != 1 or isinstance(parsed.expressions[0], exp.Alias):
+            raise frag.error(parsed.expressions[-1], f"{clause} takes one expression")
+        return parsed.expressions[0], frag
+
+    def expression(self, toks: list[Token], clause: str, at: Token) -> exp.Expression:
+        """One expression (``PRE_FILTER(...)``, ``STATE_WINDOW(...)``...), placeholders resolved."""
+        node, frag = self.parse_expression(toks, clause, at)
+        return self.resolve(node, frag, clause)
+
+    def condition(self, toks: list[Token], clause: str, at: Token) -> str:
+        node = self.expression(toks, clause, at)
+        if is_aggregate(node):
+            raise self.cur.error_at(toks[0], f"aggregates are not allowed in {clause}")
+        return to_spark(node)
+
+    def resolve(self, node: exp.Expression, frag: Fragment, clause: str) -> exp.Expression:
+        if (query := node.find(exp.Select)) is not None:
+            raise frag.error(query, f"subqueries are not supported in a stream's {clause}")
+
+        def visit(n: exp.Expression) -> exp.Expression:
+            if not isinstance(n, exp.Column) or n.table:
+                return n
+            if n.this.args.get("quoted"):  # TDengine: "text" is a string like 'text' (identifiers use `...`)
+                return exp.Literal.string(n.name)
+            offset = frag.offset_of(n)
+            if offset in self.marks:
+                self.used.add(offset)
+                return exp.column(self._percent(self.marks[offset], clause))
+            if n.name.lower() in PLACEHOLDERS:
+                self.check_placeholder(n.name, offset, clause)
+                return exp.column(placeholder_column(n.name))
+            return n
+
+        return node.transform(visit)
+
+    def _percent(self, mark: Mark, clause: str) -> str:
+        at = mark.token
+        if self.form == "old":
+            raise self.cur.error_at(at, f"{mark.text}: %% placeholders belong to the new CREATE STREAM form")
+        if mark.name.lower() == "trows":
+            raise self.cur.error_at(at, f"%%trows can only be used in FROM, not in {clause}")
+        if clause not in PERCENT_CLAUSES:
+            raise self.cur.error_at(at, f"{mark.text} can only be used in {_percent_clauses(mark)}, not in {clause}")
+        return partition_placeholder(self.partition_index(mark))
+
+    def partition_index(self, mark: Mark) -> int:
+        """The 1-based PARTITION BY position ``%%n`` / ``%%tbname`` stands for."""
+        at, name = mark.token, mark.name.lower()
+        if name == "tbname":
+            lowered = [p.lower() for p in self.partition_by]
+            if "tbname" not in lowered:
+                raise self.cur.error_at(at, "%%tbname needs PARTITION BY tbname")
+            return lowered.index("tbname") + 1
+        if not name.isdigit():
+            raise self.cur.error_at(at, f"unknown placeholder {mark.text!r} (known: %%trows, %%tbname, %%1, %%2, ...)")
+        n = int(name)
+        if not 1 <= n <= len(self.partition_by):
+            raise self.cur.error_at(at, f"{mark.text} refers to PARTITION BY column {n}, but PARTITION BY names "
+                                        f"{len(self.partition_by)} column(s)")
+        return n
+
+    def partition_name(self, mark: Mark) -> str:
+        """A result column written ``%%n`` is named after the n-th PARTITION BY column (``%%tbname``: tbname)."""
+        return "tbname" if mark.name.lower() == "tbname" else self.partition_by[self.partition_index(mark) - 1]
+
+    def check_placeholder(self, name: str, offset: int, clause: str) -> None:
+        lowered = name.lower()
+        err = self.cur.source.error
+        if self.form == "old":
+            if lowered not in OLD_PLACEHOLDERS:
+                raise err(offset, f"{name} belongs to the new CREATE STREAM form; the old form offers "
+                                  f"{', '.join(OLD_PLACEHOLDERS)}")
+        elif lowered in OLD_PLACEHOLDERS:
+            raise err(offset, f"{name} belongs to the old CREATE STREAM form; use _tw{lowered[2:]}")
+        elif lowered not in COMMON_PLACEHOLDERS + FAMILY_PLACEHOLDERS[self.family]:
+            owner = next(f for f, names in FAMILY_PLACEHOLDERS.items() if lowered in names)
+            offered = COMMON_PLACEHOLDERS + FAMILY_PLACEHOLDERS[self.family]
+            raise err(offset, f"{name} is a placeholder of {_FAMILY_NAMES[owner]}, not of this {self.label} trigger "
+                              f"(it offers {', '.join(offered)}, %%n, %%tbname, %%trows)")
+        if clause not in ("SELECT", "WHERE"):
+            raise err(offset, f"{name} can only be used in SELECT and WHERE, not in {clause}")
+
+    def check_all_used(self) -> None:
+        """A ``%%`` placeholder no clause took (in a table name, an alias...) is misplaced."""
+        for offset, mark in sorted(self.marks.items()):
+            if offset not in self.used:
+                raise self.cur.error_at(mark.token, f"{mark.text} can only be used in {_percent_clauses(mark)}")
+
+
+def _percent_clauses(mark: Mark) -> str:
+    if mark.name.lower() == "trows":
+        return "FROM"
+    return ("FROM, " if mark.name.lower() == "tbname" else "") + ", ".join(PERCENT_CLAUSES[:-1]) + " and " + \
+        PERCENT_CLAUSES[-1]
+
+
+def plain_select(frag: Fragment, parsed: exp.Expression, *keys: str) -> exp.Select:
+    """``parsed`` must be a plain SELECT with only ``keys`` set (no GROUP BY slipping through)."""
+    if not isinstance(parsed, exp.Select):
+        raise frag.source.error(frag.start, f"unexpected {type(parsed).__name__.upper()} in a stream's query")
+    for key, value in parsed.args.items():
+        if value and key not in keys:
+            node = value if isinstance(value, exp.Expression) else None
+            where = frag.offset_of(node) if node is not None else frag.start
+            raise frag.source.error(where, f"unexpected {key.upper()} in a stream's query")
+    return parsed
+
+
+# --- the subquery's clauses -----------------------------------------------------------------------
+
+_WINDOW_WORDS = ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "EVENT_WINDOW")
+_ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "NOTIFY")
+_REJECTED = {"GROUP BY": "GROUP BY is not allowed in a stream's query: the trigger's windows group the rows",
+             "ORDER BY": "ORDER BY is not allowed in a stream's query: results are written by time",
+             "HAVING": "HAVING is not supported in a stream's query", "LIMIT": "LIMIT is not supported in a stream's query",
+             "SLIMIT": "SLIMIT is not supported in a stream's query", "FILL": "FILL is not supported in a stream's query",
+             "UNION": "UNION is not supported in a stream's query"}
+
+
+def _clause_word(tokens: list[Token], i: int) -> str | None:
+    tok = tokens[i]
+    word = tok.text.upper()
+    nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+    followed_by_paren = nxt is not None and nxt.token_type == TokenType.L_PAREN
+    if word in ("FROM", "WHERE", "PARTITION BY", "GROUP BY", "ORDER BY", "HAVING", "LIMIT", "SLIMIT", "UNION"):
+        return word
+    if word in ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "NOTIFY", "FILL") and followed_by_paren:
+        return word
+    if word == "EVENT_WINDOW":
+        return word
+    return None
+
+
+def split_query(cur: Cursor, tokens: list[Token], *, form: str) -> dict[str, tuple[Token, list[Token]]]:
+    """The subquery's clauses by name (window keywords all land in ``WINDOW``), checking their order."""
+    if not tokens or tokens[0].text.upper() != "SELECT":
+        raise cur.error_at(tokens[0] if tokens else None, "expected SELECT after AS")
+    clauses: dict[str, tuple[Token, list[Token]]] = {"SELECT": (tokens[0], [])}
+    current, depth, cases = "SELECT", 0, 0
+    for i in range(1, len(tokens)):
+        tok = tokens[i]
+        word = _clause_word(tokens, i) if depth == 0 and cases == 0 else None
+        if word in _WINDOW_WORDS:
+            if current == "WINDOW":
+                word = None
+            elif form == "new":
+                raise cur.error_at(tok, f"a stream's query takes no window clause ({tok.text}): "
+                                        "the trigger before INTO/AS defines the windows")
+            else:
+                word = "WINDOW"
+        if word in _REJECTED:
+            raise cur.error_at(tok, _REJECTED[word])
+        if word is not None:
+            if form == "new" and word in ("PARTITION BY", "NOTIFY"):
+                raise cur.error_at(tok, f"{word} belongs before AS in the new form (after the trigger's FROM table)")
+            if word in clauses:
+                raise cur.error_at(tok, f"{word} given twice")
+            if _ORDER.index(word) < _ORDER.index(current):
+                raise cur.error_at(tok, f"{word} must come before {current}")
+            current = word
+            clauses[word] = (tok, [])
+            continue
+        if tok.token_type in (TokenType.L_PAREN, TokenType.L_BRACKET):
+            depth += 1
+        elif tok.token_type in (TokenType.R_PAREN, TokenType.R_BRACKET):
+            depth -= 1
+        elif tok.token_type == TokenType.CASE:
+            cases += 1
+        elif tok.token_type == TokenType.END and cases:
+            cases -= 1
+        clauses[current][1].append(tok)
+    if "FROM" not in clauses:
+        raise cur.error_at(tokens[0], "the stream's query needs a FROM clause")
+    for name, (tok, toks) in clauses.items():
+        if not toks and name != "WINDOW":
+            raise cur.error_at(tok, f"{name} needs an argument")
+    return clauses
+
+
+def from_clause(scope: Scope, clause: Token, toks: list[Token]) -> tuple[str, bool, Token]:
+    """``FROM %%trows`` / ``%%tbname`` / ``[db.]table`` → (name, is a placeholder, token)."""
+    first = toks[0]
+    if first.start in scope.marks and len(toks) > 3:
+        raise scope.cur.error_at(toks[3], f"FROM {scope.marks[first.start].text} takes no alias or join, "
+                                          f"found {toks[3].text!r}")
+    if first.start in scope.marks:
+        mark = scope.marks[first.start]
+        scope.used.add(first.start)
+        if scope.form == "old":
+            raise scope.cur.error_at(first, f"{mark.text}: %% placeholders belong to the new CREATE STREAM form")
+        if mark.name.lower() not in ("trows", "tbname"):
+            raise scope.cur.error_at(first, f"FROM takes %%trows or a table name, not {mark.text!r}")
+        return mark.name.lower(), True, first
+    sub = scope.cur.sub(toks, toks[-1].end + 1)
+    tok = sub.table_name("a table name after FROM")
+    if not sub.at_end():
+        raise sub.unexpected("FROM takes one table (joins, subqueries and aliases are not supported)")
+    return tok.text, False, tok
+
+
+def where_clause(scope: Scope, toks: list[Token]) -> str:
+    frag = scope.fragment(toks)
+    cond = plain_select(frag, frag.parse("SELECT 1 WHERE "), "expressions", "where").args["where"].this
+    if is_aggregate(cond):
+        raise frag.error(cond, "aggregates are not allowed in WHERE")
+    return to_spark(scope.resolve(cond, frag, "WHERE"))

@@ -1,0 +1,90 @@
+"""The result columns of a ``CREATE STREAM`` query: their names, Spark SQL and the sink's time column."""
+
+from __future__ import annotations
+
+import re
+
+from sqlglot import exp
+from sqlglot.tokens import Token
+
+from cq_engine.model import PLACEHOLDERS, KeyBound, SelectItem
+from cq_engine.parse.cursor import split_top
+from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
+from cq_engine.parse.tdengine.query import Scope, plain_select
+
+# The first result column: the sink's time column, per family → {placeholder: key bound}.
+_KEYS: dict[str, dict[str, KeyBound]] = {
+    "window": {"_twstart": "start", "_twend": "end"}, "old": {"_wstart": "start", "_wend": "end"},
+    "sliding": {"_tprev_ts": "start", "_tcurrent_ts": "end"}, "period": {"_tlocaltime": "tick"},
+}
+_KEY_WORDS = {"window": "the window start (_twstart)", "old": "the window start (_wstart)",
+              "sliding": "the previous trigger time (_tprev_ts) or this trigger's time (_tcurrent_ts)",
+              "period": "the trigger time (_tlocaltime)"}
+
+
+def derived_name(text: str) -> str:
+    """``count(*)`` → ``count``, ``avg(voltage)`` → ``avg_voltage``."""
+    lowered = re.sub(r"\(\s*\*\s*\)", "", text).lower()
+    return re.sub(r"[^a-z0-9_]+", "_", lowered).rstrip("_")
+
+
+def select_items(scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ...] | None,
+                 columns_tok: Token | None) -> tuple[tuple[SelectItem, ...], KeyBound]:
+    """The result columns and the bound the first one (the sink's time column) carries."""
+    cur = scope.cur
+    parts = split_top(toks)
+    for part in parts:
+        if not part:
+            raise cur.error_at(toks[0], "empty item in SELECT")
+    frag = scope.fragment(toks)
+    nodes = plain_select(frag, frag.parse("SELECT "), "expressions").expressions
+    if len(nodes) != len(parts):
+        raise cur.error_at(toks[0], "cannot split the SELECT list into items")
+    if sink_columns is not None and len(sink_columns) != len(nodes):
+        raise cur.error_at(columns_tok, f"the column list names {len(sink_columns)} columns but SELECT has {len(nodes)}")
+    key_bound = _first_column(scope, frag, nodes[0], parts[0])
+    items, seen = [], {}
+    for i, (node, part) in enumerate(zip(nodes, parts)):
+        body = node.this if isinstance(node, exp.Alias) else node
+        if isinstance(body, exp.Star) or body.find(exp.Star) is body:
+            raise frag.error(node, "SELECT * is not supported in a stream: name the columns")
+        if sink_columns is not None:
+            name = sink_columns[i]
+        elif isinstance(node, exp.Alias):
+            name = node.alias
+        elif isinstance(body, exp.Column) and not body.table and (mark := scope.marks.get(frag.offset_of(body))):
+            name = None  # %%n / %%tbname: named after the column it stands for, once resolve() checked it
+        elif isinstance(body, exp.Column) and not body.this.args.get("quoted"):
+            name = body.name
+        else:
+            name = derived_name(cur.source.text[part[0].start : part[-1].end + 1])
+        resolved = scope.resolve(body, frag, "SELECT")
+        if name is None:
+            name = scope.partition_name(mark)
+        if not name:
+            raise cur.error_at(part[0], "this select item needs a name: add AS name")
+        if (prev := seen.get(name.lower())) is not None:
+            at = columns_tok if sink_columns is not None else part[0]
+            raise cur.error_at(at, f"two result columns are named {name!r} (items {prev} and {i + 1}): "
+                                   "give one an alias with AS name")
+        seen[name.lower()] = i + 1
+        items.append(SelectItem(expression=to_spark(resolved), name=name, is_aggregate=is_aggregate(resolved)))
+    return tuple(items), key_bound
+
+
+def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list[Token]) -> KeyBound:
+    body = node.this if isinstance(node, exp.Alias) else node
+    keys = dict(_KEYS[scope.family])
+    if scope.family in ("window", "old") and not scope.interval_window:
+        keys = {k: v for k, v in keys.items() if v == "start"}
+    if isinstance(body, exp.Column) and not body.table and body.name.lower() in PLACEHOLDERS:
+        scope.check_placeholder(body.name, frag.offset_of(body), "SELECT")  # the wrong trigger's: say so
+    if isinstance(body, exp.Column) and not body.table and body.name.lower() in keys:
+        return keys[body.name.lower()]
+    want = _KEY_WORDS[scope.family]
+    if scope.family in ("window", "old"):
+        end = "_twend" if scope.family == "window" else "_wend"
+        want += f" or, for INTERVAL windows, the window end ({end})"
+    text = scope.cur.source.text[part[0].start : part[-1].end + 1]
+    raise scope.cur.error_at(part[0], f"the first column of a stream's result is the sink's time column: it must be "
+                                      f"{want}, found {text!r}")

@@ -1,0 +1,214 @@
+"""``CREATE STREAM``: TDengine streams in the new form (seed 000) and the old form (seed 000's second
+half, seed 002), both parsed into one ``Stream``.
+
+New form: ``CREATE STREAM [IF NOT EXISTS] [db.]name trigger [FROM table] [PARTITION BY cols]
+[OPTIONS(...)] [NOTIFY(...) ...] [INTO table] [OUTPUT_SUBTABLE(expr)] [(cols)] [TAGS (...)]
+[AS SELECT ... FROM %%trows | table [WHERE ...]]``.
+Old form: ``CREATE STREAM [IF NOT EXISTS] name [TRIGGER ...] [WATERMARK t] [IGNORE EXPIRED 0|1]
+[IGNORE UPDATE 0|1] [DELETE_MARK t] [FILL_HISTORY 0|1] [INTO table [(cols)] [TAGS (...)]
+[SUBTABLE(expr)]] AS SELECT ... FROM table [WHERE ...] [PARTITION BY cols] window [NOTIFY ...]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlglot.tokens import Token, TokenType
+
+from cq_engine.model import SourceLocation, Stream, TableDecl
+from cq_engine.parse.cursor import Cursor
+from cq_engine.parse.ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
+from cq_engine.parse.options import ParseOptions
+from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
+from cq_engine.parse.tdengine.options import (old_stream_options, parse_column_list, parse_old_options, parse_options, parse_subtable,
+                             parse_tags)
+from cq_engine.parse.tdengine.partition import old_partition, old_tags, partition_names
+from cq_engine.parse.tdengine.query import Scope, find_marks, from_clause, split_query, where_clause
+from cq_engine.parse.tdengine.select import select_items
+from cq_engine.parse.tdengine.triggers import NEW_TRIGGERS, parse_trigger, parse_window
+
+# The new form's clauses after the trigger, in the order they must come ("(" is INTO's column list).
+_HEADER = ("FROM", "PARTITION BY", "OPTIONS", "NOTIFY", "INTO", "OUTPUT_SUBTABLE", "(", "TAGS", "AS")
+_WINDOW_USAGE = ("INTERVAL(i) [SLIDING(s)], SESSION(ts_col, gap), STATE_WINDOW(col), "
+                 "EVENT_WINDOW START WITH c1 END WITH c2 or COUNT_WINDOW(n)")
+# Without INTO the results are only notified; without either they would go nowhere.
+_NO_OUTPUT = "a stream needs INTO table or NOTIFY(...): without either its results go nowhere"
+
+
+def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream | TableDecl:
+    """The whole statement (after ``CREATE STREAM``); eKuiper's (a field list after the name) declares a
+    source table instead."""
+    if is_ekuiper_stream(cur):
+        return parse_ekuiper_stream(cur, opts, start)
+    if has_window_function(cur):
+        return parse_rule(cur, opts, start)
+    if_not_exists = cur.match("IF", "NOT", "EXISTS")
+    name_tok = cur.table_name("a stream name")
+    nxt = cur.peek()
+    form = "new" if nxt is not None and nxt.text.upper() in NEW_TRIGGERS else "old"
+    scope = Scope(cur, find_marks(cur.tokens), form)
+    fields: dict = {}
+    if form == "new":
+        _new_form(cur, opts, scope, name_tok, fields)
+    else:
+        _old_form(cur, scope, name_tok, fields)
+    scope.check_all_used()
+    line, col = cur.source.line_col(start.start)
+    return Stream(name=name_tok.text, form=form, if_not_exists=if_not_exists,
+                  location=SourceLocation(cur.source.file, line, col),
+                  sql=" ".join(cur.source.text[start.start : cur.end].split()), **fields)
+
+
+def _header_partition(cur: Cursor) -> tuple[str, ...]:
+    keyword = cur.advance()
+    toks, depth = [], 0
+    while (tok := cur.peek()) is not None:
+        word = tok.text.upper()
+        if depth == 0 and word in _HEADER and word not in ("(", "PARTITION BY"):
+            alias = word == "AS" and cur.peek(1) is not None and cur.peek(1).text.upper() != "SELECT"
+            if not alias:
+                break
+        depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tok.token_type, 0)
+        toks.append(cur.advance())
+    return partition_names(cur, keyword, toks)
+
+
+def _new_form(cur: Cursor, opts: ParseOptions, scope: Scope, name_tok: Token, f: dict) -> None:
+    f["trigger"], trigger_tok = parse_trigger(cur, scope)
+    done, query, notify_where_toks = _new_header(cur, opts, scope, f)
+    label, notify = scope.label, f.get("notify")
+    if "FROM" not in done and scope.family != "period":
+        raise cur.error_at(trigger_tok, f"the {label} trigger needs a trigger table: add FROM table after it")
+    if notify is not None and not notify.events:
+        if scope.family == "window":
+            raise cur.error_at(done["NOTIFY"], f"NOTIFY needs ON (WINDOW_OPEN|WINDOW_CLOSE) with the {label} trigger")
+        # Seed 000: SLIDING without INTERVAL and PERIOD need no ON; each trigger closes its span.
+        f["notify"] = notify = replace(notify, events=("WINDOW_CLOSE",))
+    if "CALC_NOTIFY_ONLY" in done and notify is None:
+        raise cur.error_at(done["CALC_NOTIFY_ONLY"], "CALC_NOTIFY_ONLY needs NOTIFY(...)")
+    for key in ("OUTPUT_SUBTABLE", "(", "TAGS"):
+        if key in done and "INTO" not in done:
+            raise cur.error_at(done[key], f"{'a column list' if key == '(' else key} needs INTO table")
+    if "INTO" not in done and notify is None:
+        raise cur.error_at(name_tok, _NO_OUTPUT)
+    if query is None and "INTO" in done:
+        raise cur.error_at(done["INTO"], "INTO needs AS SELECT ...: the query computes what is written")
+    if query is not None:
+        _new_query(cur, scope, query, f, done.get("("))
+    if notify_where_toks:
+        names = tuple(i.name for i in f.get("select", ()))
+        f["notify"] = replace(notify, where=notify_where(scope, notify_where_toks, names))
+    for key in ("trigger_table", "source", "sink"):
+        f.setdefault(key, None)
+
+
+def _new_header(cur: Cursor, opts: ParseOptions, scope: Scope,
+                f: dict) -> tuple[dict[str, Token], list[Token] | None, list[Token] | None]:
+    """The clauses after the trigger, in ``_HEADER`` order: the keyword of each one given (and of the
+    options checked later), the query's tokens (after AS) and NOTIFY's WHERE tokens."""
+    done: dict[str, Token] = {}
+    query, notify_where_toks, last = None, None, -1
+    while not cur.at_end():
+        tok = cur.peek()
+        key = "(" if tok.token_type == TokenType.L_PAREN else tok.text.upper()
+        if key not in _HEADER:
+            later = ["(columns)" if k == "(" else k for k in _HEADER[last + 1 :]]
+            raise cur.unexpected(f"expected {', '.join(later)} or the end of the statement")
+        if key in done:
+            raise cur.error_at(tok, f"{key} given twice")
+        if _HEADER.index(key) < last:
+            raise cur.error_at(tok, f"{key} must come before {_HEADER[last]}")
+        done[key], last = tok, _HEADER.index(key)
+        if key == "AS":
+            cur.advance()
+            query, cur.pos = cur.tokens[cur.pos :], len(cur.tokens)
+        elif key == "FROM":
+            cur.advance()
+            f["trigger_table"] = cur.table_name("a trigger table name after FROM").text
+        elif key == "PARTITION BY":
+            scope.partition_by = f["partition_by"] = _header_partition(cur)
+        elif key == "OPTIONS":
+            f["options"], given = parse_options(cur, scope, opts)
+            if "CALC_NOTIFY_ONLY" in given:
+                done["CALC_NOTIFY_ONLY"] = given["CALC_NOTIFY_ONLY"]
+            if "DELETE_OUTPUT_TABLE" in given and "tbname" not in (p.lower() for p in scope.partition_by):
+                raise cur.error_at(given["DELETE_OUTPUT_TABLE"], "DELETE_OUTPUT_TABLE needs PARTITION BY tbname")
+        elif key == "NOTIFY":
+            f["notify"], notify_where_toks = parse_notify(cur)
+        elif key == "INTO":
+            cur.advance()
+            f["sink"] = cur.table_name("a table name after INTO").text
+        elif key == "OUTPUT_SUBTABLE":
+            f["output_subtable"] = parse_subtable(cur, scope)
+        elif key == "(":
+            f["sink_columns"], _ = parse_column_list(cur)
+        else:
+            f["tags"], _ = parse_tags(cur, scope)
+    return done, query, notify_where_toks
+
+
+def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_tok: Token | None) -> None:
+    """``AS SELECT ... FROM %%trows | %%tbname | table [WHERE ...]``."""
+    clauses = split_query(cur, query, form="new")
+    source, is_placeholder, tok = from_clause(scope, *clauses["FROM"])
+    if is_placeholder:
+        if source == "tbname" and "tbname" not in (p.lower() for p in scope.partition_by):
+            raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
+        f["reads"], source = source, f.get("trigger_table")
+        if source is None:
+            raise cur.error_at(tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: "
+                                    "add FROM table after the trigger")
+    else:
+        f["reads"] = "table"  # each trigger reads its span of another table
+    f["source"] = source
+    _query(scope, clauses, f, columns_tok)
+
+
+def _query(scope: Scope, clauses: dict, f: dict, columns_tok: Token | None) -> None:
+    if "WHERE" in clauses:
+        f["where"] = where_clause(scope, clauses["WHERE"][1])
+    f["select"], f["key_bound"] = select_items(scope, clauses["SELECT"][1], sink_columns=f.get("sink_columns"),
+                                               columns_tok=columns_tok)
+
+
+def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
+    start_pos = cur.pos
+    old = parse_old_options(cur)
+    columns_tok = tags_tok = None
+    if cur.is_word("INTO"):
+        cur.advance()
+        f["sink"] = cur.table_name("a table name after INTO").text
+        if cur.peek() is not None and cur.peek().token_type == TokenType.L_PAREN:
+            f["sink_columns"], columns_tok = parse_column_list(cur)
+        if cur.is_word("TAGS"):
+            f["tags"], tags_tok = parse_tags(cur, scope)
+        if cur.is_word("SUBTABLE"):
+            f["output_subtable"] = parse_subtable(cur, scope)
+    if not cur.is_word("AS"):
+        if cur.pos == start_pos:
+            raise cur.unexpected(f"expected a trigger ({', '.join(NEW_TRIGGERS)}), or the old form's TRIGGER, "
+                                 "WATERMARK, IGNORE EXPIRED, IGNORE UPDATE, DELETE_MARK, FILL_HISTORY, INTO or AS")
+        raise cur.unexpected("expected AS and the stream's query" if "sink" in f else "expected INTO or AS")
+    cur.advance()
+    clauses = split_query(cur, cur.tokens[cur.pos :], form="old")
+    cur.pos = len(cur.tokens)
+    source, _, _ = from_clause(scope, *clauses["FROM"])
+    f["trigger_table"] = f["source"] = source
+    if "PARTITION BY" in clauses:
+        names, f["partition_exprs"] = old_partition(scope, *clauses["PARTITION BY"])
+        scope.partition_by = f["partition_by"] = names
+    if tags_tok is not None:
+        f["tags"] = old_tags(cur, f["tags"], tags_tok, scope.partition_by)
+    if "WINDOW" not in clauses:
+        raise cur.error_at(clauses["SELECT"][0], f"a stream needs a window clause at the end of its query: {_WINDOW_USAGE}")
+    wtok, wtoks = clauses["WINDOW"]
+    window = [wtok] + wtoks
+    f["trigger"], _ = parse_window(cur.sub(window, window[-1].end + 1), scope)
+    f["options"] = old_stream_options(cur, old, f["trigger"], scope.label)
+    _query(scope, clauses, f, columns_tok)
+    if "NOTIFY" in clauses:
+        ntok, ntoks = clauses["NOTIFY"]
+        f["notify"] = parse_old_notify(cur.sub([ntok] + ntoks, cur.end))
+    if "sink" not in f and "notify" not in f:
+        raise cur.error_at(name_tok, _NO_OUTPUT)
+    f.setdefault("sink", None)

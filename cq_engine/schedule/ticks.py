@@ -1,0 +1,79 @@
+"""The firing instants of a scheduled definition — a continuous query's RESAMPLE or a stream's
+PERIOD — behind one small interface, so schedules, tick sensors and ``cq tick`` treat both alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Callable, Optional
+
+from cq_engine.resample import timing
+from cq_engine.schedule.cron import CronPlan, period_cron, period_ticks, resample_cron
+from cq_engine.durations import format_duration
+from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
+from cq_engine.times import EPOCH, iso
+
+_US = timedelta(microseconds=1)
+TimeRange = tuple[datetime, datetime]
+
+
+@dataclass(frozen=True)
+class Ticks:
+    """Instants in ``[start, end)`` (``between``), the time range each one covers, and a cron plan
+    when one exists."""
+
+    every: timedelta
+    description: str
+    between: Callable[[datetime, datetime], list[datetime]]
+    range_of: Callable[[datetime], TimeRange]
+    cron: Callable[[datetime], Optional[CronPlan]]
+
+    def is_tick(self, t: datetime) -> bool:
+        return bool(self.between(t, t + _US))
+
+    def latest(self, now: datetime) -> datetime | None:
+        """The last tick at or before ``now``."""
+        lookback = max(self.every, timedelta(days=1)) * 2
+        found = self.between(now - lookback, now + _US)
+        return found[-1] if found else None
+
+    def due(self, *, cursor: datetime | None, now: datetime) -> list[datetime]:
+        """Ticks after ``cursor`` up to ``now``; without a cursor only the latest one."""
+        latest = self.latest(now)
+        if latest is None:
+            return []
+        if cursor is None:
+            return [latest]
+        return self.between(cursor + _US, latest + _US)
+
+
+def ticks_of(definition: ContinuousQuery | Stream, *, timezone: str, created: datetime = EPOCH) -> Ticks:
+    """The ticks of a continuous query (RESAMPLE) or a PERIOD stream (created: its creation time)."""
+    if isinstance(definition, ContinuousQuery):
+        r = definition.resample
+        return Ticks(
+            every=r.every,
+            description=f"every {format_duration(r.every)} from {iso(r.boundary)}",
+            between=lambda a, b: timing.firing_times_between(r, start=a, end=b),
+            range_of=lambda t: timing.time_range(r, t),
+            cron=lambda now: resample_cron(every=r.every, boundary=r.boundary, timezone=timezone, verify_from=now),
+        )
+    trig = definition.trigger
+    assert isinstance(trig, PeriodTrigger)
+
+    def between(a: datetime, b: datetime) -> list[datetime]:
+        return period_ticks(interval=trig.period, offset=trig.offset, timezone=timezone, created=created,
+                            start=a, end=b)
+
+    def range_of(t: datetime) -> TimeRange:
+        before = period_ticks(interval=trig.period, offset=trig.offset, timezone=timezone, created=EPOCH,
+                              start=t - max(trig.period, timedelta(days=1)) * 2, end=t)
+        return (before[-1] if before else t - trig.period), t
+
+    return Ticks(
+        every=trig.period,
+        description=f"PERIOD({format_duration(trig.period)}, {format_duration(trig.offset)}) in {timezone}",
+        between=between, range_of=range_of,
+        cron=lambda now: period_cron(interval=trig.period, offset=trig.offset, timezone=timezone, created=created,
+                                     verify_from=now),
+    )

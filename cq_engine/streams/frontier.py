@@ -1,0 +1,95 @@
+"""The per-group state of data-shaped stream windows (SESSION, STATE_WINDOW, EVENT_WINDOW,
+COUNT_WINDOW): per partition group, the start of its first window not yet closed (the *frontier*)
+and its group id, in a Delta table under ``_cq/streams/<name>/frontier``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from pyspark.sql import Window
+from pyspark.sql import functions as F
+
+from cq_engine.model import Stream
+from cq_engine.storage.delta import storable_schema
+from cq_engine.streams.output import GROUP_ID
+from cq_engine.streams.plan import GROUP
+from cq_engine.streams.sink import sink_time, writes
+from cq_engine.times import EPOCH
+
+if TYPE_CHECKING:
+    from cq_engine.engine import Engine
+
+RESUME = "__cq_resume"
+
+
+def state_uri(engine: "Engine", stream: Stream, what: str) -> str:
+    return engine.settings.state_uri(f"streams/{stream.name}/{what}")
+
+
+def load_frontier(uri: str, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int], list[pa.Field]]:
+    """Per partition group (its key values): the start of its first window not yet closed and its
+    group id; and the key columns' Arrow fields."""
+    if not DeltaTable.is_deltatable(uri):
+        return {}, {}, []
+    data = pa.table(DeltaTable(uri).scan())
+    names = {n.lower(): n for n in data.column_names}
+    stored = [names.get(k.lower(), k) for k in keys]
+    if any(k not in data.column_names for k in stored):
+        return {}, {}, []  # the partitioning changed: the groups start over
+    resume, gids = _frontier_of(data, stored)
+    return resume, gids, list(storable_schema(pa.schema([data.schema.field(k).with_name(key)
+                                                          for k, key in zip(stored, keys)])))
+
+
+def _frontier_of(data: pa.Table, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int]]:
+    rows = data.to_pylist()
+    resume = {tuple(row[k] for k in keys): row[RESUME] for row in rows}
+    gids = {tuple(row[k] for k in keys): row[GROUP] for row in rows if row.get(GROUP) is not None}
+    return resume, gids
+
+
+def frontier_table(frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field]) -> pa.Table:
+    """The frontier as Arrow: the key columns (typed as in the trigger table), the group id, ``RESUME``."""
+    schema = pa.schema([*key_fields, pa.field(GROUP, pa.int64()), pa.field(RESUME, pa.timestamp("us", tz="UTC"))])
+    columns = ([[g[i] for g in frontier] for i in range(len(key_fields))] + [[gids.get(g) for g in frontier]]
+               + [list(frontier.values())])
+    return pa.table(columns, schema=schema)
+
+
+def save_frontier(uri: str, frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field],
+                   app_id: str, app_version: int) -> None:
+    write_deltalake(uri, frontier_table(frontier, gids, key_fields), mode="overwrite", schema_mode="overwrite",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=app_version)]))
+
+
+def move_frontier(engine: "Engine", stream: Stream, *, to: datetime) -> None:
+    """Every group resumes at ``to`` or later (``--ignore-untreated``)."""
+    uri = state_uri(engine, stream, "frontier")
+    if not DeltaTable.is_deltatable(uri):
+        return
+    current = pa.table(DeltaTable(uri).scan())
+    keys = [n for n in current.column_names if n not in (RESUME, GROUP)]
+    resume, gids = _frontier_of(current, keys)
+    frontier = {g: max(t, to) for g, t in resume.items()}
+    save_frontier(uri, frontier, gids, [current.schema.field(k) for k in keys],
+                   f"cq-engine/{stream.name}/untreated", 0)
+
+
+def restarts(engine: "Engine", stream: Stream, at: datetime) -> dict[int, datetime]:
+    """Per group id, a window start at or before ``at`` from which segmenting again reproduces every
+    window before it: the latest one (for sliding COUNT_WINDOWs, the earliest still holding ``at``)."""
+    if not writes(stream) or not engine.storage.exists(stream.sink):
+        return {}
+    column = sink_time(engine, stream)
+    df, _ = engine.storage.read_range(engine.spark, stream.sink, time_column=column,
+                                      time_range=(EPOCH, at + timedelta(microseconds=1)))
+    trig = stream.trigger
+    back = -(-trig.count // trig.slide) if trig.kind == "count" else 1
+    starts = df.select(GROUP_ID, column).distinct()
+    rank = F.row_number().over(Window.partitionBy(GROUP_ID).orderBy(F.col(column).desc()))
+    rows = starts.withColumn("__cq_rank", rank).filter(F.col("__cq_rank") <= back) \
+        .groupBy(GROUP_ID).agg(F.min(column).alias("restart")).toArrow()
+    return {r[GROUP_ID]: r["restart"] for r in rows.to_pylist()}

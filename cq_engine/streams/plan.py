@@ -1,0 +1,275 @@
+"""plan for streams: the trigger rows of a run + its windows → one Spark DataFrame of sink rows.
+
+Placeholders are columns: every window's rows carry ``__cq_twstart``, ``__cq_twend``... (see
+``model.placeholder_column``) and the trigger group's ``%%n`` values (``__cq_p1``...), so the
+subquery's SELECT is evaluated per (partition group, window) by one ``groupBy`` — one Spark job for
+every window of the run. A query reading another table joins that table to the run's windows on
+its WHERE (a range join such as ``ts >= _twstart AND ts < _twend``).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import sqlglot
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from sqlglot import exp
+
+from cq_engine.durations import micros
+from cq_engine.errors import CQError
+from cq_engine.parse.fragments import is_aggregate, is_aggregate_sql
+from cq_engine.model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
+from cq_engine.streams.output import shaping_columns
+from cq_engine.streams.windows.tdengine import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WROWS, WSTART,
+                      with_next_tick)
+
+log = logging.getLogger(__name__)
+
+GROUP = placeholder_column("_tgrpid")
+ENGINE_COLUMNS = (WSTART, WCLOSED, WLAST, GROUP)  # kept in the result for state, dropped before writing
+EMPTY = "__cq_empty"  # a window of the run without a result row (FORCE_OUTPUT's row, OPEN events)
+PER_WINDOW_LIMIT = 2000
+_BIN_W, _BIN_R = "__cq_bin_w", "__cq_bin_r"
+_HAVING = "__cq_having"
+# Spark refuses nondeterministic expressions in a join condition: such a WHERE runs per window.
+_NONDETERMINISTIC = {"rand", "random", "randn", "uuid", "shuffle", "monotonically_increasing_id", "rand_str",
+                     "randstr", "uniform"}
+
+
+def _p(name: str) -> str:
+    return placeholder_column(name)
+
+
+def partition_columns(stream: Stream) -> list[str]:
+    """The engine columns holding the trigger group's PARTITION BY values (``%%1``...)."""
+    return [partition_placeholder(i + 1) for i in range(len(stream.partition_by))]
+
+
+def with_partition_columns(stream: Stream, df: DataFrame) -> DataFrame:
+    """``%%1``... as columns of the trigger rows."""
+    columns = {c: F.col(k) for c, k in zip(partition_columns(stream), stream.partition_by)}
+    return df.withColumns(columns) if columns else df  # Spark Connect refuses an empty withColumns
+
+
+def prepare(stream: Stream, df: DataFrame) -> DataFrame:
+    """Trigger rows before windowing: the old form's PARTITION BY expressions, PRE_FILTER, and the
+    old form's WHERE (SQL applies it before the window clause)."""
+    if stream.partition_exprs:
+        df = df.withColumns({name: F.expr(sql) for name, sql in stream.partition_exprs})
+    if stream.options.pre_filter:
+        df = df.filter(F.expr(stream.options.pre_filter))
+    if stream.form == "old" and stream.where:
+        df = df.filter(F.expr(stream.where))
+    return df
+
+
+def group_id(keys: list[str]) -> Column:
+    """``_tgrpid``: a BIGINT that is the same for a partition group in every run."""
+    return F.xxhash64(*[F.col(k) for k in keys]) if keys else F.lit(0).cast("long")
+
+
+def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, tz: str) -> DataFrame:
+    """Add the window-constant placeholder columns the SELECT may use."""
+    keys = list(stream.partition_by)
+    start, end = F.col(WSTART), F.col(WEND)
+    df = with_partition_columns(stream, df)
+    df = df.withColumn(_p("_twduration"), ((F.unix_micros(end) - F.unix_micros(start)) / 1000).cast("long"))
+    df = df.withColumn(GROUP, group_id(keys))
+    df = df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp") if tick else F.current_timestamp())
+    if isinstance(stream.trigger, SlidingTrigger) and stream.trigger.interval is None:
+        df = df.withColumn(_p("_tprev_ts"), start).withColumn(_p("_tcurrent_ts"), end)
+        df = with_next_tick(df, stream.trigger, column=WEND, out=_p("_tnext_ts"), timezone=tz)
+    return df
+
+
+_CONSTANT = {WSTART, WEND, WLAST, WROWS, WCLOSED} | {placeholder_column(p) for p in (
+    "_twduration", "_tgrpid", "_tlocaltime", "_tprev_ts", "_tcurrent_ts", "_tnext_ts",
+    "_tprev_localtime", "_tnext_localtime")}
+
+
+def _sql_of(stream: Stream) -> str:
+    parts = [i.expression for i in stream.select] + [sql for _, sql in shaping_columns(stream)] + [stream.where or ""]
+    return " ".join(parts).lower()
+
+
+def _window_columns(stream: Stream, df: DataFrame, keep: list[str]) -> list[str]:
+    """The window-constant columns to group on: the window start, those the SQL uses, ``keep``."""
+    sql = _sql_of(stream)
+    return [c for c in df.columns if c in _CONSTANT | set(keep) and (c == WSTART or c in keep or c.lower() in sql)]
+
+
+def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...] = (),
+             window_columns: list[str] | None = None, where: bool = True) -> DataFrame:
+    """The subquery's SELECT per (group, window), then the output-shaping columns (subtable, tags,
+    ``group_id``) and the engine columns in ``keep`` (window-constant; for the caller's bookkeeping).
+
+    Aggregates group on the partition columns, the window start and the window-constant columns the
+    SQL uses; columns it does not use are left out, so Spark prunes what computes them (a window
+    function per row for ``_twrownum``). ``where=False``: the new form's WHERE was already applied
+    (as the join condition of a query reading another table)."""
+    if where and stream.form != "old" and stream.where:  # the old form's WHERE ran before windowing
+        df = df.filter(F.expr(stream.where))
+    pcols = partition_columns(stream)
+    items = [F.expr(i.expression).alias(i.name) for i in stream.select]
+    shaping = shaping_columns(stream)
+    if stream.is_aggregate or not stream.select:  # no query (NOTIFY only): one row per window
+        if window_columns is None:
+            window_columns = _window_columns(stream, df, list(keep))
+        group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))
+        extra = [F.first(F.expr(sql)).alias(name) for name, sql in shaping]
+        having = []
+        if stream.having and is_aggregate_sql(stream.having):  # over the window's rows
+            having = [F.expr(stream.having).alias(_HAVING)]
+        out = df.groupBy(*group).agg(*items, *extra, *having)
+        if having:
+            out = out.filter(F.col(_HAVING))
+        elif stream.having:  # over the result's columns
+            out = out.filter(F.expr(stream.having))
+        return out.select(*[i.name for i in stream.select], *[n for n, _ in shaping], *_kept(keep, group))
+    extra = [F.expr(sql).alias(name) for name, sql in shaping]
+    return df.select(*items, *extra, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def _kept(keep, available) -> list[str]:
+    return [k for k in dict.fromkeys(keep) if k in available]
+
+
+# --- queries reading another table: the range join -------------------------------------------------
+
+
+def window_frame(stream: Stream, windows: DataFrame) -> DataFrame:
+    """One row per (group, window) of the windowed trigger rows: its window-constant columns."""
+    pcols = partition_columns(stream)
+    constant = [c for c in windows.columns if _is_window_constant(c) and c != WSTART]
+    return windows.groupBy(*pcols, WSTART).agg(*[F.first(c).alias(c) for c in constant])
+
+
+def _is_window_constant(column: str) -> bool:
+    return column in _CONSTANT or column in (STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW)
+
+
+def join_condition(stream: Stream) -> str | None:
+    """The condition joining the read table's rows to the run's windows (None: every row joins)."""
+    parts = [f"({stream.where})"] if stream.where else []
+    if stream.reads == "tbname":
+        n = [p.lower() for p in stream.partition_by].index("tbname") + 1
+        parts.append(f"tbname = {partition_placeholder(n)}")
+    return " AND ".join(parts) or None
+
+
+def nondeterministic(sql: str | None) -> list[str]:
+    """Functions in ``sql`` that Spark cannot evaluate in a join condition."""
+    if not sql:
+        return []
+    tree = sqlglot.parse_one(sql, read="spark")
+    names = {(f.sql_name() if not isinstance(f, exp.Anonymous) else f.name).lower() for f in tree.find_all(exp.Func)}
+    return sorted(names & _NONDETERMINISTIC)
+
+
+def time_bounds(where: str | None, time_column: str) -> tuple[str, str] | None:
+    """``(P, P')`` when ``where`` holds ``time_column >= P`` and ``time_column < P'`` (either way round,
+    strict or not) for window-time placeholders P, P': the joined rows then lie within the run's event
+    time, and each window within [P, P'] — what the range join bins on."""
+    if not where:
+        return None
+    bounds = {placeholder_column(p) for p in ("_twstart", "_twend", "_tprev_ts", "_tcurrent_ts", "_tnext_ts")}
+    lower = upper = None
+    tree = sqlglot.parse_one(where, read="spark").unnest()
+    for cond in (tree.flatten() if isinstance(tree, exp.And) else [tree]):
+        if not isinstance(cond, (exp.GTE, exp.GT, exp.LTE, exp.LT)):
+            continue
+        for a, b, flipped in ((cond.this, cond.expression, False), (cond.expression, cond.this, True)):
+            if (isinstance(a, exp.Column) and a.name.lower() == time_column.lower()
+                    and isinstance(b, exp.Column) and b.name.lower() in bounds):
+                greater = isinstance(cond, (exp.GTE, exp.GT)) != flipped  # time column >= / > P
+                if greater:
+                    lower = lower or b.name
+                else:
+                    upper = upper or b.name
+    return (lower, upper) if lower and upper else None
+
+
+def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_column: str,
+                bin: timedelta) -> DataFrame:
+    """The read table's rows joined to every window whose condition they meet: one Spark join, or —
+    when the WHERE is nondeterministic — one filter per window over literal placeholder values, logged.
+
+    When the WHERE bounds the time column by window placeholders, the join also matches on a time
+    bucket of size ``bin`` (each window exploded into the buckets it spans, each row in its own), so
+    Spark runs an equi-join instead of comparing every row with every window."""
+    cond = join_condition(stream)
+    bad = nondeterministic(cond)
+    if not bad:
+        if cond is None:
+            log.warning("%s: the query's WHERE does not relate %s to the window: every window reads "
+                        "the whole table", stream.name, stream.source)
+            return source.crossJoin(frame)
+        bounds = time_bounds(stream.where, time_column)
+        if bounds is None:
+            return source.join(frame, on=F.expr(cond), how="inner")
+        size = max(1, micros(bin))
+        bucket = lambda c: F.floor(F.unix_micros(c) / F.lit(size)).cast("long")  # noqa: E731
+        frame = frame.withColumn(_BIN_W, F.explode(F.sequence(bucket(F.col(bounds[0])), bucket(F.col(bounds[1])))))
+        source = source.withColumn(_BIN_R, bucket(F.col(time_column)))
+        joined = source.join(frame, on=(F.col(_BIN_R) == F.col(_BIN_W)) & F.expr(cond), how="inner")
+        return joined.drop(_BIN_R, _BIN_W)
+    rows = frame.toArrow().to_pylist()
+    if len(rows) > PER_WINDOW_LIMIT:
+        raise CQError(f"{stream.name}: the WHERE uses {', '.join(bad)}, which Spark cannot evaluate in a join, and "
+                      f"per-window evaluation is limited to {PER_WINDOW_LIMIT} windows (this run has {len(rows)})")
+    log.warning("%s: per-window evaluation of %d window(s): the WHERE uses %s, which Spark cannot "
+                "evaluate in a join condition", stream.name, len(rows), ", ".join(bad))
+    types = dict(frame.dtypes)
+    parts = [source.withColumns({c: F.lit(v).cast(types[c]) for c, v in row.items()}).filter(F.expr(cond))
+             for row in rows]
+    out = parts[0] if parts else source.crossJoin(frame).limit(0)
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
+
+
+# --- windows without a result: FORCE_OUTPUT's row and OPEN events ---------------------------------
+
+
+def is_constant(sql: str) -> bool:
+    """An item FORCE_OUTPUT keeps: no aggregate, and only placeholders and the group's values."""
+    tree = sqlglot.parse_one(sql, read="spark")
+    return not is_aggregate(tree) and all(c.name.lower().startswith("__cq_") for c in tree.find_all(exp.Column))
+
+
+def with_empty_windows(stream: Stream, result: DataFrame, frame: DataFrame, keep: list[str]) -> DataFrame:
+    """``result`` plus a row marked ``EMPTY`` for each window of ``frame`` without a result row:
+    constants (placeholders, ``%%n``) keep their value, every other column is NULL (FORCE_OUTPUT)."""
+    ids = [GROUP, WSTART]
+    missing = frame.join(result.select(*ids).distinct(), on=ids, how="left_anti")
+    types = dict(result.dtypes)
+    cols = []
+    for item in stream.select:
+        value = F.expr(item.expression) if is_constant(item.expression) else F.lit(None)
+        cols.append(value.cast(types[item.name]).alias(item.name))
+    for name, sql in shaping_columns(stream):
+        cols.append(F.expr(sql).cast(types[name]).alias(name))
+    cols += [F.col(k) for k in _kept(keep, result.columns) if k in frame.columns]
+    empty = missing.select(*cols)
+    return result.withColumn(EMPTY, F.lit(False)).unionByName(empty.withColumn(EMPTY, F.lit(True)),
+                                                             allowMissingColumns=True)
+
+
+def period_frame(stream: Stream, df: DataFrame, *, tick: datetime, prev_tick: datetime, next_tick: datetime) -> DataFrame:
+    """A PERIOD stream's rows for one tick: placeholders are the tick times."""
+    assert isinstance(stream.trigger, PeriodTrigger)
+    keys = list(stream.partition_by)
+    df = with_partition_columns(stream, df)
+    df = (df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp"))
+            .withColumn(_p("_tprev_localtime"), F.lit(prev_tick).cast("timestamp"))
+            .withColumn(_p("_tnext_localtime"), F.lit(next_tick).cast("timestamp"))
+            .withColumn(GROUP, group_id(keys))
+            .withColumns({WSTART: F.lit(prev_tick).cast("timestamp"), WEND: F.lit(tick).cast("timestamp"),
+                          WCLOSED: F.lit(True)}))
+    return df
+
+
+# Constant over a PERIOD tick: what its SELECT may group on.
+PERIOD_COLUMNS = [_p(n) for n in ("_tlocaltime", "_tprev_localtime", "_tnext_localtime")]

@@ -1,0 +1,398 @@
+"""run for streams: one ``StreamWork`` (or one PERIOD tick) → one Spark job → one atomic sink commit.
+
+Time windows (INTERVAL/SLIDING) are stateless: a run recomputes every window starting in its
+ranges, for every partition group, and replaces exactly those windows' rows. Data-shaped windows
+(SESSION, STATE_WINDOW, EVENT_WINDOW, COUNT_WINDOW) keep per group the start of the first window
+not yet closed (the *frontier*, a Delta table under ``_cq/streams/<name>/``); a run segments each
+group from its frontier, writes the windows it closed, and moves the frontier. The sink is written
+before the frontier, so a run retried after a crash recomputes the same windows from the same
+snapshot and writes the same rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Callable
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
+
+from cq_engine.streams import timing as st
+from cq_engine.durations import micros
+from cq_engine.errors import CQError
+from cq_engine.storage.ledger import LedgerEntry
+from cq_engine.model import DATA_SHAPED, EkSlidingTrigger, PeriodTrigger, SlidingTrigger, Stream, statement_hash
+from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
+from cq_engine.streams.events import NOTIFY_OK
+from cq_engine.streams.output import GROUP_ID
+from cq_engine.streams.plan import (ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, join_source,
+                          partition_columns, period_frame, prepare, time_bounds, window_frame, with_empty_windows,
+                          with_placeholders)
+from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_uri
+from cq_engine.streams.sink import gone_groups, write_sink
+from cq_engine.times import EPOCH, UTC, epoch_ms, iso
+from cq_engine.streams.windows.tdengine import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WSTART,
+                      assign_windows)
+
+if TYPE_CHECKING:
+    from cq_engine.engine import Engine, RunResult
+
+_US = timedelta(microseconds=1)
+_FAR = datetime(9999, 1, 1, tzinfo=UTC)
+_PHASE = "__cq_count_phase"
+
+
+def _in_ranges(column: str, ranges) -> F.Column:
+    c = F.unix_micros(F.col(column))
+    cond = None
+    for a, b in ranges:
+        part = (c >= F.lit(micros(a - EPOCH))) & (c < F.lit(micros(b - EPOCH)))
+        cond = part if cond is None else (cond | part)
+    return cond if cond is not None else F.lit(False)
+
+
+def _source_table(engine: "Engine", stream: Stream) -> tuple[str, str]:
+    table = stream.trigger_table or stream.source
+    return table, engine.source_time_column(stream.name, table, sink=stream.sink, role="trigger")
+
+
+def run_work(engine: "Engine", stream: Stream, work: st.StreamWork) -> "RunResult":
+    """Execute one window-triggered stream run (real time, history chunk or recalculation)."""
+    if isinstance(stream.trigger, PeriodTrigger):
+        raise CQError(f"{stream.name} is a PERIOD stream: it runs per tick (cq tick / its schedule)")
+    runner = _run_data_shaped if stream.trigger.kind in DATA_SHAPED else _run_time_windows
+    lo, hi = work.extent
+    revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
+    return _recorded(engine, stream, kind=work.kind, fire_time=work.tick, time_range=(lo, hi),
+                     versions=lambda table: {table: work.version}, revision=revision,
+                     body=lambda: runner(engine, stream, work))
+
+
+@dataclass
+class _Outcome:
+    """What a run's body did: rows written, the sink version, files scanned, and for events the
+    result rows (engine columns included) and which windows it replaced."""
+
+    rows: int
+    version: int | None
+    scanned: tuple[int, int]
+    result: pa.Table | None = None
+    replaced: Callable[[int, datetime], bool] = lambda group, start: False
+
+
+def _recorded(engine: "Engine", stream: Stream, *, kind, fire_time, time_range, versions, revision,
+              body: Callable[[], _Outcome]) -> "RunResult":
+    from cq_engine.engine import RunResult
+
+    engine.spark  # a session start is not part of the run's cost
+    started, clock = datetime.now(UTC), time.perf_counter()
+    table = stream.trigger_table or stream.source
+    try:
+        out = body()
+    except Exception as exc:
+        engine.ledger.record(LedgerEntry(
+            definition=stream.name, kind=kind, fire_time=fire_time, range_start=time_range[0],
+            range_end=time_range[1], source_versions=versions(table), rows_written=0, sink_version=None,
+            status="failed", started_at=started, finished_at=datetime.now(UTC), error=str(exc)[:2000]))
+        raise
+    engine.ledger.record(LedgerEntry(
+        definition=stream.name, kind=kind, fire_time=fire_time, range_start=time_range[0], range_end=time_range[1],
+        source_versions=versions(table), rows_written=out.rows, sink_version=out.version, status="succeeded",
+        started_at=started, finished_at=datetime.now(UTC)))
+    notified = _notify(engine, stream, out, kind=kind, revision=revision)
+    return RunResult(definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range,
+                     rows_written=out.rows, sink_version=out.version if out.version is not None else -1,
+                     source_versions=versions(table), files_read=out.scanned[0], files_total=out.scanned[1],
+                     seconds=time.perf_counter() - clock, notified=notified)
+
+
+def _notify(engine: "Engine", stream: Stream, out: _Outcome, *, kind: str, revision: str) -> int:
+    """After the sink commit: the run's events into the outbox, then delivery (``notify_outbox``)."""
+    notify = stream.notify
+    if notify is None or out.result is None or (kind == "history" and not notify.history):
+        return 0
+    from cq_engine.notify import outbox as notify_outbox
+    from cq_engine.streams.events import build_events
+
+    now_ms, rows = epoch_ms(datetime.now(UTC)), out.result.to_pylist()
+    return notify_outbox.publish(engine, stream, lambda reported: build_events(
+        stream, rows, reported=reported, replaced=out.replaced, revision=revision, now_ms=now_ms))
+
+
+def _keep(stream: Stream, windows) -> list[str]:
+    """Engine columns a run keeps in its result: state bookkeeping, and what events report."""
+    keep = [*ENGINE_COLUMNS, *partition_columns(stream)]
+    if stream.notify is not None:
+        keep += [c for c in (WEND, STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW) if c in windows.columns]
+    return keep
+
+
+def _compute(engine: "Engine", stream: Stream, windows, keep: list[str], *, read_range, version: int):
+    """The run's result rows: the query over every window (one Spark plan), the windows without a
+    result (FORCE_OUTPUT, events), and NOTIFY's WHERE."""
+    empties = stream.options.force_output or stream.notify is not None
+    frame = window_frame(stream, windows) if (empties or stream.reads != "trows") else None
+    if stream.reads == "trows":
+        result = evaluate(stream, windows, keep=keep)
+    else:
+        source, time_column = _joined_table(engine, stream, read_range, version)
+        joined = join_source(stream, frame, source, time_column=time_column, bin=_bin(stream))
+        result = evaluate(stream, joined, keep=keep, where=False)
+    if empties:
+        result = with_empty_windows(stream, result, frame, keep)
+    if stream.notify is not None and stream.notify.where:
+        result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
+    return result
+
+
+def _joined_table(engine: "Engine", stream: Stream, read_range, version: int):
+    """The table a query reads besides %%trows: only the event time its windows can reach when the
+    WHERE bounds the time column by window placeholders, else all of it."""
+    table = stream.source
+    time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
+    pinned = version if table == stream.trigger_table else None
+    bounded = read_range if time_bounds(stream.where, time_column) else None
+    df, _ = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=bounded,
+                                      version=pinned)
+    return df, time_column
+
+
+def _bin(stream: Stream) -> timedelta:
+    """The range join's bucket: about one window (time windows), the gap (sessions), else a minute."""
+    trig = stream.trigger
+    if isinstance(trig, SlidingTrigger):
+        return st.window_length(trig)
+    return trig.gap if trig.kind == "session" else timedelta(minutes=1)
+
+
+def _run_time_windows(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
+    table, time_column = _source_table(engine, stream)
+    tz = engine.settings.timezone
+    result, scanned = None, (0, 0)
+    if work.windows:
+        lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
+        df, scan = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=(lo, hi),
+                                             version=work.version)
+        windows = assign_windows(prepare(stream, df), stream.trigger, time_column=time_column,
+                                 keys=list(stream.partition_by), close_until=work.close_until or _FAR, timezone=tz)
+        windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
+        result = _compute(engine, stream, windows, _keep(stream, windows), read_range=(lo, hi),
+                          version=work.version).toArrow()
+        scanned = (scan.files_read, scan.files_total)
+    gone = gone_groups(engine, stream, work.version) if work.deleted else []
+    ranges = _written_ranges(stream, work, tz)
+    rows, version = write_sink(engine, stream, result, open_ok=work.write_open, gone=gone,
+                                ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
+                                app_version=work.version, kind=work.kind)
+
+    def replaced(group: int, start: datetime) -> bool:
+        return group in gone or any(a <= start < b for a, b in ranges)
+
+    return _Outcome(rows, version, scanned, result, replaced)
+
+
+def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[datetime, datetime]]:
+    """The window starts whose rows the run replaces: all of its windows, or only the closed ones when
+    open windows are computed just to notify (their partial rows, if any, stay)."""
+    if work.write_open or work.close_until is None:
+        return list(work.windows)
+    closed = st.starts_ending_in(stream.trigger, EPOCH, work.close_until, tz)
+    if closed is None:
+        return []
+    return [(a, min(b, closed[1])) for a, b in work.windows if a < closed[1]]
+
+
+# --- data-shaped windows ---------------------------------------------------------------------------
+
+
+def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
+    table, time_column = _source_table(engine, stream)
+    spark, tz = engine.spark, engine.settings.timezone
+    keys = list(stream.partition_by)
+    uri = state_uri(engine, stream, "frontier")
+    frontier, gids, saved_fields = load_frontier(uri, keys)
+    origin = work.origin or EPOCH
+    restarted: dict[tuple, datetime] = {}
+    if work.recompute_from is not None:
+        found = restarts(engine, stream, work.recompute_from)
+        for g in frontier:
+            restarted[g] = min(frontier[g], found.get(gids.get(g), origin))
+        frontier.update(restarted)
+    lo = min([origin, *frontier.values()])
+    hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
+    df, scan = engine.storage.read_range(spark, table, time_column=time_column,
+                                         time_range=(lo, hi) if hi is not None else (lo, _FAR), version=work.version)
+    df = prepare(stream, df)
+    if frontier:
+        marks = frontier_table(frontier, gids, saved_fields).drop_columns([GROUP]).rename_columns(
+            [f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
+        fr = F.broadcast(spark.createDataFrame(marks))
+        cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
+        df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
+        df = df.filter(F.col(time_column) >= F.coalesce(F.col(RESUME), F.lit(origin).cast("timestamp")))
+        if stream.trigger.kind == "count":  # a resumed group's first row starts a window
+            resumed = F.col(RESUME).isNotNull() & (F.col(RESUME) > F.lit(origin).cast("timestamp"))
+            df = df.withColumn(_PHASE, F.when(resumed, F.lit(0)))
+        df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
+    phase = _PHASE if _PHASE in df.columns else None
+    windows = assign_windows(df, stream.trigger, time_column=time_column, keys=keys,
+                             close_until=work.close_until or lo, timezone=tz, count_phase_column=phase)
+    windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
+    slack = stream.trigger.gap if stream.trigger.kind == "session" else timedelta(0)
+    result = _compute(engine, stream, windows, _keep(stream, windows),
+                      read_range=(lo, hi + slack if hi else _FAR), version=work.version).toArrow()
+
+    pcols = partition_columns(stream)
+    groups = list(zip(*[result.column(c).to_pylist() for c in pcols])) if keys else [()] * result.num_rows
+    starts, closed, last, ids = (result.column(c).to_pylist() for c in (WSTART, WCLOSED, WLAST, GROUP))
+    moved: dict[tuple, datetime] = {}
+    open_start: dict[tuple, datetime] = {}
+    bounds = {g: frontier.get(g, origin) for g in set(groups)}
+    complete = []
+    for g, s, c, t, gid in zip(groups, starts, closed, last, ids):
+        gids[g] = gid
+        # A closed window starting before its group's resume point (eKuiper's sliding windows look back)
+        # saw only part of its rows; it was written by the run that saw all of them.
+        complete.append(not (c and s < bounds[g]))
+        if not complete[-1]:
+            continue
+        if c:
+            moved[g] = max(moved.get(g, EPOCH), t + _US)
+        else:
+            open_start[g] = min(open_start.get(g, _FAR), s)
+    if not all(complete):
+        result = result.filter(pa.array(complete, pa.bool_()))
+    if isinstance(stream.trigger, EkSlidingTrigger):  # a later row's window reaches back `size`
+        moved = {g: m - stream.trigger.size for g, m in moved.items()}
+    new_frontier = dict(frontier)
+    new_frontier.update(moved)
+    new_frontier.update(open_start)
+    bounds.update(restarted)
+    by_gid = {gids[g]: b for g, b in bounds.items() if g in gids}
+    gone = gone_groups(engine, stream, work.version) if work.deleted else []
+    rows, version = 0, None
+    if by_gid or gone:
+        rows, version = write_sink(
+            engine, stream, result, open_ok=work.emit_open and work.write_open, gone=gone,
+            ranges_of=lambda column: groups_predicate(column, [GROUP_ID], sorted(((g,), b) for g, b in by_gid.items())),
+            app_version=work.version, kind=work.kind)
+    key_fields = list(storable_schema(pa.schema([result.schema.field(c).with_name(k) for c, k in zip(pcols, keys)])))
+    save_frontier(uri, new_frontier, gids, key_fields, f"cq-engine/{stream.name}", work.version)
+
+    def replaced(group: int, start: datetime) -> bool:
+        return group in gone or (group in by_gid and start >= by_gid[group])
+
+    return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced)
+
+
+# --- PERIOD ---------------------------------------------------------------------------------------
+
+
+def _period_tick(stream: Stream, tick: datetime, ticks) -> tuple[datetime, datetime]:
+    """Check ``tick`` is a PERIOD tick; the ticks before and after it (``_tprev/_tnext_localtime``)."""
+    span = max(stream.trigger.period, timedelta(days=1)) * 2
+    if not ticks.is_tick(tick):
+        nxt = ticks.between(tick, tick + span)
+        raise CQError(f"{iso(tick)} is not a PERIOD tick of {stream.name!r}" + (f"; next: {iso(nxt[0])}" if nxt else ""))
+    after = ticks.between(tick + _US, tick + span)
+    return ticks.range_of(tick)[0], (after[0] if after else tick + stream.trigger.period)
+
+
+def run_period(engine: "Engine", stream: Stream, tick: datetime, *, ticks) -> "RunResult":
+    """One PERIOD tick (``ticks``: the stream's ``ticks.Ticks``): the subquery over ``%%trows`` (rows
+    committed to the trigger table since the previous tick) or over its FROM table, written at the
+    tick's time."""
+    prev_tick, next_tick = _period_tick(stream, tick, ticks)
+    versions: dict[str, int] = {}
+    from cq_engine.notify.outbox import gate
+
+    paused = gate(engine, stream)
+    if paused:  # ON_FAILURE PAUSE: a tick does not run past undelivered notifications
+        raise CQError(f"{stream.name}: {paused}; tick {iso(tick)} not run")
+
+    def body() -> _Outcome:
+        table = stream.source
+        time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
+        if stream.reads == "trows":
+            after, until = _tick_versions(engine, stream, tick)
+            df, scan = engine.storage.read_added(engine.spark, table, after=after, until=until, time_column=time_column)
+            versions[table] = until
+        else:
+            df, scan = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=None)
+            versions[table] = scan.version
+        frame_of = lambda d: period_frame(stream, d, tick=tick, prev_tick=prev_tick, next_tick=next_tick)  # noqa: E731
+        rows = frame_of(prepare(stream, df))
+        keep = [GROUP, WSTART, WEND, WCLOSED, *partition_columns(stream)]
+        result = evaluate(stream, rows, keep=keep, window_columns=PERIOD_COLUMNS)
+        if stream.options.force_output or stream.notify is not None:
+            # Without PARTITION BY a tick always has its one window, rows or not; with it, the groups seen.
+            frame = frame_of(engine.spark.range(1)) if not stream.partition_by else rows
+            result = with_empty_windows(stream, result, frame.select(*keep, *PERIOD_COLUMNS).distinct(), keep)
+        if stream.notify is not None and stream.notify.where:
+            result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
+        result = result.toArrow()
+        written, version = write_sink(engine, stream, result, open_ok=True, gone=[],
+                                       ranges_of=lambda column: ranges_predicate(column, [(tick, tick + _US)]),
+                                       app_version=micros(tick - EPOCH), kind="period")
+        return _Outcome(written, version, (scan.files_read, scan.files_total), result,
+                        lambda group, start: start == prev_tick)
+
+    return _recorded(engine, stream, kind="period", fire_time=tick, time_range=(prev_tick, tick),
+                     versions=lambda table: dict(versions), revision=f"period:{iso(tick)}", body=body)
+
+
+def _tick_versions(engine: "Engine", stream: Stream, tick: datetime) -> tuple[int, int]:
+    """The trigger-table versions ``(after, until]`` whose rows are this tick's ``%%trows``; recorded
+    so a retried tick reads the same rows. The first tick only sets the baseline."""
+    uri = state_uri(engine, stream, "ticks")
+    rows = pa.table(DeltaTable(uri).scan()).to_pylist() if DeltaTable.is_deltatable(uri) else []
+    for r in rows:
+        if r["tick"] == tick:
+            return r["after"], r["until"]
+    until = engine.storage.version(stream.trigger_table)
+    earlier = [r["until"] for r in rows if r["tick"] < tick]
+    after = max(earlier) if earlier else until
+    write_deltalake(uri, pa.table({"tick": pa.array([tick], pa.timestamp("us", tz="UTC")),
+                                   "after": pa.array([after], pa.int64()), "until": pa.array([until], pa.int64())}),
+                    mode="append")
+    return after, until
+
+
+def stream_created(engine: "Engine", stream: Stream, *, now: datetime) -> datetime:
+    """When the stream (this statement of it) was first seen: PERIOD's creation day, recorded in
+    ``_cq/streams/<name>/created`` the first time it is asked for."""
+    uri = state_uri(engine, stream, "created")
+    digest = statement_hash(stream)
+    if DeltaTable.is_deltatable(uri):
+        for row in pa.table(DeltaTable(uri).scan()).to_pylist():
+            if row["definition"] == digest:
+                return row["created"]
+    write_deltalake(uri, pa.table({"definition": [digest], "created": pa.array([now], pa.timestamp("us", tz="UTC"))}),
+                    mode="overwrite")
+    return now
+
+
+def recalculate_stream(engine: "Engine", stream: Stream, *, start: datetime, end: datetime | None,
+                       now: datetime) -> "RunResult":
+    """``RECALCULATE STREAM s FROM start [TO end]`` (not for PERIOD, as seed 000 says)."""
+    from cq_engine.streams.sensor import table_span
+
+    if isinstance(stream.trigger, PeriodTrigger):
+        raise CQError(f"{stream.name!r} is a PERIOD stream: RECALCULATE applies to every other trigger type")
+    table, time_column = _source_table(engine, stream)
+    version = engine.storage.version(table)
+    span = table_span(engine.storage.uri(table), version=version, time_column=time_column,
+                      storage_options=engine.storage.storage_options)
+    if span.max_time is None:
+        raise CQError(f"recalculate: trigger table {table!r} of {stream.name!r} holds no rows")
+    end = end or span.max_time + _US
+    if end <= start:
+        raise CQError(f"recalculate: empty range [{iso(start)}, {iso(end)})")
+    work = st.recalculation_work(stream, version=version, start=start, end=end, max_event=span.max_time,
+                                 now=now, tz=engine.settings.timezone)
+    if not work.windows and work.close_until is None:
+        raise CQError(f"recalculate: no closed window of {stream.name!r} holds event time in [{iso(start)}, {iso(end)})")
+    return run_work(engine, stream, work)

@@ -1,0 +1,179 @@
+"""AFTER INSERT delivery: fire a trigger once per new Delta version of each table its pattern matches,
+with exactly the rows that version added (read with pyarrow from the version's added files, no Spark),
+and advance a cursor after each version. The Dagster sensor ``<name>_trigger`` calls
+:func:`deliver_after`; ``$CQ_HOME/triggers/<name>/delivered.json`` holds the last version handled per
+table, rewritten after every version, so a restart resumes right after the last delivered one."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cq_engine.config import Settings
+from cq_engine.model import TriggerDef
+from cq_engine.storage.log import Commit, latest_version, read_commits
+from cq_engine.triggers.runtime import fire_one, instance, matches, state_dir, where, write_json
+from cq_engine.triggers import BatchInfo, FailureStrategy, TriggerError, with_info
+
+if TYPE_CHECKING:
+    from cq_engine.engine import Engine
+
+log = logging.getLogger("cq_engine.triggers")
+MAX_VERSIONS = 100  # per evaluation, so one sensor tick stays well inside Dagster's timeout
+# Rows an UPDATE or DELETE writes are rewritten survivors, not inserts.
+NOT_INSERTS = ("DELETE", "UPDATE")
+
+
+@dataclass(frozen=True)
+class AfterCursor:
+    """Per table (lower-case name), the last version handled, for one registration generation."""
+
+    generation: str
+    tables: dict[str, int]
+
+    def to_json(self) -> str:
+        return json.dumps({"generation": self.generation, "tables": self.tables}, sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str | None, generation: str) -> "AfterCursor | None":
+        try:
+            raw = json.loads(text) if text else None
+            if raw and raw["generation"] == generation:
+                return cls(generation, {str(k): int(v) for k, v in raw["tables"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # not ours: another generation or a foreign cursor
+        return None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One AFTER evaluation: the cursor to save, what was fired, what failed."""
+
+    cursor: str
+    delivered: tuple[tuple[str, int, int], ...] = ()  # (table, version, rows) fired successfully
+    failures: tuple[str, ...] = ()  # OPTIMISTIC failures (the version counts as handled)
+    blocked: str | None = None  # a PESSIMISTIC failure: delivery stopped before that version
+    reason: str = ""
+
+
+def progress_path(settings: Settings, trigger: TriggerDef) -> Path:
+    return state_dir(settings, trigger.name) / "delivered.json"
+
+
+def _later(a: AfterCursor | None, b: AfterCursor | None) -> AfterCursor | None:
+    """Per table, the further of two cursors of one generation."""
+    if a is None or b is None:
+        return a or b
+    return AfterCursor(a.generation, {t: max(a.tables.get(t, -1), b.tables.get(t, -1)) for t in {*a.tables, *b.tables}})
+
+
+def deliver_after(trigger: TriggerDef, *, engine: "Engine", cursor: str | None, now: datetime,
+                  max_versions: int = MAX_VERSIONS) -> Delivery:
+    """Fire ``trigger`` once per new Delta version of each matching table with exactly the rows that
+    version added, each table's versions in order (tables interleaved by commit time), advancing the
+    cursor after each version. The first evaluation of a registration only records where the tables
+    are: a trigger sees what is written after it is created."""
+    settings = engine.settings
+    live = instance(trigger, settings=settings, now=now)
+    generation = live.registration.generation
+    progress = progress_path(settings, trigger)
+    known = _later(AfterCursor.parse(cursor, generation), AfterCursor.parse(
+        progress.read_text() if progress.exists() else None, generation))
+    tables = [t for t in engine.tables() if matches(trigger.pattern, t)]
+    storage = engine.storage
+    opts = storage.storage_options
+    if known is None:
+        start = {t.lower(): latest_version(storage.uri(t), storage_options=opts) for t in tables}
+        known = AfterCursor(generation, {t: v for t, v in start.items() if v is not None})
+        write_json(progress, json.loads(known.to_json()))
+        watched = ", ".join(f"{t}@v{v}" for t, v in sorted(known.tables.items())) or "no table yet"
+        return Delivery(cursor=known.to_json(), reason=f"{trigger.name}: created; watching {trigger.pattern} "
+                                                       f"from {watched}")
+    positions = dict(known.tables)
+    queues: dict[str, deque[Commit]] = {}
+    for table in tables:
+        after = positions.get(table.lower(), -1)
+        uri = storage.uri(table)
+        latest = latest_version(uri, known=after if after >= 0 else None, storage_options=opts)
+        if latest is not None and latest > after:
+            until = min(latest, after + max_versions)
+            queues[table] = deque(read_commits(uri, after=after, until=until, time_column="", storage_options=opts))
+    delivered, failures, blocked, schemas = [], [], None, {}
+    for _ in range(max_versions):
+        heads = [(q[0].timestamp, t.lower(), t) for t, q in queues.items() if q]
+        if not heads:
+            break
+        table = min(heads)[2]
+        commit = queues[table].popleft()
+        rows = None if commit.operation in NOT_INSERTS else _added_rows(engine, table, commit, schemas)
+        if rows is not None and rows.num_rows:
+            info = BatchInfo(trigger.name, table, "after", commit.version)
+            problem = fire_one(live, with_info(rows, info))
+            if problem is not None:
+                message = (f"{where(trigger)} failed on version {commit.version} of table {table!r} "
+                           f"({rows.num_rows} rows): {problem}")
+                if live.strategy is FailureStrategy.PESSIMISTIC:
+                    blocked = f"{message}; PESSIMISTIC: delivery stops here and retries this version next time"
+                    break
+                log.warning("%s; OPTIMISTIC, so delivery goes on", message)
+                failures.append(message)
+            else:
+                delivered.append((table, commit.version, rows.num_rows))
+        positions[table.lower()] = commit.version
+        write_json(progress, {"generation": generation, "tables": positions})
+    cursor_out = AfterCursor(generation, positions).to_json()
+    return Delivery(cursor=cursor_out, delivered=tuple(delivered), failures=tuple(failures), blocked=blocked,
+                    reason=blocked or _summary(trigger, delivered, failures))
+
+
+def _summary(trigger: TriggerDef, delivered: list, failures: list) -> str:
+    if not delivered and not failures:
+        return f"{trigger.name}: no new rows in {trigger.pattern}"
+    by_table: dict[str, list] = {}
+    for table, version, rows in delivered:
+        by_table.setdefault(table, []).append((version, rows))
+    parts = [f"{t} v{v[0][0]}..v{v[-1][0]} ({len(v)} versions, {sum(r for _, r in v)} rows)" for t, v in by_table.items()]
+    failed = f"; {len(failures)} failed (OPTIMISTIC, logged)" if failures else ""
+    return f"{trigger.name}: fired on {', '.join(parts) or 'nothing'}{failed}"
+
+
+def _added_rows(engine: "Engine", table: str, commit: Commit, schemas: dict) -> pa.Table:
+    """The rows of the files ``commit`` added, in the table's current schema (columns a file lacks are
+    null). Plain Parquet reads would ignore deletion vectors, so such tables are refused."""
+    from deltalake import DeltaTable
+
+    from cq_engine.storage.log import _filesystem, _normalize  # the log reader's own URI → file system mapping
+
+    storage = engine.storage
+    if table not in schemas:
+        dt = DeltaTable(storage.uri(table), storage_options=storage.storage_options)
+        if {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ()):
+            raise TriggerError(f"table {table!r} uses deletion vectors or column mapping: its versions cannot "
+                               "be read file by file for AFTER INSERT triggers")
+        schemas[table] = pa.schema(dt.schema().to_arrow())
+    schema = schemas[table]
+    uri = _normalize(storage.uri(table))
+    fs, root = _filesystem(uri, storage.storage_options)
+    parts = []
+    for change in commit.added:
+        path = change.path
+        if path.startswith(uri + "/"):
+            parts.append(pq.read_table(f"{root}/{path[len(uri) + 1:]}", filesystem=fs))
+        else:  # an absolute URI elsewhere (a shallow clone's files)
+            parts.append(pq.read_table(path))
+    return pa.concat_tables([_to_schema(p, schema) for p in parts]) if parts else schema.empty_table()
+
+
+def _to_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    names = {n.lower(): n for n in data.column_names}
+    arrays = [data.column(names[f.name.lower()]).cast(f.type) if f.name.lower() in names
+              else pa.nulls(data.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)

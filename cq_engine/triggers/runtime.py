@@ -1,0 +1,322 @@
+"""Running triggers: patterns, loading ``'module:Class'``, one instance per trigger and process,
+BEFORE INSERT dispatch (``ingest``), and what ``cq triggers`` / ``cq drop`` show and do. AFTER INSERT
+delivery is ``trigger_after``.
+
+A trigger's registration lives in ``$CQ_HOME/triggers/<name>/registration.json``, written by the first
+process that creates an instance of the statement; its ``generation`` changes when the statement does."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+import uuid
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import pyarrow as pa
+
+from cq_engine.config import Settings
+from cq_engine.errors import CQError
+from cq_engine.model import Catalog, SourceLocation, TriggerDef, statement_hash
+from cq_engine.times import iso
+from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
+
+if TYPE_CHECKING:
+    from cq_engine.engine import Engine
+
+log = logging.getLogger("cq_engine.triggers")
+
+
+# -- patterns and classes --------------------------------------------------------------------------
+
+def matches(pattern: str, table: str) -> bool:
+    """``*`` matches any run of characters; names compare case-insensitively, as tables do."""
+    regex = ".*".join(re.escape(part) for part in pattern.split("*"))
+    return re.fullmatch(regex, table, flags=re.IGNORECASE) is not None
+
+
+def matching(triggers: Iterable[TriggerDef], *, table: str, event: str) -> list[TriggerDef]:
+    """The ``event`` triggers whose pattern matches ``table``, by name (IoTDB promises no order)."""
+    return sorted((t for t in triggers if t.event == event and matches(t.pattern, table)),
+                  key=lambda t: t.name.lower())
+
+
+def where(trigger: TriggerDef) -> str:
+    return f"{trigger.location}: trigger {trigger.name!r}"
+
+
+def load_class(trigger: TriggerDef, *, settings: Settings) -> type[Trigger]:
+    """Import ``module:Class`` from the Python path, else from the current directory or the project
+    directory (the parent of ``CQ_SQL_DIR``)."""
+    module_name, _, class_name = trigger.target.partition(":")
+    top = module_name.split(".")[0]
+    extra = [Path.cwd(), Path(settings.sql_dir).resolve().parent]
+    while True:
+        try:
+            module = importlib.import_module(module_name)
+            break
+        except ModuleNotFoundError as exc:
+            # Only a missing module of the target itself is looked for elsewhere, not its imports.
+            if exc.name is None or not module_name.startswith(exc.name):
+                raise TriggerError(f"{where(trigger)}: importing {module_name!r} failed: {exc}") from None
+            found = next((d for d in extra if str(d) not in sys.path
+                          and ((d / top).is_dir() or (d / f"{top}.py").is_file())), None)
+            if found is None:
+                raise TriggerError(f"{where(trigger)}: no module {module_name!r} on the Python path, in "
+                                   f"{Path.cwd()} or in {extra[1]}") from None
+            sys.path.append(str(found))
+        except Exception as exc:
+            raise TriggerError(f"{where(trigger)}: importing {module_name!r} failed: "
+                               f"{type(exc).__name__}: {exc}") from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type) or not issubclass(cls, Trigger):
+        what = "no class" if cls is None else "a class that is not a cq_engine.triggers.Trigger:"
+        raise TriggerError(f"{where(trigger)}: module {module_name!r} has {what} {class_name!r}")
+    return cls
+
+
+def attributes_of(trigger: TriggerDef, *, settings: Settings) -> TriggerAttributes:
+    return TriggerAttributes(trigger.attributes, name=trigger.name, warehouse=settings.warehouse)
+
+
+def _call(trigger: TriggerDef, method: str, fn: Callable[[], object]) -> object:
+    """Run user code; its exceptions become a ``TriggerError`` naming the trigger and the method."""
+    try:
+        return fn()
+    except TriggerError as exc:
+        raise TriggerError(f"{trigger.location}: {exc}") from None
+    except Exception as exc:
+        raise TriggerError(f"{where(trigger)}: {method} failed: {type(exc).__name__}: {exc}") from None
+
+
+def check_trigger(trigger: TriggerDef, *, settings: Settings) -> None:
+    """What ``cq validate`` does: import the class and ``validate`` the attributes (no instance kept)."""
+    cls = load_class(trigger, settings=settings)
+    instance = _call(trigger, "creating the instance", cls)
+    _call(trigger, "validate()", lambda: instance.validate(attributes_of(trigger, settings=settings)))
+
+
+# -- registration --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Registration:
+    """A trigger as first created: what ``restore`` and ``cq drop`` need once the file is gone."""
+
+    name: str
+    hash: str
+    generation: str
+    created: str
+    sql: str
+    event: str
+    stateful: bool
+    pattern: str
+    target: str
+    attributes: list
+    file: str
+    line: int
+    col: int
+
+    def trigger(self) -> TriggerDef:
+        return TriggerDef(name=self.name, stateful=self.stateful, event=self.event, pattern=self.pattern,
+                          target=self.target, attributes=tuple(tuple(a) for a in self.attributes),
+                          location=SourceLocation(self.file, self.line, self.col), sql=self.sql)
+
+
+def state_dir(settings: Settings, name: str) -> Path:
+    return Path(settings.home) / "triggers" / name.lower()
+
+
+def write_json(path: Path, value: dict) -> None:
+    """Atomic replace: a reader (or a crash) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def registration(settings: Settings, name: str) -> Registration | None:
+    raw = _read_json(state_dir(settings, name) / "registration.json")
+    try:
+        return Registration(**raw) if raw else None
+    except TypeError:
+        return None
+
+
+def _register(trigger: TriggerDef, *, settings: Settings, now: datetime) -> tuple[Registration, bool]:
+    """The trigger's registration and whether an earlier process made it (a restart)."""
+    digest = statement_hash(trigger)
+    known = registration(settings, trigger.name)
+    if known is not None and known.hash == digest:
+        return known, True
+    loc = trigger.location
+    reg = Registration(name=trigger.name, hash=digest, generation=uuid.uuid4().hex, created=iso(now),
+                       sql=trigger.sql, event=trigger.event, stateful=trigger.stateful, pattern=trigger.pattern,
+                       target=trigger.target, attributes=[list(a) for a in trigger.attributes],
+                       file=loc.file, line=loc.line, col=loc.col)
+    write_json(state_dir(settings, trigger.name) / "registration.json", asdict(reg))
+    return reg, False
+
+
+# -- instances -----------------------------------------------------------------------------------
+
+@dataclass
+class Live:
+    """A trigger's instance in this process."""
+
+    trigger: TriggerDef
+    instance: Trigger
+    strategy: FailureStrategy
+    registration: Registration
+    restored: bool  # restore() was called: an earlier process had registered the trigger
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_LIVE: dict[tuple[str, str, str], Live] = {}
+_LIVE_LOCK = threading.RLock()  # re-entrant: on_create may itself ingest
+
+
+def instance(trigger: TriggerDef, *, settings: Settings, now: datetime) -> Live:
+    """This process's instance of ``trigger``, created on first use: ``validate``, ``on_create``, and
+    ``restore`` for a STATEFUL trigger that an earlier process registered."""
+    key = (str(Path(settings.home).resolve()), trigger.name.lower(), statement_hash(trigger))
+    with _LIVE_LOCK:
+        if key in _LIVE:
+            return _LIVE[key]
+        cls = load_class(trigger, settings=settings)
+        attrs = attributes_of(trigger, settings=settings)
+        obj = _call(trigger, "creating the instance", cls)
+        _call(trigger, "validate()", lambda: obj.validate(attrs))
+        _call(trigger, "on_create()", lambda: obj.on_create(attrs))
+        reg, existed = _register(trigger, settings=settings, now=now)
+        restored = trigger.stateful and existed
+        if restored:
+            _call(trigger, "restore()", obj.restore)
+        strategy = obj.failure_strategy
+        if isinstance(strategy, str) and strategy.upper() in FailureStrategy.__members__:
+            strategy = FailureStrategy[strategy.upper()]
+        if not isinstance(strategy, FailureStrategy):
+            raise TriggerError(f"{where(trigger)}: failure_strategy must be FailureStrategy.OPTIMISTIC or "
+                               f"PESSIMISTIC, got {strategy!r}")
+        _LIVE[key] = Live(trigger, obj, strategy, reg, restored)
+        return _LIVE[key]
+
+
+def forget_instances(name: str | None = None) -> None:
+    """Drop this process's instances (of ``name``, or all): what a process restart does to them."""
+    with _LIVE_LOCK:
+        for key in [k for k in _LIVE if name is None or k[1] == name.lower()]:
+            del _LIVE[key]
+
+
+def fire_one(live: Live, batch: pa.Table) -> str | None:
+    """None on success, else what went wrong. A STATEFUL instance fires one batch at a time."""
+    try:
+        with live.lock if live.trigger.stateful else nullcontext():
+            result = live.instance.fire(batch)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if isinstance(result, bool) or type(result).__name__ == "bool_":  # numpy's bool too
+        return None if result else "fire() returned False"
+    return f"fire() must return True or False, got {result!r}"
+
+
+# -- BEFORE INSERT ---------------------------------------------------------------------------------
+
+def fire_before(triggers: Iterable[TriggerDef], *, table: str, batch: pa.Table, settings: Settings,
+                now: datetime) -> tuple[str, ...]:
+    """Fire the BEFORE INSERT triggers matching ``table`` on the rows about to be written. Returns the
+    OPTIMISTIC failures (logged); a PESSIMISTIC failure raises ``TriggerError`` and no later trigger fires."""
+    failures = []
+    for trigger in matching(triggers, table=table, event="before"):
+        live = instance(trigger, settings=settings, now=now)
+        problem = fire_one(live, with_info(batch, BatchInfo(trigger.name, table, "before", None)))
+        if problem is None:
+            continue
+        message = f"{where(trigger)} failed on {batch.num_rows} rows for table {table!r}: {problem}"
+        if live.strategy is FailureStrategy.PESSIMISTIC:
+            raise TriggerError(f"{message}; it is PESSIMISTIC, so nothing was written")
+        log.warning("%s; OPTIMISTIC, so the rows are written", message)
+        failures.append(message)
+    return tuple(failures)
+
+
+# -- cq triggers, cq drop ----------------------------------------------------------------------------
+
+def sensor_name(trigger: TriggerDef) -> str:
+    return f"{trigger.name}_trigger"
+
+
+def show(catalog: Catalog, *, engine: "Engine") -> list[dict[str, str]]:
+    """SHOW TRIGGERS: every defined trigger, and the registered ones whose statement is gone (DROPPING:
+    ``cq drop NAME`` calls their ``on_drop``)."""
+    from cq_engine.triggers.after import AfterCursor, progress_path
+
+    settings = engine.settings
+    tables = engine.tables()
+    rows = []
+    defined = {t.name.lower() for t in catalog.triggers}
+    root = Path(settings.home) / "triggers"
+    gone = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in defined) if root.is_dir() else []
+    orphans = [r.trigger() for r in (registration(settings, n) for n in gone) if r is not None]
+    for t in list(catalog.triggers) + orphans:
+        reg = registration(settings, t.name)
+        if t.name.lower() not in defined:
+            state = "DROPPING"
+        else:
+            state = "ACTIVE" if reg is not None and reg.hash == statement_hash(t) else "INACTIVE"
+        done = (AfterCursor.parse(_read_text(progress_path(settings, t)), reg.generation) if reg else None)
+        watched = [f"{x}@v{done.tables[x.lower()]}" if done and x.lower() in done.tables else x
+                 for x in tables if matches(t.pattern, x)]
+        rows.append({"name": t.name, "event": f"{t.event.upper()}_INSERT",
+                     "type": "STATEFUL" if t.stateful else "STATELESS", "state": state, "pattern": t.pattern,
+                     "class": t.target, "runs in": "ingest" if t.event == "before" else f"sensor {sensor_name(t)}",
+                     "tables": ", ".join(watched) or "-", "location": str(t.location)})
+    return rows
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
+
+
+def drop(name: str, *, catalog: Catalog, settings: Settings) -> dict | None:
+    """``cq drop NAME`` for a trigger whose statement was removed: a fresh instance gets ``on_create``
+    then ``on_drop``, and the registration goes. None when ``name`` was never a registered trigger."""
+    defined = next((t for t in catalog.triggers if t.name.lower() == name.lower()), None)
+    if defined is not None:
+        raise CQError(f"trigger {defined.name!r} is defined at {defined.location}: remove that statement (or its "
+                      f"file), then `cq drop {defined.name}` calls its on_drop()")
+    reg = registration(settings, name)
+    if reg is None:
+        return None
+    if any(err.startswith(f"{reg.file}:") for err in catalog.errors):
+        raise CQError(f"trigger {reg.name!r} was defined in {reg.file}, which does not load now: fix that file "
+                      "first (the trigger may still be in it)")
+    trigger = reg.trigger()
+    path = state_dir(settings, name)
+    try:
+        cls = load_class(trigger, settings=settings)
+        obj = _call(trigger, "creating the instance", cls)
+        _call(trigger, "on_create()", lambda: obj.on_create(attributes_of(trigger, settings=settings)))
+        _call(trigger, "on_drop()", obj.on_drop)
+    except TriggerError as exc:
+        raise TriggerError(f"{exc}; nothing was dropped (delete {path} to forget the trigger without "
+                           "its on_drop())") from None
+    shutil.rmtree(path, ignore_errors=True)
+    forget_instances(name)
+    return {"dropped": reg.name, "trigger": True, "on_drop": "called", "state_removed": str(path)}
