@@ -1,4 +1,46 @@
+"""Shared fixtures and the test markers.
+
+Markers (set here, from what a test uses, so no test file has to remember them):
+- ``spark``: starts a JVM (the ``spark`` fixture, or a file that runs firings/servers itself);
+- ``dagster_e2e``: runs the real Dagster daemon and webserver;
+- ``ui``: drives the Dagster UI in headless Chromium.
+``make check`` runs the rest with ``-m "not spark and not dagster_e2e and not ui"`` and ``CQ_TEST_QUICK=1``,
+under which starting a JVM fails the test: a test that needs Spark but lacks the marker is caught at once.
+"""
+
+import os
+
 import pytest
+
+# Files whose tests start Spark (or a Connect server, or Dagster runs that do) without the ``spark`` fixture.
+SPARK_FILES = {
+    "test_cli.py", "test_dagster_defs.py", "test_delta_log.py", "test_ek_windows.py", "test_ekuiper_rules.py",
+    "test_plan.py", "test_runner.py", "test_seed_cq.py", "test_spark_runtime.py", "test_storage.py",
+    "test_stream_notify.py", "test_stream_outputs.py", "test_streams.py", "test_windows.py",
+}
+DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py"}
+UI_FILES = {"test_dagster_ui.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        if name in UI_FILES:
+            item.add_marker(pytest.mark.ui)
+        if name in DAGSTER_E2E_FILES or name in UI_FILES:
+            item.add_marker(pytest.mark.dagster_e2e)
+        if name in SPARK_FILES or name in DAGSTER_E2E_FILES or name in UI_FILES or "spark" in item.fixturenames:
+            item.add_marker(pytest.mark.spark)
+
+
+def pytest_configure(config):
+    if os.environ.get("CQ_TEST_QUICK") == "1":
+        import pyspark.java_gateway
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError("this test starts a JVM: it needs the `spark` marker (tests/conftest.py)")
+
+        pyspark.java_gateway.launch_gateway = refuse
 
 
 @pytest.fixture(scope="session")
