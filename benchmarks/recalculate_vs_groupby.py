@@ -101,6 +101,7 @@ def _profile(ctx: Context, engine, lo, hi) -> list[str]:
     windows x groups left-joined with the aggregate."""
     import statistics
 
+    from cq_engine.resample.run import coverages
     from cq_engine.resample.plan import plan_query
     from cq_engine.resample.timing import recalculation_range
 
@@ -110,7 +111,7 @@ def _profile(ctx: Context, engine, lo, hi) -> list[str]:
     def engine_plan(name):
         cq = engine.definition(name)
         fires, _ = recalculation_range(cq.resample, start=lo, end=hi)
-        (cov,) = engine._coverages(cq, fires)
+        (cov,) = coverages(engine.ctx, cq, fires)
         df, _ = engine.storage.read_range(spark, "sensors", time_column="ts", time_range=cov.read_range)
         return plan_query(spark, cq, df, time_column="ts", coverage=cov)
 

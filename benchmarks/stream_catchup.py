@@ -200,7 +200,6 @@ def run(ctx: Context) -> Outcome:
 
 def _state_note(ctx: Context, engine, stream, cursor: str, now, source_uri: str, last_event, *, warmup: int,
                 repeat: int) -> str:
-    from cq_engine.streams.run import state_uri
     from cq_engine.streams.sensor import evaluate_stream
 
     plan = evaluate_stream(engine, stream, cursor=cursor, now=now)
@@ -210,7 +209,7 @@ def _state_note(ctx: Context, engine, stream, cursor: str, now, source_uri: str,
     until = work.close_until
     if until != last_event - timedelta(seconds=10):
         raise RuntimeError(f"the STATE_WINDOW run closes up to {until}, expected {last_event - timedelta(seconds=10)}")
-    frontier = Path(state_uri(engine, stream, "frontier"))
+    frontier = Path(engine.storage.state_uri(f"streams/{stream.name}/frontier"))
     out_uri = engine.storage.uri("hand_state_out")
     medians, samples, last = _measure(
         {"stream": lambda: engine.run_stream(stream.name, work),

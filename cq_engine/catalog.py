@@ -14,6 +14,7 @@ from cq_engine.model import (DATA_SHAPED, Catalog, Definition, SelectItem, Sessi
                     TriggerDef)
 from cq_engine.parse import ParseOptions, parse_file, sql_files
 from cq_engine.parse.fragments import TIME_REF
+from cq_engine.streams.output import data_columns, sink_mismatch
 
 
 def require_definition(catalog: Catalog, name: str, *, sql_dir: str) -> Definition:
@@ -202,8 +203,6 @@ _TRIGGER_NAMES = {"session": "SESSION", "state": "STATE_WINDOW", "event": "EVENT
 def check_sink_columns(stream: Stream, table: TableDecl) -> None:
     """A stream writing a declared table must fit its columns (``stream_output.sink_mismatch``, the
     rule runs apply to any existing sink); error at the stream."""
-    from cq_engine.streams.output import data_columns, sink_mismatch
-
     tags = tuple(c.name for c in table.columns if c.is_tag)
     message = sink_mismatch(stream, table.name, data_columns(stream, [c.name for c in table.columns], tags))
     if message is not None:

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cq_engine.durations import parse_duration
 from cq_engine.errors import CQError
 
 DEFAULT_SPARK_PORT = 15002
@@ -37,8 +38,6 @@ class Settings:
 
     @property
     def min_every_delta(self) -> timedelta:
-        from cq_engine.durations import parse_duration
-
         return parse_duration(self.min_every, what="CQ_MIN_EVERY")
 
     def table_uri(self, table: str) -> str:

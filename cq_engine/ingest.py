@@ -8,18 +8,17 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone, tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cq_engine.storage.base import align_columns
+from cq_engine.config import Settings, load_settings
+from cq_engine.context import EngineContext
 from cq_engine.errors import CQError, TableError, TimeError
+from cq_engine.storage.base import align_columns
 from cq_engine.times import parse_time
-
-if TYPE_CHECKING:
-    from cq_engine.config import Settings
-    from cq_engine.engine import Engine
+from cq_engine.triggers.runtime import fire_before
 
 UTC = timezone.utc
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -37,33 +36,29 @@ class IngestResult:
     trigger_failures: tuple[str, ...] = ()
 
 
-def ingest(*, table: str, data: pa.Table | str | os.PathLike, engine: "Engine | None" = None,
-           settings: "Settings | None" = None, now: datetime | None = None, label: str | None = None) -> IngestResult:
+def ingest(*, table: str, data: pa.Table | str | os.PathLike, ctx: EngineContext | None = None,
+           engine: Any = None, settings: Settings | None = None, now: datetime | None = None,
+           label: str | None = None) -> IngestResult:
     """Append ``data`` (an Arrow table, or a CSV / JSON-lines / Parquet file) to ``table`` in one Delta
     commit, creating a declared table if missing. Columns match by name and are cast as in ``conform``.
 
     The BEFORE INSERT triggers whose pattern matches ``table`` fire first, in name order, on the
     conformed rows; a PESSIMISTIC one failing raises ``TriggerError`` and nothing is written.
-    ``engine`` (else one built from ``settings``, else from the environment) supplies the definitions
-    and the warehouse; ``now`` (default: the clock) is only recorded when a trigger is first created;
-    ``label`` goes into the commit's ``cq.ingest`` metadata (default: the file, or "python")."""
-    from cq_engine.engine import Engine
-    from cq_engine.triggers.runtime import fire_before
-
-    if engine is None:
-        from cq_engine.config import load_settings
-
-        engine = Engine(settings=settings or load_settings())
-    engine.ensure_tables(table)
-    if not engine.storage.exists(table):
-        raise TableError(f"table {table!r} does not exist: declare it with CREATE TABLE in {engine.settings.sql_dir}")
+    ``ctx`` (or an ``Engine``'s, else one opened from ``settings``, else from the environment)
+    supplies the definitions and the warehouse; ``now`` (default: the clock) is only recorded when a
+    trigger is first created; ``label`` goes into the commit's ``cq.ingest`` metadata (default: the file, or "python")."""
+    if ctx is None:
+        ctx = engine.ctx if engine is not None else EngineContext.open(settings=settings or load_settings())
+    ctx.ensure_tables(table)
+    if not ctx.storage.exists(table):
+        raise TableError(f"table {table!r} does not exist: declare it with CREATE TABLE in {ctx.settings.sql_dir}")
     label = label or ("python" if isinstance(data, pa.Table) else str(data))
     raw = data if isinstance(data, pa.Table) else read_input(str(data))
-    rows = conform(raw, engine.storage.schema(table), table=table, time_column=engine.time_column(table),
-                   tz=engine.settings.tz)
-    failures = fire_before(engine.catalog.triggers, table=table, batch=rows, settings=engine.settings,
+    rows = conform(raw, ctx.storage.schema(table), table=table, time_column=ctx.time_column(table),
+                   tz=ctx.settings.tz)
+    failures = fire_before(ctx.catalog.triggers, table=table, batch=rows, settings=ctx.settings,
                            now=now or datetime.now(UTC))
-    version = engine.storage.append(table, rows, metadata={"cq.ingest": label})
+    version = ctx.storage.append(table, rows, metadata={"cq.ingest": label})
     return IngestResult(table=table, version=version, rows=rows.num_rows, trigger_failures=failures)
 
 

@@ -135,7 +135,7 @@ def entry(definition: str, minute: int, *, status: str = "succeeded", **changes)
 
 def test_ledger_record_and_read(tmp_path):
     settings = Settings(warehouse=str(tmp_path / "wh"))
-    ledger = Ledger(uri=settings.state_uri("firings"))
+    ledger = Ledger(store=DeltaRsStorage(warehouse=settings.warehouse))
     assert ledger.entries() == [] and ledger.last("cq1") is None and ledger.last_by_definition() == {}
     assert ledger.to_arrow().num_rows == 0
     # Recorded out of order; read back ordered by started_at.

@@ -10,6 +10,8 @@ from typing import Sequence
 
 from cq_engine.resample import timing
 from cq_engine.durations import format_duration
+from cq_engine.cli.common import open_engine, open_ledger
+from cq_engine.cli.streams import register
 from cq_engine.config import Settings, load_settings
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
@@ -67,8 +69,6 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=3000)
     sp.add_argument("--feed-every", type=float, default=5.0, metavar="SECONDS")
     sp.add_argument("--no-spark-server", action="store_true", help="use in-process Spark in each run")
-    from cq_engine.cli.streams import register
-
     register(cmd)
     # `cq drop NAME` also drops a trigger whose statement was removed (calling its on_drop()).
     drop = sub.choices["drop"]
@@ -81,12 +81,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _time(text: str, settings: Settings, what: str) -> datetime:
     return parse_time(text, tz=settings.tz, what=what)
-
-
-def _engine(settings: Settings):
-    from cq_engine.engine import Engine
-
-    return Engine(settings=settings)
 
 
 def _validate(args, settings: Settings) -> int:
@@ -162,7 +156,7 @@ def _plan(args, settings: Settings) -> int:
 
 
 def _run(args, settings: Settings) -> int:
-    engine = _engine(settings)
+    engine = open_engine(settings)
     at = _time(args.at, settings, "--at")
     d = engine.definition(args.name)
     r = engine.run_period(args.name, at) if not isinstance(d, ContinuousQuery) else engine.run_firing(args.name, at)
@@ -175,7 +169,7 @@ def _run(args, settings: Settings) -> int:
 def _recalculate(args, settings: Settings) -> int:
     if args.via_dagster:
         return _recalculate_via_dagster(args, settings)
-    engine = _engine(settings)
+    engine = open_engine(settings)
     start = _time(args.start, settings, "--from")
     end = _time(args.end, settings, "--to") if args.end else None
     r = engine.recalculate(args.name, start=start, end=end, now=datetime.now(UTC), progress=_progress_bar)
@@ -219,10 +213,9 @@ def _progress_bar(done: int, total: int) -> None:
 
 def _show(args, settings: Settings) -> int:
     from cq_engine.catalog import load_catalog, parse_options
-    from cq_engine.storage.ledger import Ledger
 
     catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
-    last = Ledger(uri=settings.state_uri("firings")).last_by_definition()
+    last = open_ledger(settings).last_by_definition()
     rows = []
     for d in catalog.definitions:
         e = last.get(d.name)
@@ -238,7 +231,7 @@ def _show(args, settings: Settings) -> int:
 def _ingest(args, settings: Settings) -> int:
     from cq_engine.ingest import ingest
 
-    result = ingest(table=args.table, data=args.file, engine=_engine(settings))
+    result = ingest(table=args.table, data=args.file, engine=open_engine(settings))
     for failure in result.trigger_failures:
         print(f"cq: warning: {failure} (OPTIMISTIC: the rows were written)", file=sys.stderr)
     print(f"{args.table}: appended {result.rows} rows from {args.file} (version {result.version})")
@@ -246,10 +239,10 @@ def _ingest(args, settings: Settings) -> int:
 
 
 def _triggers(args, settings: Settings) -> int:
-    from cq_engine.triggers.runtime import show
+    from cq_engine.triggers.after import show
 
-    engine = _engine(settings)
-    rows = show(engine.catalog, engine=engine)
+    engine = open_engine(settings)
+    rows = show(engine.catalog, ctx=engine.ctx)
     header = ["name", "event", "type", "state", "pattern", "class", "runs in", "tables"]
     _print_rows(header, [[r[h] for h in header] for r in rows])
     for err in engine.catalog.errors:
@@ -272,7 +265,7 @@ def _drop_trigger_or(fallback):
 
 
 def _query(args, settings: Settings) -> int:
-    engine = _engine(settings)
+    engine = open_engine(settings)
     table = engine.query(args.sql, limit=args.limit)
     _print_rows(table.column_names, [[_cell(v) for v in row.values()] for row in table.to_pylist()])
     return 0

@@ -4,12 +4,11 @@ RESUME/DROP STREAM) for a file-defined system whose running state lives in Dagst
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from datetime import datetime
 from pathlib import Path
 
-from cq_engine.cli.main import _engine
+from cq_engine.cli.common import open_engine, open_ledger, open_storage
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
@@ -44,7 +43,7 @@ def cursor_path(settings: Settings, name: str) -> Path:
 
 
 def _tick(args, settings: Settings) -> int:
-    engine = _engine(settings)
+    engine = open_engine(settings)
     d = engine.definition(args.name)
     now = parse_time(args.at, tz=settings.tz, what="--at") if args.at else datetime.now(UTC)
     if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger):
@@ -153,7 +152,7 @@ def _check(result: dict, what: str) -> dict:
 def _control(args, settings: Settings) -> int:
     from dagster_defs.translator import CQTranslator
 
-    engine = _engine(settings)
+    engine = open_engine(settings)
     d = engine.definition(args.name)
     translator = CQTranslator()
     gql = _GraphQL(args.dagster)
@@ -196,20 +195,17 @@ def _control(args, settings: Settings) -> int:
 
 def _drop(args, settings: Settings) -> int:
     from cq_engine.catalog import load_catalog, parse_options
-    from cq_engine.storage.ledger import Ledger
-
     catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
     d = catalog.definition(args.name)
     if d is not None:
         raise CQError(f"{d.name!r} is defined at {d.location}: remove that statement (or its file) to drop it; "
                       f"its sink {d.sink!r} and the rows already written stay, as DROP STREAM leaves them")
-    runs = Ledger(uri=settings.state_uri("firings")).entries(args.name)
-    state = Path(settings.state_uri(f"streams/{args.name}"))
-    if not runs and not state.exists():
+    runs = open_ledger(settings).entries(args.name)
+    # The engine's per-stream state (frontier, ticks, outbox): a re-created stream starts afresh.
+    removed = open_storage(settings).drop_state(f"streams/{args.name}")
+    if not runs and removed is None:
         raise CQError(f"no definition named {args.name!r} in {settings.sql_dir}, and none has run")
-    if state.is_dir():  # the engine's per-stream state (frontier, ticks); a re-created stream starts afresh
-        shutil.rmtree(state)
-    print(json.dumps({"dropped": args.name, "runs_in_ledger": len(runs), "state_removed": str(state),
+    print(json.dumps({"dropped": args.name, "runs_in_ledger": len(runs), "state_removed": removed,
                       "outputs": "kept"}))
     return 0
 

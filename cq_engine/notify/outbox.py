@@ -14,17 +14,15 @@ import json
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
 
+from cq_engine.context import EngineContext
 from cq_engine.model import Stream
+from cq_engine.notify.ws import NotifyError, deliver
 from cq_engine.streams.events import CLOSE, INVALIDATION, OPEN, Reported, public
 from cq_engine.times import EPOCH, UTC, epoch_ms
-
-if TYPE_CHECKING:
-    from cq_engine.engine import Engine
 
 log = logging.getLogger(__name__)
 _TS = pa.timestamp("us", tz="UTC")
@@ -35,16 +33,17 @@ _OUTBOX = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("window_id", pa
 _DELIVERED = pa.schema([("key", pa.string()), ("status", pa.string()), ("at", _TS)])
 
 
-def _uri(engine: "Engine", stream: Stream, what: str) -> str:
-    return engine.settings.state_uri(f"streams/{stream.name}/{what}")
+def _name(stream: Stream, what: str) -> str:
+    return f"streams/{stream.name}/{what}"
 
 
-def _read(uri: str) -> list[dict]:
-    return pa.table(DeltaTable(uri).scan()).to_pylist() if DeltaTable.is_deltatable(uri) else []
+def _read(ctx: EngineContext, stream: Stream, what: str) -> list[dict]:
+    data = ctx.storage.read_state(_name(stream, what))
+    return data.to_pylist() if data is not None else []
 
 
-def _outbox(engine: "Engine", stream: Stream) -> list[dict]:
-    return sorted(_read(_uri(engine, stream, "outbox")), key=lambda r: r["seq"])
+def _outbox(ctx: EngineContext, stream: Stream) -> list[dict]:
+    return sorted(_read(ctx, stream, "outbox"), key=lambda r: r["seq"])
 
 
 def _reported(outbox: list[dict]) -> dict[str, Reported]:
@@ -69,7 +68,7 @@ def _time(ms: int | None) -> datetime | None:
     return EPOCH + timedelta(milliseconds=ms) if ms is not None else None
 
 
-def _record(engine: "Engine", stream: Stream, outbox: list[dict], events: list[dict]) -> list[dict]:
+def _record(ctx: EngineContext, stream: Stream, outbox: list[dict], events: list[dict]) -> list[dict]:
     """Append the events not yet in ``outbox`` (a retried run's are); the rows appended."""
     known = {r["key"] for r in outbox}
     fresh = [e for e in events if e["_key"] not in known]
@@ -80,29 +79,27 @@ def _record(engine: "Engine", stream: Stream, outbox: list[dict], events: list[d
              "window_start": _time(e.get("windowStart")), "window_end": _time(e.get("windowEnd")),
              "event_type": e["eventType"], "digest": e.get("_digest", ""), "table_name": e["tableName"],
              "event": json.dumps(public(e), separators=(",", ":"))} for i, e in enumerate(fresh)]
-    write_deltalake(_uri(engine, stream, "outbox"), pa.Table.from_pylist(rows, schema=_OUTBOX), mode="append")
+    ctx.storage.append_state(_name(stream, "outbox"), pa.Table.from_pylist(rows, schema=_OUTBOX))
     return rows
 
 
-def pending(engine: "Engine", stream: Stream, outbox: list[dict] | None = None) -> list[dict]:
+def pending(ctx: EngineContext, stream: Stream, outbox: list[dict] | None = None) -> list[dict]:
     """Events in the outbox (``outbox``: its rows, already read) not yet delivered (nor dropped), in order."""
-    done = {r["key"] for r in _read(_uri(engine, stream, "delivered"))}
-    return [r for r in (_outbox(engine, stream) if outbox is None else outbox) if r["key"] not in done]
+    done = {r["key"] for r in _read(ctx, stream, "delivered")}
+    return [r for r in (_outbox(ctx, stream) if outbox is None else outbox) if r["key"] not in done]
 
 
-def _mark(engine: "Engine", stream: Stream, keys: list[str], status: str) -> None:
+def _mark(ctx: EngineContext, stream: Stream, keys: list[str], status: str) -> None:
     now = datetime.now(UTC)
     data = pa.Table.from_pylist([{"key": k, "status": status, "at": now} for k in keys], schema=_DELIVERED)
-    write_deltalake(_uri(engine, stream, "delivered"), data, mode="append")
+    ctx.storage.append_state(_name(stream, "delivered"), data)
 
 
-def flush(engine: "Engine", stream: Stream, *, outbox: list[dict] | None = None, timeout: float = 5.0) -> str | None:
+def flush(ctx: EngineContext, stream: Stream, *, outbox: list[dict] | None = None, timeout: float = 5.0) -> str | None:
     """Send every pending event to every NOTIFY address. None when nothing is left pending; else
     (ON_FAILURE PAUSE) why delivery failed — the events stay pending for the next try."""
-    from cq_engine.notify.ws import NotifyError, deliver
-
     notify = stream.notify
-    rows = pending(engine, stream, outbox) if notify is not None else []
+    rows = pending(ctx, stream, outbox) if notify is not None else []
     if not rows:
         return None
     events = [{**json.loads(r["event"]), "_key": r["key"]} for r in rows]  # the key makes messageIds unique
@@ -116,21 +113,21 @@ def flush(engine: "Engine", stream: Stream, *, outbox: list[dict] | None = None,
                         stream.name, len(rows), exc)
             return str(exc)
         log.warning("%s: dropped %d notification(s) (ON_FAILURE DROP): %s", stream.name, len(rows), exc)
-        _mark(engine, stream, keys, "dropped")
+        _mark(ctx, stream, keys, "dropped")
         return None
-    _mark(engine, stream, keys, "sent")
+    _mark(ctx, stream, keys, "sent")
     return None
 
 
-def publish(engine: "Engine", stream: Stream, build: Callable[[dict[str, Reported]], list[dict]]) -> int:
+def publish(ctx: EngineContext, stream: Stream, build: Callable[[dict[str, Reported]], list[dict]]) -> int:
     """After a run's sink commit: the events ``build`` makes from what receivers were told before go
     into the outbox, then everything pending is sent (the outbox is read once). Returns how many
     events the run made."""
     if stream.notify is None:
         return 0
-    outbox = _outbox(engine, stream)
+    outbox = _outbox(ctx, stream)
     events = build(_reported(outbox))
-    flush(engine, stream, outbox=outbox + _record(engine, stream, outbox, events))
+    flush(ctx, stream, outbox=outbox + _record(ctx, stream, outbox, events))
     return len(events)
 
 
@@ -139,10 +136,10 @@ def paused_by_notify(stream: Stream) -> bool:
     return stream.notify is not None and stream.notify.on_failure == "pause"
 
 
-def gate(engine: "Engine", stream: Stream) -> str | None:
+def gate(ctx: EngineContext, stream: Stream) -> str | None:
     """Before a tick of an ``ON_FAILURE PAUSE`` stream: deliver what is pending; the reason the
     stream must stay paused, or None."""
     if not paused_by_notify(stream):
         return None
-    reason = flush(engine, stream)
+    reason = flush(ctx, stream)
     return f"paused: notification delivery failing ({reason})" if reason else None

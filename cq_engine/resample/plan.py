@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType, StringType
 
+from cq_engine.catalog import referenced_columns
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.parse.fragments import is_aggregate_sql
@@ -230,8 +231,6 @@ def _finish(cq: ContinuousQuery, out: DataFrame, time_column: str, keys: list[st
 
 def check_columns(cq: ContinuousQuery, columns: list[str], *, table: str) -> None:
     """A clear error when the source lacks a column the query names."""
-    from cq_engine.catalog import referenced_columns
-
     known = {c.lower() for c in columns}
     need = referenced_columns(cq) | ({"device"} if cq.align_by_device else set())
     missing = sorted(need - known)

@@ -78,15 +78,15 @@ def period_ticks(
     if lo >= end:
         return []
     if interval >= _DAY:
-        base = _local_midnight(created.astimezone(tz).date(), tz) + offset
+        base = local_midnight(created.astimezone(tz).date(), tz) + offset
         first = max(1, _ceil_div(lo - base, interval))
         return [base + k * interval for k in range(first, _ceil_div(end - base, interval))]
     out: list[datetime] = []
     day = lo.astimezone(tz).date()
-    day_start = _local_midnight(day, tz)
+    day_start = local_midnight(day, tz)
     while day_start < end:
         day += _DAY
-        next_start = _local_midnight(day, tz)
+        next_start = local_midnight(day, tz)
         base = day_start + offset
         first = max(0, _ceil_div(lo - base, interval))
         stop = _ceil_div(min(next_start, end) - base, interval)
@@ -169,7 +169,7 @@ def period_cron(
 ) -> CronPlan | None:
     """:func:`compile_cron` for :func:`period_ticks`."""
     tz = ZoneInfo(timezone)
-    anchor = _local_midnight(_utc(created, "created").astimezone(tz).date(), tz) + offset
+    anchor = local_midnight(_utc(created, "created").astimezone(tz).date(), tz) + offset
     return compile_cron(
         ticks=lambda a, b: period_ticks(
             interval=interval, offset=offset, timezone=timezone, created=created, start=a, end=b),
@@ -349,7 +349,7 @@ def _offset(s: int, tz: ZoneInfo) -> int:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _local_midnight(day: date, tz: ZoneInfo) -> datetime:
+def local_midnight(day: date, tz: ZoneInfo) -> datetime:
     """First instant of local date ``day`` (fold 0: the first midnight, or the end of a gap at it)."""
     return datetime(day.year, day.month, day.day, tzinfo=tz).astimezone(UTC)
 

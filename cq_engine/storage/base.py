@@ -1,7 +1,11 @@
-"""The one small storage interface the planner and runner depend on (DESIGN §2).
+"""The one storage interface every layer above ``storage/`` depends on (see ARCHITECTURE.md).
 
-``DeltaRsStorage`` (the ``deltalake`` package) implements it here; a ``delta-spark`` implementation
-can be added beside it for clusters that have the jars, without touching planner or runner.
+It names what callers need: the data path (snapshot reads into Spark, atomic range/predicate
+replaces), Spark-free log reads (latest version, commits, a snapshot's event-time span, one commit's
+rows) and small engine state tables under ``_cq/`` (read / append / overwrite an Arrow table).
+``DeltaRsStorage`` (the ``deltalake`` package) implements it; a second implementation can replace the
+data path and keep the rest from ``storage.state.DeltaStateTables``. Nothing outside ``storage/``
+imports ``deltalake`` or builds a table URI.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Union
 
 import pyarrow as pa
+
+from cq_engine.errors import TableError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -26,8 +32,6 @@ def align_columns(names: list[str], schema: pa.Schema, *, table: str) -> list[tu
     """Pair each field of ``schema`` with the index of the same-named column in ``names``
     (case-insensitive), or None for a missing nullable one. Unknown, doubled or missing
     non-nullable columns are a ``TableError`` naming the table and column."""
-    from cq_engine.errors import TableError
-
     by_name: dict[str, int] = {}
     for i, name in enumerate(names):
         if name.lower() in by_name:
@@ -107,3 +111,25 @@ class Storage(Protocol):
         """The commits ``after + 1 .. until`` with the files each added/removed (``storage.log``)."""
 
     def transaction_version(self, table: str, app_id: str) -> int | None: ...
+
+    def table_span(self, table: str, *, version: int | None,
+                   time_column: str) -> tuple[datetime | None, datetime | None, int]:
+        """Event-time extent ``(min, max)`` and row count of a snapshot, from file statistics alone."""
+
+    def commit_rows(self, table: str, commit: "Commit", *, schemas: dict[str, pa.Schema] | None = None) -> pa.Table:
+        """The rows of the files ``commit`` added, as Arrow in the table's current schema (no Spark)."""
+
+    # -- engine state: small tables at ``_cq/<name>`` (the ledger, frontiers, outboxes, ticks) --------
+
+    def read_state(self, name: str) -> pa.Table | None:
+        """The state table ``name``, or None if it was never written."""
+
+    def append_state(self, name: str, data: pa.Table) -> None:
+        """Append to the state table ``name`` in one commit, creating it if missing."""
+
+    def overwrite_state(self, name: str, data: pa.Table, *, app_id: str | None = None,
+                        app_version: int | None = None) -> None:
+        """Replace the state table ``name`` in one commit (with an application transaction if given)."""
+
+    def drop_state(self, prefix: str) -> str | None:
+        """Delete every state table under ``prefix``; where they were, or None if there was nothing."""

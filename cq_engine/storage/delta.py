@@ -22,6 +22,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from cq_engine.errors import CQError, TableError
 from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
+from cq_engine.storage.state import DeltaStateTables
 from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
 
 __all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", "range_predicate",
@@ -82,15 +83,12 @@ def _micros(t: datetime) -> int:
     return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
-class DeltaRsStorage:
+class DeltaRsStorage(DeltaStateTables):
     """Delta tables under ``warehouse`` (``<warehouse>/<table>``) read and written with delta-rs."""
 
     def __init__(self, *, warehouse: str, storage_options: dict[str, str] | None = None):
         self.warehouse = warehouse if "://" in warehouse else os.path.abspath(warehouse)
         self.storage_options = storage_options
-
-    def uri(self, table: str) -> str:
-        return f"{self.warehouse.rstrip('/')}/{table}"
 
     # -- metadata ---------------------------------------------------------------------------------
 
@@ -117,15 +115,6 @@ class DeltaRsStorage:
 
     def transaction_version(self, table: str, app_id: str) -> int | None:
         return self._open(table).transaction_version(app_id)
-
-    def latest_version(self, table: str, *, known: int | None = None) -> int | None:
-        """``log.latest_version`` of the table: no snapshot load, a few file probes."""
-        return log.latest_version(self.uri(table), known=known, storage_options=self.storage_options)
-
-    def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list[log.Commit]:
-        """``log.read_commits`` of the table: the JSON commit files ``after + 1 .. until``."""
-        return log.read_commits(self.uri(table), after=after, until=until, time_column=time_column,
-                                storage_options=self.storage_options)
 
     def create_table(self, decl: "TableDecl") -> bool:
         """Create ``decl``'s empty table; False if it exists with the same columns and types."""

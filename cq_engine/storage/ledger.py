@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, fields
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
 
 from cq_engine.errors import CQError
+
+if TYPE_CHECKING:
+    from cq_engine.storage.base import Storage
 
 UTC = timezone.utc
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 KINDS = ("firing", "recalculate", "realtime", "history", "period")  # the last three: streams
 STATUSES = ("succeeded", "failed")
-MAX_ATTEMPTS = 5
+STATE_NAME = "firings"  # the ledger's state table: ``_cq/firings``
 
 SCHEMA = pa.schema([
     pa.field("definition", pa.string()),
@@ -66,36 +68,57 @@ class LedgerEntry:
             object.__setattr__(self, name, value.astimezone(UTC))
 
 
-class Ledger:
-    """Append-only Delta table of :class:`LedgerEntry` rows at ``uri``."""
+@dataclass
+class Recording:
+    """What a run fills in while :meth:`Ledger.recording` watches it."""
 
-    def __init__(self, *, uri: str, storage_options: dict[str, str] | None = None):
-        self.uri = uri if "://" in uri else os.path.abspath(uri)
-        self.storage_options = storage_options
+    started_at: datetime
+    source_versions: dict[str, int] = field(default_factory=dict)
+    rows_written: int = 0
+    sink_version: int | None = None
+
+
+class Ledger:
+    """Append-only state table (``_cq/firings``) of :class:`LedgerEntry` rows, through the storage seam."""
+
+    def __init__(self, *, store: "Storage"):
+        self.store = store
+
+    @contextmanager
+    def recording(self, *, definition: str, kind: str, fire_time: datetime | None,
+                  time_range: tuple[datetime, datetime]) -> Iterator[Recording]:
+        """Record the run in the ``with`` body: a failed entry (and the exception re-raised) if it
+        raises, else a succeeded one with what the body put in the :class:`Recording`. The one ledger
+        wrapper of continuous-query firings and stream runs."""
+        rec = Recording(started_at=datetime.now(UTC))
+
+        def entry(status: str, error: str | None = None) -> LedgerEntry:
+            ok = status == "succeeded"
+            return LedgerEntry(definition=definition, kind=kind, fire_time=fire_time, range_start=time_range[0],
+                               range_end=time_range[1], source_versions=dict(rec.source_versions),
+                               rows_written=rec.rows_written if ok else 0,
+                               sink_version=rec.sink_version if ok else None, status=status,
+                               started_at=rec.started_at, finished_at=datetime.now(UTC), error=error)
+
+        try:
+            yield rec
+        except Exception as exc:
+            self.record(entry("failed", str(exc)[:2000]))
+            raise
+        self.record(entry("succeeded"))
 
     def record(self, entry: LedgerEntry) -> None:
         """Append one entry (one commit)."""
         row = asdict(entry)
         row["source_versions"] = json.dumps(entry.source_versions, sort_keys=True)
-        data = pa.Table.from_pylist([row], schema=SCHEMA)
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                write_deltalake(self.uri, data, mode="append", storage_options=self.storage_options)
-                return
-            except CommitFailedError:
-                # Two first writers racing to create the table; the loser appends on its next try.
-                if attempt == MAX_ATTEMPTS - 1:
-                    raise
+        self.store.append_state(STATE_NAME, pa.Table.from_pylist([row], schema=SCHEMA))
 
     def to_arrow(self) -> pa.Table:
         """The whole ledger as an Arrow table with :data:`SCHEMA` (empty if nothing was recorded)."""
-        if not DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options):
+        data = self.store.read_state(STATE_NAME)
+        if data is None:
             return SCHEMA.empty_table()
-        # DeltaTable.scan (delta-rs' own engine), not to_pyarrow_table: the latter's pyarrow dataset
-        # intermittently aborts the interpreter at exit in deltalake 1.6.6.
-        data = pa.table(DeltaTable(self.uri, storage_options=self.storage_options).scan())
         return data.select(SCHEMA.names).cast(SCHEMA)
-
     def entries(self, definition: str | None = None) -> list[LedgerEntry]:
         """All entries (of ``definition`` if given), oldest ``started_at`` first; empty if no ledger."""
         data = self.to_arrow()

@@ -5,13 +5,12 @@ and its group id, in a Delta table under ``_cq/streams/<name>/frontier``."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import Window
 from pyspark.sql import functions as F
 
+from cq_engine.context import EngineContext
 from cq_engine.model import Stream
 from cq_engine.storage.delta import storable_schema
 from cq_engine.streams.output import GROUP_ID
@@ -19,22 +18,21 @@ from cq_engine.streams.plan import GROUP
 from cq_engine.streams.sink import sink_time, writes
 from cq_engine.times import EPOCH
 
-if TYPE_CHECKING:
-    from cq_engine.engine import Engine
-
 RESUME = "__cq_resume"
 
 
-def state_uri(engine: "Engine", stream: Stream, what: str) -> str:
-    return engine.settings.state_uri(f"streams/{stream.name}/{what}")
+def state_name(stream: Stream, what: str) -> str:
+    """The name of one of a stream's state tables (``storage.read_state``): ``streams/<name>/<what>``."""
+    return f"streams/{stream.name}/{what}"
 
 
-def load_frontier(uri: str, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int], list[pa.Field]]:
+def load_frontier(ctx: EngineContext, stream: Stream,
+                  keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int], list[pa.Field]]:
     """Per partition group (its key values): the start of its first window not yet closed and its
     group id; and the key columns' Arrow fields."""
-    if not DeltaTable.is_deltatable(uri):
+    data = ctx.storage.read_state(state_name(stream, "frontier"))
+    if data is None:
         return {}, {}, []
-    data = pa.table(DeltaTable(uri).scan())
     names = {n.lower(): n for n in data.column_names}
     stored = [names.get(k.lower(), k) for k in keys]
     if any(k not in data.column_names for k in stored):
@@ -59,32 +57,31 @@ def frontier_table(frontier: dict[tuple, datetime], gids: dict[tuple, int], key_
     return pa.table(columns, schema=schema)
 
 
-def save_frontier(uri: str, frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field],
-                   app_id: str, app_version: int) -> None:
-    write_deltalake(uri, frontier_table(frontier, gids, key_fields), mode="overwrite", schema_mode="overwrite",
-                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=app_version)]))
+def save_frontier(ctx: EngineContext, stream: Stream, frontier: dict[tuple, datetime], gids: dict[tuple, int],
+                  key_fields: list[pa.Field], *, app_id: str, app_version: int) -> None:
+    ctx.storage.overwrite_state(state_name(stream, "frontier"), frontier_table(frontier, gids, key_fields),
+                                app_id=app_id, app_version=app_version)
 
 
-def move_frontier(engine: "Engine", stream: Stream, *, to: datetime) -> None:
+def move_frontier(ctx: EngineContext, stream: Stream, *, to: datetime) -> None:
     """Every group resumes at ``to`` or later (``--ignore-untreated``)."""
-    uri = state_uri(engine, stream, "frontier")
-    if not DeltaTable.is_deltatable(uri):
+    current = ctx.storage.read_state(state_name(stream, "frontier"))
+    if current is None:
         return
-    current = pa.table(DeltaTable(uri).scan())
     keys = [n for n in current.column_names if n not in (RESUME, GROUP)]
     resume, gids = _frontier_of(current, keys)
     frontier = {g: max(t, to) for g, t in resume.items()}
-    save_frontier(uri, frontier, gids, [current.schema.field(k) for k in keys],
-                   f"cq-engine/{stream.name}/untreated", 0)
+    save_frontier(ctx, stream, frontier, gids, [current.schema.field(k) for k in keys],
+                  app_id=f"cq-engine/{stream.name}/untreated", app_version=0)
 
 
-def restarts(engine: "Engine", stream: Stream, at: datetime) -> dict[int, datetime]:
+def restarts(ctx: EngineContext, stream: Stream, at: datetime) -> dict[int, datetime]:
     """Per group id, a window start at or before ``at`` from which segmenting again reproduces every
     window before it: the latest one (for sliding COUNT_WINDOWs, the earliest still holding ``at``)."""
-    if not writes(stream) or not engine.storage.exists(stream.sink):
+    if not writes(stream) or not ctx.storage.exists(stream.sink):
         return {}
-    column = sink_time(engine, stream)
-    df, _ = engine.storage.read_range(engine.spark, stream.sink, time_column=column,
+    column = sink_time(ctx, stream)
+    df, _ = ctx.storage.read_range(ctx.spark, stream.sink, time_column=column,
                                       time_range=(EPOCH, at + timedelta(microseconds=1)))
     trig = stream.trigger
     back = -(-trig.count // trig.slide) if trig.kind == "count" else 1

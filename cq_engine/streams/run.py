@@ -14,31 +14,29 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from cq_engine.streams import timing as st
+from cq_engine.context import EngineContext, RunResult
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
-from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.model import DATA_SHAPED, EkSlidingTrigger, PeriodTrigger, SlidingTrigger, Stream, statement_hash
+from cq_engine.notify import outbox as notify_outbox
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
-from cq_engine.streams.events import NOTIFY_OK
+from cq_engine.streams import timing as st
+from cq_engine.streams.events import NOTIFY_OK, build_events
 from cq_engine.streams.output import GROUP_ID
 from cq_engine.streams.plan import (ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, join_source,
                           partition_columns, period_frame, prepare, time_bounds, window_frame, with_empty_windows,
                           with_placeholders)
-from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_uri
+from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_name
+from cq_engine.streams.sensor import table_span
 from cq_engine.streams.sink import gone_groups, write_sink
 from cq_engine.times import EPOCH, UTC, epoch_ms, iso
 from cq_engine.streams.windows.tdengine import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WSTART,
                       assign_windows)
-
-if TYPE_CHECKING:
-    from cq_engine.engine import Engine, RunResult
 
 _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
@@ -54,21 +52,21 @@ def _in_ranges(column: str, ranges) -> F.Column:
     return cond if cond is not None else F.lit(False)
 
 
-def _source_table(engine: "Engine", stream: Stream) -> tuple[str, str]:
+def _source_table(ctx: EngineContext, stream: Stream) -> tuple[str, str]:
     table = stream.trigger_table or stream.source
-    return table, engine.source_time_column(stream.name, table, sink=stream.sink, role="trigger")
+    return table, ctx.source_time_column(stream.name, table, sink=stream.sink, role="trigger")
 
 
-def run_work(engine: "Engine", stream: Stream, work: st.StreamWork) -> "RunResult":
+def run_work(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> RunResult:
     """Execute one window-triggered stream run (real time, history chunk or recalculation)."""
     if isinstance(stream.trigger, PeriodTrigger):
         raise CQError(f"{stream.name} is a PERIOD stream: it runs per tick (cq tick / its schedule)")
     runner = _run_data_shaped if stream.trigger.kind in DATA_SHAPED else _run_time_windows
     lo, hi = work.extent
     revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
-    return _recorded(engine, stream, kind=work.kind, fire_time=work.tick, time_range=(lo, hi),
-                     versions=lambda table: {table: work.version}, revision=revision,
-                     body=lambda: runner(engine, stream, work))
+    versions = {stream.trigger_table or stream.source: work.version}
+    return _recorded(ctx, stream, kind=work.kind, fire_time=work.tick, time_range=(lo, hi),
+                     versions=versions, revision=revision, body=lambda: runner(ctx, stream, work))
 
 
 @dataclass
@@ -83,42 +81,30 @@ class _Outcome:
     replaced: Callable[[int, datetime], bool] = lambda group, start: False
 
 
-def _recorded(engine: "Engine", stream: Stream, *, kind, fire_time, time_range, versions, revision,
-              body: Callable[[], _Outcome]) -> "RunResult":
-    from cq_engine.engine import RunResult
-
-    engine.spark  # a session start is not part of the run's cost
-    started, clock = datetime.now(UTC), time.perf_counter()
-    table = stream.trigger_table or stream.source
-    try:
+def _recorded(ctx: EngineContext, stream: Stream, *, kind, fire_time, time_range, versions: dict[str, int],
+              revision: str, body: Callable[[], _Outcome]) -> RunResult:
+    """Run ``body`` inside the ledger's recording (``versions``: the source versions read, which the
+    body may still fill in), then hand its events to NOTIFY."""
+    ctx.spark  # a session start is not part of the run's cost
+    clock = time.perf_counter()
+    with ctx.ledger.recording(definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range) as rec:
+        rec.source_versions = versions
         out = body()
-    except Exception as exc:
-        engine.ledger.record(LedgerEntry(
-            definition=stream.name, kind=kind, fire_time=fire_time, range_start=time_range[0],
-            range_end=time_range[1], source_versions=versions(table), rows_written=0, sink_version=None,
-            status="failed", started_at=started, finished_at=datetime.now(UTC), error=str(exc)[:2000]))
-        raise
-    engine.ledger.record(LedgerEntry(
-        definition=stream.name, kind=kind, fire_time=fire_time, range_start=time_range[0], range_end=time_range[1],
-        source_versions=versions(table), rows_written=out.rows, sink_version=out.version, status="succeeded",
-        started_at=started, finished_at=datetime.now(UTC)))
-    notified = _notify(engine, stream, out, kind=kind, revision=revision)
+        rec.rows_written, rec.sink_version = out.rows, out.version
+    notified = _notify(ctx, stream, out, kind=kind, revision=revision)
     return RunResult(definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range,
                      rows_written=out.rows, sink_version=out.version if out.version is not None else -1,
-                     source_versions=versions(table), files_read=out.scanned[0], files_total=out.scanned[1],
+                     source_versions=dict(versions), files_read=out.scanned[0], files_total=out.scanned[1],
                      seconds=time.perf_counter() - clock, notified=notified)
 
 
-def _notify(engine: "Engine", stream: Stream, out: _Outcome, *, kind: str, revision: str) -> int:
+def _notify(ctx: EngineContext, stream: Stream, out: _Outcome, *, kind: str, revision: str) -> int:
     """After the sink commit: the run's events into the outbox, then delivery (``notify_outbox``)."""
     notify = stream.notify
     if notify is None or out.result is None or (kind == "history" and not notify.history):
         return 0
-    from cq_engine.notify import outbox as notify_outbox
-    from cq_engine.streams.events import build_events
-
     now_ms, rows = epoch_ms(datetime.now(UTC)), out.result.to_pylist()
-    return notify_outbox.publish(engine, stream, lambda reported: build_events(
+    return notify_outbox.publish(ctx, stream, lambda reported: build_events(
         stream, rows, reported=reported, replaced=out.replaced, revision=revision, now_ms=now_ms))
 
 
@@ -130,7 +116,7 @@ def _keep(stream: Stream, windows) -> list[str]:
     return keep
 
 
-def _compute(engine: "Engine", stream: Stream, windows, keep: list[str], *, read_range, version: int):
+def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, read_range, version: int):
     """The run's result rows: the query over every window (one Spark plan), the windows without a
     result (FORCE_OUTPUT, events), and NOTIFY's WHERE."""
     empties = stream.options.force_output or stream.notify is not None
@@ -138,7 +124,7 @@ def _compute(engine: "Engine", stream: Stream, windows, keep: list[str], *, read
     if stream.reads == "trows":
         result = evaluate(stream, windows, keep=keep)
     else:
-        source, time_column = _joined_table(engine, stream, read_range, version)
+        source, time_column = _joined_table(ctx, stream, read_range, version)
         joined = join_source(stream, frame, source, time_column=time_column, bin=_bin(stream))
         result = evaluate(stream, joined, keep=keep, where=False)
     if empties:
@@ -148,14 +134,14 @@ def _compute(engine: "Engine", stream: Stream, windows, keep: list[str], *, read
     return result
 
 
-def _joined_table(engine: "Engine", stream: Stream, read_range, version: int):
+def _joined_table(ctx: EngineContext, stream: Stream, read_range, version: int):
     """The table a query reads besides %%trows: only the event time its windows can reach when the
     WHERE bounds the time column by window placeholders, else all of it."""
     table = stream.source
-    time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
+    time_column = ctx.source_time_column(stream.name, table, sink=stream.sink)
     pinned = version if table == stream.trigger_table else None
     bounded = read_range if time_bounds(stream.where, time_column) else None
-    df, _ = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=bounded,
+    df, _ = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=bounded,
                                       version=pinned)
     return df, time_column
 
@@ -168,23 +154,23 @@ def _bin(stream: Stream) -> timedelta:
     return trig.gap if trig.kind == "session" else timedelta(minutes=1)
 
 
-def _run_time_windows(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
-    table, time_column = _source_table(engine, stream)
-    tz = engine.settings.timezone
+def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> _Outcome:
+    table, time_column = _source_table(ctx, stream)
+    tz = ctx.settings.timezone
     result, scanned = None, (0, 0)
     if work.windows:
         lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
-        df, scan = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=(lo, hi),
+        df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=(lo, hi),
                                              version=work.version)
         windows = assign_windows(prepare(stream, df), stream.trigger, time_column=time_column,
                                  keys=list(stream.partition_by), close_until=work.close_until or _FAR, timezone=tz)
         windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
-        result = _compute(engine, stream, windows, _keep(stream, windows), read_range=(lo, hi),
+        result = _compute(ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi),
                           version=work.version).toArrow()
         scanned = (scan.files_read, scan.files_total)
-    gone = gone_groups(engine, stream, work.version) if work.deleted else []
+    gone = gone_groups(ctx, stream, work.version) if work.deleted else []
     ranges = _written_ranges(stream, work, tz)
-    rows, version = write_sink(engine, stream, result, open_ok=work.write_open, gone=gone,
+    rows, version = write_sink(ctx, stream, result, open_ok=work.write_open, gone=gone,
                                 ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
                                 app_version=work.version, kind=work.kind)
 
@@ -208,22 +194,21 @@ def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[
 # --- data-shaped windows ---------------------------------------------------------------------------
 
 
-def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _Outcome:
-    table, time_column = _source_table(engine, stream)
-    spark, tz = engine.spark, engine.settings.timezone
+def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> _Outcome:
+    table, time_column = _source_table(ctx, stream)
+    spark, tz = ctx.spark, ctx.settings.timezone
     keys = list(stream.partition_by)
-    uri = state_uri(engine, stream, "frontier")
-    frontier, gids, saved_fields = load_frontier(uri, keys)
+    frontier, gids, saved_fields = load_frontier(ctx, stream, keys)
     origin = work.origin or EPOCH
     restarted: dict[tuple, datetime] = {}
     if work.recompute_from is not None:
-        found = restarts(engine, stream, work.recompute_from)
+        found = restarts(ctx, stream, work.recompute_from)
         for g in frontier:
             restarted[g] = min(frontier[g], found.get(gids.get(g), origin))
         frontier.update(restarted)
     lo = min([origin, *frontier.values()])
     hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
-    df, scan = engine.storage.read_range(spark, table, time_column=time_column,
+    df, scan = ctx.storage.read_range(spark, table, time_column=time_column,
                                          time_range=(lo, hi) if hi is not None else (lo, _FAR), version=work.version)
     df = prepare(stream, df)
     if frontier:
@@ -242,7 +227,7 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _
                              close_until=work.close_until or lo, timezone=tz, count_phase_column=phase)
     windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
     slack = stream.trigger.gap if stream.trigger.kind == "session" else timedelta(0)
-    result = _compute(engine, stream, windows, _keep(stream, windows),
+    result = _compute(ctx, stream, windows, _keep(stream, windows),
                       read_range=(lo, hi + slack if hi else _FAR), version=work.version).toArrow()
 
     pcols = partition_columns(stream)
@@ -272,15 +257,16 @@ def _run_data_shaped(engine: "Engine", stream: Stream, work: st.StreamWork) -> _
     new_frontier.update(open_start)
     bounds.update(restarted)
     by_gid = {gids[g]: b for g, b in bounds.items() if g in gids}
-    gone = gone_groups(engine, stream, work.version) if work.deleted else []
+    gone = gone_groups(ctx, stream, work.version) if work.deleted else []
     rows, version = 0, None
     if by_gid or gone:
         rows, version = write_sink(
-            engine, stream, result, open_ok=work.emit_open and work.write_open, gone=gone,
+            ctx, stream, result, open_ok=work.emit_open and work.write_open, gone=gone,
             ranges_of=lambda column: groups_predicate(column, [GROUP_ID], sorted(((g,), b) for g, b in by_gid.items())),
             app_version=work.version, kind=work.kind)
     key_fields = list(storable_schema(pa.schema([result.schema.field(c).with_name(k) for c, k in zip(pcols, keys)])))
-    save_frontier(uri, new_frontier, gids, key_fields, f"cq-engine/{stream.name}", work.version)
+    save_frontier(ctx, stream, new_frontier, gids, key_fields, app_id=f"cq-engine/{stream.name}",
+                  app_version=work.version)
 
     def replaced(group: int, start: datetime) -> bool:
         return group in gone or (group in by_gid and start >= by_gid[group])
@@ -301,27 +287,25 @@ def _period_tick(stream: Stream, tick: datetime, ticks) -> tuple[datetime, datet
     return ticks.range_of(tick)[0], (after[0] if after else tick + stream.trigger.period)
 
 
-def run_period(engine: "Engine", stream: Stream, tick: datetime, *, ticks) -> "RunResult":
+def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> RunResult:
     """One PERIOD tick (``ticks``: the stream's ``ticks.Ticks``): the subquery over ``%%trows`` (rows
     committed to the trigger table since the previous tick) or over its FROM table, written at the
     tick's time."""
     prev_tick, next_tick = _period_tick(stream, tick, ticks)
     versions: dict[str, int] = {}
-    from cq_engine.notify.outbox import gate
-
-    paused = gate(engine, stream)
+    paused = notify_outbox.gate(ctx, stream)
     if paused:  # ON_FAILURE PAUSE: a tick does not run past undelivered notifications
         raise CQError(f"{stream.name}: {paused}; tick {iso(tick)} not run")
 
     def body() -> _Outcome:
         table = stream.source
-        time_column = engine.source_time_column(stream.name, table, sink=stream.sink)
+        time_column = ctx.source_time_column(stream.name, table, sink=stream.sink)
         if stream.reads == "trows":
-            after, until = _tick_versions(engine, stream, tick)
-            df, scan = engine.storage.read_added(engine.spark, table, after=after, until=until, time_column=time_column)
+            after, until = _tick_versions(ctx, stream, tick)
+            df, scan = ctx.storage.read_added(ctx.spark, table, after=after, until=until, time_column=time_column)
             versions[table] = until
         else:
-            df, scan = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=None)
+            df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None)
             versions[table] = scan.version
         frame_of = lambda d: period_frame(stream, d, tick=tick, prev_tick=prev_tick, next_tick=next_tick)  # noqa: E731
         rows = frame_of(prepare(stream, df))
@@ -329,70 +313,68 @@ def run_period(engine: "Engine", stream: Stream, tick: datetime, *, ticks) -> "R
         result = evaluate(stream, rows, keep=keep, window_columns=PERIOD_COLUMNS)
         if stream.options.force_output or stream.notify is not None:
             # Without PARTITION BY a tick always has its one window, rows or not; with it, the groups seen.
-            frame = frame_of(engine.spark.range(1)) if not stream.partition_by else rows
+            frame = frame_of(ctx.spark.range(1)) if not stream.partition_by else rows
             result = with_empty_windows(stream, result, frame.select(*keep, *PERIOD_COLUMNS).distinct(), keep)
         if stream.notify is not None and stream.notify.where:
             result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
         result = result.toArrow()
-        written, version = write_sink(engine, stream, result, open_ok=True, gone=[],
+        written, version = write_sink(ctx, stream, result, open_ok=True, gone=[],
                                        ranges_of=lambda column: ranges_predicate(column, [(tick, tick + _US)]),
                                        app_version=micros(tick - EPOCH), kind="period")
         return _Outcome(written, version, (scan.files_read, scan.files_total), result,
                         lambda group, start: start == prev_tick)
 
-    return _recorded(engine, stream, kind="period", fire_time=tick, time_range=(prev_tick, tick),
-                     versions=lambda table: dict(versions), revision=f"period:{iso(tick)}", body=body)
+    return _recorded(ctx, stream, kind="period", fire_time=tick, time_range=(prev_tick, tick),
+                     versions=versions, revision=f"period:{iso(tick)}", body=body)
 
 
-def _tick_versions(engine: "Engine", stream: Stream, tick: datetime) -> tuple[int, int]:
+def _tick_versions(ctx: EngineContext, stream: Stream, tick: datetime) -> tuple[int, int]:
     """The trigger-table versions ``(after, until]`` whose rows are this tick's ``%%trows``; recorded
     so a retried tick reads the same rows. The first tick only sets the baseline."""
-    uri = state_uri(engine, stream, "ticks")
-    rows = pa.table(DeltaTable(uri).scan()).to_pylist() if DeltaTable.is_deltatable(uri) else []
+    name = state_name(stream, "ticks")
+    recorded = ctx.storage.read_state(name)
+    rows = recorded.to_pylist() if recorded is not None else []
     for r in rows:
         if r["tick"] == tick:
             return r["after"], r["until"]
-    until = engine.storage.version(stream.trigger_table)
+    until = ctx.storage.version(stream.trigger_table)
     earlier = [r["until"] for r in rows if r["tick"] < tick]
     after = max(earlier) if earlier else until
-    write_deltalake(uri, pa.table({"tick": pa.array([tick], pa.timestamp("us", tz="UTC")),
-                                   "after": pa.array([after], pa.int64()), "until": pa.array([until], pa.int64())}),
-                    mode="append")
+    ctx.storage.append_state(name, pa.table({"tick": pa.array([tick], pa.timestamp("us", tz="UTC")),
+                                             "after": pa.array([after], pa.int64()),
+                                             "until": pa.array([until], pa.int64())}))
     return after, until
 
 
-def stream_created(engine: "Engine", stream: Stream, *, now: datetime) -> datetime:
+def stream_created(ctx: EngineContext, stream: Stream, *, now: datetime) -> datetime:
     """When the stream (this statement of it) was first seen: PERIOD's creation day, recorded in
     ``_cq/streams/<name>/created`` the first time it is asked for."""
-    uri = state_uri(engine, stream, "created")
+    name = state_name(stream, "created")
     digest = statement_hash(stream)
-    if DeltaTable.is_deltatable(uri):
-        for row in pa.table(DeltaTable(uri).scan()).to_pylist():
-            if row["definition"] == digest:
-                return row["created"]
-    write_deltalake(uri, pa.table({"definition": [digest], "created": pa.array([now], pa.timestamp("us", tz="UTC"))}),
-                    mode="overwrite")
+    recorded = ctx.storage.read_state(name)
+    for row in recorded.to_pylist() if recorded is not None else []:
+        if row["definition"] == digest:
+            return row["created"]
+    ctx.storage.overwrite_state(name, pa.table({"definition": [digest],
+                                                "created": pa.array([now], pa.timestamp("us", tz="UTC"))}))
     return now
 
 
-def recalculate_stream(engine: "Engine", stream: Stream, *, start: datetime, end: datetime | None,
-                       now: datetime) -> "RunResult":
+def recalculate_stream(ctx: EngineContext, stream: Stream, *, start: datetime, end: datetime | None,
+                       now: datetime) -> RunResult:
     """``RECALCULATE STREAM s FROM start [TO end]`` (not for PERIOD, as seed 000 says)."""
-    from cq_engine.streams.sensor import table_span
-
     if isinstance(stream.trigger, PeriodTrigger):
         raise CQError(f"{stream.name!r} is a PERIOD stream: RECALCULATE applies to every other trigger type")
-    table, time_column = _source_table(engine, stream)
-    version = engine.storage.version(table)
-    span = table_span(engine.storage.uri(table), version=version, time_column=time_column,
-                      storage_options=engine.storage.storage_options)
+    table, time_column = _source_table(ctx, stream)
+    version = ctx.storage.version(table)
+    span = table_span(ctx, table, version=version, time_column=time_column)
     if span.max_time is None:
         raise CQError(f"recalculate: trigger table {table!r} of {stream.name!r} holds no rows")
     end = end or span.max_time + _US
     if end <= start:
         raise CQError(f"recalculate: empty range [{iso(start)}, {iso(end)})")
     work = st.recalculation_work(stream, version=version, start=start, end=end, max_event=span.max_time,
-                                 now=now, tz=engine.settings.timezone)
+                                 now=now, tz=ctx.settings.timezone)
     if not work.windows and work.close_until is None:
         raise CQError(f"recalculate: no closed window of {stream.name!r} holds event time in [{iso(start)}, {iso(end)})")
-    return run_work(engine, stream, work)
+    return run_work(ctx, stream, work)

@@ -4,12 +4,11 @@ groups gone from the trigger table) in one Delta commit."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
+from cq_engine.context import EngineContext
 from cq_engine.errors import CQError
 from cq_engine.model import DATA_SHAPED, Stream
 from cq_engine.storage.predicates import quote_ident
@@ -17,19 +16,16 @@ from cq_engine.streams.output import GROUP_ID, column_map, output_names, renamed
 from cq_engine.streams.plan import EMPTY, group_id, prepare
 from cq_engine.streams.windows.tdengine import WCLOSED
 
-if TYPE_CHECKING:
-    from cq_engine.engine import Engine
 
-
-def _sink_schema(engine: "Engine", stream: Stream) -> pa.Schema | None:
+def _sink_schema(ctx: EngineContext, stream: Stream) -> pa.Schema | None:
     """The existing sink's schema (one Delta snapshot load), or None."""
-    if stream.sink is None or not engine.storage.exists(stream.sink):
+    if stream.sink is None or not ctx.storage.exists(stream.sink):
         return None
-    return engine.storage.schema(stream.sink)
+    return ctx.storage.schema(stream.sink)
 
 
-def _column_map(engine: "Engine", stream: Stream, schema: pa.Schema | None) -> dict[str, str]:
-    decl = engine.catalog.table(stream.sink) if stream.sink else None
+def _column_map(ctx: EngineContext, stream: Stream, schema: pa.Schema | None) -> dict[str, str]:
+    decl = ctx.catalog.table(stream.sink) if stream.sink else None
     tags = tuple(c.name for c in decl.columns if c.is_tag) if decl is not None else ()
     return column_map(stream, list(schema.names) if schema is not None else None, tags)
 
@@ -38,14 +34,14 @@ def writes(stream: Stream) -> bool:
     return stream.sink is not None and not stream.options.calc_notify_only
 
 
-def write_sink(engine: "Engine", stream: Stream, result: pa.Table | None, *, open_ok: bool, ranges_of,
+def write_sink(ctx: EngineContext, stream: Stream, result: pa.Table | None, *, open_ok: bool, ranges_of,
                 gone: list[int], app_version: int, kind: str) -> tuple[int, int | None]:
     """Write the result rows that are due (closed, or open when ``open_ok``; FORCE_OUTPUT's rows),
     replacing the rows ``ranges_of(sink time column)`` selects and the groups in ``gone``."""
     if not writes(stream):
         return 0, None
-    schema = _sink_schema(engine, stream)
-    mapping = _column_map(engine, stream, schema)
+    schema = _sink_schema(ctx, stream)
+    mapping = _column_map(ctx, stream, schema)
     sink_time = mapping[stream.time_column]
     predicate = ranges_of(sink_time)
     if gone:
@@ -58,7 +54,7 @@ def write_sink(engine: "Engine", stream: Stream, result: pa.Table | None, *, ope
             raise CQError(f"{stream.name}: table {stream.sink!r} has no {GROUP_ID!r} column, which this stream "
                           f"needs to replace one partition group's rows: add {GROUP_ID} BIGINT to it")
         data = data.drop_columns([c for c in data.column_names if c.lower() == GROUP_ID])
-    version = engine.storage.replace_where(
+    version = ctx.storage.replace_where(
         stream.sink, data, predicate=predicate, time_column=sink_time,
         app_id=f"cq-engine/{stream.name}/{kind}", app_version=app_version,
         metadata={"cq.definition": stream.name, "cq.kind": kind})
@@ -82,22 +78,22 @@ def _empty(stream: Stream, schema: pa.Schema | None) -> pa.Table:
     return schema.empty_table()
 
 
-def gone_groups(engine: "Engine", stream: Stream, version: int) -> list[int]:
+def gone_groups(ctx: EngineContext, stream: Stream, version: int) -> list[int]:
     """DELETE_OUTPUT_TABLE: the sink's groups no trigger-table row belongs to any more."""
-    if not (stream.options.delete_output_table and writes(stream) and engine.storage.exists(stream.sink)):
+    if not (stream.options.delete_output_table and writes(stream) and ctx.storage.exists(stream.sink)):
         return []
     table = stream.trigger_table
-    time_column = engine.time_column(table)
-    trig, _ = engine.storage.read_range(engine.spark, table, time_column=time_column, time_range=None,
+    time_column = ctx.time_column(table)
+    trig, _ = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None,
                                         version=version)
     live = prepare(stream, trig).select(group_id(list(stream.partition_by)).alias("__cq_live")).distinct()
-    sink, _ = engine.storage.read_range(engine.spark, stream.sink, time_column=sink_time(engine, stream),
+    sink, _ = ctx.storage.read_range(ctx.spark, stream.sink, time_column=sink_time(ctx, stream),
                                         time_range=None)
     gone = (sink.select(GROUP_ID).distinct()
             .join(live, F.col(GROUP_ID) == F.col("__cq_live"), "left_anti").toArrow())
     return sorted(g for g in gone.column(GROUP_ID).to_pylist() if g is not None)
 
 
-def sink_time(engine: "Engine", stream: Stream) -> str:
+def sink_time(ctx: EngineContext, stream: Stream) -> str:
     """The sink's column holding the query's time column (renamed when mapped onto an existing sink)."""
-    return _column_map(engine, stream, _sink_schema(engine, stream))[stream.time_column]
+    return _column_map(ctx, stream, _sink_schema(ctx, stream))[stream.time_column]

@@ -15,6 +15,7 @@ from typing import Literal, Sequence
 from zoneinfo import ZoneInfo
 
 from cq_engine.model import DATA_SHAPED, SlidingTrigger, Stream
+from cq_engine.schedule.cron import local_midnight
 from cq_engine.times import EPOCH, UTC, iso, parse_time
 
 TimeRange = tuple[datetime, datetime]
@@ -147,9 +148,7 @@ def tick_after(trigger: SlidingTrigger, t: datetime, tz: str) -> datetime:
 
 
 def _base(day, zone: ZoneInfo, trigger: SlidingTrigger) -> datetime:
-    from cq_engine.schedule.cron import _local_midnight
-
-    return _local_midnight(day, zone) + trigger.sliding_offset
+    return local_midnight(day, zone) + trigger.sliding_offset
 
 
 def _day_of(t: datetime, zone: ZoneInfo, trigger: SlidingTrigger):

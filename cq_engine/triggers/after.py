@@ -12,19 +12,17 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from cq_engine.config import Settings
-from cq_engine.model import TriggerDef
-from cq_engine.storage.log import Commit, latest_version, read_commits
-from cq_engine.triggers.runtime import fire_one, instance, matches, state_dir, where, write_json
+from cq_engine.context import EngineContext
+from cq_engine.errors import TableError
+from cq_engine.model import Catalog, TriggerDef, statement_hash
+from cq_engine.storage.log import Commit
+from cq_engine.triggers.runtime import (fire_one, instance, matches, registration, sensor_name, state_dir, where,
+                                        write_json)
 from cq_engine.triggers import BatchInfo, FailureStrategy, TriggerError, with_info
-
-if TYPE_CHECKING:
-    from cq_engine.engine import Engine
 
 log = logging.getLogger("cq_engine.triggers")
 MAX_VERSIONS = 100  # per evaluation, so one sensor tick stays well inside Dagster's timeout
@@ -75,23 +73,22 @@ def _later(a: AfterCursor | None, b: AfterCursor | None) -> AfterCursor | None:
     return AfterCursor(a.generation, {t: max(a.tables.get(t, -1), b.tables.get(t, -1)) for t in {*a.tables, *b.tables}})
 
 
-def deliver_after(trigger: TriggerDef, *, engine: "Engine", cursor: str | None, now: datetime,
+def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None, now: datetime,
                   max_versions: int = MAX_VERSIONS) -> Delivery:
     """Fire ``trigger`` once per new Delta version of each matching table with exactly the rows that
     version added, each table's versions in order (tables interleaved by commit time), advancing the
     cursor after each version. The first evaluation of a registration only records where the tables
     are: a trigger sees what is written after it is created."""
-    settings = engine.settings
+    settings = ctx.settings
     live = instance(trigger, settings=settings, now=now)
     generation = live.registration.generation
     progress = progress_path(settings, trigger)
     known = _later(AfterCursor.parse(cursor, generation), AfterCursor.parse(
         progress.read_text() if progress.exists() else None, generation))
-    tables = [t for t in engine.tables() if matches(trigger.pattern, t)]
-    storage = engine.storage
-    opts = storage.storage_options
+    tables = [t for t in ctx.tables() if matches(trigger.pattern, t)]
+    storage = ctx.storage
     if known is None:
-        start = {t.lower(): latest_version(storage.uri(t), storage_options=opts) for t in tables}
+        start = {t.lower(): storage.latest_version(t) for t in tables}
         known = AfterCursor(generation, {t: v for t, v in start.items() if v is not None})
         write_json(progress, json.loads(known.to_json()))
         watched = ", ".join(f"{t}@v{v}" for t, v in sorted(known.tables.items())) or "no table yet"
@@ -101,11 +98,10 @@ def deliver_after(trigger: TriggerDef, *, engine: "Engine", cursor: str | None, 
     queues: dict[str, deque[Commit]] = {}
     for table in tables:
         after = positions.get(table.lower(), -1)
-        uri = storage.uri(table)
-        latest = latest_version(uri, known=after if after >= 0 else None, storage_options=opts)
+        latest = storage.latest_version(table, known=after if after >= 0 else None)
         if latest is not None and latest > after:
             until = min(latest, after + max_versions)
-            queues[table] = deque(read_commits(uri, after=after, until=until, time_column="", storage_options=opts))
+            queues[table] = deque(storage.read_commits(table, after=after, until=until, time_column=""))
     delivered, failures, blocked, schemas = [], [], None, {}
     for _ in range(max_versions):
         heads = [(q[0].timestamp, t.lower(), t) for t, q in queues.items() if q]
@@ -113,7 +109,7 @@ def deliver_after(trigger: TriggerDef, *, engine: "Engine", cursor: str | None, 
             break
         table = min(heads)[2]
         commit = queues[table].popleft()
-        rows = None if commit.operation in NOT_INSERTS else _added_rows(engine, table, commit, schemas)
+        rows = None if commit.operation in NOT_INSERTS else _added_rows(ctx, table, commit, schemas)
         if rows is not None and rows.num_rows:
             info = BatchInfo(trigger.name, table, "after", commit.version)
             problem = fire_one(live, with_info(rows, info))
@@ -145,35 +141,40 @@ def _summary(trigger: TriggerDef, delivered: list, failures: list) -> str:
     return f"{trigger.name}: fired on {', '.join(parts) or 'nothing'}{failed}"
 
 
-def _added_rows(engine: "Engine", table: str, commit: Commit, schemas: dict) -> pa.Table:
-    """The rows of the files ``commit`` added, in the table's current schema (columns a file lacks are
-    null). Plain Parquet reads would ignore deletion vectors, so such tables are refused."""
-    from deltalake import DeltaTable
-
-    from cq_engine.storage.log import _filesystem, _normalize  # the log reader's own URI → file system mapping
-
-    storage = engine.storage
-    if table not in schemas:
-        dt = DeltaTable(storage.uri(table), storage_options=storage.storage_options)
-        if {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ()):
-            raise TriggerError(f"table {table!r} uses deletion vectors or column mapping: its versions cannot "
-                               "be read file by file for AFTER INSERT triggers")
-        schemas[table] = pa.schema(dt.schema().to_arrow())
-    schema = schemas[table]
-    uri = _normalize(storage.uri(table))
-    fs, root = _filesystem(uri, storage.storage_options)
-    parts = []
-    for change in commit.added:
-        path = change.path
-        if path.startswith(uri + "/"):
-            parts.append(pq.read_table(f"{root}/{path[len(uri) + 1:]}", filesystem=fs))
-        else:  # an absolute URI elsewhere (a shallow clone's files)
-            parts.append(pq.read_table(path))
-    return pa.concat_tables([_to_schema(p, schema) for p in parts]) if parts else schema.empty_table()
+def _added_rows(ctx: EngineContext, table: str, commit: Commit, schemas: dict) -> pa.Table:
+    """The rows of the files ``commit`` added, in the table's current schema (``storage.commit_rows``);
+    a table whose versions cannot be read file by file is a ``TriggerError``."""
+    try:
+        return ctx.storage.commit_rows(table, commit, schemas=schemas)
+    except TableError as exc:
+        raise TriggerError(f"{exc} for AFTER INSERT triggers") from None
 
 
-def _to_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:
-    names = {n.lower(): n for n in data.column_names}
-    arrays = [data.column(names[f.name.lower()]).cast(f.type) if f.name.lower() in names
-              else pa.nulls(data.num_rows, f.type) for f in schema]
-    return pa.Table.from_arrays(arrays, schema=schema)
+def show(catalog: Catalog, *, ctx: EngineContext) -> list[dict[str, str]]:
+    """SHOW TRIGGERS: every defined trigger, and the registered ones whose statement is gone (DROPPING:
+    ``cq drop NAME`` calls their ``on_drop``)."""
+    settings = ctx.settings
+    tables = ctx.tables()
+    rows = []
+    defined = {t.name.lower() for t in catalog.triggers}
+    root = Path(settings.home) / "triggers"
+    gone = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in defined) if root.is_dir() else []
+    orphans = [r.trigger() for r in (registration(settings, n) for n in gone) if r is not None]
+    for t in list(catalog.triggers) + orphans:
+        reg = registration(settings, t.name)
+        if t.name.lower() not in defined:
+            state = "DROPPING"
+        else:
+            state = "ACTIVE" if reg is not None and reg.hash == statement_hash(t) else "INACTIVE"
+        done = (AfterCursor.parse(_read_text(progress_path(settings, t)), reg.generation) if reg else None)
+        watched = [f"{x}@v{done.tables[x.lower()]}" if done and x.lower() in done.tables else x
+                 for x in tables if matches(t.pattern, x)]
+        rows.append({"name": t.name, "event": f"{t.event.upper()}_INSERT",
+                     "type": "STATEFUL" if t.stateful else "STATELESS", "state": state, "pattern": t.pattern,
+                     "class": t.target, "runs in": "ingest" if t.event == "before" else f"sensor {sensor_name(t)}",
+                     "tables": ", ".join(watched) or "-", "location": str(t.location)})
+    return rows
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None

@@ -20,7 +20,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
 
 import pyarrow as pa
 
@@ -29,9 +29,6 @@ from cq_engine.errors import CQError
 from cq_engine.model import Catalog, SourceLocation, TriggerDef, statement_hash
 from cq_engine.times import iso
 from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
-
-if TYPE_CHECKING:
-    from cq_engine.engine import Engine
 
 log = logging.getLogger("cq_engine.triggers")
 
@@ -260,38 +257,6 @@ def fire_before(triggers: Iterable[TriggerDef], *, table: str, batch: pa.Table, 
 
 def sensor_name(trigger: TriggerDef) -> str:
     return f"{trigger.name}_trigger"
-
-
-def show(catalog: Catalog, *, engine: "Engine") -> list[dict[str, str]]:
-    """SHOW TRIGGERS: every defined trigger, and the registered ones whose statement is gone (DROPPING:
-    ``cq drop NAME`` calls their ``on_drop``)."""
-    from cq_engine.triggers.after import AfterCursor, progress_path
-
-    settings = engine.settings
-    tables = engine.tables()
-    rows = []
-    defined = {t.name.lower() for t in catalog.triggers}
-    root = Path(settings.home) / "triggers"
-    gone = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in defined) if root.is_dir() else []
-    orphans = [r.trigger() for r in (registration(settings, n) for n in gone) if r is not None]
-    for t in list(catalog.triggers) + orphans:
-        reg = registration(settings, t.name)
-        if t.name.lower() not in defined:
-            state = "DROPPING"
-        else:
-            state = "ACTIVE" if reg is not None and reg.hash == statement_hash(t) else "INACTIVE"
-        done = (AfterCursor.parse(_read_text(progress_path(settings, t)), reg.generation) if reg else None)
-        watched = [f"{x}@v{done.tables[x.lower()]}" if done and x.lower() in done.tables else x
-                 for x in tables if matches(t.pattern, x)]
-        rows.append({"name": t.name, "event": f"{t.event.upper()}_INSERT",
-                     "type": "STATEFUL" if t.stateful else "STATELESS", "state": state, "pattern": t.pattern,
-                     "class": t.target, "runs in": "ingest" if t.event == "before" else f"sensor {sensor_name(t)}",
-                     "tables": ", ".join(watched) or "-", "location": str(t.location)})
-    return rows
-
-
-def _read_text(path: Path) -> str | None:
-    return path.read_text() if path.exists() else None
 
 
 def drop(name: str, *, catalog: Catalog, settings: Settings) -> dict | None:

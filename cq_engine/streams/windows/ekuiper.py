@@ -1,8 +1,8 @@
-"""eKuiper's SLIDINGWINDOW and SESSIONWINDOW (seed 003) for :func:`cq_engine.streams.windows.tdengine.assign_windows`.
+"""eKuiper's SLIDINGWINDOW and SESSIONWINDOW (seed 003) for ``windows.tdengine.assign_windows``.
 
 Same contract as the TDengine windows: one row per (input row, window containing it) in one lazy
 Spark plan (window functions, ``sequence`` + ``explode``, one equi-join; no UDFs, no actions).
-Times are integer microseconds (``_T``); ``T`` below is ``close_until``. As for TDengine's SESSION
+Times are integer microseconds (``T_US``); ``T`` below is ``close_until``. As for TDengine's SESSION
 here, rows may still arrive at times >= ``T`` (except where their group has a row: times are unique
 per group): a window is closed once no such row could join it.
 
@@ -38,8 +38,9 @@ from pyspark.sql import functions as F
 
 from cq_engine.durations import micros
 from cq_engine.model import EkSessionTrigger, EkSlidingTrigger
-from cq_engine.streams.windows.tdengine import (
-    _LAST, _SEG, _T, _WE, _WS, WCLOSED, WROWS, _c, _fdiv, _ordered, _per_window, _positive, _running, _stats,
+from cq_engine.streams.windows.common import (
+    LAST_US, SEG, T_US, WCLOSED, WE_US, WROWS, WS_US, check_positive, exact_col, floor_div, ordered, per_window,
+    running, window_stats,
 )
 
 _TT, _BKT, _TBKT = "__cq_ek_tt", "__cq_ek_bkt", "__cq_ek_tbkt"
@@ -48,7 +49,7 @@ _NEW, _BLK, _FIB, _RESET, _WBLK = "__cq_ek_new", "__cq_ek_blk", "__cq_ek_fib", "
 
 def ek_sliding(df: DataFrame, trig: EkSlidingTrigger, keys: list[str], until: int) -> DataFrame:
     size, delay = micros(trig.size), micros(trig.delay)
-    _positive(size, "size")
+    check_positive(size, "size")
     if delay < 0:
         raise ValueError(f"delay must not be negative: {trig.delay!r}")
     width = size + delay
@@ -57,45 +58,45 @@ def ek_sliding(df: DataFrame, trig: EkSlidingTrigger, keys: list[str], until: in
         trig_rows = trig_rows.filter(F.coalesce(F.expr(trig.over).cast("boolean"), F.lit(False)))
     kcols = [f"__cq_ek_k{i}" for i in range(len(keys))]
     lo, hi = F.col(_TT) - F.lit(size - 1), F.col(_TT) + F.lit(delay)  # the window is [lo, hi] in micros
-    trig_rows = trig_rows.select(*[_c(k).alias(a) for k, a in zip(keys, kcols)], F.col(_T).alias(_TT))
-    trig_rows = trig_rows.withColumn(_TBKT, F.explode(F.sequence(_fdiv(lo, width), _fdiv(hi, width))))
-    rows = df.withColumn(_BKT, _fdiv(F.col(_T), width))
-    cond = [_c(k).eqNullSafe(F.col(a)) for k, a in zip(keys, kcols)]
-    cond += [F.col(_BKT) == F.col(_TBKT), F.col(_T) >= lo, F.col(_T) <= hi]
+    trig_rows = trig_rows.select(*[exact_col(k).alias(a) for k, a in zip(keys, kcols)], F.col(T_US).alias(_TT))
+    trig_rows = trig_rows.withColumn(_TBKT, F.explode(F.sequence(floor_div(lo, width), floor_div(hi, width))))
+    rows = df.withColumn(_BKT, floor_div(F.col(T_US), width))
+    cond = [exact_col(k).eqNullSafe(F.col(a)) for k, a in zip(keys, kcols)]
+    cond += [F.col(_BKT) == F.col(_TBKT), F.col(T_US) >= lo, F.col(T_US) <= hi]
     out = rows.join(trig_rows, on=cond, how="inner").drop(_BKT, _TBKT, *kcols)
-    w = _per_window(keys, _TT)
-    out = out.withColumns({_WS: F.col(_TT) - F.lit(size), _WE: F.col(_TT) + F.lit(delay),
-                           _LAST: F.max(_T).over(w), WROWS: F.count(F.lit(1)).over(w)})
-    closed = (F.col(_WE) < F.lit(until)) | ((F.col(_WE) <= F.lit(until)) & (F.col(_LAST) == F.col(_WE)))
+    w = per_window(keys, _TT)
+    out = out.withColumns({WS_US: F.col(_TT) - F.lit(size), WE_US: F.col(_TT) + F.lit(delay),
+                           LAST_US: F.max(T_US).over(w), WROWS: F.count(F.lit(1)).over(w)})
+    closed = (F.col(WE_US) < F.lit(until)) | ((F.col(WE_US) <= F.lit(until)) & (F.col(LAST_US) == F.col(WE_US)))
     return out.withColumn(WCLOSED, closed)
 
 
 def ek_session(df: DataFrame, trig: EkSessionTrigger, keys: list[str], until: int) -> DataFrame:
     timeout, d = micros(trig.timeout), micros(trig.max_duration)
-    _positive(timeout, "timeout")
-    _positive(d, "max_duration")
-    o = _ordered(keys)
+    check_positive(timeout, "timeout")
+    check_positive(d, "max_duration")
+    o = ordered(keys)
     before = o.rowsBetween(Window.unboundedPreceding, -1)
-    t = F.col(_T)
-    prev = F.lag(_T).over(o)
-    df = df.withColumns({_NEW: prev.isNull() | (t - prev > F.lit(timeout)), _BLK: _fdiv(t, d)})
+    t = F.col(T_US)
+    prev = F.lag(T_US).over(o)
+    df = df.withColumns({_NEW: prev.isNull() | (t - prev > F.lit(timeout)), _BLK: floor_div(t, d)})
     prev_blk = F.lag(_BLK).over(o)
-    df = df.withColumns({_SEG: F.sum(F.col(_NEW).cast("long")).over(_running(keys)),
+    df = df.withColumns({SEG: F.sum(F.col(_NEW).cast("long")).over(running(keys)),
                          "__cq_ek_pblk": prev_blk,
                          _FIB: F.col(_NEW) | (prev_blk != F.col(_BLK))})
     # for a block's first row: whether the previous block's first row lies on its boundary
     prev_bnd = F.last(F.when(F.col(_FIB), F.pmod(t, F.lit(d)) == 0), ignorenulls=True).over(before)
     reset = F.col(_FIB) & (F.col(_NEW) | (F.col("__cq_ek_pblk") != F.col(_BLK) - F.lit(1)) | prev_bnd)
     df = df.withColumn(_RESET, reset)
-    p = F.last(F.when(F.col(_RESET), F.col(_BLK)), ignorenulls=True).over(_running(keys))
+    p = F.last(F.when(F.col(_RESET), F.col(_BLK)), ignorenulls=True).over(running(keys))
     df = df.withColumn(_WBLK, F.when(F.pmod(F.col(_BLK) - p, F.lit(2)) == 0, F.col(_BLK))
                        .otherwise(F.col(_BLK) - F.lit(1)))
-    df = _stats(df, keys, _SEG, _WBLK)
-    cut = (_fdiv(F.col(_WS) - F.lit(1), d) + F.lit(2)) * F.lit(d)  # first multiple of d >= start + d
-    end = F.col(_LAST) + F.lit(timeout)
+    df = window_stats(df, keys, SEG, _WBLK)
+    cut = (floor_div(F.col(WS_US) - F.lit(1), d) + F.lit(2)) * F.lit(d)  # first multiple of d >= start + d
+    end = F.col(LAST_US) + F.lit(timeout)
     T = F.lit(until)
     # the last instant a row could join at is min(last + timeout, cut - 1): closed once before T, or
     # at T and taken by the window's last row (times are unique per group)
-    closed = (end < T) | (cut <= T) | ((cut - F.lit(1) == T) & (F.col(_LAST) == T))
-    return df.withColumns({_WE: F.least(end, cut), WCLOSED: closed}).drop(
+    closed = (end < T) | (cut <= T) | ((cut - F.lit(1) == T) & (F.col(LAST_US) == T))
+    return df.withColumns({WE_US: F.least(end, cut), WCLOSED: closed}).drop(
         _NEW, _BLK, "__cq_ek_pblk", _FIB, _RESET, _WBLK)

@@ -43,16 +43,14 @@ from cq_engine.durations import micros
 from cq_engine.model import (
     CountTrigger, EkSessionTrigger, EkSlidingTrigger, EventTrigger, SessionTrigger, SlidingTrigger, StateTrigger,
 )
+from cq_engine.streams.windows.common import (
+    CLOSE_ROW, LAST_US, NEXT_STATE, OPEN_ROW, PREV_STATE, SEG, STATE, T_US, WCLOSED, WE_US, WEND, WLAST,
+    WROWS, WS_US, WSTART, check_positive, exact_col, floor_div, ordered, per_window, running, window_stats,
+)
+from cq_engine.streams.windows.ekuiper import ek_session, ek_sliding
 from cq_engine.times import EPOCH, UTC
 
-WSTART, WEND, WLAST, WROWS, WCLOSED = "__cq_twstart", "__cq_twend", "__cq_wlast", "__cq_twrownum", "__cq_wclosed"
-STATE, PREV_STATE, NEXT_STATE = "__cq_state", "__cq_prev_state", "__cq_next_state"
-OPEN_ROW, CLOSE_ROW = "__cq_open_row", "__cq_close_row"
-
-# Internal helper columns (all dropped from the output).
-_T, _WS, _WE, _LAST, _SEG = "__cq_w_t", "__cq_w_ws", "__cq_w_we", "__cq_w_last", "__cq_w_seg"
 _DAY = 86_400_000_000
-_UNBOUNDED = (Window.unboundedPreceding, Window.unboundedFollowing)
 
 
 def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str], close_until: datetime,
@@ -72,7 +70,7 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
     until = micros(close_until.astimezone(UTC) - EPOCH)
     keys = list(keys)
     inputs = list(df.columns)
-    rows = df.withColumn(_T, F.unix_micros(_c(time_column))).filter(F.col(_T).isNotNull())
+    rows = df.withColumn(T_US, F.unix_micros(exact_col(time_column))).filter(F.col(T_US).isNotNull())
     extras: list[str] = []
     if isinstance(trigger, SlidingTrigger):
         out = _sliding(rows, trigger, keys, until, timezone)
@@ -85,16 +83,14 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
     elif isinstance(trigger, CountTrigger):
         out = _count(rows, trigger, keys, until, count_phase_column)
     elif isinstance(trigger, (EkSlidingTrigger, EkSessionTrigger)):
-        from cq_engine.streams.windows.ekuiper import ek_session, ek_sliding
-
         fn = ek_sliding if isinstance(trigger, EkSlidingTrigger) else ek_session
         out = fn(rows, trigger, keys, until)
     else:
         raise TypeError(f"assign_windows: unsupported trigger {trigger!r}")
-    return out.select(*[_c(n) for n in inputs],
-                      F.timestamp_micros(F.col(_WS)).alias(WSTART),
-                      F.timestamp_micros(F.col(_WE)).alias(WEND),
-                      F.timestamp_micros(F.col(_LAST)).alias(WLAST),
+    return out.select(*[exact_col(n) for n in inputs],
+                      F.timestamp_micros(F.col(WS_US)).alias(WSTART),
+                      F.timestamp_micros(F.col(WE_US)).alias(WEND),
+                      F.timestamp_micros(F.col(LAST_US)).alias(WLAST),
                       F.col(WROWS).cast("long").alias(WROWS),
                       F.col(WCLOSED).cast("boolean").alias(WCLOSED),
                       *[F.col(n) for n in extras])
@@ -103,53 +99,18 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
 def with_next_tick(df: DataFrame, trigger: SlidingTrigger, *, column: str, out: str, timezone: str = "UTC") -> DataFrame:
     """``out``: the sliding-only tick strictly after the timestamp ``column`` — for a window ending
     at a tick, the end of the next window (``_tnext_ts``)."""
-    df = df.withColumn(_T, F.unix_micros(_c(column)))
+    df = df.withColumn(T_US, F.unix_micros(exact_col(column)))
     df = _tick_bounds(df, micros(trigger.sliding), micros(trigger.sliding_offset), timezone)
-    return df.withColumn(out, F.timestamp_micros(F.col(_WE))).drop(_T, _WS, _WE)
+    return df.withColumn(out, F.timestamp_micros(F.col(WE_US))).drop(T_US, WS_US, WE_US)
 
 
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _c(name: str) -> Column:
-    """A column by its exact name (dots and other characters are not parsed)."""
-    return F.col("`" + name.replace("`", "``") + "`")
-
-
-def _fdiv(x: Column, b: int) -> Column:
-    """Exact floor division of a long column by a positive int (Spark's ``div`` truncates)."""
-    return F.call_function("div", x - F.pmod(x, F.lit(b)), F.lit(b))
-
-
-def _ordered(keys: list[str]):
-    return Window.partitionBy(*[_c(k) for k in keys]).orderBy(F.col(_T))
-
-
-def _running(keys: list[str]):
-    return _ordered(keys).rowsBetween(Window.unboundedPreceding, Window.currentRow)
-
-
-def _per_window(keys: list[str], *cols: str):
-    """The whole window (frame over all its rows), ordered by time so first/last are well defined."""
-    return (Window.partitionBy(*[_c(k) for k in keys], *[F.col(c) for c in cols])
-            .orderBy(F.col(_T)).rowsBetween(*_UNBOUNDED))
-
-
-def _stats(df: DataFrame, keys: list[str], *segs: str) -> DataFrame:
-    """Per-window first/last row time and row count over windows ``(keys, *segs)``."""
-    w = _per_window(keys, *segs)
-    return df.withColumns({_WS: F.min(_T).over(w), _LAST: F.max(_T).over(w), WROWS: F.count(F.lit(1)).over(w)})
-
-
 def _true_for(df: DataFrame, d: timedelta | None) -> DataFrame:
     if d is None:
         return df
-    return df.filter(~(F.col(WCLOSED) & (F.col(_LAST) - F.col(_WS) < F.lit(micros(d)))))
-
-
-def _positive(value: timedelta | int, what: str) -> None:
-    if value <= (timedelta(0) if isinstance(value, timedelta) else 0):
-        raise ValueError(f"{what} must be positive: {value!r}")
+    return df.filter(~(F.col(WCLOSED) & (F.col(LAST_US) - F.col(WS_US) < F.lit(micros(d)))))
 
 
 # --- time windows ------------------------------------------------------------------------------
@@ -157,41 +118,41 @@ def _positive(value: timedelta | int, what: str) -> None:
 
 def _sliding(df: DataFrame, trig: SlidingTrigger, keys, until: int, timezone: str) -> DataFrame:
     s = micros(trig.sliding)
-    _positive(s, "sliding")
-    t = F.col(_T)
+    check_positive(s, "sliding")
+    t = F.col(T_US)
     if trig.interval is not None:
         i, off = micros(trig.interval), micros(trig.interval_offset)
-        _positive(i, "interval")
+        check_positive(i, "interval")
         rel = t - F.lit(off)
-        k_max = _fdiv(rel, s)
+        k_max = floor_div(rel, s)
         if s == i:
-            df = df.withColumn(_SEG, k_max)
+            df = df.withColumn(SEG, k_max)
         else:  # every k with k*s <= rel < k*s + i
-            k_min = _fdiv(rel - F.lit(i), s) + F.lit(1)
-            df = df.filter(k_min <= k_max).withColumn(_SEG, F.explode(F.sequence(k_min, k_max)))
-        ws = F.lit(off) + F.col(_SEG) * F.lit(s)
-        df = df.withColumns({_WS: ws, _WE: ws + F.lit(i)})
+            k_min = floor_div(rel - F.lit(i), s) + F.lit(1)
+            df = df.filter(k_min <= k_max).withColumn(SEG, F.explode(F.sequence(k_min, k_max)))
+        ws = F.lit(off) + F.col(SEG) * F.lit(s)
+        df = df.withColumns({WS_US: ws, WE_US: ws + F.lit(i)})
     else:
-        df = _tick_bounds(df, s, micros(trig.sliding_offset), timezone).withColumn(_SEG, F.col(_WS))
-    w = _per_window(keys, _SEG)
-    return df.withColumns({_LAST: F.max(_T).over(w), WROWS: F.count(F.lit(1)).over(w),
-                           WCLOSED: F.col(_WE) <= F.lit(until)})
+        df = _tick_bounds(df, s, micros(trig.sliding_offset), timezone).withColumn(SEG, F.col(WS_US))
+    w = per_window(keys, SEG)
+    return df.withColumns({LAST_US: F.max(T_US).over(w), WROWS: F.count(F.lit(1)).over(w),
+                           WCLOSED: F.col(WE_US) <= F.lit(until)})
 
 
 def _tick_bounds(df: DataFrame, s: int, off: int, timezone: str) -> DataFrame:
-    """``_WS``/``_WE``: the PERIOD ticks (event time) at or before / after each row (cron.period_ticks)."""
-    t = F.col(_T)
+    """``WS_US``/``WE_US``: the PERIOD ticks (event time) at or before / after each row (cron.period_ticks)."""
+    t = F.col(T_US)
     tz = ZoneInfo(timezone)  # validates the name
     if off < 0 or (s < _DAY and off >= _DAY):
         raise ValueError(f"sliding offset must be in [0, 1d) for sliding < 1d: {timedelta(microseconds=off)!r}")
     if s >= _DAY:
         base = micros(datetime(1970, 1, 1, tzinfo=tz).astimezone(UTC) - EPOCH) + off
-        ws = F.lit(base) + _fdiv(t - F.lit(base), s) * F.lit(s)
-        return df.withColumns({_WS: ws, _WE: ws + F.lit(s)})
+        ws = F.lit(base) + floor_div(t - F.lit(base), s) * F.lit(s)
+        return df.withColumns({WS_US: ws, WE_US: ws + F.lit(s)})
     # Local date number d of the row; M(j) = first instant of local date d + j, j in -2..2.
     # from_utc_timestamp / to_utc_timestamp shift by the zone's offset independently of the session zone.
     wall = F.unix_micros(F.from_utc_timestamp(F.timestamp_micros(t), timezone))
-    df = df.withColumn("__cq_w_day", _fdiv(wall, _DAY))
+    df = df.withColumn("__cq_w_day", floor_div(wall, _DAY))
     m = {j: f"__cq_w_m{j + 2}" for j in range(-2, 3)}
     df = df.withColumns({
         m[j]: F.unix_micros(F.to_utc_timestamp(
@@ -201,10 +162,10 @@ def _tick_bounds(df: DataFrame, s: int, off: int, timezone: str) -> DataFrame:
     first = {j: M[j] + F.lit(off) for j in (-2, -1, 0, 1, 2)}  # a day's first tick, if before M(j+1)
 
     def last_tick(j: int) -> Column:
-        return first[j] + _fdiv(M[j + 1] - F.lit(1) - first[j], s) * F.lit(s)
+        return first[j] + floor_div(M[j + 1] - F.lit(1) - first[j], s) * F.lit(s)
 
     in_day = t >= first[0]
-    k = _fdiv(t - first[0], s)
+    k = floor_div(t - first[0], s)
     ws = (F.when(in_day, first[0] + k * F.lit(s))
           .when(first[-1] < M[0], last_tick(-1))
           .otherwise(last_tick(-2)))
@@ -213,7 +174,7 @@ def _tick_bounds(df: DataFrame, s: int, off: int, timezone: str) -> DataFrame:
           .when(~in_day & (first[0] < M[1]), first[0])
           .when(first[1] < M[2], first[1])
           .otherwise(first[2]))
-    return df.withColumns({_WS: ws, _WE: we}).drop("__cq_w_day", *m.values())
+    return df.withColumns({WS_US: ws, WE_US: we}).drop("__cq_w_day", *m.values())
 
 
 # --- data-shaped windows -----------------------------------------------------------------------
@@ -221,23 +182,23 @@ def _tick_bounds(df: DataFrame, s: int, off: int, timezone: str) -> DataFrame:
 
 def _session(df: DataFrame, trig: SessionTrigger, keys, until: int) -> DataFrame:
     gap = micros(trig.gap)
-    prev = F.lag(_T).over(_ordered(keys))
-    new = F.when(prev.isNull() | (F.col(_T) - prev > F.lit(gap)), 1).otherwise(0)
-    df = _stats(df.withColumn(_SEG, F.sum(new).over(_running(keys))), keys, _SEG)
-    return df.withColumns({_WE: F.col(_LAST) + F.lit(gap), WCLOSED: F.col(_LAST) + F.lit(gap) < F.lit(until)})
+    prev = F.lag(T_US).over(ordered(keys))
+    new = F.when(prev.isNull() | (F.col(T_US) - prev > F.lit(gap)), 1).otherwise(0)
+    df = window_stats(df.withColumn(SEG, F.sum(new).over(running(keys))), keys, SEG)
+    return df.withColumns({WE_US: F.col(LAST_US) + F.lit(gap), WCLOSED: F.col(LAST_US) + F.lit(gap) < F.lit(until)})
 
 
 def _state(df: DataFrame, trig: StateTrigger, keys, until: int) -> DataFrame:
     df = df.withColumn(STATE, F.expr(trig.column)).filter(F.col(STATE).isNotNull())
-    o = _ordered(keys)
+    o = ordered(keys)
     df = df.withColumns({"__cq_w_prev": F.lag(STATE).over(o), "__cq_w_next": F.lead(STATE).over(o),
-                         "__cq_w_next_t": F.lead(_T).over(o)})
+                         "__cq_w_next_t": F.lead(T_US).over(o)})
     new = F.when(F.col(STATE).eqNullSafe(F.col("__cq_w_prev")), 0).otherwise(1)
-    df = _stats(df.withColumn(_SEG, F.sum(new).over(_running(keys))), keys, _SEG)
-    w = _per_window(keys, _SEG)
+    df = window_stats(df.withColumn(SEG, F.sum(new).over(running(keys))), keys, SEG)
+    w = per_window(keys, SEG)
     next_start = F.last("__cq_w_next_t").over(w)  # first row of the next run
     df = df.withColumns({
-        _WE: F.col(_LAST),
+        WE_US: F.col(LAST_US),
         PREV_STATE: F.first("__cq_w_prev").over(w),
         NEXT_STATE: F.last("__cq_w_next").over(w),
         WCLOSED: F.coalesce(next_start <= F.lit(until), F.lit(False)),
@@ -252,18 +213,18 @@ def _event(df: DataFrame, trig: EventTrigger, keys, until: int, inputs: list[str
     start = F.coalesce(F.expr(trig.start).cast("boolean"), F.lit(False)).cast("int")
     end = F.coalesce(F.expr(trig.end).cast("boolean"), F.lit(False)).cast("int")
     df = df.withColumns({"__cq_w_s": start, "__cq_w_e": end})
-    before = _ordered(keys).rowsBetween(Window.unboundedPreceding, -1)
-    df = df.withColumn(_SEG, F.coalesce(F.sum("__cq_w_e").over(before), F.lit(0)))
+    before = ordered(keys).rowsBetween(Window.unboundedPreceding, -1)
+    df = df.withColumn(SEG, F.coalesce(F.sum("__cq_w_e").over(before), F.lit(0)))
     started = F.max("__cq_w_s").over(
-        Window.partitionBy(*[_c(k) for k in keys], F.col(_SEG)).orderBy(F.col(_T))
+        Window.partitionBy(*[exact_col(k) for k in keys], F.col(SEG)).orderBy(F.col(T_US))
         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
     df = df.withColumn("__cq_w_in", started == 1).filter(F.col("__cq_w_in"))
-    df = _stats(df, keys, _SEG)
-    w = _per_window(keys, _SEG)
+    df = window_stats(df, keys, SEG)
+    w = per_window(keys, SEG)
     closed = F.last("__cq_w_e").over(w) == 1
     df = df.withColumns({
-        _WE: F.col(_LAST),
-        WCLOSED: closed & (F.col(_LAST) <= F.lit(until)),
+        WE_US: F.col(LAST_US),
+        WCLOSED: closed & (F.col(LAST_US) <= F.lit(until)),
         OPEN_ROW: F.first(_condition_struct(trig.start, inputs)).over(w),
         "__cq_w_close": F.last(_condition_struct(trig.end, inputs)).over(w),
     })
@@ -286,30 +247,30 @@ def condition_columns(sql: str, columns: list[str]) -> list[str]:
 
 
 def _condition_struct(sql: str, inputs: list[str]) -> Column:
-    return F.struct(*[_c(n).alias(n) for n in condition_columns(sql, inputs)])
+    return F.struct(*[exact_col(n).alias(n) for n in condition_columns(sql, inputs)])
 
 
 def _count(df: DataFrame, trig: CountTrigger, keys, until: int, phase_column: str | None) -> DataFrame:
     n, slide = trig.count, trig.slide
-    _positive(n, "count")
-    _positive(slide, "slide")
+    check_positive(n, "count")
+    check_positive(slide, "slide")
     if trig.columns:
-        valid = [_c(c).isNotNull() for c in trig.columns]
+        valid = [exact_col(c).isNotNull() for c in trig.columns]
         df = df.filter(valid[0] if len(valid) == 1 else F.greatest(*valid))
-    idx = F.row_number().over(_ordered(keys)) - F.lit(1)
+    idx = F.row_number().over(ordered(keys)) - F.lit(1)
     phase = -(-n // slide) * slide - n if trig.ekuiper else 0  # eKuiper: full windows end at rows k, 2k, ...
     if phase_column is not None:
-        first = F.first(_c(phase_column).cast("long")).over(_per_window(keys))
+        first = F.first(exact_col(phase_column).cast("long")).over(per_window(keys))
         idx = idx - F.greatest(F.coalesce(first, F.lit(phase)), F.lit(0))
     elif phase:
         idx = idx - F.lit(phase)
     df = df.withColumn("__cq_w_i", idx).filter(F.col("__cq_w_i") >= 0)  # rows before the first start: none
-    j_max = _fdiv(F.col("__cq_w_i"), slide)
+    j_max = floor_div(F.col("__cq_w_i"), slide)
     if slide == n:
-        df = df.withColumn(_SEG, j_max)
+        df = df.withColumn(SEG, j_max)
     else:  # every j >= 0 with j*slide <= i < j*slide + n
-        j_min = F.greatest(F.lit(0).cast("long"), _fdiv(F.col("__cq_w_i") - F.lit(n), slide) + F.lit(1))
-        df = df.filter(j_min <= j_max).withColumn(_SEG, F.explode(F.sequence(j_min, j_max)))
-    df = _stats(df, keys, _SEG)
-    return df.withColumns({_WE: F.col(_LAST),
-                           WCLOSED: (F.col(WROWS) == F.lit(n)) & (F.col(_LAST) <= F.lit(until))})
+        j_min = F.greatest(F.lit(0).cast("long"), floor_div(F.col("__cq_w_i") - F.lit(n), slide) + F.lit(1))
+        df = df.filter(j_min <= j_max).withColumn(SEG, F.explode(F.sequence(j_min, j_max)))
+    df = window_stats(df, keys, SEG)
+    return df.withColumns({WE_US: F.col(LAST_US),
+                           WCLOSED: (F.col(WROWS) == F.lit(n)) & (F.col(LAST_US) <= F.lit(until))})

@@ -1,0 +1,29 @@
+"""What every ``cq`` command module shares: opening the engine and the ledger from the settings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cq_engine.config import Settings
+from cq_engine.storage.delta import DeltaRsStorage
+from cq_engine.storage.ledger import Ledger
+
+if TYPE_CHECKING:
+    from cq_engine.engine import Engine
+
+
+def open_engine(settings: Settings) -> "Engine":
+    """The engine facade over the configured catalog and warehouse."""
+    # Imported here: the engine pulls in pyspark, which commands like `cq validate` never need.
+    from cq_engine.engine import Engine
+
+    return Engine(settings=settings)
+
+
+def open_storage(settings: Settings) -> DeltaRsStorage:
+    """The warehouse's storage, without loading the catalog or Spark."""
+    return DeltaRsStorage(warehouse=settings.warehouse)
+
+
+def open_ledger(settings: Settings) -> Ledger:
+    return Ledger(store=open_storage(settings))

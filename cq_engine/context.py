@@ -1,0 +1,120 @@
+"""The engine context: the shared services every execution layer takes (settings, catalog, storage,
+Spark, the run ledger, the time-column lookup). ``Engine`` (``cq_engine.engine``) is a thin facade over
+the entry points built on one of these; the layers below take the context, never the facade."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from cq_engine.catalog import load_catalog, parse_options
+from cq_engine.config import Settings
+from cq_engine.errors import TableError
+from cq_engine.model import Catalog
+from cq_engine.storage.base import Storage
+from cq_engine.storage.delta import DeltaRsStorage
+from cq_engine.storage.ledger import Ledger
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one firing, recalculation or stream run did."""
+
+    definition: str
+    kind: str
+    fire_time: datetime | None
+    time_range: tuple[datetime, datetime]
+    rows_written: int
+    sink_version: int
+    source_versions: dict[str, int]
+    files_read: int
+    files_total: int
+    seconds: float
+    chunks: int = 1
+    notified: int = 0  # events a stream run put in its outbox (NOTIFY)
+
+
+@dataclass
+class EngineContext:
+    """Settings, catalog, storage and ledger, and a Spark session opened on first use (once)."""
+
+    settings: Settings
+    catalog: Catalog
+    storage: Storage
+    ledger: Ledger
+    spark_session: Any = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, *, settings: Settings, catalog: Catalog | None = None, storage: Storage | None = None,
+             spark_session: Any = None) -> "EngineContext":
+        """A context with the catalog loaded from ``settings.sql_dir`` and Delta storage under the
+        warehouse unless given."""
+        if catalog is None:
+            catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+        if storage is None:
+            storage = DeltaRsStorage(warehouse=settings.warehouse)
+        return cls(settings=settings, catalog=catalog, storage=storage, ledger=Ledger(store=storage),
+                   spark_session=spark_session)
+
+    @property
+    def spark(self) -> "SparkSession":
+        if self.spark_session is None:
+            from cq_engine.spark import get_session  # pyspark starts slowly: only when a run needs it
+
+            self.spark_session = get_session(self.settings)
+        return self.spark_session
+
+    def ensure_tables(self, *names: str) -> list[str]:
+        """Create the declared tables among ``names`` (all declared tables if none) that are missing."""
+        wanted = {n.lower() for n in names}
+        created = []
+        for decl in self.catalog.tables:
+            if wanted and decl.name.lower() not in wanted:
+                continue
+            if self.storage.create_table(decl):
+                created.append(decl.name)
+        return created
+
+    def source_time_column(self, name: str, source: str, *, sink: str | None, role: str = "source") -> str:
+        """Create the declared sink and source if missing; the source's time column. A source that
+        exists nowhere is a ``TableError`` naming the definition and the table."""
+        if sink:
+            self.ensure_tables(sink)
+        # Each open of a long Delta log costs: the source is opened once here and once to read.
+        if not self.storage.exists(source) and not self.ensure_tables(source):
+            raise TableError(f"{name}: {role} table {source!r} does not exist (declare it with "
+                             f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)")
+        return self.time_column(source)
+
+    def time_column(self, table: str) -> str:
+        """The event-time column: declared, else ``ts``/``time``, else the first timestamp column."""
+        decl = self.catalog.table(table)
+        if decl is not None:
+            return decl.time_column
+        if not self.storage.exists(table):
+            raise TableError(f"table {table!r} does not exist (declare it with CREATE TABLE in "
+                             f"{self.settings.sql_dir} or load it with `cq ingest`)")
+        schema = self.storage.schema(table)
+        names = {f.name.lower(): f.name for f in schema}
+        for candidate in ("ts", "time"):
+            if candidate in names:
+                return names[candidate]
+        ts = next((f.name for f in schema if pa.types.is_timestamp(f.type)), None)
+        if ts is None:
+            raise TableError(f"table {table!r} has no time column (ts, time or a timestamp column)")
+        return ts
+
+    def tables(self) -> list[str]:
+        """Delta tables in the warehouse (declared or found on disk), engine state excluded."""
+        names = {t.name for t in self.catalog.tables if self.storage.exists(t.name)}
+        root = Path(self.settings.warehouse)
+        if root.is_dir():
+            names |= {p.name for p in root.iterdir() if (p / "_delta_log").is_dir() and not p.name.startswith("_")}
+        return sorted(names, key=str.lower)

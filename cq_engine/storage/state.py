@@ -1,0 +1,128 @@
+"""Delta access that is not the data path: the engine's small state tables under ``_cq/`` (ledger,
+stream frontiers, notify outbox, PERIOD ticks) and Arrow-only reads of a table's log and files (a
+snapshot's event-time span, the rows one commit added). A mixin over ``uri``/``storage_options`` so a
+second ``Storage`` (e.g. one writing the data path through Spark) can keep this half on delta-rs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from cq_engine.errors import TableError
+from cq_engine.storage import log
+
+MAX_ATTEMPTS = 5
+
+
+class DeltaStateTables:
+    """State tables at ``<warehouse>/_cq/<name>`` and log reads of ``<warehouse>/<table>`` with delta-rs."""
+
+    warehouse: str
+    storage_options: dict[str, str] | None
+
+    def uri(self, table: str) -> str:
+        return f"{self.warehouse.rstrip('/')}/{table}"
+
+    def state_uri(self, name: str) -> str:
+        return self.uri(f"_cq/{name}")
+
+    # -- state tables -----------------------------------------------------------------------------
+
+    def read_state(self, name: str) -> pa.Table | None:
+        """The state table ``name`` (e.g. ``streams/s1/outbox``), or None if never written."""
+        uri = self.state_uri(name)
+        if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
+            return None
+        # DeltaTable.scan (delta-rs' own engine), not to_pyarrow_table: the latter's pyarrow dataset
+        # intermittently aborts the interpreter at exit in deltalake 1.6.6.
+        return pa.table(DeltaTable(uri, storage_options=self.storage_options).scan())
+
+    def append_state(self, name: str, data: pa.Table) -> None:
+        """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                write_deltalake(self.state_uri(name), data, mode="append", storage_options=self.storage_options)
+                return
+            except CommitFailedError:
+                # Two first writers racing to create the table; the loser appends on its next try.
+                if attempt == MAX_ATTEMPTS - 1:
+                    raise
+
+    def overwrite_state(self, name: str, data: pa.Table, *, app_id: str | None = None,
+                        app_version: int | None = None) -> None:
+        """Replace the state table ``name`` (schema included) by ``data`` in one commit, carrying the
+        application transaction ``(app_id, app_version)`` if given."""
+        props = None
+        if app_id is not None:
+            props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=app_version or 0)])
+        write_deltalake(self.state_uri(name), data, mode="overwrite", schema_mode="overwrite",
+                        commit_properties=props, storage_options=self.storage_options)
+
+    def drop_state(self, prefix: str) -> str | None:
+        """Delete every state table under ``prefix`` (e.g. ``streams/s1``); where they were, or None if
+        there was nothing."""
+        fs, root = log._filesystem(log._normalize(self.state_uri(prefix)), self.storage_options)
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            return None
+        fs.delete_dir(root)
+        return self.state_uri(prefix)
+
+    # -- log and file reads without Spark ---------------------------------------------------------
+
+    def latest_version(self, table: str, *, known: int | None = None) -> int | None:
+        """``log.latest_version`` of the table: no snapshot load, a few file probes."""
+        return log.latest_version(self.uri(table), known=known, storage_options=self.storage_options)
+
+    def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list[log.Commit]:
+        """``log.read_commits`` of the table: the JSON commit files ``after + 1 .. until``."""
+        return log.read_commits(self.uri(table), after=after, until=until, time_column=time_column,
+                                storage_options=self.storage_options)
+
+    def table_span(self, table: str, *, version: int | None,
+                   time_column: str) -> tuple[datetime | None, datetime | None, int]:
+        """Event-time extent and row count of a snapshot, from its files' statistics."""
+        dt = DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        names = actions.column_names
+        lo_col, hi_col = f"min.{time_column}", f"max.{time_column}"
+        if actions.num_rows == 0 or lo_col not in names:
+            return None, None, 0
+        mins = [v for v in actions.column(lo_col).to_pylist() if v is not None]
+        maxs = [v for v in actions.column(hi_col).to_pylist() if v is not None]
+        rows = sum(v or 0 for v in actions.column("num_records").to_pylist()) if "num_records" in names else 0
+        return (min(mins) if mins else None), (max(maxs) if maxs else None), rows
+
+    def commit_rows(self, table: str, commit: log.Commit, *, schemas: dict[str, pa.Schema] | None = None) -> pa.Table:
+        """The rows of the files ``commit`` added, in the table's current schema (columns a file lacks
+        are null; ``schemas`` caches that schema per table). Plain Parquet reads would ignore deletion
+        vectors, so such tables are a ``TableError``."""
+        schemas = {} if schemas is None else schemas
+        if table not in schemas:
+            dt = DeltaTable(self.uri(table), storage_options=self.storage_options)
+            if {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ()):
+                raise TableError(f"table {table!r} uses deletion vectors or column mapping: its versions "
+                                 "cannot be read file by file")
+            schemas[table] = pa.schema(dt.schema().to_arrow())
+        schema = schemas[table]
+        uri = log._normalize(self.uri(table))
+        fs, root = log._filesystem(uri, self.storage_options)
+        parts = []
+        for change in commit.added:
+            path = change.path
+            if path.startswith(uri + "/"):
+                parts.append(pq.read_table(f"{root}/{path[len(uri) + 1:]}", filesystem=fs))
+            else:  # an absolute URI elsewhere (a shallow clone's files)
+                parts.append(pq.read_table(path))
+        return pa.concat_tables([_to_schema(p, schema) for p in parts]) if parts else schema.empty_table()
+
+
+def _to_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    names = {n.lower(): n for n in data.column_names}
+    arrays = [data.column(names[f.name.lower()]).cast(f.type) if f.name.lower() in names
+              else pa.nulls(data.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,147 @@
+"""The package's import structure (pure: reads the source with ``ast``, imports nothing): no import
+cycle, lower layers never import higher ones, and only ``storage/`` touches ``deltalake``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "cq_engine"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str:
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _imports(path: Path) -> tuple[set[str], set[str]]:
+    """(cq_engine modules, other top-level packages) imported anywhere in the file — function-level and
+    ``TYPE_CHECKING`` imports included."""
+    ours, others = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                     for a in node.names]
+        for name in names:
+            if name == "cq_engine" or name.startswith("cq_engine."):
+                ours.add(_resolve(name))
+            else:
+                others.add(name.split(".")[0])
+    return ours, others
+
+
+GRAPH = {m: _imports(p)[0] - {m} for m, p in MODULES.items()}
+EXTERNAL = {m: _imports(p)[1] for m, p in MODULES.items()}
+
+
+def _cycle() -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(GRAPH[m]):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    cycle = _cycle()
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _in(module: str, *packages: str) -> bool:
+    return any(module == f"cq_engine.{p}" or module.startswith(f"cq_engine.{p}.") for p in packages)
+
+
+# Layers, bottom up: a module may import its own layer and the ones below, never one above.
+# The pure planners of each execution model (timing, output naming) sit low: the catalog checks
+# definitions with them and the schedules are built from them.
+LAYERS = [
+    ("errors", "times", "durations", "config", "model"),
+    ("parse",),
+    ("resample.timing", "streams.timing", "streams.output", "schedule"),
+    ("storage", "catalog", "spark"),
+    ("context",),
+    ("resample", "streams", "notify", "triggers", "ingest"),
+    ("engine",),
+    ("cli",),
+]
+
+
+def _layer(module: str) -> int:
+    if module == "cq_engine":
+        return len(LAYERS)  # the package's public API may re-export anything
+    # The most specific entry wins (``streams.timing`` over ``streams``).
+    found = [(len(p), i) for i, packages in enumerate(LAYERS) for p in packages if _in(module, p)]
+    assert found, f"{module} is in no layer of test_architecture.LAYERS: add it"
+    return max(found)[1]
+
+
+def test_lower_layers_never_import_higher_ones():
+    bad = [f"{m} (layer {_layer(m)}) imports {d} (layer {_layer(d)})"
+           for m, deps in sorted(GRAPH.items()) for d in sorted(deps) if _layer(d) > _layer(m)]
+    assert not bad, "\n".join(bad)
+
+
+def test_parse_is_pure_and_storage_knows_no_execution_model():
+    for m, deps in GRAPH.items():
+        if _in(m, "parse"):
+            assert all(_in(d, "parse", "errors", "times", "durations", "model") for d in deps), (m, deps)
+        if _in(m, "storage"):
+            bad = [d for d in deps if _in(d, "parse", "resample", "streams", "notify", "triggers", "engine", "cli",
+                                          "context", "catalog")]
+            assert not bad, f"{m} imports {bad}"
+
+
+def test_only_the_cli_imports_the_engine_facade():
+    users = sorted(m for m, deps in GRAPH.items() if "cq_engine.engine" in deps and m != "cq_engine")
+    assert all(_in(m, "cli") for m in users), users
+
+
+def test_the_core_does_not_import_the_dagster_adapter():
+    users = sorted(m for m, ext in EXTERNAL.items() if ext & {"dagster", "dagster_defs", "dagster_graphql"}
+                   and not _in(m, "cli"))
+    assert not users, users
+
+
+def test_deltalake_only_in_storage():
+    users = sorted(m for m, ext in EXTERNAL.items() if "deltalake" in ext and not _in(m, "storage"))
+    assert not users, users
+
+
+def test_the_graph_sees_the_package():
+    assert {"cq_engine.engine", "cq_engine.context", "cq_engine.storage.base", "cq_engine.streams.run"} <= set(GRAPH)
+    assert "cq_engine.resample.run" in GRAPH["cq_engine.engine"]
