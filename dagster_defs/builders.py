@@ -11,7 +11,7 @@ from cq_engine.schedule.cron import CronPlan
 from cq_engine.model import ContinuousQuery, Definition
 from cq_engine.engine import RunResult
 from cq_engine.streams.timing import StreamWork
-from cq_engine.schedule.ticks import Ticks, ticks_of
+from cq_engine.schedule.ticks import Ticks, parse_tick_cursor, tick_cursor, ticks_of
 from cq_engine.times import UTC, iso, parse_time
 
 from .resource import CQEngineResource
@@ -134,7 +134,7 @@ def due_firings(definition: ContinuousQuery, *, cursor: Optional[str], now: date
                 ticks: Optional[Ticks] = None) -> list[datetime]:
     """Firing times after the cursor up to ``now``; on a first evaluation only the latest one."""
     ticks = ticks or ticks_of(definition, timezone="UTC")
-    return ticks.due(cursor=parse_time(cursor, tz=UTC) if cursor else None, now=now)
+    return ticks.due(cursor=parse_tick_cursor(cursor), now=now)
 
 
 def build_tick_sensor(definition: Definition, job, translator: CQTranslator, ticks: Ticks,
@@ -147,13 +147,13 @@ def build_tick_sensor(definition: Definition, job, translator: CQTranslator, tic
         if not due:
             return dg.SkipReason(f"no firing of {definition.name} is due")
         if definition.timeout_policy == "DISCARD":
-            context.update_cursor(iso(due[-1]))
+            context.update_cursor(tick_cursor(due[-1]))
             if in_flight(context.instance, definition):
                 return dg.SkipReason(f"DISCARD: a run of {definition.name} is still queued or running; "
                                      f"skipped {len(due)} firing(s) up to {iso(due[-1])}")
             return [firing_request(definition, due[-1], translator, ticks)]
         due = due[:MAX_TICKS_PER_EVALUATION]
-        context.update_cursor(iso(due[-1]))
+        context.update_cursor(tick_cursor(due[-1]))
         return [firing_request(definition, fire, translator, ticks) for fire in due]
 
     return dg.SensorDefinition(

@@ -194,3 +194,32 @@ def test_json_round_trips_and_merging():
     c = cursor(t(10, 5), pending=((t(9, 0), t(9, 1)),), definition="abc")
     assert StreamCursor.from_json(c.to_json()) == c
     assert merge_ranges([(t(10, 2), t(10, 3)), (t(10, 0), t(10, 1)), (t(10, 1), t(10, 2))]) == ((t(10, 0), t(10, 3)),)
+
+
+def test_persisted_json_carries_a_format_and_reads_older_and_rejects_newer():
+    import json
+
+    import pytest
+
+    from cq_engine.errors import CQError
+    from cq_engine.schedule.ticks import parse_tick_cursor, tick_cursor
+
+    cursor = StreamCursor(version=3, created=datetime(2021, 5, 11, tzinfo=timezone.utc), definition="abc")
+    raw = json.loads(cursor.to_json())
+    assert raw["format"] == 1 and StreamCursor.from_json(cursor.to_json()) == cursor
+    del raw["format"]  # written before the field existed
+    assert StreamCursor.from_json(json.dumps(raw)) == cursor
+    work = StreamWork(version=7, windows=((datetime(2021, 5, 11, tzinfo=timezone.utc),) * 2,))
+    assert StreamWork.from_json(work.to_json()) == work
+    with pytest.raises(CQError, match="format 2 was written by a newer cq-engine"):
+        StreamWork.from_json(json.dumps({**json.loads(work.to_json()), "format": 2}))
+
+    t = datetime(2021, 5, 11, 14, 30, tzinfo=timezone.utc)
+    assert json.loads(tick_cursor(t))["format"] == 1
+    assert parse_tick_cursor(tick_cursor(t)) == t
+    assert parse_tick_cursor("2021-05-11T14:30:00+00:00") == t  # a cursor from before the format field
+    assert parse_tick_cursor(None) is None
+    with pytest.raises(CQError, match="newer cq-engine"):
+        parse_tick_cursor('{"format": 9, "last": "2021-05-11T14:30:00Z"}')
+    with pytest.raises(CQError, match="is not one cq-engine wrote"):
+        parse_tick_cursor('{"nope": 1}')

@@ -3,6 +3,7 @@ PERIOD — behind one small interface, so schedules, tick sensors and ``cq tick`
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Callable, Optional
@@ -11,7 +12,8 @@ from cq_engine.resample import timing
 from cq_engine.schedule.cron import CronPlan, period_cron, period_ticks, resample_cron
 from cq_engine.durations import format_duration
 from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
-from cq_engine.times import EPOCH, iso
+from cq_engine.errors import CQError
+from cq_engine.times import EPOCH, UTC, iso, parse_time
 
 _US = timedelta(microseconds=1)
 TimeRange = tuple[datetime, datetime]
@@ -77,3 +79,29 @@ def ticks_of(definition: ContinuousQuery | Stream, *, timezone: str, created: da
         cron=lambda now: period_cron(interval=trig.period, offset=trig.offset, timezone=timezone, created=created,
                                      verify_from=now),
     )
+
+
+CURSOR_FORMAT = 1
+
+
+def tick_cursor(last: datetime) -> str:
+    """A tick sensor's cursor: the last tick requested, as versioned JSON."""
+    return json.dumps({"format": CURSOR_FORMAT, "last": iso(last)}, separators=(",", ":"))
+
+
+def parse_tick_cursor(text: str | None) -> datetime | None:
+    """The last tick of a :func:`tick_cursor`; a bare ISO-8601 time (the format before the version
+    field) still reads. Anything else is a ``CQError`` quoting it."""
+    if not text:
+        return None
+    if not text.lstrip().startswith("{"):
+        return parse_time(text, tz=UTC)
+    try:
+        raw = json.loads(text)
+        fmt, last = raw.get("format"), raw["last"]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CQError(f"tick sensor cursor {text[:200]!r} is not one cq-engine wrote") from None
+    if not isinstance(fmt, int) or fmt > CURSOR_FORMAT:
+        raise CQError(f"tick sensor cursor {text[:200]!r}: format {fmt!r} was written by a newer cq-engine "
+                      f"(this one reads up to {CURSOR_FORMAT})")
+    return parse_time(last, tz=UTC)

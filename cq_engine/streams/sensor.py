@@ -27,7 +27,7 @@ def _cursor(text: str | None, stream: Stream) -> st.StreamCursor | None:
     try:
         cursor = st.StreamCursor.from_json(text)
     except (ValueError, KeyError, TypeError):
-        return None  # not ours (or from an older ctx): start as a new stream
+        return None  # not ours (or from an older engine): start as a new stream
     return cursor if cursor.definition == statement_hash(stream) else None
 
 

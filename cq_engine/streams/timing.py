@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Literal, Sequence
 from zoneinfo import ZoneInfo
 
+from cq_engine.errors import CQError
 from cq_engine.model import DATA_SHAPED, SlidingTrigger, Stream
 from cq_engine.schedule.cron import local_midnight
 from cq_engine.times import EPOCH, UTC, iso, parse_time
@@ -42,14 +43,19 @@ class Change:
     removed: tuple[Span, ...] = ()
 
 
+FORMAT = 1  # the JSON format of persisted cursors and work; bump on an incompatible change
+
+
 class _Json:
-    """JSON for the frozen dataclasses below: aware datetimes as ISO-8601, time ranges as pairs."""
+    """JSON for the frozen dataclasses below: aware datetimes as ISO-8601, time ranges as pairs, and a
+    ``format`` (:data:`FORMAT`). JSON without one predates the field and reads as format 1; a newer
+    format is a ``CQError``, so an older engine never misreads a newer cursor."""
 
     _TIMES: tuple[str, ...] = ()
     _RANGES: tuple[str, ...] = ()
 
     def to_json(self) -> str:
-        d = asdict(self)
+        d = {"format": FORMAT, **asdict(self)}
         for k in self._TIMES:
             d[k] = iso(d[k]) if d[k] is not None else None
         for k in self._RANGES:
@@ -58,7 +64,12 @@ class _Json:
 
     @classmethod
     def from_json(cls, text: str):
-        d = {k: v for k, v in json.loads(text).items() if k in {f.name for f in fields(cls)}}
+        raw = json.loads(text)
+        fmt = raw.get("format", 1)
+        if not isinstance(fmt, int) or fmt > FORMAT:
+            raise CQError(f"{cls.__name__}: format {fmt!r} was written by a newer cq-engine (this one reads "
+                          f"up to {FORMAT}): {text[:200]}")
+        d = {k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}}
         t = lambda v: parse_time(v, tz=UTC) if v else None  # noqa: E731
         for k in cls._TIMES:
             if k in d:
