@@ -212,8 +212,10 @@ class EkSlidingTrigger:
     kind: str = "ek_sliding"
 
 
-Trigger = Union[PeriodTrigger, SlidingTrigger, SessionTrigger, StateTrigger, EventTrigger, CountTrigger,
-                EkSessionTrigger, EkSlidingTrigger]
+# What makes a stream run (its windows, or PERIOD ticks); ``cq_engine.triggers.Trigger`` is the
+# unrelated user-code API of CREATE TRIGGER.
+WindowTrigger = Union[PeriodTrigger, SlidingTrigger, SessionTrigger, StateTrigger, EventTrigger, CountTrigger,
+                      EkSessionTrigger, EkSlidingTrigger]
 DATA_SHAPED = ("session", "state", "event", "count", "ek_session", "ek_sliding")
 
 
@@ -285,7 +287,7 @@ class Stream:
     sink's time column: a window's start or end (``key_bound``), or for PERIOD the tick."""
 
     name: str
-    trigger: Trigger
+    trigger: WindowTrigger
     trigger_table: str | None
     source: str | None  # the table the subquery reads; %%trows and the old form: the trigger table
     sink: str | None

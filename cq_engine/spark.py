@@ -293,8 +293,3 @@ def get_session(settings: Settings | None = None) -> SparkSession:
     if status.running and not _classic_active():  # see the module docstring
         return _remote_session(status.url)
     return local_session()
-
-
-def session_kind(spark: SparkSession) -> str:
-    """"connect" for a Spark Connect session, else "classic"."""
-    return "connect" if type(spark).__module__.startswith("pyspark.sql.connect") else "classic"

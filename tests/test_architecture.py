@@ -145,3 +145,22 @@ def test_deltalake_only_in_storage():
 def test_the_graph_sees_the_package():
     assert {"cq_engine.engine", "cq_engine.context", "cq_engine.storage.base", "cq_engine.streams.run"} <= set(GRAPH)
     assert "cq_engine.resample.run" in GRAPH["cq_engine.engine"]
+
+
+def test_public_api_is_lazy_and_complete():
+    import subprocess
+    import sys
+
+    code = ("import sys, cq_engine\n"
+            "heavy = [m for m in ('pyspark', 'deltalake', 'dagster', 'cq_engine.engine') if m in sys.modules]\n"
+            "assert not heavy, heavy\n"
+            "from cq_engine import Trigger, CQError, Settings\n"
+            "assert Trigger.__module__ == 'cq_engine.triggers' and issubclass(CQError, Exception)\n"
+            "print(len(cq_engine.__all__))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    import cq_engine
+
+    for name in cq_engine.__all__:
+        assert getattr(cq_engine, name) is not None, name

@@ -107,9 +107,8 @@ def test_recalculate_in_chunks_equals_the_firings(engine, spark, tmp_path):
     for f in fires:
         engine.run_firing("sliding", f)
     by_firings = [r for r in rows(engine, "sliding_out") if T0 + timedelta(minutes=0) <= r["ts"] < T0 + timedelta(minutes=10)]
-    small = make_engine(tmp_path, spark, recalculate_chunk_windows=13)
-    small.storage = engine.storage
-    small.settings = Settings(**{**small.settings.__dict__, "warehouse": engine.settings.warehouse})
+    small = Engine(settings=Settings(**{**engine.settings.__dict__, "recalculate_chunk_windows": 13}),
+                   storage=engine.storage, spark_session=spark)
     before = DeltaTable(engine.settings.table_uri("sliding_out")).version()
     r = small.recalculate("sliding", start=T0, end=T0 + timedelta(minutes=10))
     assert r.chunks > 1 and r.time_range == (T0, T0 + timedelta(minutes=10))

@@ -9,7 +9,7 @@ from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import TDENGINE_UNITS
 from cq_engine.errors import CQError
-from cq_engine.model import SlidingTrigger, StreamOptions, TagDecl, Trigger
+from cq_engine.model import SlidingTrigger, StreamOptions, TagDecl, WindowTrigger
 from cq_engine.times import parse_time
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import to_spark
@@ -197,7 +197,8 @@ def parse_old_options(cur: Cursor) -> OldOptions:
                 cur.match("ASYNC")  # seed 000: only makes CREATE return early in TDengine; nothing to do here
 
 
-def old_stream_options(cur: Cursor, old: OldOptions, trigger: Trigger, label: str) -> StreamOptions:
+def old_stream_options(cur: Cursor, old: OldOptions, trigger: WindowTrigger,
+                       label: str) -> StreamOptions:
     """Map the old form's options onto ``StreamOptions`` and check the trigger modes' limits."""
     interval = isinstance(trigger, SlidingTrigger) and trigger.interval is not None
     mode_tok = old.tokens.get("mode")

@@ -8,7 +8,7 @@ from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import TDENGINE_UNITS
 from cq_engine.model import (PLACEHOLDERS, CountTrigger, EventTrigger, PeriodTrigger, SessionTrigger, SlidingTrigger,
-                     StateTrigger, Trigger)
+                     StateTrigger, WindowTrigger)
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import is_aggregate, to_spark
 from cq_engine.parse.tdengine.query import Scope
@@ -16,7 +16,7 @@ from cq_engine.parse.tdengine.query import Scope
 PERIOD_UNITS = {u: TDENGINE_UNITS[u] for u in "asmhd"}  # a s m h d, as seed 000 lists them
 OFFSET_UNITS = {u: TDENGINE_UNITS[u] for u in "asmh"}
 NEW_TRIGGERS = ("PERIOD", "INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "EVENT_WINDOW", "COUNT_WINDOW")
-OLD_WINDOWS = ("INTERVAL", "SESSION", "STATE_WINDOW", "EVENT_WINDOW", "COUNT_WINDOW")
+
 _PERIOD_MIN, _PERIOD_MAX = timedelta(milliseconds=10), timedelta(days=3650)
 _COUNT_MAX = 2147483647
 
@@ -144,12 +144,12 @@ def _sliding_within(cur: Cursor, sliding: timedelta, stok: Token, interval: time
         raise cur.error_at(stok, "SLIDING must not be greater than INTERVAL")
 
 
-def parse_trigger(cur: Cursor, scope: Scope) -> tuple[Trigger, Token]:
+def parse_trigger(cur: Cursor, scope: Scope) -> tuple[WindowTrigger, Token]:
     """The new form's trigger; sets the scope's family (which placeholders are allowed)."""
     keyword = cur.advance()
     word = keyword.text.upper()
     scope.label, scope.family = word, "window"
-    trigger: Trigger
+    trigger: WindowTrigger
     if word == "PERIOD":
         scope.family = "period"
         parts, close = _args(cur, keyword, "PERIOD(period[, offset])", most=2)
@@ -196,12 +196,12 @@ def parse_trigger(cur: Cursor, scope: Scope) -> tuple[Trigger, Token]:
     return trigger, keyword
 
 
-def parse_window(cur: Cursor, scope: Scope) -> tuple[Trigger, Token]:
+def parse_window(cur: Cursor, scope: Scope) -> tuple[WindowTrigger, Token]:
     """The old form's window clause (the tokens of the subquery's WINDOW clause)."""
     keyword = cur.advance()
     word = keyword.text.upper()
     scope.label = word
-    trigger: Trigger
+    trigger: WindowTrigger
     if word == "INTERVAL":
         interval, ioffset, _ = _interval(cur, keyword)
         sliding = interval
