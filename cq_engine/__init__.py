@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# name -> the module that defines it
+# name -> the module that defines it. Not ``ingest``: the submodule ``cq_engine.ingest`` would shadow
+# it once imported (call ``cq_engine.ingest.ingest``).
 _EXPORTS = {
     "Engine": "cq_engine.engine",
     "EngineContext": "cq_engine.context",
@@ -17,7 +18,6 @@ _EXPORTS = {
     "Settings": "cq_engine.config",
     "load_settings": "cq_engine.config",
     "load_catalog": "cq_engine.catalog",
-    "ingest": "cq_engine.ingest",
     "IngestResult": "cq_engine.ingest",
     "Trigger": "cq_engine.triggers",
     "TriggerAttributes": "cq_engine.triggers",
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from cq_engine.context import EngineContext, RunResult
     from cq_engine.engine import Engine
     from cq_engine.errors import CQError, ParseError, SparkError, TableError, TimeError
-    from cq_engine.ingest import IngestResult, ingest
+    from cq_engine.ingest import IngestResult
     from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, batch_info
 
 
