@@ -32,7 +32,26 @@ _EXPORTS = {
     "SparkError": "cq_engine.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BatchInfo",
+    "CQError",
+    "Engine",
+    "EngineContext",
+    "FailureStrategy",
+    "IngestResult",
+    "ParseError",
+    "RunResult",
+    "Settings",
+    "SparkError",
+    "TableError",
+    "TimeError",
+    "Trigger",
+    "TriggerAttributes",
+    "TriggerError",
+    "batch_info",
+    "load_catalog",
+    "load_settings",
+]
 
 if TYPE_CHECKING:
     from cq_engine.catalog import load_catalog

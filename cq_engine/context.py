@@ -53,7 +53,7 @@ class EngineContext:
 
     @classmethod
     def open(cls, *, settings: Settings, catalog: Catalog | None = None, storage: Storage | None = None,
-             spark_session: Any = None) -> "EngineContext":
+             spark_session: Any = None) -> EngineContext:
         """A context with the catalog loaded from ``settings.sql_dir`` and Delta storage under the
         warehouse unless given."""
         if catalog is None:
@@ -64,7 +64,7 @@ class EngineContext:
                    spark_session=spark_session)
 
     @property
-    def spark(self) -> "SparkSession":
+    def spark(self) -> SparkSession:
         if self.spark_session is None:
             from cq_engine.spark import get_session  # pyspark starts slowly: only when a run needs it
 

@@ -60,7 +60,7 @@ def _cycle() -> list[str] | None:
         stack.append(m)
         for d in sorted(GRAPH[m]):
             if state.get(d) == 1:
-                return stack[stack.index(d):] + [d]
+                return [*stack[stack.index(d):], d]
             if d not in state:
                 found = visit(d)
                 if found:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from cq_engine.engine import Engine
 
 
-def open_engine(settings: Settings) -> "Engine":
+def open_engine(settings: Settings) -> Engine:
     """The engine facade over the configured catalog and warehouse."""
     # Imported here: the engine pulls in pyspark, which commands like `cq validate` never need.
     from cq_engine.engine import Engine

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -15,7 +16,7 @@ from cq_engine.errors import CQError
 if TYPE_CHECKING:
     from cq_engine.storage.base import Storage
 
-UTC = timezone.utc
+UTC = UTC
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 KINDS = ("firing", "recalculate", "realtime", "history", "period")  # the last three: streams
 STATUSES = ("succeeded", "failed")
@@ -81,7 +82,7 @@ class Recording:
 class Ledger:
     """Append-only state table (``_cq/firings``) of :class:`LedgerEntry` rows, through the storage seam."""
 
-    def __init__(self, *, store: "Storage"):
+    def __init__(self, *, store: Storage):
         self.store = store
 
     @contextmanager

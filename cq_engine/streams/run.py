@@ -85,7 +85,7 @@ def _recorded(ctx: EngineContext, stream: Stream, *, kind, fire_time, time_range
               revision: str, body: Callable[[], _Outcome]) -> RunResult:
     """Run ``body`` inside the ledger's recording (``versions``: the source versions read, which the
     body may still fill in), then hand its events to NOTIFY."""
-    ctx.spark  # a session start is not part of the run's cost
+    _ = ctx.spark  # a session start is not part of the run's cost
     clock = time.perf_counter()
     with ctx.ledger.recording(definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range) as rec:
         rec.source_versions = versions

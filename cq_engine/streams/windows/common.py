@@ -49,5 +49,5 @@ def window_stats(df: DataFrame, keys: list[str], *segs: str) -> DataFrame:
 
 
 def check_positive(value: timedelta | int, what: str) -> None:
-    if value <= (timedelta(0) if isinstance(value, timedelta) else 0):
+    if (value <= timedelta(0)) if isinstance(value, timedelta) else (value <= 0):
         raise ValueError(f"{what} must be positive: {value!r}")

@@ -82,9 +82,10 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
         out, extras = _event(rows, trigger, keys, until, inputs), [OPEN_ROW, CLOSE_ROW]
     elif isinstance(trigger, CountTrigger):
         out = _count(rows, trigger, keys, until, count_phase_column)
-    elif isinstance(trigger, (EkSlidingTrigger, EkSessionTrigger)):
-        fn = ek_sliding if isinstance(trigger, EkSlidingTrigger) else ek_session
-        out = fn(rows, trigger, keys, until)
+    elif isinstance(trigger, EkSlidingTrigger):
+        out = ek_sliding(rows, trigger, keys, until)
+    elif isinstance(trigger, EkSessionTrigger):
+        out = ek_session(rows, trigger, keys, until)
     else:
         raise TypeError(f"assign_windows: unsupported trigger {trigger!r}")
     return out.select(*[exact_col(n) for n in inputs],
