@@ -45,13 +45,13 @@ def build_stream_sensor(stream: Stream, job, translator: CQTranslator, engine: E
         # (not while a run is in progress: it is delivering them itself).
         if paused_by_notify(stream) and not in_flight(context.instance, stream):
             try:
-                reason = gate(engine, stream)
+                reason = gate(engine.ctx, stream)
             except CQError as exc:
                 reason = str(exc)
             if reason:
                 return dg.SkipReason(f"{stream.name} {reason}")
         try:
-            plan = evaluate_stream(engine, stream, cursor=context.cursor, now=datetime.now(UTC))
+            plan = evaluate_stream(engine.ctx, stream, cursor=context.cursor, now=datetime.now(UTC))
         except CQError as exc:
             return dg.SkipReason(str(exc))
         context.update_cursor(plan.cursor.to_json())

@@ -31,7 +31,7 @@ def build_trigger_sensor(trigger: TriggerDef, engine: Engine, *,
     def evaluate(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         # A trigger that cannot be created (import error, validate() refusing) raises: the tick fails
         # with that message and the cursor stays.
-        delivery = deliver_after(trigger, engine=engine, cursor=context.cursor, now=datetime.now(UTC))
+        delivery = deliver_after(trigger, ctx=engine.ctx, cursor=context.cursor, now=datetime.now(UTC))
         for failure in delivery.failures:
             context.log.warning(failure)
         if delivery.blocked:

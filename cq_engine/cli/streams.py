@@ -60,13 +60,13 @@ def _tick(args, settings: Settings) -> int:
     from cq_engine.notify.outbox import gate
     from cq_engine.streams.sensor import evaluate_stream
 
-    paused = gate(engine, d)
+    paused = gate(engine.ctx, d)
     if paused:  # ON_FAILURE PAUSE: the cursor stays until the pending notifications are delivered
         print(f"{d.name}: {paused}")
         return 0
     path = cursor_path(settings, d.name)
     cursor = path.read_text() if path.exists() else None
-    plan = evaluate_stream(engine, d, cursor=cursor, now=now)
+    plan = evaluate_stream(engine.ctx, d, cursor=cursor, now=now)
     print(f"{d.name}: {plan.reason}")
     for work in plan.works:
         r = engine.run_stream(d.name, work)
@@ -170,7 +170,7 @@ def _control(args, settings: Settings) -> int:
             from cq_engine.streams.sensor import skip_untreated
 
             cursor = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
-            _check(gql(_SET_CURSOR, s=selector, c=skip_untreated(engine, d, cursor)),
+            _check(gql(_SET_CURSOR, s=selector, c=skip_untreated(engine.ctx, d, cursor)),
                    f"{d.name}: setting the cursor of {name}")
             extra = " (data written while stopped skipped)"
         else:
