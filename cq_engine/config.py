@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cq_engine.durations import parse_duration
 from cq_engine.errors import CQError
+from cq_engine.names import check_name
 
 DEFAULT_SPARK_PORT = 15002
 
@@ -41,9 +42,13 @@ class Settings:
         return parse_duration(self.min_every, what="CQ_MIN_EVERY")
 
     def table_uri(self, table: str) -> str:
-        return f"{self.warehouse.rstrip('/')}/{table}"
+        return f"{self.warehouse.rstrip('/')}/{check_name(table, what='table')}"
 
     def state_uri(self, name: str) -> str:
+        """``<warehouse>/_cq/<name>``; each segment of ``name`` (``streams/<stream>/frontier``) follows
+        the name rule, so engine state never lands outside ``_cq``."""
+        for part in name.split("/"):
+            check_name(part, what="engine state path segment")
         return f"{self.warehouse.rstrip('/')}/_cq/{name}"
 
 

@@ -1,10 +1,13 @@
-"""What every ``cq`` command module shares: opening the engine and the ledger from the settings."""
+"""What every ``cq`` command module shares: opening the engine and the ledger from the settings, and the
+name rule for NAME/TABLE arguments."""
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING
 
 from cq_engine.config import Settings
+from cq_engine.names import name_problem
 from cq_engine.storage.delta import DeltaRsStorage
 from cq_engine.storage.ledger import Ledger
 
@@ -27,3 +30,12 @@ def open_storage(settings: Settings) -> DeltaRsStorage:
 
 def open_ledger(settings: Settings) -> Ledger:
     return Ledger(store=open_storage(settings))
+
+
+def name_arg(text: str) -> str:
+    """argparse ``type`` for a definition, stream, trigger or table name: the name rule, before any
+    command touches anything."""
+    problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid name: {problem}")
+    return text

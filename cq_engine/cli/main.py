@@ -10,7 +10,7 @@ from typing import Sequence
 
 from cq_engine.resample import timing
 from cq_engine.durations import format_duration
-from cq_engine.cli.common import open_engine, open_ledger
+from cq_engine.cli.common import name_arg, open_engine, open_ledger
 from cq_engine.cli.streams import register
 from cq_engine.config import Settings, load_settings
 from cq_engine.errors import CQError
@@ -43,22 +43,22 @@ def _parser() -> argparse.ArgumentParser:
     sp = cmd("validate", _validate, "parse the definitions and list them; errors as file:line:col")
     sp.add_argument("path", nargs="?", help="file or directory (default: CQ_SQL_DIR)")
     sp = cmd("plan", _plan, "print the next firings at or after a time")
-    sp.add_argument("name")
+    sp.add_argument("name", type=name_arg)
     sp.add_argument("--from", dest="start", required=True, metavar="T")
     sp.add_argument("--count", type=int, default=5)
     sp.add_argument("--json", action="store_true")
     sp = cmd("run", _run, "execute the firing scheduled at T")
-    sp.add_argument("name")
+    sp.add_argument("name", type=name_arg)
     sp.add_argument("--at", required=True, metavar="T")
     sp = cmd("recalculate", _recalculate, "recompute every window in [T1, T2) in one run")
-    sp.add_argument("name")
+    sp.add_argument("name", type=name_arg)
     sp.add_argument("--from", dest="start", required=True, metavar="T1")
     sp.add_argument("--to", dest="end", metavar="T2", help="default: the end of the latest firing's range")
     sp.add_argument("--via-dagster", nargs="?", const="localhost:3000", metavar="HOST:PORT",
                     help="launch the definition's recalculate job on a Dagster webserver instead")
     cmd("show", _show, "list definitions with their last firing")
     sp = cmd("ingest", _ingest, "append a CSV, JSON-lines or Parquet file to a table (one commit)")
-    sp.add_argument("table")
+    sp.add_argument("table", type=name_arg)
     sp.add_argument("file")
     sp = cmd("query", _query, "run Spark SQL over the warehouse tables")
     sp.add_argument("sql")

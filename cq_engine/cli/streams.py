@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from cq_engine.cli.common import open_engine, open_ledger, open_storage
+from cq_engine.cli.common import name_arg, open_engine, open_ledger, open_storage
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
@@ -18,18 +18,18 @@ from cq_engine.times import UTC, iso, parse_time
 def register(cmd) -> None:
     sp = cmd("tick", _tick, "evaluate a definition's schedule or sensor once, as the daemon would, and run "
                            "what it requests")
-    sp.add_argument("name")
+    sp.add_argument("name", type=name_arg)
     sp.add_argument("--at", metavar="T", help="evaluation time (a schedule: its tick; default: now)")
     for name, verb in (("stop", "stop"), ("start", "start"), ("pause", "stop"), ("resume", "start")):
         sp = cmd(name, _control, f"{name} a definition's sensor or schedule in Dagster (STREAM {name.upper()})")
-        sp.add_argument("name")
+        sp.add_argument("name", type=name_arg)
         sp.set_defaults(verb=verb)
         if verb == "start":
             sp.add_argument("--ignore-untreated", action="store_true",
                             help="skip the data written while stopped instead of processing it as history")
         sp.add_argument("--dagster", default="localhost:3000", metavar="HOST:PORT")
     sp = cmd("drop", _drop, "what dropping a file-defined definition means (its outputs stay)")
-    sp.add_argument("name")
+    sp.add_argument("name", type=name_arg)
     sp = cmd("listen", _listen, "a local WebSocket server printing the NOTIFY messages it receives, one JSON "
                                "line each (for trying NOTIFY('ws://127.0.0.1:8765/notify'))")
     sp.add_argument("--host", default="127.0.0.1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Callable, Union
 
@@ -10,6 +11,7 @@ from sqlglot.tokens import Token, Tokenizer
 
 from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, Stream, TableDecl, TriggerDef
+from cq_engine.names import name_problem
 from cq_engine.parse.cursor import Cursor, SourceText, split_statements
 from cq_engine.parse.iotdb import parse_continuous_query
 from cq_engine.parse.options import ParseOptions
@@ -57,15 +59,45 @@ def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | Non
 
 def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
     start = cur.peek()
+    _check_identifiers(cur)
     for words in sorted(STATEMENT_PARSERS, key=len, reverse=True):
         if cur.match(*words):
-            return STATEMENT_PARSERS[words](cur, opts, start)
+            statement = STATEMENT_PARSERS[words](cur, opts, start)
+            _check_names(cur, statement)
+            return statement
     for words, command in COMMANDS.items():
         if cur.is_word(*words):
             raise cur.error_at(start, f"{' '.join(words)} is a command, not a definition: use `{command}`")
     raise cur.error_at(start, f"unknown statement starting with {start.text!r} "
                               "(expected CREATE CONTINUOUS QUERY, CREATE CQ, CREATE STREAM, CREATE RULE, CREATE TABLE "
                               "or CREATE TRIGGER)")
+
+
+# Names that become paths (tables, definitions, triggers); columns only need printable identifiers.
+_NAME_FIELDS = ("name", "alias", "source", "sink", "trigger_table")
+
+
+def _check_names(cur: Cursor, statement: Statement) -> None:
+    """The name rule (``cq_engine.names``) for every name a statement declares or reads, whatever
+    the dialect or quoting; the error points at the name where it is written."""
+    for field in _NAME_FIELDS:
+        name = getattr(statement, field, None)
+        if not name or (problem := name_problem(name)) is None:
+            continue
+        tok = next((t for t in cur.tokens if t.text == name), cur.tokens[0])
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise cur.error_at(tok, f"bad {field.replace('_', ' ')} {shown!r}: {problem}")
+
+
+def _check_identifiers(cur: Cursor) -> None:
+    """No identifier (quoted ones included) may hold control or bidi characters, which hide what the
+    text says."""
+    for tok in cur.tokens:
+        if "STRING" in tok.token_type.name:  # a string's text is data (a URL, a message)
+            continue
+        bad = next((ch for ch in tok.text if unicodedata.category(ch) in ("Cc", "Cf")), None)
+        if bad is not None:
+            raise cur.error_at(tok, f"identifier {tok.text!r} holds the control character U+{ord(bad):04X}")
 
 
 def parse_file(path: str | Path, *, options: ParseOptions | None = None) -> list[Statement]:

@@ -14,6 +14,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from cq_engine.errors import TableError
+from cq_engine.names import check_name
 from cq_engine.storage import log
 
 MAX_ATTEMPTS = 5
@@ -26,10 +27,15 @@ class DeltaStateTables:
     storage_options: dict[str, str] | None
 
     def uri(self, table: str) -> str:
-        return f"{self.warehouse.rstrip('/')}/{table}"
+        # The last defence of the name rule: no table name reaches outside the warehouse.
+        return f"{self.warehouse.rstrip('/')}/{check_name(table, what='table')}"
 
     def state_uri(self, name: str) -> str:
-        return self.uri(f"_cq/{name}")
+        """``<warehouse>/_cq/<name>``; each segment of ``name`` (``streams/<stream>/frontier``) follows the
+        name rule, so engine state (and what ``drop_state`` deletes) never leaves ``_cq``."""
+        for part in name.split("/"):
+            check_name(part, what="engine state path segment")
+        return f"{self.warehouse.rstrip('/')}/_cq/{name}"
 
     # -- state tables -----------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import pyarrow as pa
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
 from cq_engine.model import Catalog, SourceLocation, TriggerDef, statement_hash
+from cq_engine.names import check_name, inside
 from cq_engine.times import iso
 from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
 
@@ -129,7 +130,7 @@ class Registration:
 
 
 def state_dir(settings: Settings, name: str) -> Path:
-    return Path(settings.home) / "triggers" / name.lower()
+    return inside(Path(settings.home) / "triggers", check_name(name.lower(), what="trigger"))
 
 
 def write_json(path: Path, value: dict) -> None:
