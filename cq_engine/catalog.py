@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,26 +19,49 @@ from cq_engine.streams.output import data_columns, sink_mismatch
 
 
 def require_definition(catalog: Catalog, name: str, *, sql_dir: str) -> Definition:
-    """The definition called ``name``; a ``CQError`` listing the known ones otherwise."""
+    """The definition called ``name``; a ``CQError`` showing the load error that removed it, or
+    listing the known ones."""
     d = catalog.definition(name)
-    if d is None:
-        known = ", ".join(x.name for x in catalog.definitions) or "none"
-        raise CQError(f"no definition named {name!r} in {sql_dir} (known: {known})")
-    return d
+    if d is not None:
+        return d
+    lowered = name.lower()
+    removed = next((e for e in catalog.errors if lowered in (n.lower() for n in e.names)), None)
+    if removed is not None:
+        raise CQError(f"{name!r} did not load: {removed}")
+    known = ", ".join(x.name for x in catalog.definitions) or "none"
+    failed = f"; {len(catalog.errors)} load error(s), first: {catalog.errors[0]}" if catalog.errors else ""
+    raise CQError(f"no definition named {name!r} in {sql_dir} (known: {known}){failed}")
 
 
 def parse_options(settings: Settings) -> ParseOptions:
     return ParseOptions(tz=settings.tz, min_every=settings.min_every_delta)
 
 
-def load_catalog(path: str | Path, *, options: ParseOptions | None = None) -> Catalog:
-    """Parse all ``.sql`` files under ``path``; per-file errors land in ``Catalog.errors``."""
+# Statement names in a file that does not parse: what ``cq run NAME`` needs to show the file's error.
+_DECLARED = re.compile(r"\bCREATE\s+(?:CONTINUOUS\s+QUERY|CQ|STREAM|RULE|(?:STATELESS\s+|STATEFUL\s+)?TRIGGER)"
+                       r"\s+(?:IF\s+NOT\s+EXISTS\s+)?[`\"]?(\w+)", re.IGNORECASE)
+
+
+def _declared_names(file: Path) -> tuple[str, ...]:
+    try:
+        return tuple(_DECLARED.findall(file.read_text(encoding="utf-8", errors="replace")))
+    except OSError:
+        return ()
+
+
+def load_catalog(path: str | Path, *, options: ParseOptions | None = None,
+                 context: str | Path | None = None) -> Catalog:
+    """Parse all ``.sql`` files under ``path``; per-file errors land in ``Catalog.errors``.
+
+    ``context`` (the sql directory when ``path`` is one file of it): the tables its other files declare
+    are known when checking ``path``'s definitions (they are not part of the catalog)."""
     opts = options or ParseOptions()
+    files = sql_files(path)
     tables: list[TableDecl] = []
     definitions: list[Definition] = []
     triggers: list[TriggerDef] = []
-    errors: list[str] = []
-    for file in sql_files(path):
+    errors: list[ParseError] = []
+    for file in files:
         try:
             statements = parse_file(file, options=opts)
             file_tables = [s for s in statements if isinstance(s, TableDecl)]
@@ -48,14 +72,16 @@ def load_catalog(path: str | Path, *, options: ParseOptions | None = None) -> Ca
             all_tables = {t.name.lower(): t for t in tables + file_tables}
             for d in file_defs:
                 _check_against_tables(d, all_tables)
-        except ParseError as exc:
-            errors.append(str(exc))
+        except CQError as exc:
+            error = exc if isinstance(exc, ParseError) else ParseError(str(exc), file=str(file))
+            errors.append(error.removing(_declared_names(file)))
             continue
         tables += file_tables
         definitions += file_defs
         triggers += file_triggers
     # A source declared in a later file than its query is checked once everything is in.
-    by_name = {t.name.lower(): t for t in tables}
+    by_name = _context_tables(context, exclude=files, options=opts)
+    by_name.update({t.name.lower(): t for t in tables})
     by_name.update({t.alias.lower(): t for t in tables if t.alias})
     kept = []
     for d in definitions:
@@ -63,9 +89,32 @@ def load_catalog(path: str | Path, *, options: ParseOptions | None = None) -> Ca
             d = _resolve_rule(d, by_name)
             _check_against_tables(d, by_name)
             kept.append(d)
-        except ParseError as exc:
-            errors.append(str(exc))
+        except CQError as exc:
+            error = exc if isinstance(exc, ParseError) else _err(d.location, str(exc))
+            errors.append(error.removing((d.name,)))
     return Catalog(tables=tuple(tables), definitions=tuple(kept), errors=tuple(errors), triggers=tuple(triggers))
+
+
+def _context_tables(context: str | Path | None, *, exclude: list[Path], options: ParseOptions) -> dict:
+    """Tables declared in ``context``'s files other than ``exclude`` (files that fail are skipped: their
+    errors are reported when the directory is validated)."""
+    if context is None or not Path(context).is_dir():
+        return {}
+    skip = {f.resolve() for f in exclude}
+    out: dict[str, TableDecl] = {}
+    for file in sql_files(context):
+        if file.resolve() in skip:
+            continue
+        try:
+            statements = parse_file(file, options=options)
+        except CQError:
+            continue
+        for t in statements:
+            if isinstance(t, TableDecl):
+                out.setdefault(t.name.lower(), t)
+                if t.alias:
+                    out.setdefault(t.alias.lower(), t)
+    return out
 
 
 def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:

@@ -29,6 +29,7 @@ class Settings:
     home: str = "./.cq"  # project-local state: Spark Connect server pid, logs
     spark_port: int = DEFAULT_SPARK_PORT
     recalculate_chunk_windows: int = 100_000
+    trigger_path: str = ""  # where trigger modules are imported from; default: the parent of sql_dir
 
     @property
     def tz(self) -> ZoneInfo:
@@ -62,6 +63,7 @@ _ENV = {
     "home": "CQ_HOME",
     "spark_port": "CQ_SPARK_PORT",
     "recalculate_chunk_windows": "CQ_RECALCULATE_CHUNK_WINDOWS",
+    "trigger_path": "CQ_TRIGGER_PATH",
 }
 
 

@@ -21,7 +21,11 @@ TDENGINE_UNITS: dict[str, int] = {
     "w": 7 * 86400 * _S,
 }
 
-_PART = re.compile(r"(\d+)([a-zA-Z]+)")
+_PART = re.compile(r"([0-9]+)([a-zA-Z]+)")
+
+# The longest duration a definition may give: every time the engine derives from one (a firing's range,
+# a window's end) stays well inside the dates Python, Arrow and Spark can hold (see ``times.EARLIEST``).
+MAX_DURATION = timedelta(days=36_500)
 
 
 def parse_duration(text: str, *, units: dict[str, int] = IOTDB_UNITS, what: str = "duration") -> timedelta:
@@ -39,13 +43,24 @@ def parse_duration(text: str, *, units: dict[str, int] = IOTDB_UNITS, what: str 
             raise CQError(
                 f"{what}: unknown unit {match.group(2)!r} in {text!r} (units: {', '.join(units)})"
             )
+        if len(match.group(1)) > 30:  # int() of thousands of digits is slow, then refused
+            raise CQError(f"{what}: {text[:40]!r}... is longer than 100 years")
         total_ns += int(match.group(1)) * units[unit]
         pos = match.end()
     if pos != len(stripped) or not stripped:
         raise CQError(f"{what}: {text!r} is not a duration such as 20s or 1h30m")
     if total_ns % _US:
         raise CQError(f"{what}: {text!r} is finer than a microsecond, the engine's time resolution")
-    return timedelta(microseconds=total_ns // _US)
+    return bounded(total_ns // _US, what=what, text=text)
+
+
+def bounded(us: int, *, what: str, text: str) -> timedelta:
+    """``us`` microseconds if at most ``MAX_DURATION`` (checked before a ``timedelta`` could overflow);
+    a ``CQError`` quoting ``text`` otherwise."""
+    if us > micros(MAX_DURATION):
+        raise CQError(f"{what}: {text!r} is longer than {format_duration(MAX_DURATION)} (100 years), "
+                      "the longest duration the engine takes")
+    return timedelta(microseconds=us)
 
 
 def micros(delta: timedelta) -> int:

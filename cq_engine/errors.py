@@ -8,11 +8,19 @@ class CQError(Exception):
 
 
 class ParseError(CQError):
-    """A definition file is malformed; the message starts with ``file:line:col:``."""
+    """A definition file is malformed or does not fit the tables; ``str()`` is ``file:line:col: message``.
 
-    def __init__(self, message: str, *, file: str = "<string>", line: int = 1, col: int = 1):
-        self.file, self.line, self.col, self.detail = file, line, col, message
+    Structured for the catalog's load errors: ``file``, ``line``, ``col``, ``detail`` (the message without
+    its place) and ``names``, the definitions the error kept from loading (when known)."""
+
+    def __init__(self, message: str, *, file: str = "<string>", line: int = 1, col: int = 1,
+                 names: tuple[str, ...] = ()):
+        self.file, self.line, self.col, self.detail, self.names = file, line, col, message, names
         super().__init__(f"{file}:{line}:{col}: {message}")
+
+    def removing(self, names: tuple[str, ...]) -> "ParseError":
+        """The same error, recording the definitions it removed from the catalog."""
+        return ParseError(self.detail, file=self.file, line=self.line, col=self.col, names=names)
 
 
 class TableError(CQError):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, Union
 
+from cq_engine.errors import ParseError
+
 TimeoutPolicy = Literal["BLOCKED", "DISCARD"]
 FillKind = Literal["previous", "linear", "constant"]
 
@@ -359,7 +361,7 @@ class Catalog:
 
     tables: tuple[TableDecl, ...] = ()
     definitions: tuple[Definition, ...] = ()
-    errors: tuple[str, ...] = ()
+    errors: tuple[ParseError, ...] = ()  # one per file that failed, or per definition removed
     triggers: tuple[TriggerDef, ...] = ()  # IoTDB-style triggers (not definitions: no sink, no schedule)
 
     def definition(self, name: str) -> Definition | None:

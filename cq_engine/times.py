@@ -8,23 +8,36 @@ from cq_engine.errors import TimeError
 
 UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Times users give lie in [EARLIEST, LATEST): with durations of at most 100 years (``durations``), every
+# time derived from them stays inside what Python, Arrow and Spark can represent.
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 
 
 def parse_time(text: str, *, tz: tzinfo, what: str = "time") -> datetime:
     """Parse ``text`` into an aware UTC datetime; naive times are read in ``tz``."""
     raw = text.strip()
-    if raw.lstrip("-").isdigit():
-        return EPOCH + timedelta(milliseconds=int(raw))
+    if raw.lstrip("-").isascii() and raw.lstrip("-").isdigit():
+        ms = int(raw) if len(raw) <= 20 else None
+        if ms is None or not epoch_ms(EARLIEST) <= ms < epoch_ms(LATEST):
+            raise TimeError(f"{what}: {text!r} as epoch milliseconds is outside {_RANGE}")
+        return EPOCH + timedelta(milliseconds=ms)
     try:
         parsed = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=tz)
+        parsed = parsed.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise TimeError(
             f"{what}: {text!r} is not a time (use ISO-8601 such as 2021-05-11T22:18:40+08:00, "
             "or epoch milliseconds)"
         ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=tz)
-    return parsed.astimezone(UTC)
+    if not EARLIEST <= parsed < LATEST:
+        raise TimeError(f"{what}: {text!r} is outside {_RANGE}")
+    return parsed
+
+
+_RANGE = f"the times the engine takes, [{EARLIEST.year}-01-01, {LATEST.year}-01-01) UTC"
 
 
 def epoch_ms(t: datetime) -> int:

@@ -9,7 +9,7 @@ import dagster as dg
 
 from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings, load_settings
-from cq_engine.errors import CQError
+from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
 from cq_engine.engine import Engine
 from cq_engine.times import UTC
@@ -31,8 +31,8 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
     try:
         catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
         errors = list(catalog.errors)
-    except CQError as exc:
-        catalog, errors = None, [str(exc)]
+    except CQError as exc:  # the sql directory itself is unusable
+        catalog, errors = None, [exc if isinstance(exc, ParseError) else ParseError(str(exc), file=settings.sql_dir)]
     schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
     sensor_status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
     assets: list = []
@@ -67,10 +67,11 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
     )
 
 
-def error_placeholder(error: str) -> dg.AssetSpec:
-    """A visible stand-in for a file that failed to load: its description is the error."""
-    where = error.split(": ", 1)[0]
-    key = "invalid_" + hashlib.sha1(where.split(":")[0].encode()).hexdigest()[:8]
+def error_placeholder(error: ParseError) -> dg.AssetSpec:
+    """A visible stand-in for a file (or definition) that failed to load: its description is the error."""
+    where = f"{error.file}:{','.join(error.names)}" if error.names else error.file
+    key = "invalid_" + hashlib.sha1(where.encode()).hexdigest()[:8]
     return dg.AssetSpec(key=dg.AssetKey(["cq_errors", key]), group_name="cq_errors",
                         description=f"**This definition file failed to load**\n\n```\n{error}\n```",
-                        metadata={"cq/error": error}, kinds={"sql"})
+                        metadata={"cq/error": str(error), "cq/file": error.file, "cq/line": error.line,
+                                  "cq/col": error.col, "cq/message": error.detail}, kinds={"sql"})

@@ -172,7 +172,7 @@ def test_catalog_loads_good_files_and_reports_bad_ones(tmp_path):
     (tmp_path / "e.sql").write_text("CREATE CQ ts_filter BEGIN SELECT max(temperature) AS m INTO o5 FROM ln WHERE time > 3 GROUP BY (1s) END;")
     catalog = load_catalog(tmp_path)
     assert [d.name for d in catalog.definitions] == ["good"]
-    errors = "\n".join(catalog.errors)
+    errors = "\n".join(map(str, catalog.errors))
     assert f"{tmp_path}/b.sql:1:" in errors and "[start, end)" in errors
     assert "has no column 'humidity'" in errors
     assert "already writes" in errors

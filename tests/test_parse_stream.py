@@ -633,7 +633,7 @@ CREATE STREAM st STATE_WINDOW(st) FROM plain INTO st_out AS SELECT _twstart, cou
     catalog = load_catalog(tmp_path)
     assert [d.name for d in catalog.definitions] == ["good", "old_good", "per", "st"]
     assert len(catalog.errors) == len(bad)
-    for error_text, (name, (_, fragment)) in zip(catalog.errors, sorted(bad.items())):
+    for error_text, (name, (_, fragment)) in zip(map(str, catalog.errors), sorted(bad.items())):
         assert error_text.startswith(f"{tmp_path}/{name}.sql:1:1: ") and fragment in error_text, error_text
     good = catalog.definition("good")
     assert referenced_columns(good) == {"voltage", "current", "tbname", "location"}
@@ -645,4 +645,4 @@ def test_streams_and_queries_share_sinks_across_files(tmp_path):
                                     "FROM %%trows;")
     catalog = load_catalog(tmp_path)
     assert [d.name for d in catalog.definitions] == ["s1"]
-    assert "give each definition its own sink" in catalog.errors[0]
+    assert "give each definition its own sink" in str(catalog.errors[0])

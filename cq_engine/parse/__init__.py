@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 from sqlglot.errors import TokenError
-from sqlglot.tokens import Token, Tokenizer
+from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, Stream, TableDecl, TriggerDef
@@ -53,13 +53,16 @@ def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | Non
     statements = []
     for stmt_tokens, end in split_statements(source, tokens):
         cur = Cursor(source, stmt_tokens, end=end)
-        statements.append(_parse_statement(cur, opts))
+        try:
+            statements.append(_parse_statement(cur, opts))
+        except RecursionError:  # the nesting limit should prevent it; never a traceback if not
+            raise cur.error_at(stmt_tokens[0], "the statement is nested too deeply to parse") from None
     return statements
 
 
 def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
     start = cur.peek()
-    _check_identifiers(cur)
+    _check_tokens(cur)
     for words in sorted(STATEMENT_PARSERS, key=len, reverse=True):
         if cur.match(*words):
             statement = STATEMENT_PARSERS[words](cur, opts, start)
@@ -89,10 +92,25 @@ def _check_names(cur: Cursor, statement: Statement) -> None:
         raise cur.error_at(tok, f"bad {field.replace('_', ' ')} {shown!r}: {problem}")
 
 
-def _check_identifiers(cur: Cursor) -> None:
-    """No identifier (quoted ones included) may hold control or bidi characters, which hide what the
-    text says."""
+# Parentheses nested deeper than this are refused: sqlglot parses recursively (about 50 levels exhaust
+# Python's stack), and no definition needs more.
+MAX_NESTING = 20
+MAX_NUMBER_DIGITS = 30
+
+
+def _check_tokens(cur: Cursor) -> None:
+    """Before any statement parser runs: no identifier (quoted ones included) holds control or bidi
+    characters, which hide what the text says; no absurdly long number; no deep nesting."""
+    depth = 0
     for tok in cur.tokens:
+        if tok.token_type in (TokenType.L_PAREN, TokenType.L_BRACKET):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise cur.error_at(tok, f"parentheses nested deeper than {MAX_NESTING} levels")
+        elif tok.token_type in (TokenType.R_PAREN, TokenType.R_BRACKET):
+            depth = max(0, depth - 1)
+        elif tok.token_type == TokenType.NUMBER and len(tok.text) > MAX_NUMBER_DIGITS:
+            raise cur.error_at(tok, f"number {tok.text[:40]!r}... has more than {MAX_NUMBER_DIGITS} digits")
         if "STRING" in tok.token_type.name:  # a string's text is data (a URL, a message)
             continue
         bad = next((ch for ch in tok.text if unicodedata.category(ch) in ("Cc", "Cf")), None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import difflib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -143,8 +144,26 @@ class Cursor:
 
     def unexpected(self, message: str) -> ParseError:
         tok = self.peek()
-        found = f"found {tok.text!r}" if tok is not None else "found the end of the statement"
+        found = f"found {tok.text!r}{suggest(tok.text)}" if tok is not None else "found the end of the statement"
         return self.error_at(tok, f"{message}, {found}")
+
+
+# Keywords of the three dialects' statements, for "did you mean ...?" on a misspelled one.
+KEYWORDS = ("SELECT", "FROM", "WHERE", "GROUP", "BY", "HAVING", "ORDER", "LIMIT", "OFFSET", "INTO", "FILL",
+            "ALIGN", "DEVICE", "PARTITION", "INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "EVENT_WINDOW",
+            "COUNT_WINDOW", "PERIOD", "TRIGGER", "WATERMARK", "OPTIONS", "NOTIFY", "TAGS", "BEGIN", "END",
+            "RESAMPLE", "EVERY", "BOUNDARY", "RANGE", "TIMEOUT", "POLICY", "CREATE", "CONTINUOUS", "QUERY",
+            "STREAM", "RULE", "TABLE", "WITH", "FILTER", "OVER", "WHEN", "BEFORE", "AFTER", "INSERT",
+            "TUMBLINGWINDOW", "HOPPINGWINDOW", "SLIDINGWINDOW", "SESSIONWINDOW", "COUNTWINDOW")
+
+
+def suggest(word: str) -> str:
+    """`` (did you mean GROUP?)`` when ``word`` looks like a misspelled keyword, else ``''``."""
+    upper = word.upper()
+    if not upper.replace("_", "A").isalpha() or upper in KEYWORDS or len(upper) < 3:
+        return ""
+    match = difflib.get_close_matches(upper, KEYWORDS, n=1, cutoff=0.75)
+    return f" (did you mean {match[0]}?)" if match else ""
 
 
 _NOT_NAMES = {TokenType.STRING, TokenType.NUMBER, TokenType.L_PAREN, TokenType.R_PAREN,

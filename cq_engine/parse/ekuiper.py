@@ -14,6 +14,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlglot import exp
+
+from cq_engine.durations import bounded, micros
+from cq_engine.errors import CQError
 from sqlglot.tokens import Token, TokenType
 
 from cq_engine.model import (Column, CountTrigger, EkSessionTrigger, EkSlidingTrigger, SelectItem, SlidingTrigger,
@@ -100,7 +103,10 @@ def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
     if not query or query[0].text.upper() != "SELECT":
         raise cur.error_at(query[0] if query else into, "expected SELECT after AS")
     clauses = _clauses(cur, query)
-    source = cur.sub(clauses["FROM"][1], cur.end).table_name("a stream name after FROM").text
+    from_cur = cur.sub(clauses["FROM"][1], cur.end)
+    source = from_cur.table_name("a stream name after FROM").text
+    if not from_cur.at_end():
+        raise from_cur.unexpected("FROM takes one stream, then WHERE, GROUP BY or HAVING")
     if "GROUP BY" not in clauses:
         raise cur.error_at(query[0], "a rule needs GROUP BY with a window function: " + ", ".join(_USAGE.values()))
     keys, trigger, wtok = _group_by(cur, opts, *clauses["GROUP BY"])
@@ -247,6 +253,8 @@ def _window(cur: Cursor, opts: ParseOptions, part: list[Token]):
     lo, hi = _ARITY[fn]
     if not inner or not lo <= len(args) <= hi:
         raise cur.error_at(part[0], f"{fn} takes {lo if lo == hi else f'{lo} or {hi}'} arguments: {_USAGE[fn]}")
+    if not all(args):
+        raise cur.error_at(part[1], f"{fn} has an empty argument: {_USAGE[fn]}")
     if fn == "COUNTWINDOW":
         count = _positive_int(cur, args[0], "count")
         interval = _positive_int(cur, args[1], "interval") if len(args) > 1 else count
@@ -257,7 +265,13 @@ def _window(cur: Cursor, opts: ParseOptions, part: list[Token]):
     unit = UNITS.get(unit_tok.text.upper()) if len(args[0]) == 1 else None
     if unit is None:
         raise cur.error_at(unit_tok, f"unknown time unit {unit_tok.text!r} (DD, HH, MI, SS or MS)")
-    sizes = [unit * _positive_int(cur, a, "size") for a in args[1:]]
+    sizes = []
+    for a in args[1:]:
+        n = _positive_int(cur, a, "size")
+        try:
+            sizes.append(bounded(micros(unit) * n, what=f"{fn} size", text=f"{n} {unit_tok.text}"))
+        except CQError as exc:
+            raise cur.error_at(a[0], str(exc)) from None
     if fn == "TUMBLINGWINDOW":
         return SlidingTrigger(sliding=sizes[0], interval=sizes[0], interval_offset=_natural(unit, opts))
     if fn == "HOPPINGWINDOW":
@@ -279,6 +293,8 @@ def _natural(unit: timedelta, opts: ParseOptions) -> timedelta:
 
 
 def _positive_int(cur: Cursor, part: list[Token], what: str) -> int:
-    if len(part) != 1 or part[0].token_type != TokenType.NUMBER or not part[0].text.isdigit() or int(part[0].text) < 1:
-        raise cur.error_at(part[0] if part else None, f"the {what} must be a positive integer")
-    return int(part[0].text)
+    """A positive integer below 2**31 (a count Spark holds in an int)."""
+    text = part[0].text if len(part) == 1 and part[0].token_type == TokenType.NUMBER else ""
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) < 2**31):
+        raise cur.error_at(part[0] if part else None, f"the {what} must be a positive integer below 2147483648")
+    return int(text)

@@ -8,7 +8,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError as SqlglotParseError
 
-from cq_engine.parse.cursor import SourceText
+from cq_engine.parse.cursor import SourceText, suggest
 
 # The planner exposes the source's event time under this name, so functions that need it
 # (first_value, max_time...) can be written before the source table is known.
@@ -61,7 +61,8 @@ class Fragment:
             highlight = info.get("highlight") or ""
             offset = self._offset(prefix, int(info.get("line", 1)), int(info.get("col", 1)) - len(highlight))
             what = info.get("description", str(err)).split("\n")[0]
-            raise self.source.error(offset, f"{what} near {highlight or self.text.strip()!r}") from None
+            near = highlight or self.text.strip()
+            raise self.source.error(offset, f"{what} near {near!r}{suggest(highlight)}") from None
         if parsed is None:
             raise self.source.error(self.start, "empty clause")
         self._prefix = prefix

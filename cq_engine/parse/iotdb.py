@@ -12,7 +12,7 @@ from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping
 from cq_engine.times import EPOCH, parse_time
-from cq_engine.parse.cursor import Cursor
+from cq_engine.parse.cursor import Cursor, suggest
 from cq_engine.parse.fragments import (IOTDB_TIME_NAMES, Fragment, find_time_reference, is_aggregate,
                         rewrite_iotdb_functions, to_spark)
 from cq_engine.parse.options import ParseOptions
@@ -233,6 +233,10 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
 
 
 def _single_name(cur: Cursor, clause: Token, toks: list[Token], *, what: str) -> str:
+    if len(toks) > 1 and toks[0].token_type not in (TokenType.STRING, TokenType.NUMBER) \
+            and (hint := suggest(toks[1].text)):
+        # ``FROM ln GROPU BY (1m)``: the mistake is the misspelled clause, not the table name.
+        raise cur.error_at(toks[1], f"unexpected {toks[1].text!r} after {toks[0].text!r}{hint}")
     if len(toks) != 1 or toks[0].token_type in (TokenType.STRING, TokenType.NUMBER):
         hint = " (the table model writes and reads one table; IoTDB paths are not tables)" if len(toks) > 1 else ""
         raise cur.error_at(toks[0] if toks else clause, f"expected {what}{hint}")

@@ -8,6 +8,7 @@ process that creates an instance of the statement; its ``generation`` changes wh
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import json
 import logging
 import os
@@ -52,29 +53,49 @@ def where(trigger: TriggerDef) -> str:
     return f"{trigger.location}: trigger {trigger.name!r}"
 
 
-def load_class(trigger: TriggerDef, *, settings: Settings) -> type[Trigger]:
-    """Import ``module:Class`` from the Python path, else from the current directory or the project
-    directory (the parent of ``CQ_SQL_DIR``)."""
-    module_name, _, class_name = trigger.target.partition(":")
-    top = module_name.split(".")[0]
-    extra = [Path.cwd(), Path(settings.sql_dir).resolve().parent]
-    while True:
+def trigger_dirs(settings: Settings) -> list[Path]:
+    """Where trigger modules are looked for besides installed packages: ``CQ_TRIGGER_PATH``
+    (``os.pathsep``-separated), by default the project directory (the parent of ``CQ_SQL_DIR``)."""
+    if settings.trigger_path:
+        return [Path(p).resolve() for p in settings.trigger_path.split(os.pathsep) if p]
+    return [Path(settings.sql_dir).resolve().parent]
+
+
+def find_module(trigger: TriggerDef, *, settings: Settings) -> str:
+    """Where the trigger's top-level module is (a file or package directory), found without importing
+    or running anything; a ``TriggerError`` if neither the trigger path nor the installed packages
+    hold it. Python's implicit current-directory entry (``''``) is never searched."""
+    top = trigger.target.partition(":")[0].split(".")[0]
+    dirs = [str(d) for d in trigger_dirs(settings)]
+    installed = [p for p in sys.path if p not in ("", ".")]
+    for path in (dirs, installed):
         try:
-            module = importlib.import_module(module_name)
+            spec = importlib.machinery.PathFinder.find_spec(top, path)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            return spec.origin or next(iter(spec.submodule_search_locations or []), top)
+    if top in sys.modules and getattr(sys.modules[top], "__spec__", None) is not None:
+        return "(already imported)"
+    raise TriggerError(f"{where(trigger)}: no module {top!r} in the trigger path ({os.pathsep.join(dirs)}; "
+                       "set CQ_TRIGGER_PATH) or the installed packages")
+
+
+def load_class(trigger: TriggerDef, *, settings: Settings) -> type[Trigger]:
+    """Import ``module:Class`` (this runs the module's code: only where the trigger runs, never in
+    ``cq validate``) from the trigger path or the installed packages."""
+    module_name, _, class_name = trigger.target.partition(":")
+    find_module(trigger, settings=settings)
+    for d in trigger_dirs(settings):
+        if str(d) not in sys.path and ((d / module_name.split(".")[0]).is_dir()
+                                       or (d / f"{module_name.split('.')[0]}.py").is_file()):
+            sys.path.append(str(d))
             break
-        except ModuleNotFoundError as exc:
-            # Only a missing module of the target itself is looked for elsewhere, not its imports.
-            if exc.name is None or not module_name.startswith(exc.name):
-                raise TriggerError(f"{where(trigger)}: importing {module_name!r} failed: {exc}") from None
-            found = next((d for d in extra if str(d) not in sys.path
-                          and ((d / top).is_dir() or (d / f"{top}.py").is_file())), None)
-            if found is None:
-                raise TriggerError(f"{where(trigger)}: no module {module_name!r} on the Python path, in "
-                                   f"{Path.cwd()} or in {extra[1]}") from None
-            sys.path.append(str(found))
-        except Exception as exc:
-            raise TriggerError(f"{where(trigger)}: importing {module_name!r} failed: "
-                               f"{type(exc).__name__}: {exc}") from None
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise TriggerError(f"{where(trigger)}: importing {module_name!r} failed: "
+                           f"{type(exc).__name__}: {exc}") from None
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type) or not issubclass(cls, Trigger):
         what = "no class" if cls is None else "a class that is not a cq_engine.triggers.Trigger:"
@@ -97,7 +118,8 @@ def _call(trigger: TriggerDef, method: str, fn: Callable[[], object]) -> object:
 
 
 def check_trigger(trigger: TriggerDef, *, settings: Settings) -> None:
-    """What ``cq validate`` does: import the class and ``validate`` the attributes (no instance kept)."""
+    """``cq validate --check-triggers``: import the class and ``validate`` the attributes (no instance
+    kept). This runs user code, so plain ``cq validate`` only looks for the module (``find_module``)."""
     cls = load_class(trigger, settings=settings)
     instance = _call(trigger, "creating the instance", cls)
     _call(trigger, "validate()", lambda: instance.validate(attributes_of(trigger, settings=settings)))
@@ -270,7 +292,7 @@ def drop(name: str, *, catalog: Catalog, settings: Settings) -> dict | None:
     reg = registration(settings, name)
     if reg is None:
         return None
-    if any(err.startswith(f"{reg.file}:") for err in catalog.errors):
+    if any(err.file == reg.file for err in catalog.errors):
         raise CQError(f"trigger {reg.name!r} was defined in {reg.file}, which does not load now: fix that file "
                       "first (the trigger may still be in it)")
     trigger = reg.trigger()
