@@ -13,6 +13,7 @@ from cq_engine.catalog import require_definition
 from cq_engine.config import Settings
 from cq_engine.context import EngineContext, RunResult
 from cq_engine.errors import CQError
+from cq_engine.parse.safety import check_read_only
 from cq_engine.ingest import ingest
 from cq_engine.model import Catalog, ContinuousQuery, Definition, PeriodTrigger, Stream
 from cq_engine.resample import run as resample_run
@@ -112,8 +113,11 @@ class Engine:
         result = ingest(table=table, data=path, ctx=self.ctx)
         return result.version, result.rows
 
-    def query(self, sql: str, *, limit: int = 1000) -> pa.Table:
-        """Run Spark SQL with every warehouse table (and ``cq_firings``, the ledger) as a view."""
+    def query(self, sql: str, *, limit: int = 1000, allow_writes: bool = False) -> pa.Table:
+        """Run Spark SQL with every warehouse table (and ``cq_firings``, the ledger) as a view; only
+        a read (``parse.safety.check_read_only``) unless ``allow_writes``."""
+        if not allow_writes:
+            check_read_only(sql)
         for table in self.tables():
             df, _ = self.storage.read_range(self.spark, table, time_column=self.time_column(table), time_range=None)
             df.createOrReplaceTempView(table)

@@ -65,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     sp = cmd("query", _query, "run Spark SQL over the warehouse tables")
     sp.add_argument("sql")
     sp.add_argument("--limit", type=int, default=1000)
+    sp.add_argument("--allow-writes", action="store_true",
+                    help="run any statement (INSERT, CREATE, ADD JAR, file reads...); default: one SELECT only")
     sp = cmd("spark", _spark, "manage the local Spark Connect server")
     sp.add_argument("action", choices=["start", "stop", "status"])
     sp = cmd("dev", _dev, "Spark Connect server + Dagster UI/daemon + a simulated sensor feed; Ctrl-C stops all")
@@ -269,8 +271,12 @@ def _drop_trigger_or(fallback):
 
 
 def _query(args, settings: Settings) -> int:
+    from cq_engine.parse.safety import check_read_only
+
+    if not args.allow_writes:
+        check_read_only(args.sql)  # before Spark starts
     engine = open_engine(settings)
-    table = engine.query(args.sql, limit=args.limit)
+    table = engine.query(args.sql, limit=args.limit, allow_writes=args.allow_writes)
     _print_rows(table.column_names, [[_cell(v) for v in row.values()] for row in table.to_pylist()])
     return 0
 

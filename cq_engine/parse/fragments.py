@@ -9,6 +9,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError as SqlglotParseError
 
 from cq_engine.parse.cursor import SourceText, suggest
+from cq_engine.parse.safety import function_name, unsafe_expression
 
 # The planner exposes the source's event time under this name, so functions that need it
 # (first_value, max_time...) can be written before the source table is known.
@@ -56,6 +57,8 @@ class Fragment:
         sql = prefix + self.text
         try:
             parsed = sqlglot.parse_one(sql)
+        except RecursionError:
+            raise self.source.error(self.start, "the expression is nested too deeply to parse") from None
         except SqlglotParseError as err:
             info = err.errors[0] if err.errors else {}
             highlight = info.get("highlight") or ""
@@ -66,6 +69,11 @@ class Fragment:
         if parsed is None:
             raise self.source.error(self.start, "empty clause")
         self._prefix = prefix
+        if (unsafe := unsafe_expression(parsed)) is not None:
+            node, why = unsafe
+            word = function_name(node) or ""
+            at = self.text.lower().find(word.lower()) if word else -1
+            raise self.source.error(self.start + at, why) if at >= 0 else self.error(node, why)
         return parsed
 
     def _offset(self, prefix: str, line: int, col0: int) -> int:
