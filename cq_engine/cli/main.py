@@ -20,7 +20,10 @@ from cq_engine.times import UTC, iso, parse_time
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (argparse printed them) and --help, also when called in-process
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         settings = load_settings()
         return args.handler(args, settings) or 0
