@@ -49,7 +49,7 @@ def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | Non
     try:
         tokens = Tokenizer().tokenize(text)
     except TokenError as exc:
-        raise source.error(len(text.rstrip()), f"cannot tokenize: {exc}") from None
+        raise source.error(len(text.rstrip()), f"cannot tokenize: {str(exc)[:200]}") from None
     statements = []
     for stmt_tokens, end in split_statements(source, tokens):
         cur = Cursor(source, stmt_tokens, end=end)
