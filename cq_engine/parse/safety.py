@@ -42,7 +42,7 @@ def unsafe_expression(tree: exp.Expression) -> tuple[exp.Expression, str] | None
         if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):
             return node, "qualified function calls (db.function) are not allowed in a definition"
         if isinstance(node, (exp.Table, exp.Subquery)) or (isinstance(node, exp.Query) and node is not tree):
-            return node, "subqueries are not allowed in a definition's expressions: it reads only its tables"
+            return node, "subqueries are not supported in a definition's expressions: it reads only its tables"
     return None
 
 
