@@ -291,3 +291,23 @@ def test_read_only_queries_pass_the_check():
                 "SELECT device FROM ln UNION ALL SELECT device FROM cq1_out", "SELECT * FROM range(3)",
                 "SELECT definition, status FROM cq_firings ORDER BY started_at"):
         check_read_only(sql)
+
+
+def test_dagster_code_location_survives_every_crasher(project):
+    import dagster as dg
+
+    from dagster_defs import build_definitions
+
+    crashers = {"every.sql": cq("RESAMPLE EVERY 2147483648d").replace("c1", "x1"),
+                "minutes.sql": cq("RESAMPLE EVERY 2147483648m").replace("c1", "x2"),
+                "boundary.sql": cq("RESAMPLE EVERY 1m BOUNDARY 99999999999999999999").replace("c1", "x3"),
+                "deep.sql": cq(select="max(" + "(" * 500 + "temperature" + ")" * 500 + ") AS m").replace("c1", "x4"),
+                "window.sql": "CREATE RULE x5 INTO x5_out AS SELECT count(*) AS c FROM ln GROUP BY TUMBLINGWINDOW(,dd 1)",
+                "nul.sql": 'CREATE TABLE "a\x00b" (ts TIMESTAMP, v DOUBLE)'}
+    for name, sql in crashers.items():
+        (project / "sql" / name).write_text(sql)
+    settings = Settings(sql_dir=str(project / "sql"), warehouse=str(project / "wh"), home=str(project / ".cq"))
+    defs = build_definitions(settings=settings)
+    errors = [a for a in defs.assets if isinstance(a, dg.AssetSpec) and a.key.path[0] == "cq_errors"]
+    assert sorted(Path(e.metadata["cq/file"]).name for e in errors) == sorted(crashers)
+    assert defs.resolve_job_def("c1_job") is not None
