@@ -36,9 +36,13 @@ def check_name(name: str, *, what: str = "name") -> str:
     """``name`` if it follows the rule; a ``CQError`` quoting it (shortened) otherwise."""
     problem = name_problem(name)
     if problem is not None:
-        shown = name if len(name) <= 60 else name[:57] + "..."
-        raise CQError(f"{what} {shown!r}: {problem}")
+        raise CQError(f"{what} {shorten(name)!r}: {problem}")
     return name
+
+
+def shorten(name: str) -> str:
+    """A name as quoted in an error: at most 60 characters."""
+    return name if len(name) <= 60 else name[:57] + "..."
 
 
 def inside(base: str | Path, *parts: str) -> Path:

@@ -2,6 +2,8 @@
 crash on extreme values, structured load errors, no user code in validation, SQL that reaches outside
 its data refused. No Spark: everything here fails (or passes) before a session would start."""
 
+from pathlib import Path
+
 import pytest
 
 from cq_engine.catalog import load_catalog, require_definition

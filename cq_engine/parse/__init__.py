@@ -11,7 +11,7 @@ from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, Stream, TableDecl, TriggerDef
-from cq_engine.names import name_problem
+from cq_engine.names import name_problem, shorten
 from cq_engine.parse.cursor import Cursor, SourceText, split_statements
 from cq_engine.parse.iotdb import parse_continuous_query
 from cq_engine.parse.options import ParseOptions
@@ -88,8 +88,7 @@ def _check_names(cur: Cursor, statement: Statement) -> None:
         if not name or (problem := name_problem(name)) is None:
             continue
         tok = next((t for t in cur.tokens if t.text == name), cur.tokens[0])
-        shown = name if len(name) <= 60 else name[:57] + "..."
-        raise cur.error_at(tok, f"bad {field.replace('_', ' ')} {shown!r}: {problem}")
+        raise cur.error_at(tok, f"bad {field.replace('_', ' ')} {shorten(name)!r}: {problem}")
 
 
 # Parentheses nested deeper than this are refused: sqlglot parses recursively (about 50 levels exhaust
