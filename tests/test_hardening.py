@@ -313,3 +313,25 @@ def test_dagster_code_location_survives_every_crasher(project):
     errors = [a for a in defs.assets if isinstance(a, dg.AssetSpec) and a.key.path[0] == "cq_errors"]
     assert sorted(Path(e.metadata["cq/file"]).name for e in errors) == sorted(crashers)
     assert defs.resolve_job_def("c1_job") is not None
+
+
+R = "reflect('java.lang.System', 'getenv', 'HOME')"
+
+
+@pytest.mark.parametrize("sql", [
+    f"CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(PRE_FILTER({R} = 'x')) "
+    "INTO o AS SELECT _twstart, avg(current) AS c FROM %%trows",
+    f"CREATE STREAM s1 EVENT_WINDOW(START WITH {R} = 'a' END WITH current > 9) FROM meters PARTITION BY tbname "
+    "INTO o AS SELECT _twstart, avg(current) AS c FROM %%trows",
+    f"CREATE STREAM s1 STATE_WINDOW({R}) FROM meters PARTITION BY tbname INTO o AS SELECT _twstart, "
+    "avg(current) AS c FROM %%trows",
+    f"CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname INTO o "
+    f"OUTPUT_SUBTABLE(CONCAT('a', {R})) AS SELECT _twstart, avg(current) AS c FROM %%trows",
+    f"CREATE STREAM s2 INTO o AS SELECT _wstart, count(*) c FROM meters PARTITION BY {R} AS cc INTERVAL(10s)",
+    f"CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY SLIDINGWINDOW(ss, 10) FILTER(WHERE {R} = 'x')",
+    f"CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY SLIDINGWINDOW(ss, 10) OVER(WHEN {R} = 'x')",
+    f"CREATE CQ c1 RESAMPLE EVERY 1m BEGIN SELECT max(temperature) AS m INTO s FROM ln GROUP BY (1m), device "
+    f"HAVING max({R}) > 1 END",
+])
+def test_every_clause_of_every_dialect_is_checked(sql):
+    assert error_of(sql).startswith(place(sql, "reflect") + " reflect() reaches outside the data")
