@@ -19,7 +19,7 @@ class ParseError(CQError):
         self.file, self.line, self.col, self.detail, self.names = file, line, col, message, names
         super().__init__(f"{file}:{line}:{col}: {message}")
 
-    def removing(self, names: tuple[str, ...]) -> "ParseError":
+    def removing(self, names: tuple[str, ...]) -> ParseError:
         """The same error, recording the definitions it removed from the catalog."""
         return ParseError(self.detail, file=self.file, line=self.line, col=self.col, names=names)
 

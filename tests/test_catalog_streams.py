@@ -42,7 +42,8 @@ def test_an_alias_of_tbname_still_groups_by_subtable(tmp_path):
                    b="CREATE STREAM s2 INTO o2 AS SELECT _wstart, count(*) AS n FROM meters "
                      "PARTITION BY upper(tbname) AS tname SESSION(ts, 10s)")
     assert [d.name for d in catalog.definitions] == ["s"]
-    assert tuple(map(str, catalog.errors)) == (f"{tmp_path}/b.sql:1:1: 's2': SESSION on super table 'meters' needs PARTITION BY "
+    errors = tuple(map(str, catalog.errors))
+    assert errors == (f"{tmp_path}/b.sql:1:1: 's2': SESSION on super table 'meters' needs PARTITION BY "
                               "tbname (each subtable has its own windows)",)
 
 
@@ -132,7 +133,8 @@ def test_a_sink_declared_in_a_later_file_is_checked_too(tmp_path):
     (tmp_path / "a.sql").write_text("CREATE STREAM s INTO late AS SELECT _wstart, count(*) FROM src INTERVAL(1m);")
     (tmp_path / "b.sql").write_text("CREATE TABLE late (ts TIMESTAMP, a DOUBLE, b DOUBLE);")
     catalog = load_catalog(tmp_path)
-    assert tuple(map(str, catalog.errors)) == (f"{tmp_path}/a.sql:1:1: 's': table 'late' has 3 columns (ts, a, b) but the query "
+    errors = tuple(map(str, catalog.errors))
+    assert errors == (f"{tmp_path}/a.sql:1:1: 's': table 'late' has 3 columns (ts, a, b) but the query "
                               "yields 2; give INTO late (col, ...) to map them",)
 
 
@@ -143,7 +145,8 @@ def test_two_streams_writing_one_sink_are_rejected(tmp_path):
                                "FROM %%trows;\nCREATE STREAM s2 INTO SHARED AS SELECT _wstart, count(*) FROM plain "
                                "INTERVAL(1m)")
     assert catalog.definitions == ()  # the whole file is rejected
-    assert tuple(map(str, catalog.errors)) == (f"{tmp_path}/a.sql:2:1: 's2' writes table 'SHARED', which 's1' already writes "
+    errors = tuple(map(str, catalog.errors))
+    assert errors == (f"{tmp_path}/a.sql:2:1: 's2' writes table 'SHARED', which 's1' already writes "
                               f"({tmp_path}/a.sql:1:1); give each definition its own sink",)
 
 
@@ -152,7 +155,8 @@ def test_a_stream_and_a_continuous_query_writing_one_sink_are_rejected(tmp_path)
                                "FROM %%trows",
                    b="CREATE CQ q BEGIN SELECT max(v) AS m INTO shared FROM plain GROUP BY (1s) END")
     assert [d.name for d in catalog.definitions] == ["s1"]
-    assert tuple(map(str, catalog.errors)) == (f"{tmp_path}/b.sql:1:1: 'q' writes table 'shared', which 's1' already writes "
+    errors = tuple(map(str, catalog.errors))
+    assert errors == (f"{tmp_path}/b.sql:1:1: 'q' writes table 'shared', which 's1' already writes "
                               f"({tmp_path}/a.sql:1:1); give each definition its own sink",)
 
 

@@ -100,7 +100,8 @@ def test_select_star_expands_to_the_declared_fields(tmp_path):
     rule = catalog.definition("r")
     assert [i.name for i in rule.select] == ["window_start", "window_end", "ID", "temperature", "revenue", "ts"]
     assert (rule.trigger_table, rule.source) == ("demo", "demo")
-    assert tuple(map(str, catalog.errors)) == (f"{tmp_path}/r.sql:3:1: 'bad': SELECT * needs 'nowhere' declared (CREATE STREAM "
+    errors = tuple(map(str, catalog.errors))
+    assert errors == (f"{tmp_path}/r.sql:3:1: 'bad': SELECT * needs 'nowhere' declared (CREATE STREAM "
                               "nowhere (...) WITH (...) or CREATE TABLE) to know its fields",)
 
 

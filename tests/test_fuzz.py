@@ -25,12 +25,62 @@ HANG_SECONDS = 20  # per mutant: only a hang gets near it
 PLACE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): \S")
 
 _TOKEN = re.compile(r"""'[^']*'|"[^"]*"|`[^`]*`|\d+[A-Za-z]*|[A-Za-z_%][\w%]*|--[^\n]*|\s+|.""", re.S)
-EXTREMES = ["2147483648", "99999999999999999999", "0", "-1", "1e400", "9" * 60, "2147483648d", "2147483648m",
-            "1ns", "1zz", "0s", "99999999999999999999s", "1d1h1m1s1ms1us", "NaN", "-0"]
-NAMES = ["a" * 300, "a\x00b", "x\u202ey", '"../escaped"', '"/abs/x"', '"a\\\\b"', "`..`", '".."', "\u0007",
-         "温度", '""', "é" * 70, "_"]
-KEYWORDS = ["SELECT", "FROM", "GROUP", "BY", "WHERE", "INTO", "AS", "END", "BEGIN", "(", ")", ",", ";", "*",
-            "PARTITION", "INTERVAL", "GROPU", "TUMBLINGWINDOW", "reflect", "java_method", "CASE", "WHEN"]
+EXTREMES = [
+    "2147483648",
+    "99999999999999999999",
+    "0",
+    "-1",
+    "1e400",
+    "9" * 60,
+    "2147483648d",
+    "2147483648m",
+    "1ns",
+    "1zz",
+    "0s",
+    "99999999999999999999s",
+    "1d1h1m1s1ms1us",
+    "NaN",
+    "-0",
+]
+NAMES = [
+    "a" * 300,
+    "a\x00b",
+    "x\u202ey",
+    '"../escaped"',
+    '"/abs/x"',
+    '"a\\\\b"',
+    "`..`",
+    '".."',
+    "\u0007",
+    "温度",
+    '""',
+    "é" * 70,
+    "_",
+]
+KEYWORDS = [
+    "SELECT",
+    "FROM",
+    "GROUP",
+    "BY",
+    "WHERE",
+    "INTO",
+    "AS",
+    "END",
+    "BEGIN",
+    "(",
+    ")",
+    ",",
+    ";",
+    "*",
+    "PARTITION",
+    "INTERVAL",
+    "GROPU",
+    "TUMBLINGWINDOW",
+    "reflect",
+    "java_method",
+    "CASE",
+    "WHEN",
+]
 
 
 def statements(path: Path) -> tuple[str, list[str]]:
@@ -45,8 +95,11 @@ def statements(path: Path) -> tuple[str, list[str]]:
         depth += {"(": 1, ")": -1}.get(tok, 0)
         current.append(tok)
     parts.append("".join(current))
-    parts = [p for p in parts if p.strip() and not all(line.strip().startswith("--") or not line.strip()
-                                                       for line in p.splitlines())]
+    parts = [
+        p
+        for p in parts
+        if p.strip() and not all(line.strip().startswith("--") or not line.strip() for line in p.splitlines())
+    ]
     tables = [p for p in parts if re.match(r"\s*(--[^\n]*\n\s*)*CREATE\s+(TABLE|STREAM\s+\w+\s*\()", p, re.I)]
     return ";\n".join(tables), [p for p in parts if p not in tables] + tables
 
@@ -78,7 +131,7 @@ def mutate(text: str, rng: random.Random) -> str:
         elif op == 7 and toks[i][:1].isalpha():
             word = toks[i]
             k = rng.randrange(len(word))
-            toks[i] = word[:k] + word[k + 1:] if len(word) > 2 else word + word  # a misspelling
+            toks[i] = word[:k] + word[k + 1 :] if len(word) > 2 else word + word  # a misspelling
         else:
             toks[i] = toks[i] + rng.choice(["d", "ns", "\x00", "\u202e", "..", "/", "'"])
     return "".join(toks)
@@ -118,17 +171,24 @@ def test_mutants_load_or_fail_with_file_line_col(tmp_path):
             signal.alarm(HANG_SECONDS)
             try:
                 catalog = load_catalog(file)
-            except BaseException as exc:  # noqa: BLE001 - any escape is the finding
-                failures.append(f"{file} (from {path.name}): {type(exc).__name__}: {exc}\n{mutant[:400]!r}\n"
-                                + "".join(traceback.format_exception(exc)[-3:]))
+            except BaseException as exc:  # any escape is the finding
+                failures.append(
+                    f"{file} (from {path.name}): {type(exc).__name__}: {exc}\n{mutant[:400]!r}\n"
+                    + "".join(traceback.format_exception(exc)[-3:])
+                )
                 continue
             finally:
                 signal.alarm(0)
             lines = mutant.count("\n") + 1
             for error in catalog.errors:
                 match = PLACE.match(str(error))
-                if not (isinstance(error, ParseError) and match and match["file"] == str(file)
-                        and 1 <= error.line <= lines and error.col >= 1):
+                if not (
+                    isinstance(error, ParseError)
+                    and match
+                    and match["file"] == str(file)
+                    and 1 <= error.line <= lines
+                    and error.col >= 1
+                ):
                     failures.append(f"{file}: not a file:line:col error: {error!r}\n{mutant[:400]!r}")
             counts["errors" if catalog.errors else "loaded"] += 1
             if not catalog.errors:
@@ -144,11 +204,14 @@ def _cli_mutants(tmp_path: Path, count: int, seed: int) -> list[Path]:
     corpus = _corpus()
     files = []
     for n in range(count):
-        path, tables, stmt = rng.choice(corpus)
+        _, tables, stmt = rng.choice(corpus)
         d = tmp_path / f"c{n}"
         d.mkdir()
-        (d / "m.sql").write_text((tables + ";\n" if tables and stmt not in tables else "") + mutate(stmt, rng),
-                                 encoding="utf-8", errors="surrogatepass")
+        (d / "m.sql").write_text(
+            (tables + ";\n" if tables and stmt not in tables else "") + mutate(stmt, rng),
+            encoding="utf-8",
+            errors="surrogatepass",
+        )
         files.append(d / "m.sql")
     return files
 
@@ -172,17 +235,29 @@ def test_cli_subprocess_sample_exits_non_zero_without_traceback(tmp_path):
     cq = Path(sys.executable).with_name("cq")
     if not cq.exists():
         pytest.skip("the cq script is not installed next to this Python")
-    env = {"PATH": str(cq.parent), "CQ_HOME": str(tmp_path / ".cq"), "CQ_CONFIG": str(tmp_path / "none.toml"),
-           "PYTHONPATH": ":".join(sys.path[1:])}
-    for file in _cli_mutants(tmp_path, 6, seed=16) + [tmp_path / "deep.sql"]:
+    env = {
+        "PATH": str(cq.parent),
+        "CQ_HOME": str(tmp_path / ".cq"),
+        "CQ_CONFIG": str(tmp_path / "none.toml"),
+        "PYTHONPATH": ":".join(sys.path[1:]),
+    }
+    for file in [*_cli_mutants(tmp_path, 6, seed=16), tmp_path / "deep.sql"]:
         if file.name == "deep.sql":
-            file.write_text("CREATE CQ c BEGIN SELECT max(" + "(" * 500 + "x" + ")" * 500 + ") AS m INTO o FROM t "
-                            "GROUP BY (1m) END")
-        proc = subprocess.run([str(cq), "validate", str(file)], capture_output=True, text=True, timeout=120,
-                              env={**env, "CQ_SQL_DIR": str(file.parent)}, cwd=tmp_path)
+            file.write_text(
+                "CREATE CQ c BEGIN SELECT max(" + "(" * 500 + "x" + ")" * 500 + ") AS m INTO o FROM t GROUP BY (1m) END"
+            )
+        proc = subprocess.run(
+            [str(cq), "validate", str(file)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "CQ_SQL_DIR": str(file.parent)},
+            cwd=tmp_path,
+        )
         assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
         assert proc.returncode in (0, 1)
         if proc.returncode:
-            assert all(PLACE.match(line) or line.startswith("cq: error: ")
-                       for line in proc.stderr.strip().splitlines()), proc.stderr
+            assert all(
+                PLACE.match(line) or line.startswith("cq: error: ") for line in proc.stderr.strip().splitlines()
+            ), proc.stderr
     assert proc.returncode == 1 and "nested deeper than 20 levels" in proc.stderr

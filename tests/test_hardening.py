@@ -28,8 +28,12 @@ def project(tmp_path, monkeypatch):
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "tables.sql").write_text(TABLE)
     (tmp_path / "sql" / "cq.sql").write_text(cq() + ";\n")
-    for var, value in {"CQ_SQL_DIR": tmp_path / "sql", "CQ_WAREHOUSE": tmp_path / "wh", "CQ_HOME": tmp_path / ".cq",
-                       "CQ_CONFIG": tmp_path / "none.toml"}.items():
+    for var, value in {
+        "CQ_SQL_DIR": tmp_path / "sql",
+        "CQ_WAREHOUSE": tmp_path / "wh",
+        "CQ_HOME": tmp_path / ".cq",
+        "CQ_CONFIG": tmp_path / "none.toml",
+    }.items():
         monkeypatch.setenv(var, str(value))
     monkeypatch.delenv("CQ_TRIGGER_PATH", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -55,20 +59,31 @@ def place(sql: str, needle: str) -> str:
 
 # -- the name rule ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sql, where, message", [
-    (cq(sink='"../escaped_sink"'), '"../', "bad sink '../escaped_sink'"),
-    (cq(source='"../../wh/src"'), '"../', "bad source '../../wh/src'"),
-    (cq(sink='"/abs/path"'), '"/abs', "bad sink '/abs/path'"),
-    (cq(sink='"a\\\\b"'), '"a', "not '\\\\'"),
-    ("CREATE TABLE " + "t" * 300 + " (ts TIMESTAMP, v DOUBLE)", "ttt", f"at most {MAX_NAME_BYTES} bytes"),
-    ('CREATE TABLE "a\x00b" (ts TIMESTAMP, v DOUBLE)', '"a', "control character U+0000"),
-    ("CREATE TABLE t (ts TIMESTAMP, \"v\u202e\" DOUBLE)", '"v', "control character U+202E"),
-    ("CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters INTO \"../out\" AS SELECT _twstart, avg(c) AS a "
-     "FROM %%trows", '"../out', "expected a table name after INTO, found '../out'"),
-    ('CREATE STREAM st (a BIGINT, ts BIGINT) WITH (DATASOURCE="../x", TIMESTAMP="ts")', '"../x', "bad name '../x'"),
-    ('CREATE RULE r INTO ".." AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(ss, 10)', '".."',
-     "expected a table name after INTO, found '..'"),
-])
+
+@pytest.mark.parametrize(
+    "sql, where, message",
+    [
+        (cq(sink='"../escaped_sink"'), '"../', "bad sink '../escaped_sink'"),
+        (cq(source='"../../wh/src"'), '"../', "bad source '../../wh/src'"),
+        (cq(sink='"/abs/path"'), '"/abs', "bad sink '/abs/path'"),
+        (cq(sink='"a\\\\b"'), '"a', "not '\\\\'"),
+        ("CREATE TABLE " + "t" * 300 + " (ts TIMESTAMP, v DOUBLE)", "ttt", f"at most {MAX_NAME_BYTES} bytes"),
+        ('CREATE TABLE "a\x00b" (ts TIMESTAMP, v DOUBLE)', '"a', "control character U+0000"),
+        ('CREATE TABLE t (ts TIMESTAMP, "v\u202e" DOUBLE)', '"v', "control character U+202E"),
+        (
+            'CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters INTO "../out" AS SELECT _twstart, avg(c) AS a '
+            "FROM %%trows",
+            '"../out',
+            "expected a table name after INTO, found '../out'",
+        ),
+        ('CREATE STREAM st (a BIGINT, ts BIGINT) WITH (DATASOURCE="../x", TIMESTAMP="ts")', '"../x', "bad name '../x'"),
+        (
+            'CREATE RULE r INTO ".." AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(ss, 10)',
+            '".."',
+            "expected a table name after INTO, found '..'",
+        ),
+    ],
+)
 def test_names_that_escape_the_warehouse_are_refused_at_parse(sql, where, message):
     text = error_of(sql)
     assert text.startswith(place(sql, where)) and message in text
@@ -98,17 +113,26 @@ def test_storage_and_engine_state_refuse_escaping_names(tmp_path):
     assert inside(tmp_path, "a") == (tmp_path / "a").resolve()
 
 
-@pytest.mark.parametrize("args", [
-    ["drop", "../../../victim"], ["drop", ".."], ["drop", "a/b"], ["ingest", "../other/t", "f.csv"],
-    ["run", "../x", "--at", "2021-05-11T22:18:40"], ["plan", "..", "--from", "2021-05-11"],
-    ["tick", "../x"], ["recalculate", "/abs", "--from", "2021-05-11"], ["stop", ".."],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["drop", "../../../victim"],
+        ["drop", ".."],
+        ["drop", "a/b"],
+        ["ingest", "../other/t", "f.csv"],
+        ["run", "../x", "--at", "2021-05-11T22:18:40"],
+        ["plan", "..", "--from", "2021-05-11"],
+        ["tick", "../x"],
+        ["recalculate", "/abs", "--from", "2021-05-11"],
+        ["stop", ".."],
+    ],
+)
 def test_cli_refuses_bad_names_before_touching_anything(project, capsys, args):
     victim = project / "victim"
     victim.mkdir()
     (victim / "keep").write_text("precious")
     (project / "wh" / "_cq" / "streams").mkdir(parents=True)
-    code, out, err = run(capsys, *args)
+    code, _, err = run(capsys, *args)
     assert code == 2 and "is not a valid name" in err and "Traceback" not in err
     assert (victim / "keep").read_text() == "precious"
     assert (project / "wh" / "_cq" / "streams").is_dir()
@@ -117,30 +141,48 @@ def test_cli_refuses_bad_names_before_touching_anything(project, capsys, args):
 
 # -- the loader never crashes ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("sql, where, message", [
-    (cq("RESAMPLE EVERY 2147483648d"), "2147", "longer than 36500d (100 years)"),
-    (cq("RESAMPLE EVERY 2147483648m"), "2147", "longer than 36500d (100 years)"),
-    (cq("RESAMPLE EVERY 1m BOUNDARY 99999999999999999999"), "9999", "is outside the times the engine takes"),
-    (cq("RESAMPLE EVERY 1m BOUNDARY 9999-12-31T23:59:59"), "9999", "is outside the times the engine takes"),
-    (cq("RESAMPLE EVERY 1" + "0" * 5000 + "s"), "1000", "more than 30 digits"),
-    ("CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(dd, 2147483648)", "2147",
-     "positive integer below 2147483648"),
-    ("CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(dd, 2147483647)", "2147",
-     "longer than 36500d"),
-    ("CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(,dd 1)", "(,",
-     "TUMBLINGWINDOW has an empty argument"),
-    (cq(select="max(" + "(" * 500 + "temperature" + ")" * 500 + ") AS m"), "", "nested deeper than 20 levels"),
-    ("CREATE STREAM s1 INTERVAL(99999999999d) SLIDING(1m) FROM meters INTO o AS SELECT _twstart, avg(c) AS a "
-     "FROM %%trows", "9999", "longer than 36500d"),
-])
+
+@pytest.mark.parametrize(
+    "sql, where, message",
+    [
+        (cq("RESAMPLE EVERY 2147483648d"), "2147", "longer than 36500d (100 years)"),
+        (cq("RESAMPLE EVERY 2147483648m"), "2147", "longer than 36500d (100 years)"),
+        (cq("RESAMPLE EVERY 1m BOUNDARY 99999999999999999999"), "9999", "is outside the times the engine takes"),
+        (cq("RESAMPLE EVERY 1m BOUNDARY 9999-12-31T23:59:59"), "9999", "is outside the times the engine takes"),
+        (cq("RESAMPLE EVERY 1" + "0" * 5000 + "s"), "1000", "more than 30 digits"),
+        (
+            "CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(dd, 2147483648)",
+            "2147",
+            "positive integer below 2147483648",
+        ),
+        (
+            "CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(dd, 2147483647)",
+            "2147",
+            "longer than 36500d",
+        ),
+        (
+            "CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY TUMBLINGWINDOW(,dd 1)",
+            "(,",
+            "TUMBLINGWINDOW has an empty argument",
+        ),
+        (cq(select="max(" + "(" * 500 + "temperature" + ")" * 500 + ") AS m"), "", "nested deeper than 20 levels"),
+        (
+            "CREATE STREAM s1 INTERVAL(99999999999d) SLIDING(1m) FROM meters INTO o AS SELECT _twstart, avg(c) AS a "
+            "FROM %%trows",
+            "9999",
+            "longer than 36500d",
+        ),
+    ],
+)
 def test_extreme_values_are_parse_errors(sql, where, message):
     text = error_of(sql)
     assert text.startswith(place(sql, where)) and message in text
 
 
 def test_one_bad_file_never_takes_the_others_down(project, capsys):
-    (project / "sql" / "bad.sql").write_text("\n" + cq("RESAMPLE EVERY 2147483648d").replace("c1", "c2")
-                                             .replace("c1_out", "c2_out") + ";\n")
+    (project / "sql" / "bad.sql").write_text(
+        "\n" + cq("RESAMPLE EVERY 2147483648d").replace("c1", "c2").replace("c1_out", "c2_out") + ";\n"
+    )
     catalog = load_catalog(project / "sql")
     assert [d.name for d in catalog.definitions] == ["c1"]
     (error,) = catalog.errors
@@ -156,7 +198,8 @@ def test_dagster_placeholder_uses_the_structured_error(project):
 
     from dagster_defs.definitions import error_placeholder
 
-    (project / "sql" / "bad.sql").write_text("CREATE CQ c2 BEGIN SELECT max(nope) AS m INTO o2 FROM ln GROUP BY (1m) END")
+    bad = "CREATE CQ c2 BEGIN SELECT max(nope) AS m INTO o2 FROM ln GROUP BY (1m) END"
+    (project / "sql" / "bad.sql").write_text(bad)
     (error,) = load_catalog(project / "sql").errors
     spec = error_placeholder(error)
     assert isinstance(spec, dg.AssetSpec) and spec.key.path[0] == "cq_errors"
@@ -179,15 +222,18 @@ def test_plan_with_the_longest_every_stays_in_range(project, capsys):
 
 # -- item 6: one file sees the others' tables; a removed definition says why ----------------------
 
+
 def test_validate_one_file_checks_columns_against_the_sql_dir(project, capsys):
-    (project / "sql" / "one.sql").write_text("CREATE CQ bad_col BEGIN SELECT max(humidity) AS m INTO o2 FROM ln "
-                                             "GROUP BY (1m) END;")
+    (project / "sql" / "one.sql").write_text(
+        "CREATE CQ bad_col BEGIN SELECT max(humidity) AS m INTO o2 FROM ln GROUP BY (1m) END;"
+    )
     code, _, err = run(capsys, "validate", str(project / "sql" / "one.sql"))
     assert code == 1 and "'bad_col': table 'ln' has no column 'humidity'" in err
     code, _, err = run(capsys, "run", "bad_col", "--at", "2021-05-11T22:18:00")
     assert code == 1 and err.startswith("cq: error: 'bad_col' did not load: ") and "no column 'humidity'" in err
-    (project / "sql" / "one.sql").write_text("CREATE CQ broken BEGIN SELECT max(temperature) AS m INTO o2 FROM ln "
-                                             "GROPU BY (1m) END;")
+    (project / "sql" / "one.sql").write_text(
+        "CREATE CQ broken BEGIN SELECT max(temperature) AS m INTO o2 FROM ln GROPU BY (1m) END;"
+    )
     catalog = load_catalog(project / "sql")
     with pytest.raises(CQError, match=r"'broken' did not load: .*one.sql:1:.*did you mean GROUP\?"):
         require_definition(catalog, "broken", sql_dir="sql")
@@ -195,15 +241,20 @@ def test_validate_one_file_checks_columns_against_the_sql_dir(project, capsys):
 
 # -- issue 15 item 4: a misspelled keyword --------------------------------------------------------
 
+
 def test_misspelled_keyword_is_reported_where_it_is_with_a_suggestion():
-    sql = ("CREATE CONTINUOUS QUERY typo\nRESAMPLE EVERY 20s\nBEGIN\n  SELECT max_value(temperature)\n"
-           "  INTO typo_out(temperature_max)\n  FROM ln\n  GROPU BY(10s), device\nEND;")
+    sql = (
+        "CREATE CONTINUOUS QUERY typo\nRESAMPLE EVERY 20s\nBEGIN\n  SELECT max_value(temperature)\n"
+        "  INTO typo_out(temperature_max)\n  FROM ln\n  GROPU BY(10s), device\nEND;"
+    )
     assert error_of(sql) == "x.sql:7:3: unexpected 'GROPU' after 'ln' (did you mean GROUP?)"
     assert "found 'PARTITON' (did you mean PARTITION?)" in error_of(
         "CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITON BY tbname INTO o AS SELECT _twstart, "
-        "avg(c) AS a FROM %%trows")
+        "avg(c) AS a FROM %%trows"
+    )
     assert error_of("CREATE RULE r INTO s AS SELECT count(*) AS c FROM st\nGROPU BY TUMBLINGWINDOW(ss, 10)").startswith(
-        "x.sql:2:1: FROM takes one stream, then WHERE, GROUP BY or HAVING, found 'GROPU' (did you mean GROUP?)")
+        "x.sql:2:1: FROM takes one stream, then WHERE, GROUP BY or HAVING, found 'GROPU' (did you mean GROUP?)"
+    )
 
 
 # -- validation runs no user code ----------------------------------------------------------------
@@ -252,36 +303,63 @@ def test_trigger_modules_come_from_the_trigger_path_not_the_current_directory(pr
 
 # -- SQL that reaches outside its data ------------------------------------------------------------
 
-@pytest.mark.parametrize("sql, where, message", [
-    (cq(select="max(temperature) AS m, reflect('java.lang.System', 'getenv', 'HOME') AS h"), "reflect", "reflect()"),
-    (cq(select="max(java_method('org.apache.spark.util.Utils', 'createDirectory', '/tmp', 'x')) AS m"), "java_method",
-     "java_method()"),
-    (cq(select="max(TRY_REFLECT('java.lang.System', 'getenv', 'HOME')) AS m"), "TRY_REFLECT", "TRY_REFLECT()"),
-    (cq(select="max(temperature) AS m, input_file_name() AS f"), "input_file_name", "input_file_name()"),
-    ("CREATE CQ c1 BEGIN SELECT max(temperature) AS m INTO o FROM ln WHERE device IN (SELECT value FROM other) "
-     "GROUP BY (1m) END", "", "subqueries are not supported"),
-    ("CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters INTO o AS SELECT _twstart, max(reflect('a', 'b')) AS a "
-     "FROM %%trows", "reflect", "reflect()"),
-    ("CREATE RULE r INTO s AS SELECT count(*) AS c, java_method('a', 'b') AS j FROM st "
-     "GROUP BY TUMBLINGWINDOW(ss, 10)", "java_method", "java_method()"),
-])
+
+@pytest.mark.parametrize(
+    "sql, where, message",
+    [
+        (
+            cq(select="max(temperature) AS m, reflect('java.lang.System', 'getenv', 'HOME') AS h"),
+            "reflect",
+            "reflect()",
+        ),
+        (
+            cq(select="max(java_method('org.apache.spark.util.Utils', 'createDirectory', '/tmp', 'x')) AS m"),
+            "java_method",
+            "java_method()",
+        ),
+        (cq(select="max(TRY_REFLECT('java.lang.System', 'getenv', 'HOME')) AS m"), "TRY_REFLECT", "TRY_REFLECT()"),
+        (cq(select="max(temperature) AS m, input_file_name() AS f"), "input_file_name", "input_file_name()"),
+        (
+            "CREATE CQ c1 BEGIN SELECT max(temperature) AS m INTO o FROM ln WHERE device IN (SELECT value FROM other) "
+            "GROUP BY (1m) END",
+            "",
+            "subqueries are not supported",
+        ),
+        (
+            "CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters INTO o AS SELECT _twstart, "
+            "max(reflect('a', 'b')) AS a "
+            "FROM %%trows",
+            "reflect",
+            "reflect()",
+        ),
+        (
+            "CREATE RULE r INTO s AS SELECT count(*) AS c, java_method('a', 'b') AS j FROM st "
+            "GROUP BY TUMBLINGWINDOW(ss, 10)",
+            "java_method",
+            "java_method()",
+        ),
+    ],
+)
 def test_definitions_may_not_reach_the_jvm_or_files(sql, where, message):
     text = error_of(sql)
     assert text.startswith(place(sql, where)) and message in text and "not " in text
 
 
-@pytest.mark.parametrize("sql", [
-    "INSERT OVERWRITE DIRECTORY '/tmp/elsewhere' USING parquet SELECT 1",
-    "CREATE TABLE t (a INT) USING parquet LOCATION '/tmp/elsewhere'",
-    "SELECT * FROM text.`/etc/passwd`",
-    "SELECT * FROM parquet.`/tmp/x`",
-    "ADD JAR /tmp/evil.jar",
-    "SELECT reflect('java.lang.System', 'getenv', 'HOME')",
-    "SELECT * FROM read_files('/etc')",
-    "SELECT 1; DROP TABLE ln",
-    "DROP TABLE ln",
-    "WITH x AS (SELECT java_method('a', 'b') AS v) SELECT * FROM x",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT OVERWRITE DIRECTORY '/tmp/elsewhere' USING parquet SELECT 1",
+        "CREATE TABLE t (a INT) USING parquet LOCATION '/tmp/elsewhere'",
+        "SELECT * FROM text.`/etc/passwd`",
+        "SELECT * FROM parquet.`/tmp/x`",
+        "ADD JAR /tmp/evil.jar",
+        "SELECT reflect('java.lang.System', 'getenv', 'HOME')",
+        "SELECT * FROM read_files('/etc')",
+        "SELECT 1; DROP TABLE ln",
+        "DROP TABLE ln",
+        "WITH x AS (SELECT java_method('a', 'b') AS v) SELECT * FROM x",
+    ],
+)
 def test_cq_query_is_read_only_by_default(project, capsys, sql):
     code, _, err = run(capsys, "query", sql)
     assert code == 1 and err.startswith("cq: error: query: ") and "--allow-writes" in err
@@ -289,9 +367,13 @@ def test_cq_query_is_read_only_by_default(project, capsys, sql):
 
 
 def test_read_only_queries_pass_the_check():
-    for sql in ("SELECT * FROM ln", "WITH a AS (SELECT device FROM ln) SELECT count(*) FROM a",
-                "SELECT device FROM ln UNION ALL SELECT device FROM cq1_out", "SELECT * FROM range(3)",
-                "SELECT definition, status FROM cq_firings ORDER BY started_at"):
+    for sql in (
+        "SELECT * FROM ln",
+        "WITH a AS (SELECT device FROM ln) SELECT count(*) FROM a",
+        "SELECT device FROM ln UNION ALL SELECT device FROM cq1_out",
+        "SELECT * FROM range(3)",
+        "SELECT definition, status FROM cq_firings ORDER BY started_at",
+    ):
         check_read_only(sql)
 
 
@@ -300,12 +382,14 @@ def test_dagster_code_location_survives_every_crasher(project):
 
     from dagster_defs import build_definitions
 
-    crashers = {"every.sql": cq("RESAMPLE EVERY 2147483648d").replace("c1", "x1"),
-                "minutes.sql": cq("RESAMPLE EVERY 2147483648m").replace("c1", "x2"),
-                "boundary.sql": cq("RESAMPLE EVERY 1m BOUNDARY 99999999999999999999").replace("c1", "x3"),
-                "deep.sql": cq(select="max(" + "(" * 500 + "temperature" + ")" * 500 + ") AS m").replace("c1", "x4"),
-                "window.sql": "CREATE RULE x5 INTO x5_out AS SELECT count(*) AS c FROM ln GROUP BY TUMBLINGWINDOW(,dd 1)",
-                "nul.sql": 'CREATE TABLE "a\x00b" (ts TIMESTAMP, v DOUBLE)'}
+    crashers = {
+        "every.sql": cq("RESAMPLE EVERY 2147483648d").replace("c1", "x1"),
+        "minutes.sql": cq("RESAMPLE EVERY 2147483648m").replace("c1", "x2"),
+        "boundary.sql": cq("RESAMPLE EVERY 1m BOUNDARY 99999999999999999999").replace("c1", "x3"),
+        "deep.sql": cq(select="max(" + "(" * 500 + "temperature" + ")" * 500 + ") AS m").replace("c1", "x4"),
+        "window.sql": "CREATE RULE x5 INTO o5 AS SELECT count(*) AS c FROM ln GROUP BY TUMBLINGWINDOW(,dd 1)",
+        "nul.sql": 'CREATE TABLE "a\x00b" (ts TIMESTAMP, v DOUBLE)',
+    }
     for name, sql in crashers.items():
         (project / "sql" / name).write_text(sql)
     settings = Settings(sql_dir=str(project / "sql"), warehouse=str(project / "wh"), home=str(project / ".cq"))
@@ -318,20 +402,23 @@ def test_dagster_code_location_survives_every_crasher(project):
 R = "reflect('java.lang.System', 'getenv', 'HOME')"
 
 
-@pytest.mark.parametrize("sql", [
-    f"CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(PRE_FILTER({R} = 'x')) "
-    "INTO o AS SELECT _twstart, avg(current) AS c FROM %%trows",
-    f"CREATE STREAM s1 EVENT_WINDOW(START WITH {R} = 'a' END WITH current > 9) FROM meters PARTITION BY tbname "
-    "INTO o AS SELECT _twstart, avg(current) AS c FROM %%trows",
-    f"CREATE STREAM s1 STATE_WINDOW({R}) FROM meters PARTITION BY tbname INTO o AS SELECT _twstart, "
-    "avg(current) AS c FROM %%trows",
-    f"CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname INTO o "
-    f"OUTPUT_SUBTABLE(CONCAT('a', {R})) AS SELECT _twstart, avg(current) AS c FROM %%trows",
-    f"CREATE STREAM s2 INTO o AS SELECT _wstart, count(*) c FROM meters PARTITION BY {R} AS cc INTERVAL(10s)",
-    f"CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY SLIDINGWINDOW(ss, 10) FILTER(WHERE {R} = 'x')",
-    f"CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY SLIDINGWINDOW(ss, 10) OVER(WHEN {R} = 'x')",
-    f"CREATE CQ c1 RESAMPLE EVERY 1m BEGIN SELECT max(temperature) AS m INTO s FROM ln GROUP BY (1m), device "
-    f"HAVING max({R}) > 1 END",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        f"CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(PRE_FILTER({R} = 'x')) "
+        "INTO o AS SELECT _twstart, avg(current) AS c FROM %%trows",
+        f"CREATE STREAM s1 EVENT_WINDOW(START WITH {R} = 'a' END WITH current > 9) FROM meters PARTITION BY tbname "
+        "INTO o AS SELECT _twstart, avg(current) AS c FROM %%trows",
+        f"CREATE STREAM s1 STATE_WINDOW({R}) FROM meters PARTITION BY tbname INTO o AS SELECT _twstart, "
+        "avg(current) AS c FROM %%trows",
+        f"CREATE STREAM s1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname INTO o "
+        f"OUTPUT_SUBTABLE(CONCAT('a', {R})) AS SELECT _twstart, avg(current) AS c FROM %%trows",
+        f"CREATE STREAM s2 INTO o AS SELECT _wstart, count(*) c FROM meters PARTITION BY {R} AS cc INTERVAL(10s)",
+        f"CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY SLIDINGWINDOW(ss, 10) FILTER(WHERE {R} = 'x')",
+        f"CREATE RULE r INTO s AS SELECT count(*) AS c FROM st GROUP BY SLIDINGWINDOW(ss, 10) OVER(WHEN {R} = 'x')",
+        f"CREATE CQ c1 RESAMPLE EVERY 1m BEGIN SELECT max(temperature) AS m INTO s FROM ln GROUP BY (1m), device "
+        f"HAVING max({R}) > 1 END",
+    ],
+)
 def test_every_clause_of_every_dialect_is_checked(sql):
     assert error_of(sql).startswith(place(sql, "reflect") + " reflect() reaches outside the data")

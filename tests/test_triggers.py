@@ -132,7 +132,8 @@ def test_trigger_names_are_unique_among_triggers_and_definitions(tmp_path):
                                     "GROUP BY (1m) END;")
     catalog = load_catalog(tmp_path)
     assert [t.name for t in catalog.triggers] == ["watch"] and not catalog.definitions
-    assert tuple(map(str, catalog.errors)) == (f"{tmp_path}/b.sql:1:1: 'Watch' is defined twice (first at {tmp_path}/a.sql:1:1): "
+    errors = tuple(map(str, catalog.errors))
+    assert errors == (f"{tmp_path}/b.sql:1:1: 'Watch' is defined twice (first at {tmp_path}/a.sql:1:1): "
                               "trigger names are unique among triggers and definitions",
                               f"{tmp_path}/c.sql:1:1: 'watch' is defined twice (first at {tmp_path}/a.sql:1:1): "
                               "trigger names are unique among triggers and definitions")
@@ -368,7 +369,8 @@ def test_cli_triggers_validate_and_drop(tmp_path, monkeypatch, capsys, instance)
     assert "trigger jot" in out and "AFTER INSERT ON readings AS examples.triggers.journal:Journal  STATEFUL" in out
     assert err == ""
     assert main(["validate", "--check-triggers"]) == 1  # imports the classes and calls validate()
-    assert capsys.readouterr().err == f"{tmp_path}/sql/triggers.sql:2:1: trigger 'guard': min (5) is above max (1)\n"
+    err = capsys.readouterr().err
+    assert err == f"{tmp_path}/sql/triggers.sql:2:1: trigger 'guard': min (5) is above max (1)\n"
     Sensor(engine, "jot", instance).tick()
     assert main(["triggers"]) == 0
     lines = capsys.readouterr().out.splitlines()

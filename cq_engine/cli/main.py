@@ -101,12 +101,15 @@ def _validate(args, settings: Settings) -> int:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
         print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {d.timeout_policy}  {d.location}")
-    errors = list(catalog.errors)
-    for t in catalog.triggers:
-        print(f"trigger {t.name:<23} {t.event.upper()} INSERT ON {t.pattern} AS {t.target}  "
-              f"{'STATEFUL' if t.stateful else 'STATELESS'}  {t.location}")
+    errors = [str(e) for e in catalog.errors]
+    for trig in catalog.triggers:
+        print(f"trigger {trig.name:<23} {trig.event.upper()} INSERT ON {trig.pattern} AS {trig.target}  "
+              f"{'STATEFUL' if trig.stateful else 'STATELESS'}  {trig.location}")
         try:  # only --check-triggers runs user code (imports the class, calls its validate())
-            check_trigger(t, settings=settings) if args.check_triggers else find_module(t, settings=settings)
+            if args.check_triggers:
+                check_trigger(trig, settings=settings)
+            else:
+                find_module(trig, settings=settings)
         except CQError as exc:
             errors.append(str(exc))
     for err in errors:

@@ -82,7 +82,7 @@ class Fragment:
         pos = sum(len(x) + 1 for x in lines[: line - 1]) + max(col0, 0)
         return min(self.end, max(self.start, self.start + pos - len(prefix)))
 
-    def offset_of(self, node: exp.Expression) -> int:
+    def offset_of(self, node: exp.Expr) -> int:
         """File offset of a parsed node (its first identifier), or the fragment's start."""
         for ident in [node] + list(node.find_all(exp.Identifier)):
             meta = getattr(ident, "_meta", None) or {}
@@ -90,7 +90,7 @@ class Fragment:
                 return self.start + meta["start"] - len(self._prefix)
         return self.start
 
-    def error(self, node: exp.Expression, message: str):
+    def error(self, node: exp.Expr, message: str):
         return self.source.error(self.offset_of(node), message)
 
 

@@ -17,15 +17,22 @@ from cq_engine.errors import CQError
 from cq_engine.names import name_problem
 
 # Spark functions that call into the JVM or name files. Compared lower-cased.
-UNSAFE_FUNCTIONS = frozenset({
-    "reflect", "java_method", "try_reflect", "read_files", "input_file_name", "input_file_block_start",
-    "input_file_block_length",
-})
+UNSAFE_FUNCTIONS = frozenset(
+    {
+        "reflect",
+        "java_method",
+        "try_reflect",
+        "read_files",
+        "input_file_name",
+        "input_file_block_start",
+        "input_file_block_length",
+    }
+)
 # Table-valued functions that only generate rows.
 SAFE_TABLE_FUNCTIONS = frozenset({"range"})
 
 
-def function_name(node: exp.Expression) -> str | None:
+def function_name(node: exp.Expr) -> str | None:
     if isinstance(node, exp.Anonymous):
         return str(node.this)
     if isinstance(node, exp.Func):
@@ -33,7 +40,7 @@ def function_name(node: exp.Expression) -> str | None:
     return None
 
 
-def unsafe_expression(tree: exp.Expression) -> tuple[exp.Expression, str] | None:
+def unsafe_expression(tree: exp.Expr) -> tuple[exp.Expr, str] | None:
     """The first node of a definition's expression that reaches outside the data, and why."""
     for node in tree.walk():
         name = function_name(node)
@@ -82,7 +89,9 @@ def _check_table(node: exp.Table, hint: str) -> None:
             raise CQError(f"query: table function {name}() is not allowed{hint}")
         return
     if node.args.get("db") or node.args.get("catalog"):
-        raise CQError(f"query: {node.sql(dialect='spark')!r} is not a warehouse table: direct file reads "
-                      f"(text.`path`) and other catalogs are not allowed{hint}")
+        raise CQError(
+            f"query: {node.sql(dialect='spark')!r} is not a warehouse table: direct file reads "
+            f"(text.`path`) and other catalogs are not allowed{hint}"
+        )
     if node.name and name_problem(node.name) is not None:
         raise CQError(f"query: {node.name!r} is not a table name{hint}")
