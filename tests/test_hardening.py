@@ -220,6 +220,12 @@ def test_plan_with_the_longest_every_stays_in_range(project, capsys):
     assert out.splitlines()[0].split() == ["fire_time", "range_start", "range_end"] and "Traceback" not in err
 
 
+def test_an_unclosed_quote_is_reported_where_it_opens():
+    sql = "CREATE TABLE t (ts TIMESTAMP, x STRING);\n"
+    sql += "CREATE CQ c BEGIN SELECT max(x) AS m INTO o FROM t WHERE x = 'abc\nEND"
+    assert error_of(sql) == "x.sql:2:62: unclosed ': the text runs to the end of the file without its closing quote"
+
+
 # -- item 6: one file sees the others' tables; a removed definition says why ----------------------
 
 

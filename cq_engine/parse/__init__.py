@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from pathlib import Path
 from typing import Callable, Union
@@ -49,6 +50,11 @@ def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | Non
     try:
         tokens = Tokenizer().tokenize(text)
     except TokenError as exc:
+        # sqlglot's cause names where an unclosed quote starts: "Missing ' from <line>:<offset>".
+        missing = re.match(r"Missing (.+) from \d+:(\d+)$", str(exc.__cause__ or ""))
+        if missing and int(missing[2]) < len(text):
+            raise source.error(int(missing[2]), f"unclosed {missing[1]}: the text runs to the end of the file "
+                                                "without its closing quote") from None
         raise source.error(len(text.rstrip()), f"cannot tokenize: {str(exc)[:200]}") from None
     statements = []
     for stmt_tokens, end in split_statements(source, tokens):
