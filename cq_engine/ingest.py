@@ -190,7 +190,7 @@ def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinf
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         def parse(text: str) -> datetime:
             try:
-                return parse_time(text, tz=tz)
+                return parse_time(text, tz=tz, bounded=False)  # data: ingest checks its own ranges
             except (TimeError, ValueError, OverflowError):
                 raise _cannot(table, column, text, "timestamp (use ISO-8601 such as 2021-05-11T22:18:40+08:00, "
                               "or epoch milliseconds)") from None

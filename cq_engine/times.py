@@ -14,26 +14,32 @@ EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 
 
-def parse_time(text: str, *, tz: tzinfo, what: str = "time") -> datetime:
-    """Parse ``text`` into an aware UTC datetime; naive times are read in ``tz``."""
+def parse_time(text: str, *, tz: tzinfo, what: str = "time", bounded: bool = True) -> datetime:
+    """Parse ``text`` into an aware UTC datetime; naive times are read in ``tz``. ``bounded`` (times from
+    users and definitions): it must lie in [EARLIEST, LATEST); without it (data, times the engine wrote)
+    any time Python holds. A ``TimeError`` otherwise, never an ``OverflowError``."""
     raw = text.strip()
-    if raw.lstrip("-").isascii() and raw.lstrip("-").isdigit():
-        ms = int(raw) if len(raw) <= 20 else None
-        if ms is None or not epoch_ms(EARLIEST) <= ms < epoch_ms(LATEST):
-            raise TimeError(f"{what}: {text!r} as epoch milliseconds is outside {_RANGE}")
-        return EPOCH + timedelta(milliseconds=ms)
+    epoch = raw.lstrip("-").isascii() and raw.lstrip("-").isdigit()
     try:
-        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=tz)
-        parsed = parsed.astimezone(UTC)
-    except (ValueError, OverflowError):
+        if epoch:
+            if len(raw) > 20:
+                raise OverflowError
+            parsed = EPOCH + timedelta(milliseconds=int(raw))
+        else:
+            parsed = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=tz)
+            parsed = parsed.astimezone(UTC)
+    except OverflowError:
+        where = _RANGE if bounded else "the dates Python holds"
+        raise TimeError(f"{what}: {text!r}{' as epoch milliseconds' if epoch else ''} is outside {where}") from None
+    except ValueError:
         raise TimeError(
             f"{what}: {text!r} is not a time (use ISO-8601 such as 2021-05-11T22:18:40+08:00, "
             "or epoch milliseconds)"
         ) from None
-    if not EARLIEST <= parsed < LATEST:
-        raise TimeError(f"{what}: {text!r} is outside {_RANGE}")
+    if bounded and not EARLIEST <= parsed < LATEST:
+        raise TimeError(f"{what}: {text!r}{' as epoch milliseconds' if epoch else ''} is outside {_RANGE}")
     return parsed
 
 

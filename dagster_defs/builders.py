@@ -81,7 +81,7 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
         elif "cq/work" in tags:
             result = engine.run_stream(definition.name, StreamWork.from_json(tags["cq/work"]))
         elif "cq/fire_time" in tags:
-            fire = parse_time(tags["cq/fire_time"], tz=UTC)
+            fire = parse_time(tags["cq/fire_time"], tz=UTC, bounded=False)
             run = engine.run_firing if isinstance(definition, ContinuousQuery) else engine.run_period
             result = run(definition.name, fire)
         else:

@@ -213,6 +213,16 @@ def test_run_at_an_absurd_time_is_a_clean_error(project, capsys):
     assert code == 1 and err.startswith("cq: error: --at: '99999999999999999999' as epoch milliseconds is outside")
 
 
+def test_times_from_users_are_bounded_but_data_and_engine_state_are_not():
+    from cq_engine.times import UTC, parse_time
+
+    with pytest.raises(CQError, match="outside the times the engine takes"):
+        parse_time("1850-01-01", tz=UTC, what="--at")
+    assert parse_time("1850-01-01", tz=UTC, bounded=False).year == 1850  # an ingested value, a cursor
+    with pytest.raises(CQError, match="outside the dates Python holds"):
+        parse_time("99999999999999999999", tz=UTC, bounded=False)
+
+
 def test_plan_with_the_longest_every_stays_in_range(project, capsys):
     (project / "sql" / "cq.sql").write_text(cq("RESAMPLE EVERY 36500d"))
     code, out, err = run(capsys, "plan", "c1", "--from", "2199-12-31T00:00:00", "--count", "2")

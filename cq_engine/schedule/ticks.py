@@ -95,7 +95,7 @@ def parse_tick_cursor(text: str | None) -> datetime | None:
     if not text:
         return None
     if not text.lstrip().startswith("{"):
-        return parse_time(text, tz=UTC)
+        return parse_time(text, tz=UTC, bounded=False)
     try:
         raw = json.loads(text)
         fmt, last = raw.get("format"), raw["last"]
@@ -104,4 +104,4 @@ def parse_tick_cursor(text: str | None) -> datetime | None:
     if not isinstance(fmt, int) or fmt > CURSOR_FORMAT:
         raise CQError(f"tick sensor cursor {text[:200]!r}: format {fmt!r} was written by a newer cq-engine "
                       f"(this one reads up to {CURSOR_FORMAT})")
-    return parse_time(last, tz=UTC)
+    return parse_time(last, tz=UTC, bounded=False)

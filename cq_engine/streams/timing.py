@@ -70,7 +70,7 @@ class _Json:
             raise CQError(f"{cls.__name__}: format {fmt!r} was written by a newer cq-engine (this one reads "
                           f"up to {FORMAT}): {text[:200]}")
         d = {k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}}
-        t = lambda v: parse_time(v, tz=UTC) if v else None  # noqa: E731
+        t = lambda v: parse_time(v, tz=UTC, bounded=False) if v else None  # noqa: E731
         for k in cls._TIMES:
             if k in d:
                 d[k] = t(d[k])
