@@ -31,8 +31,8 @@ def parse_create_trigger(cur: Cursor, opts: ParseOptions, start: Token) -> Trigg
     cur.expect("AS", what="AS 'module:Class'")
     target = _target(cur)
     if cur.is_word("USING"):
-        raise cur.error_at(cur.peek(), "USING URI is not supported: the class is imported from the Python path "
-                                       "or the project directory (the parent of CQ_SQL_DIR)")
+        raise cur.error_at(cur.peek(), "USING URI is not supported: the class is imported from CQ_TRIGGER_PATH "
+                                       "(default: the parent of CQ_SQL_DIR) or the installed packages")
     attributes = _attributes(cur) if cur.match("WITH") else ()
     if not cur.at_end():
         raise cur.unexpected("expected WITH (...) or the end of CREATE TRIGGER")
