@@ -52,6 +52,12 @@ def error_of(sql: str) -> str:
     return str(info.value)
 
 
+def assert_parse_error(sql: str, where: str, message: str) -> None:
+    """``sql`` fails at ``where``'s first occurrence with ``message`` in the error."""
+    text = error_of(sql)
+    assert text.startswith(place(sql, where)) and message in text, text
+
+
 def place(sql: str, needle: str) -> str:
     """``x.sql:1:<col>:`` of ``needle``'s first occurrence (one-line statements); ``x.sql:1:`` for ``''``."""
     return f"x.sql:1:{sql.index(needle) + 1}:" if needle else "x.sql:1:"
@@ -85,8 +91,7 @@ def place(sql: str, needle: str) -> str:
     ],
 )
 def test_names_that_escape_the_warehouse_are_refused_at_parse(sql, where, message):
-    text = error_of(sql)
-    assert text.startswith(place(sql, where)) and message in text
+    assert_parse_error(sql, where, message)
 
 
 def test_the_name_rule_itself():
@@ -175,8 +180,7 @@ def test_cli_refuses_bad_names_before_touching_anything(project, capsys, args):
     ],
 )
 def test_extreme_values_are_parse_errors(sql, where, message):
-    text = error_of(sql)
-    assert text.startswith(place(sql, where)) and message in text
+    assert_parse_error(sql, where, message)
 
 
 def test_one_bad_file_never_takes_the_others_down(project, capsys):
