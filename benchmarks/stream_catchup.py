@@ -231,7 +231,7 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
     from pyspark.sql import functions as F
 
     from cq_engine.streams import timing as st
-    from cq_engine.streams.plan import evaluate, pre_window_filter, with_placeholders
+    from cq_engine.streams.plan import evaluate, prepare, row_stats_needed, with_placeholders
     from cq_engine.streams.run import _in_ranges
     from cq_engine.streams.windows.tdengine import WSTART, assign_windows
 
@@ -243,11 +243,11 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
         table, tc = stream.trigger_table, engine.time_column(stream.trigger_table)
         w_lo, w_hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
         df, _ = engine.storage.read_range(spark, table, time_column=tc, time_range=(w_lo, w_hi), version=work.version)
-        df = pre_window_filter(stream, df)
-        windows = assign_windows(df, stream.trigger, time_column=tc, keys=list(stream.partition_by),
-                                 close_until=work.close_until or T0 + timedelta(days=36500), timezone=tz)
+        windows = assign_windows(prepare(stream, df), stream.trigger, time_column=tc, keys=list(stream.partition_by),
+                                 close_until=work.close_until or T0 + timedelta(days=36500), timezone=tz,
+                                 row_stats=row_stats_needed(stream))
         windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
-        return evaluate(stream, windows, keep_state=False)
+        return evaluate(stream, windows)
 
     def hand_plan():
         df = spark.read.parquet(*DeltaTable(source_uri).file_uris())
