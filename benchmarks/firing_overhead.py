@@ -12,7 +12,8 @@ fires over two hours of 1-second readings of 3 devices (120 one-minute windows x
 21,600 rows; the table holds 4 hours in 10-minute commits). ``Engine.run_firing`` (the timing check,
 the pinned, file-skipping Delta read, the query, the sink's range replace, the ledger entry) is timed
 against the job a data engineer would write on the same in-process session: read the table's parquet
-files, filter the range, ``groupBy(F.window("ts", "1 minute"), "device")``, ``toArrow()``,
+files whose ``ts`` statistics overlap the range (Delta's data skipping, which the engine does too),
+filter the range, ``groupBy(F.window("ts", "1 minute"), "device")``, ``toArrow()``,
 ``write_deltalake(..., mode="overwrite")``. Both results are checked to be equal. What the ratio
 measures is everything the engine adds to the Spark job of a firing.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from . import T0, Context, Outcome, make_engine, measure, spread, verdict
-from .recalculate_vs_groupby import _check_same, hand_written
+from .recalculate_vs_groupby import _check_same
 
 NAME = "firing_overhead"
 TARGET = 1.1
@@ -33,6 +34,25 @@ CREATE CQ per_2h RESAMPLE EVERY 2h BEGIN
   INTO out FROM sensors GROUP BY (1m), device
 END;
 """
+
+
+def hand_written(spark, source_uri: str, out_uri: str, lo, hi) -> int:
+    """The baseline: the firing's job in PySpark + deltalake, reading only the files whose ``ts``
+    statistics overlap the range (the data skipping Delta readers do), as the engine does."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    from pyspark.sql import functions as F
+
+    dt = DeltaTable(source_uri)
+    stats = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    files = [u for u, a, b in zip(dt.file_uris(), stats["min.ts"], stats["max.ts"]) if a < hi and b >= lo]
+    df = spark.read.parquet(*files).where((F.col("ts") >= F.lit(lo)) & (F.col("ts") < F.lit(hi)))
+    agg = (df.groupBy(F.window("ts", "1 minute"), "device")
+             .agg(F.max("temperature").alias("tmax"), F.avg("humidity").alias("h"), F.count("temperature").alias("n"))
+             .select(F.col("window.start").alias("ts"), "device", "tmax", "h", "n"))
+    table = agg.toArrow()
+    write_deltalake(out_uri, table, mode="overwrite")
+    return table.num_rows
 
 
 def run(ctx: Context) -> Outcome:

@@ -37,8 +37,11 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
     storage = ctx.storage
     known = _cursor(cursor, stream)
     version = storage.latest_version(table, known=known.version if known else None)
+    if version is None and ctx.ensure_tables(table):  # declared, not yet created: as a CQ's source
+        version = storage.latest_version(table)
     if version is None:
-        raise TableError(f"{stream.name}: trigger table {table!r} does not exist yet")
+        raise TableError(f"{stream.name}: trigger table {table!r} does not exist (declare it with CREATE TABLE "
+                         f"in {ctx.settings.sql_dir} or load it with `cq ingest`)")
     time_column = ctx.time_column(table)
     tz = ctx.settings.timezone
     if known is None:
