@@ -130,3 +130,48 @@ def test_trigger_creates_its_declared_table(tmp_path):
     (trigger,) = engine.catalog.triggers
     delivery = deliver_after(trigger, engine=engine, cursor=None, now=datetime.now(timezone.utc))
     assert "watching src from src@v0" in delivery.reason
+
+
+def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypatch, capsys):
+    """History without FILL_HISTORY and late rows under IGNORE_DISORDER: `cq tick` says which rows and
+    windows were ignored, why, and how to get them computed; the ledger records them (not as runs)."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+
+    from cq_engine.config import Settings
+    from cq_engine.engine import Engine
+    from cq_engine.storage.ledger import Ledger
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "defs.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+        "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src OPTIONS(IGNORE_DISORDER) INTO s_out AS "
+        "SELECT _twstart, count(*) AS n FROM %%trows;\n")
+    env = {"CQ_SQL_DIR": tmp_path / "sql", "CQ_WAREHOUSE": tmp_path / "wh", "CQ_HOME": tmp_path / ".cq"}
+    for var, value in env.items():
+        monkeypatch.setenv(var, str(value))
+    monkeypatch.delenv("CQ_SPARK_REMOTE", raising=False)
+    engine = Engine(settings=Settings(sql_dir=str(env["CQ_SQL_DIR"]), warehouse=str(env["CQ_WAREHOUSE"]),
+                                      home=str(env["CQ_HOME"])))
+    engine.ensure_tables()
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def append(*seconds):
+        engine.storage.append("src", pa.table({
+            "ts": pa.array([t0 + timedelta(seconds=x) for x in seconds], pa.timestamp("us", tz="UTC")),
+            "v": pa.array([1.0] * len(seconds))}))
+
+    append(0, 10, 70)
+    code, out, _ = cq(capsys, "tick", "s")
+    assert code == 0 and "s: history: 3 row(s) ignored, event time [2026-01-01T00:00:00" in out
+    assert "no FILL_HISTORY" in out and "`cq recalculate s --from 2026-01-01T00:00:00" in out
+    append(200)
+    cq(capsys, "tick", "s")
+    append(20)  # late: its window closed, and IGNORE_DISORDER drops it
+    code, out, _ = cq(capsys, "tick", "s")
+    assert code == 0 and "s: late: 1 row(s) ignored" in out and "IGNORE_DISORDER" in out, out
+    entries = Ledger(uri=engine.settings.state_uri("firings")).entries("s")
+    assert [(e.kind, e.status) for e in entries if e.kind == "ignored"] == [("ignored", "ignored")] * 2
+    assert "late: 1 row(s) ignored" in entries[-1].error
+    assert Ledger(uri=engine.settings.state_uri("firings")).last("s").kind != "ignored"

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from cq_engine.context import EngineContext
 from cq_engine.errors import TableError
 from cq_engine.model import DATA_SHAPED, Stream, statement_hash
+from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.streams import timing as st
 from cq_engine.streams.frontier import move_frontier
 from cq_engine.times import UTC
@@ -47,14 +48,27 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
     if known is None:
         span = table_span(ctx, table, version=version, time_column=time_column)
         plan = st.first_tick(stream, version=version, span=span, now=now, tz=tz, chunk_rows=HISTORY_CHUNK_ROWS)
-        return replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream)))
+        return _noted(ctx, stream, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))),
+                      now=now)
     changes: list[st.Change] = []
     if version > known.version:
         for commit in storage.read_commits(table, after=known.version, until=version, time_column=time_column):
             changes.append(st.Change(
                 added=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.added),
                 removed=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.removed)))
-    return st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz)
+    return _noted(ctx, stream, st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz),
+                  now=now)
+
+
+def _noted(ctx: EngineContext, stream: Stream, plan: st.TickPlan, *, now: datetime) -> st.TickPlan:
+    """Record the rows the tick ignored in the ledger (kind and status ``ignored``, ``error`` the why),
+    so they are found after the tick's output is gone."""
+    for item in plan.ignored:
+        ctx.ledger.record(LedgerEntry(
+            definition=stream.name, kind="ignored", fire_time=now, range_start=item.span[0],
+            range_end=item.span[1] + timedelta(microseconds=1), source_versions={stream.trigger_table: plan.cursor.version},
+            rows_written=0, sink_version=None, status="ignored", started_at=now, finished_at=now, error=item.text))
+    return plan
 
 
 def skip_untreated(ctx: EngineContext, stream: Stream, cursor: str | None) -> str | None:
