@@ -22,7 +22,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from . import T0, Context, Outcome, make_engine, spread, verdict
-from .stream_catchup import METERS, _check_same, _measure, _rows
+from .stream_catchup import METERS, _check_same, _measure, append_backlog, catchup_work
 
 NAME = "sliding_vs_groupby"
 TARGET = 1.3
@@ -63,18 +63,8 @@ def run(ctx: Context) -> Outcome:
         raise RuntimeError(f"the first tick on the empty table planned runs: {created.works}")
 
     ctx.log(f"appending {seconds:,} s of 1-second readings of {METERS} meters in {commits} commits")
-    schema = engine.storage.schema("meters")
-    bounds = [seconds * i // commits for i in range(commits + 1)]
-    rows = 0
-    for a, b in zip(bounds, bounds[1:]):
-        data = _rows(schema, a, b)
-        engine.storage.append("meters", data)
-        rows += data.num_rows
-
-    plan = evaluate_stream(engine, stream, cursor=created.cursor.to_json(), now=now)
-    if len(plan.works) != 1 or plan.works[0].kind != "realtime" or len(plan.works[0].windows) != 1:
-        raise RuntimeError(f"the catch-up tick planned {plan.works}, expected one realtime run")
-    work = plan.works[0]
+    rows = append_backlog(engine, seconds=seconds, commits=commits)
+    work = catchup_work(engine, stream, created.cursor.to_json(), now)
     (lo, hi), = work.windows
     windows = (hi - lo) // timedelta(seconds=30)
 
