@@ -48,7 +48,8 @@ def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_
     return len(records)
 
 
-def materialization(definition: Definition, result: RunResult, *, ignored: tuple[str, ...] = ()) -> dg.MaterializeResult:
+def materialization(definition: Definition, result: RunResult, *,
+                    ignored: tuple[str, ...] = ()) -> dg.MaterializeResult:
     """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out, and why."""
     extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
     return dg.MaterializeResult(

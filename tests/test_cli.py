@@ -101,7 +101,8 @@ def test_tick_over_empty_declared_tables_creates_them(tmp_path, monkeypatch, cap
         'CREATE STREAM demo (ID STRING, v DOUBLE, ts BIGINT) WITH (DATASOURCE="demo", FORMAT="json", KEY="ts", '
         'TIMESTAMP="ts");\n'
         "CREATE RULE r INTO r_out AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n")
-    for var, value in {"CQ_SQL_DIR": tmp_path / "sql", "CQ_WAREHOUSE": tmp_path / "wh", "CQ_HOME": tmp_path / ".cq"}.items():
+    env = {"CQ_SQL_DIR": tmp_path / "sql", "CQ_WAREHOUSE": tmp_path / "wh", "CQ_HOME": tmp_path / ".cq"}
+    for var, value in env.items():
         monkeypatch.setenv(var, str(value))
     monkeypatch.delenv("CQ_SPARK_REMOTE", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -114,7 +115,7 @@ def test_tick_over_empty_declared_tables_creates_them(tmp_path, monkeypatch, cap
 
 
 def test_trigger_creates_its_declared_table(tmp_path):
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from cq_engine.config import Settings
     from cq_engine.engine import Engine
@@ -128,14 +129,14 @@ def test_trigger_creates_its_declared_table(tmp_path):
     engine = Engine(settings=Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"),
                                       home=str(tmp_path / ".cq")))
     (trigger,) = engine.catalog.triggers
-    delivery = deliver_after(trigger, engine=engine, cursor=None, now=datetime.now(timezone.utc))
+    delivery = deliver_after(trigger, engine=engine, cursor=None, now=datetime.now(UTC))
     assert "watching src from src@v0" in delivery.reason
 
 
 def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypatch, capsys):
     """History without FILL_HISTORY and late rows under IGNORE_DISORDER: `cq tick` says which rows and
     windows were ignored, why, and how to get them computed; the ledger records them (not as runs)."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import UTC, datetime, timedelta
 
     import pyarrow as pa
 
@@ -155,7 +156,7 @@ def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypat
     engine = Engine(settings=Settings(sql_dir=str(env["CQ_SQL_DIR"]), warehouse=str(env["CQ_WAREHOUSE"]),
                                       home=str(env["CQ_HOME"])))
     engine.ensure_tables()
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
 
     def append(*seconds):
         engine.storage.append("src", pa.table({

@@ -262,7 +262,8 @@ def test_rownum_is_exact_as_a_count_or_per_row(tmp_path, spark):
     d1001 = [(T0 - M / 2, 3)] + [(s, 6) for s in starts]
     d1002 = [(T0 - M / 2, 1), (T0, 2), (T0 + M / 2, 1), (T0 + M, 1)]
     count = {(r["tbname"], r["_twstart"]): (r["rn"], r["rn2"], r["n"]) for r in b.sink("rn_count_out")}
-    assert count == {**{("d1001", s): (n, 2 * n, n) for s, n in d1001}, **{("d1002", s): (n, 2 * n, n) for s, n in d1002}}
+    assert count == {**{("d1001", s): (n, 2 * n, n) for s, n in d1001},
+                     **{("d1002", s): (n, 2 * n, n) for s, n in d1002}}
     agg = {(r["tbname"], r["_twstart"]): (r["s"], r["rn"]) for r in b.sink("rn_agg_out")}
     assert agg == {**{("d1001", s): (n * n, n) for s, n in d1001}, **{("d1002", s): (n * n, n) for s, n in d1002}}
     assert {(r["tbname"], r["_twstart"]): r["n"] for r in b.sink("rn_where_out")} == {("d1001", s): 6 for s in starts}

@@ -247,7 +247,8 @@ def test_ignored_rows_are_reported_with_why_and_the_fix():
 
 
 def test_history_without_fill_history_is_reported():
-    plan = first_tick(stream(), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0), tz="UTC", chunk_rows=100)
+    plan = first_tick(stream(), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0), tz="UTC",
+                      chunk_rows=100)
     (item,) = plan.ignored
     assert item.what == "history" and item.rows == 500 and "no FILL_HISTORY" in item.text
     assert "FILL_HISTORY 1" in item.text and "`cq recalculate s --from 2026-11-21T09:00:00" in item.text

@@ -112,11 +112,11 @@ def row_stats_needed(stream: Stream) -> bool:
             or any(_rownum_in_aggregate(sqlglot.parse_one(i.expression, read="spark")) for i in stream.select))
 
 
-def _rownum_in_aggregate(tree: exp.Expression) -> bool:
+def _rownum_in_aggregate(tree: exp.Expr) -> bool:
     return any(c.name.lower() == WROWS.lower() and _under_aggregate(c) for c in tree.find_all(exp.Column))
 
 
-def _under_aggregate(node: exp.Expression) -> bool:
+def _under_aggregate(node: exp.Expr) -> bool:
     parent = node.parent
     while parent is not None and not is_aggregate_call(parent):
         parent = parent.parent
@@ -125,7 +125,7 @@ def _under_aggregate(node: exp.Expression) -> bool:
 
 def _rownum_as_count(sql: str) -> str:
     """``sql`` with ``_twrownum`` (outside aggregates, see ``row_stats_needed``) read as ``count(1)``."""
-    def swap(node: exp.Expression) -> exp.Expression:
+    def swap(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Column) and node.name.lower() == WROWS.lower():
             return sqlglot.parse_one("count(1)", read="spark")
         return node
@@ -179,7 +179,8 @@ def _over_columns(sql: str, columns: list[str]) -> bool:
     """``sql`` is computed from ``columns`` alone (the groupBy's keys): no ``first()`` needed, which on
     a string would make Spark fall back from a hash aggregate to a sort aggregate."""
     tree = sqlglot.parse_one(sql, read="spark")
-    return not is_aggregate(tree) and {c.name.lower() for c in tree.find_all(exp.Column)} <= {c.lower() for c in columns}
+    names = {c.name.lower() for c in tree.find_all(exp.Column)}
+    return not is_aggregate(tree) and names <= {c.lower() for c in columns}
 
 
 def _kept(keep, available) -> list[str]:

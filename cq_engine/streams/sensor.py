@@ -34,7 +34,7 @@ def _cursor(text: str | None, stream: Stream) -> st.StreamCursor | None:
 
 def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, now: datetime) -> st.TickPlan:
     """One sensor evaluation: the runs due at ``now`` given the cursor of the previous evaluation."""
-    table = stream.trigger_table
+    table = stream.trigger_table or stream.source
     storage = ctx.storage
     known = _cursor(cursor, stream)
     version = storage.latest_version(table, known=known.version if known else None)
@@ -66,8 +66,9 @@ def _noted(ctx: EngineContext, stream: Stream, plan: st.TickPlan, *, now: dateti
     for item in plan.ignored:
         ctx.ledger.record(LedgerEntry(
             definition=stream.name, kind="ignored", fire_time=now, range_start=item.span[0],
-            range_end=item.span[1] + timedelta(microseconds=1), source_versions={stream.trigger_table: plan.cursor.version},
-            rows_written=0, sink_version=None, status="ignored", started_at=now, finished_at=now, error=item.text))
+            range_end=item.span[1] + timedelta(microseconds=1),
+            source_versions={stream.trigger_table or stream.source: plan.cursor.version}, rows_written=0, sink_version=None,
+            status="ignored", started_at=now, finished_at=now, error=item.text))
     return plan
 
 

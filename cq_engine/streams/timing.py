@@ -275,7 +275,7 @@ def first_tick(stream: Stream, *, version: int, span: Span, now: datetime, tz: s
                               chunk_rows=chunk_rows, origin=origin)
     reason = (f"created at version {version}" + (f"; history in {len(works)} run(s)" if works else "")
               + ("" if history else "; existing data is history (no FILL_HISTORY)"))
-    ignored = ()
+    ignored: tuple[Ignored, ...] = ()
     if not history and span.rows and span.min_time is not None and span.max_time is not None:
         ignored = (_ignored(stream, "history", span.rows, span.min_time, span.max_time, tz,
                             "they were in the table when the stream was created and it has no FILL_HISTORY"),)
@@ -293,7 +293,8 @@ def _ignored(stream: Stream, what: str, rows: int, lo: datetime, hi: datetime, t
     fix = f"`cq recalculate {stream.name} --from {iso(lo)}` computes them"
     if what == "history":
         fix += " (or FILL_HISTORY 1 when the stream is created)"
-    return Ignored(what, rows, (lo, hi), f"{what}: {'up to ' if partly else ''}{rows} row(s) ignored, {where}: {why}; {fix}")
+    text = f"{what}: {'up to ' if partly else ''}{rows} row(s) ignored, {where}: {why}; {fix}"
+    return Ignored(what, rows, (lo, hi), text)
 
 
 def history_works(stream: Stream, *, version: int, lo: datetime, hi: datetime, rows: int, now: datetime,
