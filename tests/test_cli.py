@@ -129,7 +129,7 @@ def test_trigger_creates_its_declared_table(tmp_path):
     engine = Engine(settings=Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"),
                                       home=str(tmp_path / ".cq")))
     (trigger,) = engine.catalog.triggers
-    delivery = deliver_after(trigger, engine=engine, cursor=None, now=datetime.now(UTC))
+    delivery = deliver_after(trigger, ctx=engine.ctx, cursor=None, now=datetime.now(UTC))
     assert "watching src from src@v0" in delivery.reason
 
 
@@ -142,7 +142,6 @@ def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypat
 
     from cq_engine.config import Settings
     from cq_engine.engine import Engine
-    from cq_engine.storage.ledger import Ledger
 
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "defs.sql").write_text(
@@ -172,7 +171,7 @@ def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypat
     append(20)  # late: its window closed, and IGNORE_DISORDER drops it
     code, out, _ = cq(capsys, "tick", "s")
     assert code == 0 and "s: late: 1 row(s) ignored" in out and "IGNORE_DISORDER" in out, out
-    entries = Ledger(uri=engine.settings.state_uri("firings")).entries("s")
+    entries = engine.ledger.entries("s")
     assert [(e.kind, e.status) for e in entries if e.kind == "ignored"] == [("ignored", "ignored")] * 2
     assert "late: 1 row(s) ignored" in entries[-1].error
-    assert Ledger(uri=engine.settings.state_uri("firings")).last("s").kind != "ignored"
+    assert engine.ledger.last("s").kind != "ignored"
