@@ -111,7 +111,7 @@ def is_aggregate_call(node: exp.Expr) -> bool:
         isinstance(node, exp.Anonymous) and str(node.this).upper() in ("MIN_BY", "MAX_BY"))
 
 
-def is_aggregate(node: exp.Expression) -> bool:
+def is_aggregate(node: exp.Expr) -> bool:
     return any(is_aggregate_call(n) for n in node.walk())
 
 

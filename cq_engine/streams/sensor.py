@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta
+
 from cq_engine.context import EngineContext
 from cq_engine.errors import TableError
 from cq_engine.model import DATA_SHAPED, Stream, statement_hash
@@ -35,6 +36,8 @@ def _cursor(text: str | None, stream: Stream) -> st.StreamCursor | None:
 def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, now: datetime) -> st.TickPlan:
     """One sensor evaluation: the runs due at ``now`` given the cursor of the previous evaluation."""
     table = stream.trigger_table or stream.source
+    if table is None:
+        raise TableError(f"{stream.name}: no trigger table")
     storage = ctx.storage
     known = _cursor(cursor, stream)
     version = storage.latest_version(table, known=known.version if known else None)
@@ -48,7 +51,7 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
     if known is None:
         span = table_span(ctx, table, version=version, time_column=time_column)
         plan = st.first_tick(stream, version=version, span=span, now=now, tz=tz, chunk_rows=HISTORY_CHUNK_ROWS)
-        return _noted(ctx, stream, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))),
+        return _noted(ctx, stream, table, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))),
                       now=now)
     changes: list[st.Change] = []
     if version > known.version:
@@ -56,19 +59,19 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
             changes.append(st.Change(
                 added=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.added),
                 removed=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.removed)))
-    return _noted(ctx, stream, st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz),
+    return _noted(ctx, stream, table, st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz),
                   now=now)
 
 
-def _noted(ctx: EngineContext, stream: Stream, plan: st.TickPlan, *, now: datetime) -> st.TickPlan:
+def _noted(ctx: EngineContext, stream: Stream, table: str, plan: st.TickPlan, *, now: datetime) -> st.TickPlan:
     """Record the rows the tick ignored in the ledger (kind and status ``ignored``, ``error`` the why),
     so they are found after the tick's output is gone."""
     for item in plan.ignored:
         ctx.ledger.record(LedgerEntry(
             definition=stream.name, kind="ignored", fire_time=now, range_start=item.span[0],
             range_end=item.span[1] + timedelta(microseconds=1),
-            source_versions={stream.trigger_table or stream.source: plan.cursor.version}, rows_written=0, sink_version=None,
-            status="ignored", started_at=now, finished_at=now, error=item.text))
+            source_versions={table: plan.cursor.version}, rows_written=0,
+            sink_version=None, status="ignored", started_at=now, finished_at=now, error=item.text))
     return plan
 
 
