@@ -17,8 +17,8 @@ from pathlib import Path
 from . import Context, Outcome, remove_tree
 
 # In-process benchmarks first (they share one Spark session), then the subprocess one.
-BENCHMARKS = ("firing_scale", "recalculate_vs_groupby", "stream_sensor", "stream_catchup", "stream_range_join",
-              "connect_vs_inprocess")
+BENCHMARKS = ("firing_scale", "firing_overhead", "recalculate_vs_groupby", "stream_sensor", "stream_catchup",
+              "sliding_vs_groupby", "stream_range_join", "connect_vs_inprocess")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,6 +117,28 @@ def _check_same(engine_uri: str, hand_uri: str, what: str) -> int:
     return a.num_rows
 
 
+def append_backlog(engine, *, seconds: int, commits: int) -> int:
+    """Seconds [0, seconds) after T0 of every meter into ``meters`` in ``commits`` commits; the row count."""
+    schema = engine.storage.schema("meters")
+    bounds = [seconds * i // commits for i in range(commits + 1)]
+    rows = 0
+    for a, b in zip(bounds, bounds[1:]):
+        data = _rows(schema, a, b)
+        engine.storage.append("meters", data)
+        rows += data.num_rows
+    return rows
+
+
+def catchup_work(engine, stream, cursor: str, now):
+    """The one realtime run the sensor must plan for the backlog (checked)."""
+    from cq_engine.streams.sensor import evaluate_stream
+
+    plan = evaluate_stream(engine, stream, cursor=cursor, now=now)
+    if len(plan.works) != 1 or plan.works[0].kind != "realtime" or len(plan.works[0].windows) != 1:
+        raise RuntimeError(f"the catch-up tick planned {plan.works}, expected one realtime run")
+    return plan.works[0]
+
+
 def _measure(cases: dict, *, repeat: int, warmup: int, setup: dict | None = None):
     """Like benchmarks.measure (interleaved cases, medians after warm-ups), with an untimed setup
     step before each timed call."""
@@ -149,19 +171,9 @@ def run(ctx: Context) -> Outcome:
             raise RuntimeError(f"{s}: the first tick on the empty table planned runs: {plan.works}")
 
     ctx.log(f"appending {hours} h of 1-second readings of {METERS} meters in {commits} commits")
-    schema = engine.storage.schema("meters")
     seconds = hours * 3600
-    bounds = [seconds * i // commits for i in range(commits + 1)]
-    rows = 0
-    for a, b in zip(bounds, bounds[1:]):
-        data = _rows(schema, a, b)
-        engine.storage.append("meters", data)
-        rows += data.num_rows
-
-    plan = evaluate_stream(engine, stream, cursor=created["s"].cursor.to_json(), now=now)
-    if len(plan.works) != 1 or plan.works[0].kind != "realtime" or len(plan.works[0].windows) != 1:
-        raise RuntimeError(f"the catch-up tick planned {plan.works}, expected one realtime run")
-    work = plan.works[0]
+    rows = append_backlog(engine, seconds=seconds, commits=commits)
+    work = catchup_work(engine, stream, created["s"].cursor.to_json(), now)
     lo, hi = work.windows[0]
     last_event = T0 + timedelta(seconds=seconds - 1)
     # Every window closed by T = last event - 10s.
@@ -231,7 +243,7 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
     from pyspark.sql import functions as F
 
     from cq_engine.streams import timing as st
-    from cq_engine.streams.plan import evaluate, pre_window_filter, with_placeholders
+    from cq_engine.streams.plan import evaluate, prepare, row_stats_needed, with_placeholders
     from cq_engine.streams.run import _in_ranges
     from cq_engine.streams.windows.tdengine import WSTART, assign_windows
 
@@ -243,11 +255,11 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
         table, tc = stream.trigger_table, engine.time_column(stream.trigger_table)
         w_lo, w_hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
         df, _ = engine.storage.read_range(spark, table, time_column=tc, time_range=(w_lo, w_hi), version=work.version)
-        df = pre_window_filter(stream, df)
-        windows = assign_windows(df, stream.trigger, time_column=tc, keys=list(stream.partition_by),
-                                 close_until=work.close_until or T0 + timedelta(days=36500), timezone=tz)
+        windows = assign_windows(prepare(stream, df), stream.trigger, time_column=tc, keys=list(stream.partition_by),
+                                 close_until=work.close_until or T0 + timedelta(days=36500), timezone=tz,
+                                 row_stats=row_stats_needed(stream))
         windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
-        return evaluate(stream, windows, keep_state=False)
+        return evaluate(stream, windows)
 
     def hand_plan():
         df = spark.read.parquet(*DeltaTable(source_uri).file_uris())

@@ -48,9 +48,12 @@ def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_
     return len(records)
 
 
-def materialization(definition: Definition, result: RunResult) -> dg.MaterializeResult:
+def materialization(definition: Definition, result: RunResult, *,
+                    ignored: tuple[str, ...] = ()) -> dg.MaterializeResult:
+    """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out, and why."""
+    extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
     return dg.MaterializeResult(
-        metadata={
+        metadata={**extra,
             "cq/kind": result.kind,
             "cq/range_start": iso(result.time_range[0]),
             "cq/range_end": iso(result.time_range[1]),
@@ -73,13 +76,16 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
                pyspark: PySparkResource):
         engine = cq_engine.engine(pyspark.spark_session)
         tags = context.run.tags
+        ignored: tuple[str, ...] = ()
         if config.recalculate_from:
             tz = engine.settings.tz
             end = parse_time(config.recalculate_to, tz=tz, what="recalculate_to") if config.recalculate_to else None
             result = engine.recalculate(definition.name, start=parse_time(config.recalculate_from, tz=tz, what="recalculate_from"),
                                         end=end, now=datetime.now(UTC))
         elif "cq/work" in tags:
-            result = engine.run_stream(definition.name, StreamWork.from_json(tags["cq/work"]))
+            work = StreamWork.from_json(tags["cq/work"])
+            result = engine.run_stream(definition.name, work)
+            ignored = work.ignored
         elif "cq/fire_time" in tags:
             fire = parse_time(tags["cq/fire_time"], tz=UTC, bounded=False)
             run = engine.run_firing if isinstance(definition, ContinuousQuery) else engine.run_period
@@ -90,7 +96,9 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
         context.log.info(f"{definition.name}: {result.kind} [{iso(result.time_range[0])}, {iso(result.time_range[1])}) "
                          f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
                          + (f"; {result.notified} notification(s)" if result.notified else ""))
-        yield materialization(definition, result)
+        for line in ignored:
+            context.log.warning(f"{definition.name}: {line}")
+        yield materialization(definition, result, ignored=ignored)
 
     return _asset
 

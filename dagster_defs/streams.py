@@ -55,8 +55,10 @@ def build_stream_sensor(stream: Stream, job, translator: CQTranslator, engine: E
         except CQError as exc:
             return dg.SkipReason(str(exc))
         context.update_cursor(plan.cursor.to_json())
+        for item in plan.ignored:
+            context.log.warning(f"{stream.name}: {item.text}")
         if not plan.works:
-            return dg.SkipReason(plan.reason)
+            return dg.SkipReason("; ".join([plan.reason, *[i.text for i in plan.ignored]]))
         context.log.info(f"{stream.name}: {plan.reason}")
         return [work_request(stream, w, i, translator) for i, w in enumerate(plan.works)]
 

@@ -89,3 +89,86 @@ def test_ingest_rejects_bad_values_and_writes_nothing(project, capsys):
     assert table.version() == 0  # created empty from its declaration, nothing appended
     code, _, err = cq(capsys, "ingest", "ln", str(project / "missing.csv"))
     assert code == 1 and "missing.csv" in err
+
+
+def own_project(tmp_path, monkeypatch, sql: str):
+    """A project of its own: ``sql`` in sql/defs.sql, the CQ_* variables pointing at it; its Settings."""
+    from cq_engine.config import Settings
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "defs.sql").write_text(sql)
+    env = {"CQ_SQL_DIR": tmp_path / "sql", "CQ_WAREHOUSE": tmp_path / "wh", "CQ_HOME": tmp_path / ".cq"}
+    for var, value in env.items():
+        monkeypatch.setenv(var, str(value))
+    monkeypatch.delenv("CQ_SPARK_REMOTE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return Settings(sql_dir=str(env["CQ_SQL_DIR"]), warehouse=str(env["CQ_WAREHOUSE"]), home=str(env["CQ_HOME"]))
+
+
+def test_tick_over_empty_declared_tables_creates_them(tmp_path, monkeypatch, capsys):
+    """A stream's or rule's declared trigger table is created on the first tick, as a continuous
+    query's declared source is; a trigger's declared table likewise on its first delivery."""
+    own_project(tmp_path, monkeypatch,
+                "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+                "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src INTO s_out AS SELECT _twstart, count(*) AS n "
+                "FROM %%trows;\n"
+                'CREATE STREAM demo (ID STRING, v DOUBLE, ts BIGINT) WITH (DATASOURCE="demo", FORMAT="json", '
+                'KEY="ts", TIMESTAMP="ts");\n'
+                "CREATE RULE r INTO r_out AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n")
+    for name, table in (("s", "src"), ("r", "demo")):
+        code, out, err = cq(capsys, "tick", name)
+        assert code == 0 and out.startswith(f"{name}: ") and not err, (out, err)
+        assert DeltaTable.is_deltatable(str(tmp_path / "wh" / table))
+        code, out, err = cq(capsys, "tick", name)  # and ticks cleanly again
+        assert code == 0 and "does not exist" not in out + err
+
+
+def test_trigger_creates_its_declared_table(tmp_path, monkeypatch):
+    from datetime import UTC, datetime
+
+    from cq_engine.engine import Engine
+    from cq_engine.triggers.after import deliver_after
+
+    engine = Engine(settings=own_project(
+        tmp_path, monkeypatch, "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+        "CREATE STATEFUL TRIGGER t AFTER INSERT ON src AS 'examples.triggers.journal:Journal' "
+        f"WITH (\"path\" = \"{tmp_path / 'journal.jsonl'}\");\n"))
+    (trigger,) = engine.catalog.triggers
+    delivery = deliver_after(trigger, ctx=engine.ctx, cursor=None, now=datetime.now(UTC))
+    assert "watching src from src@v0" in delivery.reason
+
+
+def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypatch, capsys):
+    """History without FILL_HISTORY and late rows under IGNORE_DISORDER: `cq tick` says which rows and
+    windows were ignored, why, and how to get them computed; the ledger records them (not as runs)."""
+    from datetime import UTC, datetime, timedelta
+
+    import pyarrow as pa
+
+    from cq_engine.engine import Engine
+
+    engine = Engine(settings=own_project(
+        tmp_path, monkeypatch, "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+        "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src OPTIONS(IGNORE_DISORDER) INTO s_out AS "
+        "SELECT _twstart, count(*) AS n FROM %%trows;\n"))
+    engine.ensure_tables()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def append(*seconds):
+        engine.storage.append("src", pa.table({
+            "ts": pa.array([t0 + timedelta(seconds=x) for x in seconds], pa.timestamp("us", tz="UTC")),
+            "v": pa.array([1.0] * len(seconds))}))
+
+    append(0, 10, 70)
+    code, out, _ = cq(capsys, "tick", "s")
+    assert code == 0 and "s: history: 3 row(s) ignored, event time [2026-01-01T00:00:00" in out
+    assert "no FILL_HISTORY" in out and "`cq recalculate s --from 2026-01-01T00:00:00" in out
+    append(200)
+    cq(capsys, "tick", "s")
+    append(20)  # late: its window closed, and IGNORE_DISORDER drops it
+    code, out, _ = cq(capsys, "tick", "s")
+    assert code == 0 and "s: late: 1 row(s) ignored" in out and "IGNORE_DISORDER" in out, out
+    entries = engine.ledger.entries("s")
+    assert [(e.kind, e.status) for e in entries if e.kind == "ignored"] == [("ignored", "ignored")] * 2
+    assert "late: 1 row(s) ignored" in entries[-1].error
+    assert engine.ledger.last("s").kind != "ignored"

@@ -235,3 +235,58 @@ def test_period_stream_reading_a_table_applies_its_where(tmp_path, spark):
     tick = NOW.replace(second=0)
     b.engine.run_period("pt", tick)
     assert [(r["_tlocaltime"], r["n"]) for r in b.sink("pt_out")] == [(tick, 3)]  # 120, 140, 160
+
+
+ROWNUM_SQL = """CREATE STREAM rn_count INTERVAL(1m) SLIDING(30s) FROM meters PARTITION BY tbname INTO rn_count_out AS
+        SELECT _twstart, _twrownum AS rn, _twrownum * 2 AS rn2, count(*) AS n FROM %%trows;
+    CREATE STREAM rn_agg INTERVAL(1m) SLIDING(30s) FROM meters PARTITION BY tbname INTO rn_agg_out AS
+        SELECT _twstart, sum(_twrownum) AS s, _twrownum AS rn FROM %%trows;
+    CREATE STREAM rn_where INTERVAL(1m) SLIDING(30s) FROM meters PARTITION BY tbname INTO rn_where_out AS
+        SELECT _twstart, count(*) AS n FROM %%trows WHERE _twrownum > 3;"""
+
+
+def test_rownum_is_exact_as_a_count_or_per_row(tmp_path, spark):
+    """``_twrownum`` outside aggregates is the window's count(1); inside one, or in the WHERE, it is
+    computed per row (row_stats_needed). Both give the window's row count."""
+    from cq_engine.streams.plan import row_stats_needed
+
+    b = Bench(tmp_path, spark, ROWNUM_SQL)
+    assert [row_stats_needed(b.engine.stream(n)) for n in ("rn_count", "rn_agg", "rn_where")] == [False, True, True]
+    for name in ("rn_count", "rn_agg", "rn_where"):
+        b.tick(name)
+    b.append([(s, "d1001", 1.0) for s in range(0, 150, 10)] + [(s, "d1002", 1.0) for s in (5, 50, 100)])
+    for name in ("rn_count", "rn_agg", "rn_where"):
+        b.tick(name)
+    # windows [-30, 30) ... [60, 120) close (T = 140 s); d1001 has 6 rows per full window, d1002 fewer
+    starts = [T0 + timedelta(seconds=s) for s in (0, 30, 60)]
+    d1001 = [(T0 - M / 2, 3)] + [(s, 6) for s in starts]
+    d1002 = [(T0 - M / 2, 1), (T0, 2), (T0 + M / 2, 1), (T0 + M, 1)]
+    count = {(r["tbname"], r["_twstart"]): (r["rn"], r["rn2"], r["n"]) for r in b.sink("rn_count_out")}
+    assert count == {**{("d1001", s): (n, 2 * n, n) for s, n in d1001},
+                     **{("d1002", s): (n, 2 * n, n) for s, n in d1002}}
+    agg = {(r["tbname"], r["_twstart"]): (r["s"], r["rn"]) for r in b.sink("rn_agg_out")}
+    assert agg == {**{("d1001", s): (n * n, n) for s, n in d1001}, **{("d1002", s): (n * n, n) for s, n in d1002}}
+    assert {(r["tbname"], r["_twstart"]): r["n"] for r in b.sink("rn_where_out")} == {("d1001", s): 6 for s in starts}
+
+
+def test_time_windows_aggregate_without_a_sort(tmp_path, spark):
+    """A sliding stream that does not need per-row window statistics is an explode and a hash
+    aggregate: no window operator, no sort (the plan the run builds, as _run_time_windows builds it)."""
+    from cq_engine.streams.plan import evaluate, prepare, row_stats_needed, with_placeholders
+    from cq_engine.streams.windows.tdengine import WCLOSED, WSTART, assign_windows
+
+    b = Bench(tmp_path, spark, ROWNUM_SQL)
+    _two_meters(b)
+    df, _ = b.engine.storage.read_range(spark, "meters", time_column="ts", time_range=None)
+
+    def physical(name: str) -> str:
+        stream = b.engine.stream(name)
+        windows = assign_windows(prepare(stream, df), stream.trigger, time_column="ts", keys=["tbname"],
+                                 close_until=NOW, row_stats=row_stats_needed(stream))
+        out = evaluate(stream, with_placeholders(stream, windows, tick=NOW, tz="UTC"), keep=[WSTART, WCLOSED])
+        return out._jdf.queryExecution().executedPlan().toString()
+
+    plan = physical("rn_count")
+    assert "Generate explode" in plan and "HashAggregate" in plan
+    assert "Sort" not in plan and "Window" not in plan, plan
+    assert "Window" in physical("rn_agg")  # _twrownum inside an aggregate: per row, by a window function

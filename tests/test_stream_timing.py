@@ -223,3 +223,34 @@ def test_persisted_json_carries_a_format_and_reads_older_and_rejects_newer():
         parse_tick_cursor('{"format": 9, "last": "2021-05-11T14:30:00Z"}')
     with pytest.raises(CQError, match="is not one cq-engine wrote"):
         parse_tick_cursor('{"nope": 1}')
+
+
+def test_ignored_rows_are_reported_with_why_and_the_fix():
+    c = cursor(t(10, 5, 30))
+    late = [added(t(10, 1, 10), t(10, 1, 20), rows=7)]
+    plan = plan_tick(stream(ignore_disorder=True), c, version=4, changes=late, now=t(12, 0), tz="UTC")
+    (item,) = plan.ignored
+    assert (item.what, item.rows, item.span) == ("late", 7, (t(10, 1, 10), t(10, 1, 20)))
+    assert "7 row(s) ignored" in item.text and "windows starting in [2026-11-21T10:01:00" in item.text
+    assert "IGNORE_DISORDER" in item.text and "`cq recalculate s --from 2026-11-21T10:01:10" in item.text
+    # EXPIRED_TIME: only the part older than the horizon (T - 2 min = 10:03:30) is ignored
+    plan = plan_tick(stream(expired_time=2 * M), c, version=4, changes=[added(t(10, 2), t(10, 4), rows=9)],
+                     now=t(12, 0), tz="UTC")
+    (item,) = plan.ignored
+    assert item.what == "expired" and item.span == (t(10, 2), t(10, 3, 30) - US)
+    assert "up to 9 row(s)" in item.text and "EXPIRED_TIME" in item.text
+    assert plan.works and plan.works[0].ignored == (item.text,)  # the run requested carries it
+    assert StreamWork.from_json(plan.works[0].to_json()) == plan.works[0]
+    # late rows that are recomputed, and rows in open windows, are not ignored
+    assert plan_tick(stream(), c, version=4, changes=late, now=t(12, 0), tz="UTC").ignored == ()
+    assert plan_tick(stream(), c, version=4, changes=[added(t(10, 6), t(10, 7))], now=t(12, 0), tz="UTC").ignored == ()
+
+
+def test_history_without_fill_history_is_reported():
+    plan = first_tick(stream(), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0), tz="UTC",
+                      chunk_rows=100)
+    (item,) = plan.ignored
+    assert item.what == "history" and item.rows == 500 and "no FILL_HISTORY" in item.text
+    assert "FILL_HISTORY 1" in item.text and "`cq recalculate s --from 2026-11-21T09:00:00" in item.text
+    assert first_tick(stream(fill_history=True), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0),
+                      tz="UTC", chunk_rows=100).ignored == ()

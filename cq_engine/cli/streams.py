@@ -68,6 +68,8 @@ def _tick(args, settings: Settings) -> int:
     cursor = path.read_text() if path.exists() else None
     plan = evaluate_stream(engine.ctx, d, cursor=cursor, now=now)
     print(f"{d.name}: {plan.reason}")
+    for item in plan.ignored:
+        print(f"{d.name}: {item.text}")
     for work in plan.works:
         r = engine.run_stream(d.name, work)
         print(f"{d.name}: {work.kind} run at version {work.version}: {r.rows_written} rows -> {d.sink} "

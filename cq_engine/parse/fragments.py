@@ -114,11 +114,14 @@ def rewrite_iotdb_functions(node: exp.Expression, fragment: Fragment) -> exp.Exp
     return node.transform(visit)
 
 
-def is_aggregate(node: exp.Expression) -> bool:
-    return node.find(exp.AggFunc) is not None or any(
-        isinstance(n, exp.Anonymous) and str(n.this).upper() in ("MIN_BY", "MAX_BY")
-        for n in node.walk()
-    )
+def is_aggregate_call(node: exp.Expr) -> bool:
+    """``node`` itself is an aggregate function call (sqlglot leaves Spark's MIN_BY/MAX_BY anonymous)."""
+    return isinstance(node, exp.AggFunc) or (
+        isinstance(node, exp.Anonymous) and str(node.this).upper() in ("MIN_BY", "MAX_BY"))
+
+
+def is_aggregate(node: exp.Expr) -> bool:
+    return any(is_aggregate_call(n) for n in node.walk())
 
 
 def is_aggregate_sql(sql: str) -> bool:

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 UTC = UTC
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-KINDS = ("firing", "recalculate", "realtime", "history", "period")  # the last three: streams
-STATUSES = ("succeeded", "failed")
+KINDS = ("firing", "recalculate", "realtime", "history", "period", "ignored")  # the last four: streams
+# "ignored": no run; rows a stream's tick left out (late, expired, history), ``error`` says why
+STATUSES = ("succeeded", "failed", "ignored")
 STATE_NAME = "firings"  # the ledger's state table: ``_cq/firings``
 
 SCHEMA = pa.schema([
@@ -134,10 +135,10 @@ class Ledger:
         return result
 
     def last(self, definition: str) -> LedgerEntry | None:
-        """The most recently started entry of ``definition``."""
-        found = self.entries(definition)
+        """The most recently started run of ``definition`` (``ignored`` notes are not runs)."""
+        found = [e for e in self.entries(definition) if e.status != "ignored"]
         return found[-1] if found else None
 
     def last_by_definition(self) -> dict[str, LedgerEntry]:
-        """The most recently started entry of every definition in the ledger."""
-        return {e.definition: e for e in self.entries()}
+        """The most recently started run of every definition in the ledger."""
+        return {e.definition: e for e in self.entries() if e.status != "ignored"}

@@ -19,7 +19,7 @@ from sqlglot import exp
 
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
-from cq_engine.parse.fragments import is_aggregate, is_aggregate_sql
+from cq_engine.parse.fragments import is_aggregate, is_aggregate_call, is_aggregate_sql
 from cq_engine.model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.windows.tdengine import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WROWS, WSTART,
@@ -94,6 +94,44 @@ def _sql_of(stream: Stream) -> str:
     return " ".join(parts).lower()
 
 
+def row_stats_needed(stream: Stream) -> bool:
+    """Whether a time-window run needs ``_twrownum`` on every row (``assign_windows(row_stats=True)``:
+    a window function, so a sort of every (row, window) pair). Otherwise it is the window's
+    ``count(1)``: an aggregate of the query's own ``groupBy`` (``evaluate``) or of ``window_frame``.
+    Per row only when a row-level expression reads it: the WHERE over ``%%trows`` (it filters before
+    the aggregate), HAVING, the output shaping, or an aggregate's argument."""
+    rownum = WROWS.lower()
+    if rownum not in _sql_of(stream) and rownum not in (stream.having or "").lower():
+        return False
+    if stream.reads != "trows":  # the frame of the windows carries it into the joined rows
+        return False
+    if not stream.is_aggregate:  # one result row per input row
+        return True
+    row_level = [stream.where or "", stream.having or "", *[sql for _, sql in shaping_columns(stream)]]
+    return (any(rownum in sql.lower() for sql in row_level)
+            or any(_rownum_in_aggregate(sqlglot.parse_one(i.expression, read="spark")) for i in stream.select))
+
+
+def _rownum_in_aggregate(tree: exp.Expr) -> bool:
+    return any(c.name.lower() == WROWS.lower() and _under_aggregate(c) for c in tree.find_all(exp.Column))
+
+
+def _under_aggregate(node: exp.Expr) -> bool:
+    parent = node.parent
+    while parent is not None and not is_aggregate_call(parent):
+        parent = parent.parent
+    return parent is not None
+
+
+def _rownum_as_count(sql: str) -> str:
+    """``sql`` with ``_twrownum`` (outside aggregates, see ``row_stats_needed``) read as ``count(1)``."""
+    def swap(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Column) and node.name.lower() == WROWS.lower():
+            return sqlglot.parse_one("count(1)", read="spark")
+        return node
+    return sqlglot.parse_one(sql, read="spark").transform(swap).sql(dialect="spark")
+
+
 def _window_columns(stream: Stream, df: DataFrame, keep: list[str]) -> list[str]:
     """The window-constant columns to group on: the window start, those the SQL uses, ``keep``."""
     sql = _sql_of(stream)
@@ -112,13 +150,17 @@ def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...]
     if where and stream.form != "old" and stream.where:  # the old form's WHERE ran before windowing
         df = df.filter(F.expr(stream.where))
     pcols = partition_columns(stream)
-    items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     shaping = shaping_columns(stream)
     if stream.is_aggregate or not stream.select:  # no query (NOTIFY only): one row per window
+        # _twrownum not computed per row (row_stats_needed): the window's row count
+        as_count = WROWS not in df.columns and any(WROWS.lower() in i.expression.lower() for i in stream.select)
+        items = [F.expr(_rownum_as_count(i.expression) if as_count else i.expression).alias(i.name)
+                 for i in stream.select]
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
         group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))
-        extra = [F.first(F.expr(sql)).alias(name) for name, sql in shaping]
+        extra = [(F.expr(sql) if _over_columns(sql, group) else F.first(F.expr(sql))).alias(name)
+                 for name, sql in shaping]
         having = []
         if stream.having and is_aggregate_sql(stream.having):  # over the window's rows
             having = [F.expr(stream.having).alias(_HAVING)]
@@ -128,8 +170,17 @@ def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...]
         elif stream.having:  # over the result's columns
             out = out.filter(F.expr(stream.having))
         return out.select(*[i.name for i in stream.select], *[n for n, _ in shaping], *_kept(keep, group))
+    items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
     return df.select(*items, *extra, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def _over_columns(sql: str, columns: list[str]) -> bool:
+    """``sql`` is computed from ``columns`` alone (the groupBy's keys): no ``first()`` needed, which on
+    a string would make Spark fall back from a hash aggregate to a sort aggregate."""
+    tree = sqlglot.parse_one(sql, read="spark")
+    names = {c.name.lower() for c in tree.find_all(exp.Column)}
+    return not is_aggregate(tree) and names <= {c.lower() for c in columns}
 
 
 def _kept(keep, available) -> list[str]:
@@ -143,7 +194,8 @@ def window_frame(stream: Stream, windows: DataFrame) -> DataFrame:
     """One row per (group, window) of the windowed trigger rows: its window-constant columns."""
     pcols = partition_columns(stream)
     constant = [c for c in windows.columns if _is_window_constant(c) and c != WSTART]
-    return windows.groupBy(*pcols, WSTART).agg(*[F.first(c).alias(c) for c in constant])
+    rownum = [] if WROWS in windows.columns else [F.count(F.lit(1)).alias(WROWS)]  # see row_stats_needed
+    return windows.groupBy(*pcols, WSTART).agg(*[F.first(c).alias(c) for c in constant], *rownum)
 
 
 def _is_window_constant(column: str) -> bool:

@@ -29,8 +29,8 @@ from cq_engine.streams import timing as st
 from cq_engine.streams.events import NOTIFY_OK, build_events
 from cq_engine.streams.output import GROUP_ID
 from cq_engine.streams.plan import (ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, join_source,
-                          partition_columns, period_frame, prepare, time_bounds, window_frame, with_empty_windows,
-                          with_placeholders)
+                          partition_columns, period_frame, prepare, row_stats_needed, time_bounds, window_frame,
+                          with_empty_windows, with_placeholders)
 from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_name
 from cq_engine.streams.sensor import table_span
 from cq_engine.streams.sink import gone_groups, write_sink
@@ -163,7 +163,8 @@ def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -
         df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=(lo, hi),
                                              version=work.version)
         windows = assign_windows(prepare(stream, df), stream.trigger, time_column=time_column,
-                                 keys=list(stream.partition_by), close_until=work.close_until or _FAR, timezone=tz)
+                                 keys=list(stream.partition_by), close_until=work.close_until or _FAR, timezone=tz,
+                                 row_stats=row_stats_needed(stream))
         windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
         result = _compute(ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi),
                           version=work.version).toArrow()

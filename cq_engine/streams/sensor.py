@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta
+
 from cq_engine.context import EngineContext
 from cq_engine.errors import TableError
 from cq_engine.model import DATA_SHAPED, Stream, statement_hash
+from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.streams import timing as st
 from cq_engine.streams.frontier import move_frontier
 from cq_engine.times import UTC
@@ -33,25 +35,44 @@ def _cursor(text: str | None, stream: Stream) -> st.StreamCursor | None:
 
 def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, now: datetime) -> st.TickPlan:
     """One sensor evaluation: the runs due at ``now`` given the cursor of the previous evaluation."""
-    table = stream.trigger_table
+    table = stream.trigger_table or stream.source
+    if table is None:
+        raise TableError(f"{stream.name}: no trigger table")
     storage = ctx.storage
     known = _cursor(cursor, stream)
     version = storage.latest_version(table, known=known.version if known else None)
+    if version is None and ctx.ensure_tables(table):  # declared, not yet created: as a CQ's source
+        version = storage.latest_version(table)
     if version is None:
-        raise TableError(f"{stream.name}: trigger table {table!r} does not exist yet")
+        raise TableError(f"{stream.name}: trigger table {table!r} does not exist (declare it with CREATE TABLE "
+                         f"in {ctx.settings.sql_dir} or load it with `cq ingest`)")
     time_column = ctx.time_column(table)
     tz = ctx.settings.timezone
     if known is None:
         span = table_span(ctx, table, version=version, time_column=time_column)
         plan = st.first_tick(stream, version=version, span=span, now=now, tz=tz, chunk_rows=HISTORY_CHUNK_ROWS)
-        return replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream)))
+        return _noted(ctx, stream, table, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))),
+                      now=now)
     changes: list[st.Change] = []
     if version > known.version:
         for commit in storage.read_commits(table, after=known.version, until=version, time_column=time_column):
             changes.append(st.Change(
                 added=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.added),
                 removed=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.removed)))
-    return st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz)
+    return _noted(ctx, stream, table, st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz),
+                  now=now)
+
+
+def _noted(ctx: EngineContext, stream: Stream, table: str, plan: st.TickPlan, *, now: datetime) -> st.TickPlan:
+    """Record the rows the tick ignored in the ledger (kind and status ``ignored``, ``error`` the why),
+    so they are found after the tick's output is gone."""
+    for item in plan.ignored:
+        ctx.ledger.record(LedgerEntry(
+            definition=stream.name, kind="ignored", fire_time=now, range_start=item.span[0],
+            range_end=item.span[1] + timedelta(microseconds=1),
+            source_versions={table: plan.cursor.version}, rows_written=0,
+            sink_version=None, status="ignored", started_at=now, finished_at=now, error=item.text))
+    return plan
 
 
 def skip_untreated(ctx: EngineContext, stream: Stream, cursor: str | None) -> str | None:

@@ -69,7 +69,8 @@ class _Json:
         if not isinstance(fmt, int) or fmt > FORMAT:
             raise CQError(f"{cls.__name__}: format {fmt!r} was written by a newer cq-engine (this one reads "
                           f"up to {FORMAT}): {text[:200]}")
-        d = {k: v for k, v in raw.items() if k in {f.name for f in fields(cls)}}
+        # JSON arrays back to the tuples the frozen dataclasses hold
+        d = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in {f.name for f in fields(cls)}}
         t = lambda v: parse_time(v, tz=UTC, bounded=False) if v else None  # noqa: E731
         for k in cls._TIMES:
             if k in d:
@@ -94,6 +95,7 @@ class StreamWork(_Json):
     tick: datetime | None = None  # processing time of the tick (``_tlocaltime``)
     write_open: bool = True  # False: open windows are computed only for WINDOW_OPEN notifications
     deleted: bool = False  # rows were removed from the trigger table (DELETE_OUTPUT_TABLE looks)
+    ignored: tuple[str, ...] = ()  # rows the tick that requested the run left out, and why (TickPlan.ignored)
 
     _TIMES = ("close_until", "recompute_from", "origin", "tick")
     _RANGES = ("windows",)
@@ -127,12 +129,24 @@ class StreamCursor(_Json):
 
 
 @dataclass(frozen=True)
+class Ignored:
+    """Rows a tick leaves out: which (a row count from file statistics, their event time), and the
+    line that says why and how to get them computed."""
+
+    what: str  # history | late | expired
+    rows: int
+    span: TimeRange  # [first, last] event time
+    text: str
+
+
+@dataclass(frozen=True)
 class TickPlan:
     """What one sensor evaluation decided: the new cursor and the runs to request, in order."""
 
     cursor: StreamCursor
     works: tuple[StreamWork, ...] = ()
     reason: str = ""
+    ignored: tuple[Ignored, ...] = ()  # rows left out: which rows and windows, why, and the fix
 
 
 # --- window grids of time windows ----------------------------------------------------------------
@@ -261,7 +275,26 @@ def first_tick(stream: Stream, *, version: int, span: Span, now: datetime, tz: s
                               chunk_rows=chunk_rows, origin=origin)
     reason = (f"created at version {version}" + (f"; history in {len(works)} run(s)" if works else "")
               + ("" if history else "; existing data is history (no FILL_HISTORY)"))
-    return TickPlan(cursor, tuple(works), reason)
+    ignored: tuple[Ignored, ...] = ()
+    if not history and span.rows and span.min_time is not None and span.max_time is not None:
+        ignored = (_ignored(stream, "history", span.rows, span.min_time, span.max_time, tz,
+                            "they were in the table when the stream was created and it has no FILL_HISTORY"),)
+    return TickPlan(cursor, tuple(works), reason, ignored)
+
+
+def _ignored(stream: Stream, what: str, rows: int, lo: datetime, hi: datetime, tz: str, why: str,
+             *, partly: bool = False) -> Ignored:
+    """One line of ``TickPlan.ignored``: the rows (from file statistics, so ``up to`` when a file held
+    kept rows too), the windows they fall in, why, and how to get them computed."""
+    where = f"event time [{iso(lo)}, {iso(hi)}]"
+    if isinstance(stream.trigger, SlidingTrigger):
+        a, b = starts_overlapping(stream.trigger, lo, hi, tz)
+        where += f", windows starting in [{iso(a)}, {iso(b)})"
+    fix = f"`cq recalculate {stream.name} --from {iso(lo)}` computes them"
+    if what == "history":
+        fix += " (or FILL_HISTORY 1 when the stream is created)"
+    text = f"{what}: {'up to ' if partly else ''}{rows} row(s) ignored, {where}: {why}; {fix}"
+    return Ignored(what, rows, (lo, hi), text)
 
 
 def history_works(stream: Stream, *, version: int, lo: datetime, hi: datetime, rows: int, now: datetime,
@@ -300,6 +333,7 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     horizon = min([d for d in (o.expired_time, o.delete_mark) if d is not None], default=None)
     floor = t_new - horizon if (horizon is not None and t_new is not None) else None
 
+    ignored = _late_ignored(stream, added, t_prev, floor, tz)
     # Changes to event time already closed: late rows, and removed files (deletes, updates).
     late: list[TimeRange] = []
     if t_prev is not None and o.trigger_mode != "force_window_close":
@@ -336,11 +370,11 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
         advanced = t_new is not None and t_new != t_prev
         emit_open = writes_open or opened
         if not (advanced or late or emit_open or deleted):
-            return TickPlan(new_cursor, (), f"nothing to do at version {version}")
+            return TickPlan(new_cursor, (), f"nothing to do at version {version}", ignored)
         work = StreamWork(version=version, close_until=t_new, emit_open=bool(emit_open),
                           recompute_from=min(a for a, _ in late) if late else None, origin=cursor.origin, tick=now,
-                          write_open=bool(writes_open), deleted=deleted)
-        return TickPlan(new_cursor, (work,), _describe(work))
+                          write_open=bool(writes_open), deleted=deleted, ignored=_texts(ignored))
+        return TickPlan(new_cursor, (work,), _describe(work), ignored)
 
     trig = stream.trigger
     ranges: list[TimeRange] = []
@@ -368,10 +402,47 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
             ranges.append(starts_overlapping(trig, lo, max_event, tz))
     windows = merge_ranges(ranges)
     if not windows and not deleted:
-        return TickPlan(new_cursor, (), f"no window closed or changed at version {version}")
+        return TickPlan(new_cursor, (), f"no window closed or changed at version {version}", ignored)
     work = StreamWork(version=version, windows=windows, tick=now, close_until=t_new,
-                      write_open=bool(writes_open), deleted=deleted)
-    return TickPlan(new_cursor, (work,), _describe(work))
+                      write_open=bool(writes_open), deleted=deleted, ignored=_texts(ignored))
+    return TickPlan(new_cursor, (work,), _describe(work), ignored)
+
+
+def _texts(ignored: Sequence[Ignored], limit: int = 3) -> tuple[str, ...]:
+    """What a run carries (in its ``cq/work`` tag, so bounded): the first ``limit`` lines and a count."""
+    lines = [i.text for i in ignored[:limit]]
+    if len(ignored) > limit:
+        lines.append(f"... and {len(ignored) - limit} more (the ledger has them all)")
+    return tuple(lines)
+
+
+def _late_ignored(stream: Stream, added: Sequence[Span], t_prev: datetime | None, floor: datetime | None,
+                  tz: str) -> tuple[Ignored, ...]:
+    """The added rows in event time already closed that no run will compute (``TickPlan.ignored``):
+    all of them under FORCE_WINDOW_CLOSE or IGNORE_DISORDER, those older than the EXPIRED_TIME /
+    DELETE_MARK horizon otherwise."""
+    o = stream.options
+    if t_prev is None:
+        return ()
+    out = []
+    for s in added:
+        if s.min_time is None or s.min_time >= t_prev:
+            continue
+        hi = min(s.max_time or t_prev, t_prev)
+        what = "late"
+        if o.trigger_mode == "force_window_close":
+            why = "FORCE_WINDOW_CLOSE closes windows by processing time and never reopens one"
+        elif o.ignore_disorder:
+            why = ("IGNORE EXPIRED 1 drops rows of closed windows" if stream.form == "old"
+                   else "IGNORE_DISORDER drops rows of closed windows")
+        elif floor is not None and s.min_time < floor:
+            hi = min(hi, floor - _US)
+            horizon = "EXPIRED_TIME" if o.expired_time is not None else "DELETE_MARK"
+            what, why = "expired", f"older than the {horizon} horizon {iso(floor)}"
+        else:
+            continue
+        out.append(_ignored(stream, what, s.rows, s.min_time, hi, tz, why, partly=hi < (s.max_time or hi)))
+    return tuple(out)
 
 
 def _first_closable(added: Sequence[Span]) -> datetime:
@@ -407,6 +478,6 @@ def _describe(work: StreamWork) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["Change", "Span", "StreamCursor", "StreamWork", "TickPlan", "first_tick", "history_works",
+__all__ = ["Change", "Ignored", "Span", "StreamCursor", "StreamWork", "TickPlan", "first_tick", "history_works",
            "key_ranges", "merge_ranges", "plan_tick", "recalculation_work", "starts_ending_in",
            "starts_overlapping", "tick_after", "tick_floor"]

@@ -85,6 +85,9 @@ def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None
     progress = progress_path(settings, trigger)
     known = _later(AfterCursor.parse(cursor, generation), AfterCursor.parse(
         progress.read_text() if progress.exists() else None, generation))
+    declared = [d.name for d in ctx.catalog.tables if matches(trigger.pattern, d.name)]
+    if declared:  # created as a continuous query's declared source is
+        ctx.ensure_tables(*declared)
     tables = [t for t in ctx.tables() if matches(trigger.pattern, t)]
     storage = ctx.storage
     if known is None:

@@ -54,7 +54,7 @@ _DAY = 86_400_000_000
 
 
 def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str], close_until: datetime,
-                   timezone: str = "UTC", count_phase_column: str | None = None) -> DataFrame:
+                   timezone: str = "UTC", count_phase_column: str | None = None, row_stats: bool = True) -> DataFrame:
     """One row per (input row, window containing it): all input columns, then ``WSTART``, ``WEND``,
     ``WLAST`` (timestamps), ``WROWS`` (long), ``WCLOSED`` (boolean), then the extras of STATE
     (``STATE``, ``PREV_STATE``, ``NEXT_STATE``) and EVENT (``OPEN_ROW``, ``CLOSE_ROW``) windows.
@@ -64,7 +64,12 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
     ``count_phase_column`` (COUNT windows only): an integer column whose value on a group's first
     counted row is the 0-based index (among the group's counted rows) of its first window start;
     NULL (or no column) keeps the default: 0 for TDengine, ``ceil(n/k)*k - n`` for eKuiper. A caller
-    resuming a group from saved state at a window start sets 0 there. Negative values count as 0."""
+    resuming a group from saved state at a window start sets 0 there. Negative values count as 0.
+
+    ``row_stats=False`` (time windows only; data-shaped windows need them to segment): no ``WLAST``
+    or ``WROWS`` column. Per row they take a window function over (group, window), i.e. a shuffle
+    and a sort of every (row, window) pair; without them a time window is an explode (sliding) or a
+    projection (tumbling), and a caller aggregates the window's ``max``/``count`` instead."""
     if close_until.tzinfo is None or close_until.utcoffset() is None:
         raise ValueError("close_until must be timezone-aware")
     until = micros(close_until.astimezone(UTC) - EPOCH)
@@ -72,8 +77,10 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
     inputs = list(df.columns)
     rows = df.withColumn(T_US, F.unix_micros(exact_col(time_column))).filter(F.col(T_US).isNotNull())
     extras: list[str] = []
+    stats = [WLAST, WROWS]
     if isinstance(trigger, SlidingTrigger):
-        out = _sliding(rows, trigger, keys, until, timezone)
+        out = _sliding(rows, trigger, keys, until, timezone, row_stats=row_stats)
+        stats = stats if row_stats else []
     elif isinstance(trigger, SessionTrigger):
         out = _session(rows, trigger, keys, until)
     elif isinstance(trigger, StateTrigger):
@@ -88,11 +95,11 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
         out = ek_session(rows, trigger, keys, until)
     else:
         raise TypeError(f"assign_windows: unsupported trigger {trigger!r}")
+    stat_columns = {WLAST: F.timestamp_micros(F.col(LAST_US)), WROWS: F.col(WROWS).cast("long")}
     return out.select(*[exact_col(n) for n in inputs],
                       F.timestamp_micros(F.col(WS_US)).alias(WSTART),
                       F.timestamp_micros(F.col(WE_US)).alias(WEND),
-                      F.timestamp_micros(F.col(LAST_US)).alias(WLAST),
-                      F.col(WROWS).cast("long").alias(WROWS),
+                      *[stat_columns[n].alias(n) for n in stats],
                       F.col(WCLOSED).cast("boolean").alias(WCLOSED),
                       *[F.col(n) for n in extras])
 
@@ -117,7 +124,7 @@ def _true_for(df: DataFrame, d: timedelta | None) -> DataFrame:
 # --- time windows ------------------------------------------------------------------------------
 
 
-def _sliding(df: DataFrame, trig: SlidingTrigger, keys, until: int, timezone: str) -> DataFrame:
+def _sliding(df: DataFrame, trig: SlidingTrigger, keys, until: int, timezone: str, *, row_stats: bool) -> DataFrame:
     s = micros(trig.sliding)
     check_positive(s, "sliding")
     t = F.col(T_US)
@@ -135,9 +142,11 @@ def _sliding(df: DataFrame, trig: SlidingTrigger, keys, until: int, timezone: st
         df = df.withColumns({WS_US: ws, WE_US: ws + F.lit(i)})
     else:
         df = _tick_bounds(df, s, micros(trig.sliding_offset), timezone).withColumn(SEG, F.col(WS_US))
+    df = df.withColumn(WCLOSED, F.col(WE_US) <= F.lit(until))
+    if not row_stats:
+        return df
     w = per_window(keys, SEG)
-    return df.withColumns({LAST_US: F.max(T_US).over(w), WROWS: F.count(F.lit(1)).over(w),
-                           WCLOSED: F.col(WE_US) <= F.lit(until)})
+    return df.withColumns({LAST_US: F.max(T_US).over(w), WROWS: F.count(F.lit(1)).over(w)})
 
 
 def _tick_bounds(df: DataFrame, s: int, off: int, timezone: str) -> DataFrame:
