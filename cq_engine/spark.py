@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -25,6 +26,7 @@ from pyspark.sql import SparkSession
 
 from cq_engine.config import Settings, load_settings
 from cq_engine.errors import SparkError
+from cq_engine.statefile import read_state, write_atomic
 
 # PySpark logs every analysis error as a JSON blob on stderr; the engine reports it as a one-line CQError.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
@@ -36,6 +38,14 @@ BASE_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.adaptive.enabled": "true",
+}
+
+# Everything the local server's JVM listens on stays on loopback: Connect's gRPC port, the driver's
+# RPC port and the block manager (which binds where the driver does).
+LOOPBACK_CONF = {
+    "spark.connect.grpc.binding.address": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
 }
 
 DRIVER_MEMORY = "2g"
@@ -77,6 +87,31 @@ def spark_home() -> Path:
 
 def _state_dir(settings: Settings) -> Path:
     return Path(settings.home).expanduser().resolve() / "spark"
+
+
+def _token_file(settings: Settings) -> Path:
+    return _state_dir(settings) / "connect.token"
+
+
+def server_token(settings: Settings) -> str | None:
+    """The pre-shared token our server requires (``spark.connect.authenticate.token``); None if
+    no server was started under ``settings.home``. Kept 0600 in the state directory, never on a
+    command line or in a printed URL."""
+    text = read_state(_token_file(settings), what="Spark Connect token")
+    return text.strip() if text else None
+
+
+def client_url(settings: Settings) -> str:
+    """The URL a client of our local server connects with: the token as the bearer credential.
+    ``localhost`` (not 127.0.0.1): pyspark only sends a token without TLS to that exact host name,
+    over gRPC's local (loopback-only) channel credentials."""
+    token = server_token(settings)
+    url = f"sc://localhost:{settings.spark_port}"
+    return f"{url}/;token={token}" if token else url
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"(;token=)[^;]*", r"\1***", url)
 
 
 def _pid_file(settings: Settings) -> Path:
@@ -220,9 +255,10 @@ def _launch(settings: Settings) -> None:
         raise SparkError(f"port {settings.spark_port} is already in use by another process; set CQ_SPARK_PORT")
     state = _state_dir(settings)
     state.mkdir(parents=True, exist_ok=True)
-    conf = {**BASE_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port),
-            # Connect has no authentication: listen on loopback only.
-            "spark.connect.grpc.binding.address": "127.0.0.1"}
+    state.chmod(0o700)  # pid, logs and the token: this user's only
+    token = secrets.token_urlsafe(32)  # a new one per server: a stopped server's token is worthless
+    write_atomic(_token_file(settings), token + "\n", mode=0o600)
+    conf = {**BASE_CONF, **LOOPBACK_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port)}
     args = ["--master", "local[*]", "--driver-memory", DRIVER_MEMORY]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
@@ -230,7 +266,9 @@ def _launch(settings: Settings) -> None:
            # A client-side Connect marker would make spark-submit/pyspark act as a client.
            if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")}
     env.update(SPARK_HOME=str(home), SPARK_PID_DIR=str(state), SPARK_LOG_DIR=str(state),
-               SPARK_IDENT_STRING=_IDENT, SPARK_CONNECT_MODE="0")
+               SPARK_IDENT_STRING=_IDENT, SPARK_CONNECT_MODE="0", SPARK_LOCAL_IP="127.0.0.1",
+               # The server reads its token from here: a --conf would show it in `ps` to every user.
+               SPARK_CONNECT_AUTHENTICATE_TOKEN=token)
     # New session: the daemon must survive Ctrl-C of the command that started it.
     out = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=120,
                          start_new_session=True, stdin=subprocess.DEVNULL)
@@ -273,12 +311,12 @@ def _remote_session(url: str) -> SparkSession:
     # Probe first: the Connect client retries an unreachable server for minutes.
     parsed = urlparse(url.replace("sc://", "http://", 1).split(";", 1)[0])
     if not _port_open(parsed.port or 15002, parsed.hostname or "localhost", timeout=3):
-        raise SparkError(f"cannot connect to Spark Connect server at {url}")
+        raise SparkError(f"cannot connect to Spark Connect server at {_redact(url)}")
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
         spark.conf.set("spark.sql.session.timeZone", "UTC")
     except Exception as exc:  # pyspark raises many unrelated types here
-        raise SparkError(f"cannot open a Spark Connect session at {url}: {exc}") from exc
+        raise SparkError(f"cannot open a Spark Connect session at {_redact(url)}: {_redact(str(exc))}") from None
     return spark
 
 
@@ -291,5 +329,5 @@ def get_session(settings: Settings | None = None) -> SparkSession:
         return local_session(master=settings.spark_master)
     status = server_status(settings)
     if status.running and not _classic_active():  # see the module docstring
-        return _remote_session(status.url)
+        return _remote_session(client_url(settings))
     return local_session()
