@@ -54,10 +54,19 @@ _CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _IDENT = "cq"  # SPARK_IDENT_STRING: fixed, so the pid file name does not depend on $USER
 
 
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+# Read when the driver JVM starts: Spark's WARN lines stay off the terminal, errors still show.
+QUIET_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
+
+
 def local_session(*, app_name: str = "cq-engine", master: str = "local[*]") -> SparkSession:
-    """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings."""
+    """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings;
+    a local master's driver listens on loopback only."""
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in BASE_CONF.items():
+    conf = {**BASE_CONF, **QUIET_CONF}
+    if master.startswith("local"):
+        conf.update({k: v for k, v in LOOPBACK_CONF.items() if k.startswith("spark.driver.")})
+    for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -258,7 +267,7 @@ def _launch(settings: Settings) -> None:
     state.chmod(0o700)  # pid, logs and the token: this user's only
     token = secrets.token_urlsafe(32)  # a new one per server: a stopped server's token is worthless
     write_atomic(_token_file(settings), token + "\n", mode=0o600)
-    conf = {**BASE_CONF, **LOOPBACK_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port)}
+    conf = {**BASE_CONF, **LOOPBACK_CONF, **QUIET_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port)}
     args = ["--master", "local[*]", "--driver-memory", DRIVER_MEMORY]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
