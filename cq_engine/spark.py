@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from cq_engine.config import Settings, load_settings
+from cq_engine.config import Settings, load_settings, recorded_port_file
 from cq_engine.errors import SparkError
 from cq_engine.statefile import read_state, write_atomic
 
@@ -175,7 +175,7 @@ def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool
         return False
 
 
-def _port_taken(port: int) -> bool:
+def port_taken(port: int) -> bool:
     # Binding fails for any listener on the port, on loopback or on all interfaces.
     with socket.socket() as sock:
         try:
@@ -260,13 +260,15 @@ def _launch(settings: Settings) -> None:
     else:
         raise SparkError(f"neither sbin/start-connect-server.sh nor sbin/spark-daemon.sh found in {home}")
     _check_java()
-    if _port_taken(settings.spark_port):
+    if port_taken(settings.spark_port):
         raise SparkError(f"port {settings.spark_port} is already in use by another process; set CQ_SPARK_PORT")
     state = _state_dir(settings)
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # pid, logs and the token: this user's only
     token = secrets.token_urlsafe(32)  # a new one per server: a stopped server's token is worthless
     write_atomic(_token_file(settings), token + "\n", mode=0o600)
+    # Later commands without CQ_SPARK_PORT find the server here (load_settings); removed on stop.
+    write_atomic(recorded_port_file(settings.home), f"{settings.spark_port}\n")
     conf = {**BASE_CONF, **LOOPBACK_CONF, **QUIET_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port)}
     args = ["--master", "local[*]", "--driver-memory", DRIVER_MEMORY]
     for key, value in conf.items():
@@ -301,6 +303,7 @@ def stop_server(settings: Settings, *, timeout: float = 30) -> bool:
                 time.sleep(0.1)
         stopped = True
     _pid_file(settings).unlink(missing_ok=True)
+    recorded_port_file(settings.home).unlink(missing_ok=True)
     deadline = time.monotonic() + 5  # the kernel may take a moment to release the port
     while stopped and _port_open(settings.spark_port) and time.monotonic() < deadline:
         time.sleep(0.1)
