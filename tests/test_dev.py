@@ -96,6 +96,7 @@ def _ui_up(port: int) -> bool:
         return False
 
 
+@pytest.mark.dagster_e2e
 def test_cq_dev_takes_another_spark_port_and_stops_quietly_on_ctrl_c(tmp_path):
     import dagster as dg
 

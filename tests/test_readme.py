@@ -46,6 +46,7 @@ def fresh_copy(dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("line,body", [pytest.param(line, body, id=f"README.md:{line}")
                                        for line, body in shell_blocks((REPO / "README.md").read_text())])
 def test_readme_shell_block_runs_verbatim(tmp_path, line, body):
