@@ -60,7 +60,8 @@ def materialization(definition: Definition, result: RunResult) -> dg.Materialize
             "cq/files_read": dg.MetadataValue.int(result.files_read),
             "cq/seconds": dg.MetadataValue.float(round(result.seconds, 3)),
             # Only streams notify (NOTIFY); a continuous query's 0 would suggest it could.
-            **({} if isinstance(definition, ContinuousQuery) else {"cq/notified": dg.MetadataValue.int(result.notified)}),
+            **({} if isinstance(definition, ContinuousQuery)
+               else {"cq/notified": dg.MetadataValue.int(result.notified)}),
         },
     )
 

@@ -54,12 +54,8 @@ def spark():
 
 
 # What a run is about to do, in one line: the first `make test` takes minutes and should say why.
-_KINDS = (("spark", "Spark"), ("dagster_e2e", "Dagster end-to-end"), ("ui", "browser"))
-
-
-def pytest_configure(config):
-    for marker, label in _KINDS:  # registering twice is harmless
-        config.addinivalue_line("markers", f"{marker}: {label} tests")
+# Most specific first: a browser test also runs Dagster and Spark.
+_KINDS = (("ui", "browser"), ("dagster_e2e", "Dagster end-to-end"), ("spark", "Spark"))
 
 
 def pytest_collection_finish(session):
@@ -71,7 +67,7 @@ def pytest_collection_finish(session):
             unit += 1
         else:
             counts[kind] += 1
-    parts = [f"{unit} unit"] + [f"{n} {label}" for label, n in counts.items()]
+    parts = [f"{unit} unit"] + [f"{counts[label]} {label}" for label in ("Spark", "Dagster end-to-end", "browser")]
     session.config.get_terminal_writer().line(
         f"cq-engine: {len(session.items)} tests: {', '.join(parts)} "
         "(the whole suite takes about 7 min on an idle 2-core machine, much longer on a busy one)")

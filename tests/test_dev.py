@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import requests
 from deltalake import DeltaTable
+from netutil import free_port
 
 from cq_engine.cli.dev import check_ports, seed_start
 from cq_engine.cli.feed import FEEDS
@@ -23,9 +24,8 @@ from cq_engine.config import DEFAULT_SPARK_PORT, Settings
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.ingest import ingest
-from netutil import free_port
 
-UTC = timezone.utc
+UTC = UTC
 REPO = Path(__file__).resolve().parent.parent
 SENSORS = """CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
 CREATE CONTINUOUS QUERY hum_5s RESAMPLE EVERY 5s BEGIN
@@ -96,6 +96,7 @@ def _ui_up(port: int) -> bool:
         return False
 
 
+@pytest.mark.spark
 @pytest.mark.dagster_e2e
 def test_cq_dev_takes_another_spark_port_and_stops_quietly_on_ctrl_c(tmp_path):
     import dagster as dg
@@ -110,7 +111,7 @@ def test_cq_dev_takes_another_spark_port_and_stops_quietly_on_ctrl_c(tmp_path):
     out = tmp_path / "dev.out"
     cq = [sys.executable, "-m", "cq_engine.cli.main"]
     with open(out, "wb") as sink:
-        proc = subprocess.Popen(cq + ["dev", "--port", str(ui), "--feed-every", "2"], cwd=REPO, env=env,
+        proc = subprocess.Popen([*cq, "dev", "--port", str(ui), "--feed-every", "2"], cwd=REPO, env=env,
                                 stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
@@ -119,7 +120,7 @@ def test_cq_dev_takes_another_spark_port_and_stops_quietly_on_ctrl_c(tmp_path):
         # A later command without CQ_SPARK_PORT finds the server on the port cq dev recorded.
         recorded = int((Path(settings.home) / "spark" / "port").read_text())
         assert recorded != DEFAULT_SPARK_PORT
-        status = subprocess.run(cq + ["spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        status = subprocess.run([*cq, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True,
                                 timeout=120)
         assert f"running at sc://localhost:{recorded}" in status.stdout, status.stdout + status.stderr
         _wait(lambda: _ui_up(ui), 400, "the Dagster UI", proc, out)
@@ -147,6 +148,6 @@ def test_cq_dev_takes_another_spark_port_and_stops_quietly_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-        subprocess.run(cq + ["spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        subprocess.run([*cq, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
         if holder is not None:
             holder.close()

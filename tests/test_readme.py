@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from netutil import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,6 +64,7 @@ def test_readme_shell_block_runs_verbatim(tmp_path, line, body):
     finally:  # a block that started the local server and then failed must not leave it running
         subprocess.run([str(Path(sys.prefix) / "bin" / "cq"), "spark", "stop"], cwd=root, env=env,
                        capture_output=True, timeout=120)
-    shown = f"README.md:{line} failed ({out.returncode}):\n{body}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-3000:]}"
+    shown = (f"README.md:{line} failed ({out.returncode}):\n{body}\n--- stdout\n{out.stdout[-3000:]}\n"
+             f"--- stderr\n{out.stderr[-3000:]}")
     assert out.returncode == 0, shown
     assert "Traceback" not in out.stdout + out.stderr, shown

@@ -303,7 +303,7 @@ def test_concurrent_streamed_replaces_on_disjoint_ranges_all_land(minutes):
             barrier.wait()
             minutes.replace_range("m", data, time_column="ts", app_id=f"f{minute}", app_version=1,
                                   time_range=(T0 + timedelta(minutes=minute), T0 + timedelta(minutes=minute + 1)))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(m,)) for m in range(n)] + \

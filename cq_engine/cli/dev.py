@@ -188,6 +188,7 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
 
 def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event) -> None:
     """Copy Dagster's output to its log file, and to our stdout while ``echo`` is set."""
+    assert proc.stdout is not None  # started with stdout=PIPE
     with open(log_path, "ab") as log:
         for line in iter(proc.stdout.readline, b""):
             log.write(line)
@@ -224,7 +225,7 @@ def _drain_runs(dagster_home: Path, *, timeout: float) -> None:
                 time.sleep(1)
                 ids = [r.dagster_run.run_id for r in instance.get_run_records(
                     dg.RunsFilter(run_ids=ids, statuses=flight), limit=100)]
-    except Exception as exc:  # noqa: BLE001 - shutting down: report, never stop the shutdown
+    except Exception as exc:  # shutting down: report, never stop the shutdown
         print(f"cq dev: could not check for runs in flight ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 

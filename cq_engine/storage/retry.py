@@ -13,7 +13,8 @@ import os
 import random
 import tempfile
 import time
-from typing import Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -65,7 +66,7 @@ class Replayable:
                 yield batch
         self._complete = True
 
-    def __enter__(self) -> "Replayable":
+    def __enter__(self) -> Replayable:
         return self
 
     def __exit__(self, *exc: object) -> None:
