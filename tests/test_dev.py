@@ -4,6 +4,7 @@ Spark port taken starts on another port (found by later commands) and stops quie
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -89,6 +90,33 @@ def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen, out: Pat
     pytest.fail(f"timed out waiting for {what}:\n{out.read_text()[-4000:]}")
 
 
+def _sensor_keys(settings: Settings) -> list[tuple]:
+    data = pa.table(DeltaTable(str(Path(settings.warehouse) / "sensors")).scan())
+    return sorted(zip(data.column("ts").to_pylist(), data.column("device").to_pylist()))
+
+
+def _descendant(root: int, needle: str) -> int | None:
+    """A live descendant process of ``root`` whose command line holds ``needle``."""
+    parents = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    for pid in parents:
+        p = pid
+        while p in parents and p not in (0, 1, root):
+            p = parents[p]
+        if p == root and pid != root:
+            try:
+                if needle in (Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")):
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
 def _ui_up(port: int) -> bool:
     try:
         return requests.get(f"http://127.0.0.1:{port}/server_info", timeout=3).status_code == 200
@@ -98,7 +126,7 @@ def _ui_up(port: int) -> bool:
 
 @pytest.mark.spark
 @pytest.mark.dagster_e2e
-def test_cq_dev_takes_another_spark_port_and_stops_quietly_on_ctrl_c(tmp_path):
+def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
     import dagster as dg
 
     settings = project(tmp_path)
@@ -140,9 +168,25 @@ def test_cq_dev_takes_another_spark_port_and_stops_quietly_on_ctrl_c(tmp_path):
         assert len(after.strip().splitlines()) <= 8, after  # one line per component (and a wait notice)
         assert failed == [], [(r.dagster_run.run_id, r.dagster_run.tags) for r in failed]
         assert not (Path(settings.home) / "spark" / "port").exists()
-        # Restarting the feed would resume after the newest reading: no duplicates were written.
-        data = pa.table(DeltaTable(str(Path(settings.warehouse) / "sensors")).scan())
-        keys = list(zip(data.column("ts").to_pylist(), data.column("device").to_pylist()))
+        assert _sensor_keys(settings) == sorted(set(_sensor_keys(settings)))
+
+        # A restart resumes the feed after the newest reading (no re-seeded duplicates); a killed
+        # dagster-daemon is named, and the rest stops.
+        newest = max(_sensor_keys(settings))[0]
+        out2 = tmp_path / "dev2.out"
+        with open(out2, "wb") as sink:
+            proc = subprocess.Popen([*cq, "dev", "--port", str(ui), "--feed-every", "2"], cwd=REPO, env=env,
+                                    stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _wait(lambda: "Dagster UI on" in out2.read_text(), 400, "cq dev to restart", proc, out2)
+        resumed = re.search(r"sensors fed from (\S+)", out2.read_text()).group(1)
+        assert datetime.fromisoformat(resumed) > newest
+        daemon = _wait(lambda: _descendant(proc.pid, "dagster._daemon"), 400, "the daemon", proc, out2)
+        os.kill(daemon, signal.SIGKILL)
+        assert proc.wait(400) == 1
+        text = out2.read_text()
+        assert "cq dev: Dagster exited unexpectedly" in text and "dagster-daemon process shut down unexpectedly" in text
+        assert "cq dev: Spark Connect server stopped" in text, text[-3000:]
+        keys = _sensor_keys(settings)
         assert len(keys) == len(set(keys))
     finally:
         if proc.poll() is None:
