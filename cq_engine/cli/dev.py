@@ -76,13 +76,10 @@ def seed_start(engine: Engine, table: str, *, now: datetime, backfill: timedelta
                every: timedelta = timedelta(seconds=5)) -> datetime:
     """Where the feed of ``table`` resumes: right after the newest reading already there (so a
     restart never writes the same readings twice), at most ``backfill`` before ``now``."""
-    from cq_engine.streams.sensor import table_span
-
-    span = table_span(engine.storage.uri(table), version=None, time_column=engine.time_column(table),
-                      storage_options=engine.storage.storage_options)
+    _, newest, _ = engine.storage.table_span(table, version=None, time_column=engine.time_column(table))
     start = now - backfill
-    if span.max_time is not None:  # statistics are truncated to ms: the feed's grid is coarser
-        start = max(start, floor_time(span.max_time, every) + every)
+    if newest is not None:  # statistics are truncated to ms: the feed's grid is coarser
+        start = max(start, floor_time(newest, every) + every)
     return start
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
 from cq_engine.model import Catalog, SourceLocation, TriggerDef, statement_hash
-from cq_engine.statefile import read_json_state, read_state, write_atomic
+from cq_engine.statefile import read_json_state, write_atomic
 from cq_engine.times import iso
 from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
 
