@@ -114,43 +114,53 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
             backfill: timedelta = timedelta(minutes=10), drain_timeout: float = 120) -> int:
     from cq_engine import spark
 
+    # Explicit handlers, set first: a process started from a script may inherit an ignored SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     settings = check_ports(settings, port=port, spark_server=spark_server)
-    engine = Engine(settings=settings)
-    for err in engine.catalog.errors:
-        print(f"cq dev: {err}", file=sys.stderr)
-    created = engine.ensure_tables()
-    fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
-    now = floor_time(datetime.now(UTC), timedelta(seconds=5))
-    starts = {}
-    for table in fed:
-        starts[table] = seed_start(engine, table, now=now, backfill=backfill)
-        if starts[table] < now:
-            ingest(table=table, data=FEEDS[table](start=starts[table], end=now), engine=engine, label="cq dev")
-        print(f"cq dev: {table} fed from {iso(starts[table])} (at most the last {backfill}); a new batch every "
-              f"{feed_every:g}s")
-        starts[table] = max(starts[table], now)
-    if created:
-        print(f"cq dev: created {', '.join(created)}")
-    if spark_server:
-        print(spark.start_server(settings).describe())
-    dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
-    log_path = dagster_home / "dev.log"
-    cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
-    proc = subprocess.Popen(cmd, env=dagster_env(settings, dagster_home), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    echo = threading.Event()
-    echo.set()
-    pump = threading.Thread(target=_pump, args=(proc, log_path, echo), daemon=True)
-    pump.start()
-    print(f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
-          "Ctrl-C stops everything")
+    proc: subprocess.Popen | None = None
+    try:
+        engine = Engine(settings=settings)
+        for err in engine.catalog.errors:
+            print(f"cq dev: {err}", file=sys.stderr)
+        created = engine.ensure_tables()
+        fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
+        now = floor_time(datetime.now(UTC), timedelta(seconds=5))
+        starts = {}
+        for table in fed:
+            starts[table] = seed_start(engine, table, now=now, backfill=backfill)
+            if starts[table] < now:
+                ingest(table=table, data=FEEDS[table](start=starts[table], end=now), engine=engine, label="cq dev")
+            print(f"cq dev: {table} fed from {iso(starts[table])} (at most the last {backfill}); a new batch every "
+                  f"{feed_every:g}s")
+            starts[table] = max(starts[table], now)
+        if created:
+            print(f"cq dev: created {', '.join(created)}")
+        if spark_server:
+            print(spark.start_server(settings).describe())
+        dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
+        log_path = dagster_home / "dev.log"
+        cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
+        proc = subprocess.Popen(cmd, env=dagster_env(settings, dagster_home), start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        echo = threading.Event()
+        echo.set()
+        pump = threading.Thread(target=_pump, args=(proc, log_path, echo), daemon=True)
+        pump.start()
+        print(f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
+              "Ctrl-C stops everything")
+    except KeyboardInterrupt:  # Ctrl-C while starting: undo what was started, quietly
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if proc is not None:
+            stop_process_group(proc)
+        if spark_server and spark.stop_server(settings):
+            print("cq dev: Spark Connect server stopped")
+        print("cq dev: interrupted while starting; stopped")
+        return 130
     stop = threading.Event()
     for table in fed:
         threading.Thread(target=feed_forever, args=(engine,), kwargs={"every": feed_every, "stop": stop, "table": table,
                                                                       "start": starts[table]}, daemon=True).start()
-    # Explicit handlers: a process started from a script may inherit an ignored SIGINT.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     code = 0
     try:
         while proc.poll() is None:
