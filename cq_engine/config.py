@@ -1,4 +1,5 @@
-"""Engine settings: environment variables over an optional ``cq.toml``, over documented defaults."""
+"""Engine settings: environment variables over an optional ``cq.toml``, over documented defaults (and,
+for the Spark port, the one the running local server recorded in ``CQ_HOME``)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,24 @@ _ENV = {
 }
 
 
+def recorded_port_file(home: str | Path) -> Path:
+    """Where the local Spark Connect server's port is recorded while it runs (``cq dev`` may have
+    picked another than the default because that was taken)."""
+    return Path(home).expanduser().resolve() / "spark" / "port"
+
+
+def _recorded_port(home: str) -> int | None:
+    from cq_engine.statefile import read_state
+
+    text = read_state(recorded_port_file(home), what="Spark Connect server port")
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise CQError(f"{recorded_port_file(home)}: expected a port number, got {text.strip()!r}") from None
+
+
 def load_settings(*, environ: dict[str, str] | None = None, config_file: str | None = None) -> Settings:
     """Defaults, then ``cq.toml`` (``[cq]`` table, keys as field names), then ``CQ_*`` variables."""
     env = os.environ if environ is None else environ
@@ -91,6 +110,10 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
                 values[name] = int(values[name])  # type: ignore[arg-type]
             except ValueError:
                 raise CQError(f"{_ENV[name]}: expected an integer, got {values[name]!r}") from None
+    if "spark_port" not in values:  # not configured: the port our running server was started on, if any
+        recorded = _recorded_port(str(values.get("home", Settings.home)))
+        if recorded is not None:
+            values["spark_port"] = recorded
     settings = replace(Settings(), **values)
     settings.tz  # validate early
     settings.min_every_delta

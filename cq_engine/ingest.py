@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from cq_engine.times import parse_time
 from cq_engine.triggers.runtime import fire_before
 
 UTC = timezone.utc
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 _JSON_EXTENSIONS = (".json", ".jsonl", ".ndjson")
 
@@ -54,8 +55,16 @@ def ingest(*, table: str, data: pa.Table | str | os.PathLike, ctx: EngineContext
         raise TableError(f"table {table!r} does not exist: declare it with CREATE TABLE in {ctx.settings.sql_dir}")
     label = label or ("python" if isinstance(data, pa.Table) else str(data))
     raw = data if isinstance(data, pa.Table) else read_input(str(data))
-    rows = conform(raw, ctx.storage.schema(table), table=table, time_column=ctx.time_column(table),
-                   tz=ctx.settings.tz)
+    if raw.num_rows == 0:  # an empty commit would only add a version that changes nothing
+        where = "the data" if isinstance(data, pa.Table) else f"{data}: the file"
+        raise CQError(f"{where} holds no rows (a header only?); nothing was written to '{table}'")
+    try:
+        rows = conform(raw, ctx.storage.schema(table), table=table, time_column=ctx.time_column(table),
+                       tz=ctx.settings.tz, now=now)
+    except TableError as exc:
+        if isinstance(data, pa.Table):
+            raise
+        raise TableError(f"{data}: {exc}") from None
     failures = fire_before(ctx.catalog.triggers, table=table, batch=rows, settings=ctx.settings,
                            now=now or datetime.now(UTC))
     version = ctx.storage.append(table, rows, metadata={"cq.ingest": label})
@@ -112,13 +121,16 @@ def _read_json(path: str) -> pa.Table:
     return pjson.read_json(path, parse_options=options)
 
 
-def conform(data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, tz: tzinfo) -> pa.Table:
+def conform(data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, tz: tzinfo,
+            now: datetime | None = None) -> pa.Table:
     """``data`` with exactly ``schema``'s columns and types.
 
     Columns match case-insensitively; missing nullable columns become nulls. Timestamp columns accept
-    ISO-8601 strings with an offset or without (read in ``tz``), integers as epoch milliseconds, and
-    Arrow timestamps (naive ones read in ``tz``). Raises ``TableError`` naming the table, the column
-    and the first value that cannot be read."""
+    ISO-8601 strings with an offset or without (read in ``tz``), integers as epoch milliseconds (within
+    ``EPOCH_SPAN`` of ``now``, default the clock: seconds or microseconds read as milliseconds land
+    decades away), and Arrow timestamps (naive ones read in ``tz``). Text read into a floating column
+    may spell NaN or Infinity; a number too large for it (``1e400``) is refused. Raises ``TableError``
+    naming the table, the column, the row and the first value that cannot be read."""
     if time_column.lower() not in {n.lower() for n in data.column_names}:
         raise TableError(f"table '{table}': the data has no time column '{time_column}'")
     arrays = []
@@ -132,10 +144,38 @@ def conform(data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, 
             row = pc.index(pc.is_null(values), True).as_py()
             raise TableError(f"table '{table}', column '{field.name}': row {row + 1} has no value")
         if pa.types.is_timestamp(field.type):
-            arrays.append(_to_timestamp(values, table=table, column=field.name, tz=tz).cast(field.type))
+            arrays.append(_to_timestamp(values, table=table, column=field.name, tz=tz,
+                                        now=now or datetime.now(UTC)).cast(field.type))
         else:
-            arrays.append(_cast(values, field.type, table=table, column=field.name))
+            cast = _cast(values, field.type, table=table, column=field.name)
+            if pa.types.is_floating(field.type):
+                spelled = (pc.match_substring_regex(values, _NON_FINITE_TEXT,
+                                                    ignore_case=True)
+                           if pa.types.is_string(values.type) or pa.types.is_large_string(values.type) else None)
+                _refuse_non_finite(cast, spelled, column=field.name, what=f"table '{table}', column '{field.name}'",
+                                   original=values)
+            arrays.append(cast)
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# Non-finite values a text file may ask for by name.
+_NON_FINITE_TEXT = r"^[+-]?(nan|inf|infinity)$"
+# Integer epochs (milliseconds) must land this close to now.
+EPOCH_SPAN = timedelta(days=365 * 30)
+
+
+def _refuse_non_finite(values: pa.ChunkedArray, spelled: pa.ChunkedArray | None, *, column: str, what: str,
+                       original: pa.ChunkedArray | None = None) -> None:
+    """A non-finite float not spelled as NaN/Infinity in the input is an overflow: refuse it."""
+    bad = pc.invert(pc.fill_null(pc.is_finite(values), True))
+    if spelled is not None:
+        bad = pc.and_(bad, pc.invert(pc.fill_null(spelled, False)))
+    if not pc.any(bad).as_py():
+        return
+    row = pc.index(bad, True).as_py()
+    shown = (original if original is not None else values)[row].as_py()
+    raise TableError(f"{what}: row {row + 1} holds {shown!r}, which is not a finite number "
+                     "(too large for the column's type); write NaN or Infinity to mean them")
 
 
 def type_name(t: pa.DataType) -> str:
@@ -173,21 +213,23 @@ def _cast(values: pa.ChunkedArray, target: pa.DataType, *, table: str, column: s
     raise _cannot(table, column, values[bad - 1].as_py(), type_name(target)) from None
 
 
-def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinfo) -> pa.ChunkedArray:
+def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinfo,
+                  now: datetime) -> pa.ChunkedArray:
     """UTC microsecond timestamps from strings, epoch milliseconds or Arrow timestamps."""
     t = values.type
     if pa.types.is_timestamp(t) and t.tz is not None:
         return _cast(values, TIMESTAMP, table=table, column=column)
     if pa.types.is_integer(t):
-        try:
-            return pc.multiply_checked(values.cast(pa.int64()), 1000).cast(TIMESTAMP)
-        except pa.ArrowInvalid:
-            raise TableError(f"table '{table}', column '{column}': epoch milliseconds out of range") from None
+        return _from_epoch_ms(values.cast(pa.int64()), table=table, column=column, now=now)
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
         # Naive: wall-clock time in tz, resolved per distinct value exactly as parse_time does.
         naive = _cast(values, pa.timestamp("us"), table=table, column=column)
         return _map_distinct(naive, lambda v: v.replace(tzinfo=tz).astimezone(UTC))
     if pa.types.is_string(t) or pa.types.is_large_string(t):
+        digits = pc.match_substring_regex(values, r"^[+-]?\d{1,18}$")
+        if pc.any(digits).as_py():  # epoch milliseconds as text (CSV): the same range check
+            _from_epoch_ms(pc.if_else(digits, values, None).cast(pa.int64()), table=table, column=column, now=now)
+
         def parse(text: str) -> datetime:
             try:
                 return parse_time(text, tz=tz, bounded=False)  # data: ingest checks its own ranges
@@ -197,6 +239,26 @@ def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinf
         return _map_distinct(values, parse)
     first = next((v for v in values.to_pylist() if v is not None), None)
     raise _cannot(table, column, first, "timestamp")
+
+
+def _from_epoch_ms(values: pa.ChunkedArray, *, table: str, column: str, now: datetime) -> pa.ChunkedArray:
+    """Epoch milliseconds within ``EPOCH_SPAN`` of ``now``; anything else is almost surely another
+    unit (seconds land in 1970, microseconds millennia ahead), so it is refused with a hint."""
+    lo, hi = (int((now + d - EPOCH) / timedelta(milliseconds=1)) for d in (-EPOCH_SPAN, EPOCH_SPAN))
+    bad = pc.invert(pc.fill_null(pc.and_(pc.greater_equal(values, lo), pc.less_equal(values, hi)), True))
+    if pc.any(bad).as_py():
+        row = pc.index(bad, True).as_py()
+        value = values[row].as_py()
+        hint = ""
+        for unit, scale in (("seconds", 1000), ("microseconds", 1 / 1000), ("nanoseconds", 1 / 1_000_000)):
+            if lo <= value * scale <= hi:
+                hint = f" (as epoch {unit} it would be {(EPOCH + timedelta(milliseconds=value * scale)).isoformat()})"
+                break
+        when = (EPOCH + timedelta(milliseconds=value)).isoformat() if abs(value) < 2.5e14 else "out of range"
+        raise TableError(f"table '{table}', column '{column}': row {row + 1} holds {value}, which as epoch "
+                         f"milliseconds is {when}, more than {EPOCH_SPAN.days // 365} years from now{hint}; "
+                         "write epoch milliseconds or an ISO-8601 time")
+    return pc.multiply(values, 1000).cast(TIMESTAMP)
 
 
 def _map_distinct(values: pa.ChunkedArray, convert) -> pa.ChunkedArray:

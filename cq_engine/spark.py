@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -23,8 +24,9 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from cq_engine.config import Settings, load_settings
+from cq_engine.config import Settings, load_settings, recorded_port_file
 from cq_engine.errors import SparkError
+from cq_engine.statefile import read_state, write_atomic
 
 # PySpark logs every analysis error as a JSON blob on stderr; the engine reports it as a one-line CQError.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
@@ -38,16 +40,33 @@ BASE_CONF = {
     "spark.sql.adaptive.enabled": "true",
 }
 
+# Everything the local server's JVM listens on stays on loopback: Connect's gRPC port, the driver's
+# RPC port and the block manager (which binds where the driver does).
+LOOPBACK_CONF = {
+    "spark.connect.grpc.binding.address": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+}
+
 DRIVER_MEMORY = "2g"
 # The class name also names the pid and log files spark-daemon.sh writes.
 _CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _IDENT = "cq"  # SPARK_IDENT_STRING: fixed, so the pid file name does not depend on $USER
 
 
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+# Read when the driver JVM starts: Spark's WARN lines stay off the terminal, errors still show.
+QUIET_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
+
+
 def local_session(*, app_name: str = "cq-engine", master: str = "local[*]") -> SparkSession:
-    """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings."""
+    """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings;
+    a local master's driver listens on loopback only."""
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in BASE_CONF.items():
+    conf = {**BASE_CONF, **QUIET_CONF}
+    if master.startswith("local"):
+        conf.update({k: v for k, v in LOOPBACK_CONF.items() if k.startswith("spark.driver.")})
+    for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
@@ -77,6 +96,31 @@ def spark_home() -> Path:
 
 def _state_dir(settings: Settings) -> Path:
     return Path(settings.home).expanduser().resolve() / "spark"
+
+
+def _token_file(settings: Settings) -> Path:
+    return _state_dir(settings) / "connect.token"
+
+
+def server_token(settings: Settings) -> str | None:
+    """The pre-shared token our server requires (``spark.connect.authenticate.token``); None if
+    no server was started under ``settings.home``. Kept 0600 in the state directory, never on a
+    command line or in a printed URL."""
+    text = read_state(_token_file(settings), what="Spark Connect token")
+    return text.strip() if text else None
+
+
+def client_url(settings: Settings) -> str:
+    """The URL a client of our local server connects with: the token as the bearer credential.
+    ``localhost`` (not 127.0.0.1): pyspark only sends a token without TLS to that exact host name,
+    over gRPC's local (loopback-only) channel credentials."""
+    token = server_token(settings)
+    url = f"sc://localhost:{settings.spark_port}"
+    return f"{url}/;token={token}" if token else url
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"(;token=)[^;]*", r"\1***", url)
 
 
 def _pid_file(settings: Settings) -> Path:
@@ -131,7 +175,7 @@ def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool
         return False
 
 
-def _port_taken(port: int) -> bool:
+def port_taken(port: int) -> bool:
     # Binding fails for any listener on the port, on loopback or on all interfaces.
     with socket.socket() as sock:
         try:
@@ -216,13 +260,16 @@ def _launch(settings: Settings) -> None:
     else:
         raise SparkError(f"neither sbin/start-connect-server.sh nor sbin/spark-daemon.sh found in {home}")
     _check_java()
-    if _port_taken(settings.spark_port):
+    if port_taken(settings.spark_port):
         raise SparkError(f"port {settings.spark_port} is already in use by another process; set CQ_SPARK_PORT")
     state = _state_dir(settings)
     state.mkdir(parents=True, exist_ok=True)
-    conf = {**BASE_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port),
-            # Connect has no authentication: listen on loopback only.
-            "spark.connect.grpc.binding.address": "127.0.0.1"}
+    state.chmod(0o700)  # pid, logs and the token: this user's only
+    token = secrets.token_urlsafe(32)  # a new one per server: a stopped server's token is worthless
+    write_atomic(_token_file(settings), token + "\n", mode=0o600)
+    # Later commands without CQ_SPARK_PORT find the server here (load_settings); removed on stop.
+    write_atomic(recorded_port_file(settings.home), f"{settings.spark_port}\n")
+    conf = {**BASE_CONF, **LOOPBACK_CONF, **QUIET_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port)}
     args = ["--master", "local[*]", "--driver-memory", DRIVER_MEMORY]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
@@ -230,7 +277,9 @@ def _launch(settings: Settings) -> None:
            # A client-side Connect marker would make spark-submit/pyspark act as a client.
            if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")}
     env.update(SPARK_HOME=str(home), SPARK_PID_DIR=str(state), SPARK_LOG_DIR=str(state),
-               SPARK_IDENT_STRING=_IDENT, SPARK_CONNECT_MODE="0")
+               SPARK_IDENT_STRING=_IDENT, SPARK_CONNECT_MODE="0", SPARK_LOCAL_IP="127.0.0.1",
+               # The server reads its token from here: a --conf would show it in `ps` to every user.
+               SPARK_CONNECT_AUTHENTICATE_TOKEN=token)
     # New session: the daemon must survive Ctrl-C of the command that started it.
     out = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=120,
                          start_new_session=True, stdin=subprocess.DEVNULL)
@@ -254,6 +303,7 @@ def stop_server(settings: Settings, *, timeout: float = 30) -> bool:
                 time.sleep(0.1)
         stopped = True
     _pid_file(settings).unlink(missing_ok=True)
+    recorded_port_file(settings.home).unlink(missing_ok=True)
     deadline = time.monotonic() + 5  # the kernel may take a moment to release the port
     while stopped and _port_open(settings.spark_port) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -273,12 +323,12 @@ def _remote_session(url: str) -> SparkSession:
     # Probe first: the Connect client retries an unreachable server for minutes.
     parsed = urlparse(url.replace("sc://", "http://", 1).split(";", 1)[0])
     if not _port_open(parsed.port or 15002, parsed.hostname or "localhost", timeout=3):
-        raise SparkError(f"cannot connect to Spark Connect server at {url}")
+        raise SparkError(f"cannot connect to Spark Connect server at {_redact(url)}")
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
         spark.conf.set("spark.sql.session.timeZone", "UTC")
     except Exception as exc:  # pyspark raises many unrelated types here
-        raise SparkError(f"cannot open a Spark Connect session at {url}: {exc}") from exc
+        raise SparkError(f"cannot open a Spark Connect session at {_redact(url)}: {_redact(str(exc))}") from None
     return spark
 
 
@@ -291,5 +341,5 @@ def get_session(settings: Settings | None = None) -> SparkSession:
         return local_session(master=settings.spark_master)
     status = server_status(settings)
     if status.running and not _classic_active():  # see the module docstring
-        return _remote_session(status.url)
+        return _remote_session(client_url(settings))
     return local_session()

@@ -62,16 +62,24 @@ def materialization(definition: Definition, result: RunResult, *,
             "cq/source_versions": dg.MetadataValue.json(result.source_versions),
             "cq/files_read": dg.MetadataValue.int(result.files_read),
             "cq/seconds": dg.MetadataValue.float(round(result.seconds, 3)),
-            "cq/notified": dg.MetadataValue.int(result.notified),
+            # Only streams notify (NOTIFY); a continuous query's 0 would suggest it could.
+            **({} if isinstance(definition, ContinuousQuery)
+               else {"cq/notified": dg.MetadataValue.int(result.notified)}),
         },
     )
+
+
+FIRING_RETRY = dg.RetryPolicy(max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
 def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDefinition:
     """The sink as an asset whose materialization is one firing, stream run or recalculation."""
     spec = translator.get_sink_asset_spec(definition)
 
-    @dg.multi_asset(name=translator.get_op_name(definition), specs=[spec], op_tags={"cq/name": definition.name})
+    # A firing that still fails after the storage's own conflict retries (e.g. a lost Spark
+    # connection) runs again: every firing is an idempotent range replace.
+    @dg.multi_asset(name=translator.get_op_name(definition), specs=[spec], op_tags={"cq/name": definition.name},
+                    retry_policy=FIRING_RETRY)
     def _asset(context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource,
                pyspark: PySparkResource):
         engine = cq_engine.engine(pyspark.spark_session)
@@ -92,7 +100,7 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
             result = run(definition.name, fire)
         else:
             raise dg.Failure(f"{definition.name}: a run needs the tag cq/fire_time (a firing), cq/work (a "
-                             "stream run) or recalculate_from in its config (a recalculation)")
+                             "stream run) or recalculate_from in its config (a recalculation)", allow_retries=False)
         context.log.info(f"{definition.name}: {result.kind} [{iso(result.time_range[0])}, {iso(result.time_range[1])}) "
                          f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
                          + (f"; {result.notified} notification(s)" if result.notified else ""))

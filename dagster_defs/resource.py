@@ -10,7 +10,7 @@ from pydantic import Field
 
 from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
-from cq_engine.spark import BASE_CONF, server_status
+from cq_engine.spark import BASE_CONF, client_url, server_status
 
 
 class CQEngineResource(dg.ConfigurableResource):
@@ -42,7 +42,7 @@ def pyspark_resource(settings: Settings) -> PySparkResource:
     remote: Optional[str] = settings.spark_remote
     if remote is None and settings.spark_master is None:
         status = server_status(settings)
-        remote = status.url if status.running else None
+        remote = client_url(settings) if status.running else None
     if remote:
         conf = {"spark.remote": remote}
     else:

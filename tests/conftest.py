@@ -51,3 +51,23 @@ def spark():
     session = local_session(app_name="cq-engine-tests")
     yield session
     session.stop()
+
+
+# What a run is about to do, in one line: the first `make test` takes minutes and should say why.
+# Most specific first: a browser test also runs Dagster and Spark.
+_KINDS = (("ui", "browser"), ("dagster_e2e", "Dagster end-to-end"), ("spark", "Spark"))
+
+
+def pytest_collection_finish(session):
+    counts = {label: 0 for _, label in _KINDS}
+    unit = 0
+    for item in session.items:
+        kind = next((label for marker, label in _KINDS if item.get_closest_marker(marker)), None)
+        if kind is None:
+            unit += 1
+        else:
+            counts[kind] += 1
+    parts = [f"{unit} unit"] + [f"{counts[label]} {label}" for label in ("Spark", "Dagster end-to-end", "browser")]
+    session.config.get_terminal_writer().line(
+        f"cq-engine: {len(session.items)} tests: {', '.join(parts)} "
+        "(the whole suite takes about 7 min on an idle 2-core machine, much longer on a busy one)")

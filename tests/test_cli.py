@@ -63,6 +63,10 @@ def test_ingest_run_query_recalculate_show(project, capsys):
     assert "\n20\n" in out  # windows 22:18:10..22:18:50 (22:18:00 holds no data) x 4 devices
     code, out, _ = cq(capsys, "show")
     assert code == 0 and "cq1" in out and "succeeded" in out
+    cq1 = next(line for line in out.splitlines() if line.startswith("cq1 "))
+    # The whole trigger, and the recalculation's range (not its kind) in the time column.
+    assert "every=20s range=[-" in cq1, cq1
+    assert "recalculate  [2021-05-11T14:18:00+00:00, 2021-05-11T14:19:00+00:00)" in cq1, cq1
     code, out, _ = cq(capsys, "query", "SELECT definition, kind, status FROM cq_firings ORDER BY started_at")
     assert "firing" in out and "recalculate" in out
 

@@ -128,6 +128,10 @@ def test_firing_job_runs_on_spark_and_reports_the_materialization(project, insta
     assert mat.metadata["cq/rows_written"].value == 8
     assert mat.metadata["cq/range_start"].value == "2021-05-11T14:18:20+00:00"
     assert mat.metadata["cq/source_versions"].value == {"ln": 1}
+    assert "cq/notified" not in mat.metadata  # only streams notify
+    # A firing that still fails after the storage's conflict retries is retried by Dagster.
+    (node,) = job.graph.node_defs
+    assert node.retry_policy is not None and node.retry_policy.max_retries >= 1
     assert DeltaTable(settings.table_uri("cq1_out")).version() == mat.metadata["cq/sink_version"].value
     recalc = defs.resolve_job_def("cq1_recalculate").execute_in_process(
         instance=instance, run_config={"ops": {"cq_cq1": {"config": {

@@ -105,6 +105,17 @@ def test_select_star_expands_to_the_declared_fields(tmp_path):
                               "nowhere (...) WITH (...) or CREATE TABLE) to know its fields",)
 
 
+def test_tumbling_and_hopping_rules_are_labelled_as_such(tmp_path):
+    from cq_engine.cli.main import _trigger
+
+    (tmp_path / "r.sql").write_text(
+        DEMO + "CREATE RULE t INTO t_out AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n"
+        "CREATE RULE h INTO h_out AS SELECT count(*) AS n FROM demo GROUP BY HOPPINGWINDOW(ss, 10, 5);\n")
+    catalog = load_catalog(tmp_path)
+    assert _trigger(catalog.definition("t")) == "tumbling(size=10s) from demo"
+    assert _trigger(catalog.definition("h")) == "hopping(size=10s, hop=5s) from demo"
+
+
 def _demo(b: Bench, rows: list[tuple]) -> None:
     """Rows ``(seconds after T0, ID, temperature[, revenue])`` in one commit."""
     rows = [(list(r) + [0.0])[:4] for r in rows]

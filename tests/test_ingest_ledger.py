@@ -98,8 +98,52 @@ def test_bad_values_and_columns(tmp_path):
     with pytest.raises(TableError, match="cannot read 'maybe' as boolean"):
         ln(pa.table({"ts": ["2021-05-11T22:18:40"], "status": ["maybe"]}))
     with pytest.raises(TableError, match="cannot read 300 as tinyint"):
-        conform(pa.table({"ts": [0], "n": [300]}),
+        conform(pa.table({"ts": [1620742720000], "n": [300]}),
                 pa.schema([("ts", TS), ("n", pa.int8())]), table="t", time_column="ts", tz=UTC)
+
+
+def test_non_finite_numbers_and_far_epochs_are_refused(tmp_path):
+    # 1e400 overflows a double to inf: refused, naming row, column and value; NaN/Infinity spelled out are kept.
+    path = write(tmp_path, "big.csv", "ts,temperature\n2021-05-11T22:18:40,1\n2021-05-11T22:18:41,1e400\n")
+    with pytest.raises(TableError, match=r"column 'temperature': row 2 holds '1e400', which is not a finite number"):
+        ln(read_input(path))
+    path = write(tmp_path, "named.csv", "ts,temperature\n2021-05-11T22:18:40,NaN\n2021-05-11T22:18:41,-Infinity\n")
+    values = ln(read_input(path)).column("temperature").to_pylist()
+    assert values[0] != values[0] and values[1] == float("-inf")
+    path = write(tmp_path, "big.jsonl", '{"ts": "2021-05-11T22:18:40", "temperature": 1e400}\n')
+    with pytest.raises(CQError, match=r"big\.jsonl: cannot read the file: .*Number too big"):  # Arrow refuses it
+        ln(read_input(path))
+    # Epoch seconds read as milliseconds would land in 1970; microseconds in the year 53000.
+    now = datetime(2026, 11, 23, tzinfo=UTC)
+    for value, unit in ((1620742720, "seconds"), (1620742720000000, "microseconds")):
+        path = write(tmp_path, "epoch.csv", f"ts,temperature\n1620742720000,1\n{value},2\n")
+        message = (rf"column 'ts': row 2 holds {value}, which as epoch milliseconds is "
+                   rf".*more than 30 years from now \(as epoch {unit} it would be 2021-05-11")
+        with pytest.raises(TableError, match=message):
+            conform(read_input(path), SCHEMA, table="ln", time_column="ts", tz=UTC, now=now)
+    assert ln(pa.table({"ts": [1620742720000]})).column("ts").to_pylist() == [T]
+
+
+def test_ingest_refuses_an_empty_file_and_names_it(tmp_path):
+    from cq_engine.engine import Engine
+    from cq_engine.ingest import ingest
+
+    sql = tmp_path / "sql"
+    sql.mkdir()
+    (sql / "t.sql").write_text("CREATE TABLE ln (ts TIMESTAMP, temperature DOUBLE);")
+    engine = Engine(settings=Settings(sql_dir=str(sql), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq")))
+    for name, text, message in (("header.csv", "ts,temperature\n", r"the file holds no rows \(a header only\?\); "
+                                 "nothing was written to 'ln'"), ("empty.jsonl", "", "Empty JSON file"),
+                                ("empty.csv", "", "no header row")):
+        path = write(tmp_path, name, text)
+        with pytest.raises(CQError, match=rf"{name}: .*{message}"):
+            ingest(table="ln", data=path, engine=engine)
+    assert engine.storage.version("ln") == 0  # created empty by its declaration, no empty commit after
+    bad = write(tmp_path, "bad.csv", "ts,temperature\n2021-05-11T22:18:40,1e999\n")
+    with pytest.raises(TableError, match=rf"^{bad}: table 'ln', column 'temperature': row 1 holds '1e999'"):
+        ingest(table="ln", data=bad, engine=engine)
+    assert ingest(table="ln", data=write(tmp_path, "ok.csv", "ts,temperature\n2021-05-11T22:18:40,1\n"),
+                  engine=engine).rows == 1
 
 
 def test_read_input_errors(tmp_path):

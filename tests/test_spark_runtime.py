@@ -67,6 +67,50 @@ def test_get_session_connects(server):
     assert out.stdout.strip().splitlines()[-1] == "connect 10 UTC"
 
 
+def _listening(pid: int) -> list[str]:
+    """The local addresses (hex, as in /proc/net/tcp*) of the sockets ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.append(cols[1].split(":")[0])
+    return found
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux procfs")
+def test_server_listens_on_loopback_only_and_requires_its_token(server):
+    settings, status = server
+    listening = _listening(status.pid)
+    assert len(listening) >= 2  # Connect's gRPC port, the driver's RPC and block manager ports
+    assert set(listening) <= LOOPBACK, listening
+    token = Path(settings.home, "spark", "connect.token")
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) >= 32
+    assert token.read_text().strip() not in Path(f"/proc/{status.pid}/cmdline").read_text()
+    assert token.read_text().strip() not in status.describe()
+    code = ("import sys\nfrom pyspark.sql import SparkSession\n"
+            "try:\n    SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(3).count()\n"
+            "except Exception as exc:\n    print('refused', type(exc).__name__, str(exc)[:300]); sys.exit(3)\n"
+            "print('answered')\n")
+    for url in (f"sc://localhost:{settings.spark_port}", f"sc://localhost:{settings.spark_port}/;token=wrong"):
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+        out = subprocess.run([sys.executable, "-c", code, url], cwd=REPO, capture_output=True, text=True,
+                             timeout=180, env=env)
+        assert out.returncode == 3 and "refused" in out.stdout, (url, out.stdout, out.stderr[-2000:])
+        assert "UNAUTHENTICATED" in out.stdout or "auth" in out.stdout.lower(), out.stdout
+
+
 def test_start_is_idempotent(server):
     settings, status = server
     assert start_server(settings, timeout=5) == status

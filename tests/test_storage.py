@@ -283,3 +283,38 @@ def test_replace_range_concurrent_writers_retry(minutes):
     assert len(in_range) == 1 and in_range[0][1].startswith("w")
     assert minutes.version("m") == 32
     assert sorted(versions) == [30, 31, 32]  # each writer learns its own commit's version
+
+
+def test_concurrent_streamed_replaces_on_disjoint_ranges_all_land(minutes):
+    """Firings stream their output (a RecordBatchReader, not replayable): a commit conflict with a
+    concurrent firing of the same sink must still be retried, for disjoint ranges and for the same
+    firing run twice."""
+    n = 8
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n + 2)
+
+    def reader(minute: int, value: float) -> pa.RecordBatchReader:
+        data = rows([T0 + timedelta(minutes=minute, seconds=s) for s in (0, 30)], [value, value], device="new")
+        return pa.RecordBatchReader.from_batches(data.schema, iter(data.to_batches()))
+
+    def writer(minute: int) -> None:
+        try:
+            data = reader(minute, 1000.0 + minute)
+            barrier.wait()
+            minutes.replace_range("m", data, time_column="ts", app_id=f"f{minute}", app_version=1,
+                                  time_range=(T0 + timedelta(minutes=minute), T0 + timedelta(minutes=minute + 1)))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(m,)) for m in range(n)] + \
+              [threading.Thread(target=writer, args=(3,)) for _ in range(2)]  # the same firing twice more
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    got = table_rows(minutes, "m")
+    for m in range(n):
+        in_minute = [r for r in got if T0 + timedelta(minutes=m) <= r[0] < T0 + timedelta(minutes=m + 1)]
+        assert in_minute == [(T0 + timedelta(minutes=m, seconds=s), "new", 1000.0 + m) for s in (0, 30)]
+    assert len(got) == 6 * 30 - 6 * n + 2 * n

@@ -274,6 +274,17 @@ def test_recalculate_stream_and_cq_tick(tmp_path, spark, monkeypatch, capsys):
     assert main(["tick", "s_int"]) == 0
     out = capsys.readouterr().out
     assert "windows starting in [2026-11-21T10:04:00+00:00, 2026-11-21T10:06:00+00:00)" in out and "realtime run" in out
+    # The cursor is replaced atomically (no temp file left) and a truncated one is an error naming
+    # the file, not a silent restart that would skip the windows closed meanwhile.
+    cursor = tmp_path / ".cq" / "ticks" / "s_int.json"
+    assert cursor.read_text().startswith("{") and [p.name for p in cursor.parent.iterdir()] == ["s_int.json"]
+    saved = cursor.read_text()
+    for bad in ("", '{"version": 3'):
+        cursor.write_text(bad)
+        assert main(["tick", "s_int"]) == 1
+        err = capsys.readouterr().err
+        assert f"{cursor}: " in err and ("empty" in err or "unreadable" in err) and "Traceback" not in err
+    cursor.write_text(saved)
     # DROP STREAM: a defined stream is dropped by removing its statement; its outputs stay.
     assert main(["drop", "s_int"]) == 1
     assert "s_int' is defined at" in capsys.readouterr().err

@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Callable
 
-from cq_engine.config import Settings
+from cq_engine.config import DEFAULT_SPARK_PORT, Settings
+from cq_engine.errors import CQError
 from cq_engine.cli.feed import FEEDS, floor_time
 from cq_engine.ingest import ingest
 from cq_engine.engine import Engine
@@ -70,46 +72,168 @@ def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: 
                 on_batch()
 
 
-def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, spark_server: bool = True,
-            backfill: timedelta = timedelta(minutes=10)) -> int:
+def seed_start(engine: Engine, table: str, *, now: datetime, backfill: timedelta,
+               every: timedelta = timedelta(seconds=5)) -> datetime:
+    """Where the feed of ``table`` resumes: right after the newest reading already there (so a
+    restart never writes the same readings twice), at most ``backfill`` before ``now``."""
+    _, newest, _ = engine.storage.table_span(table, version=None, time_column=engine.time_column(table))
+    start = now - backfill
+    if newest is not None:  # statistics are truncated to ms: the feed's grid is coarser
+        start = max(start, floor_time(newest, every) + every)
+    return start
+
+
+def check_ports(settings: Settings, *, port: int, spark_server: bool) -> Settings:
+    """Before anything is created: the Dagster UI port must be free; the Spark Connect port too,
+    unless our server already runs on it. A taken *default* Spark port is replaced by a free one
+    (recorded in CQ_HOME when the server starts, where later commands find it)."""
     from cq_engine import spark
 
-    engine = Engine(settings=settings)
-    for err in engine.catalog.errors:
-        print(f"cq dev: {err}", file=sys.stderr)
-    created = engine.ensure_tables()
-    fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
-    now = floor_time(datetime.now(UTC), timedelta(seconds=5))
-    for table in fed:
-        ingest(table=table, data=FEEDS[table](start=now - backfill, end=now), engine=engine, label="cq dev")
-        print(f"cq dev: {table} holds the last {backfill} of readings; a new batch every {feed_every:g}s")
-    if created:
-        print(f"cq dev: created {', '.join(created)}")
-    if spark_server:
-        print(spark.start_server(settings).describe())
-    dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
-    cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
-    proc = subprocess.Popen(cmd, env=dagster_env(settings, dagster_home), start_new_session=True)
-    print(f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}); Ctrl-C stops everything")
+    if spark.port_taken(port):
+        raise CQError(f"port {port} (the Dagster UI) is already in use by another process; use --port")
+    if not spark_server or settings.spark_remote or spark.server_status(settings).running:
+        return settings
+    if spark.port_taken(settings.spark_port):
+        if settings.spark_port != DEFAULT_SPARK_PORT:
+            raise CQError(f"port {settings.spark_port} (CQ_SPARK_PORT) is already in use by another process")
+        free = _free_port()
+        print(f"cq dev: port {DEFAULT_SPARK_PORT} is taken; the Spark Connect server uses port {free}")
+        settings = replace(settings, spark_port=free)
+    return settings
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, spark_server: bool = True,
+            backfill: timedelta = timedelta(minutes=10), drain_timeout: float = 120) -> int:
+    from cq_engine import spark
+
+    # Explicit handlers, set first: a process started from a script may inherit an ignored SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    settings = check_ports(settings, port=port, spark_server=spark_server)
+    proc: subprocess.Popen | None = None
+    try:
+        engine = Engine(settings=settings)
+        for err in engine.catalog.errors:
+            print(f"cq dev: {err}", file=sys.stderr)
+        created = engine.ensure_tables()
+        fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
+        now = floor_time(datetime.now(UTC), timedelta(seconds=5))
+        starts = {}
+        for table in fed:
+            starts[table] = seed_start(engine, table, now=now, backfill=backfill)
+            if starts[table] < now:
+                ingest(table=table, data=FEEDS[table](start=starts[table], end=now), engine=engine, label="cq dev")
+            print(f"cq dev: {table} fed from {iso(starts[table])} (at most the last {backfill}); a new batch every "
+                  f"{feed_every:g}s")
+            starts[table] = max(starts[table], now)
+        if created:
+            print(f"cq dev: created {', '.join(created)}")
+        if spark_server:
+            print(spark.start_server(settings).describe())
+        dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
+        log_path = dagster_home / "dev.log"
+        cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
+        proc = subprocess.Popen(cmd, env=dagster_env(settings, dagster_home), start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        echo = threading.Event()
+        echo.set()
+        pump = threading.Thread(target=_pump, args=(proc, log_path, echo), daemon=True)
+        pump.start()
+        print(f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
+              "Ctrl-C stops everything")
+    except KeyboardInterrupt:  # Ctrl-C while starting: undo what was started, quietly
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if proc is not None:
+            stop_process_group(proc)
+        if spark_server and spark.stop_server(settings):
+            print("cq dev: Spark Connect server stopped")
+        print("cq dev: interrupted while starting; stopped")
+        return 130
     stop = threading.Event()
     for table in fed:
         threading.Thread(target=feed_forever, args=(engine,), kwargs={"every": feed_every, "stop": stop, "table": table,
-                                                                      "start": now}, daemon=True).start()
-    # Explicit handlers: a process started from a script may inherit an ignored SIGINT.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+                                                                      "start": starts[table]}, daemon=True).start()
+    code = 0
     try:
         while proc.poll() is None:
             time.sleep(0.5)
-        return proc.returncode or 0
+        echo.clear()
+        pump.join(5)
+        died = _who_died(log_path)
+        print(f"cq dev: Dagster exited unexpectedly (code {proc.returncode}){': ' + died if died else ''}; "
+              f"stopping the rest (see {log_path})", file=sys.stderr)
+        code = 1
     except KeyboardInterrupt:
-        return 0
-    finally:
-        stop.set()
+        pass
+    # Quiet from here on: Dagster's output goes to its log only, and a second Ctrl-C must not
+    # interrupt the shutdown with a traceback.
+    echo.clear()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop.set()
+    if fed:
+        print(f"cq dev: feed stopped ({', '.join(fed)})")
+    if proc.poll() is None:
+        _drain_runs(dagster_home, timeout=drain_timeout)
         stop_process_group(proc)
-        if spark_server:
-            spark.stop_server(settings)
-        print(f"cq dev: stopped at {iso(datetime.now(UTC))}")
+        print("cq dev: Dagster webserver and daemon stopped")
+    pump.join(5)
+    if spark_server:
+        spark.stop_server(settings)
+        print("cq dev: Spark Connect server stopped")
+    print(f"cq dev: stopped at {iso(datetime.now(UTC))}")
+    return code
+
+
+def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event) -> None:
+    """Copy Dagster's output to its log file, and to our stdout while ``echo`` is set."""
+    assert proc.stdout is not None  # started with stdout=PIPE
+    with open(log_path, "ab") as log:
+        for line in iter(proc.stdout.readline, b""):
+            log.write(line)
+            log.flush()
+            if echo.is_set():
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+
+
+def _who_died(log_path: Path) -> str | None:
+    """The line where ``dagster dev`` says which of its processes ended."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()[-200:]
+    except OSError:
+        return None
+    found = [line for line in lines if "shut down unexpectedly" in line]
+    return found[-1].split(" - ")[-1].strip() if found else None
+
+
+def _drain_runs(dagster_home: Path, *, timeout: float) -> None:
+    """Let the runs in flight finish (an interrupted firing would end as a failure), up to
+    ``timeout`` seconds; queued runs stay queued for the next start."""
+    try:
+        import dagster as dg
+
+        with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+            flight = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+            # Those in flight now; a run the daemon launches meanwhile is not waited for (it could go on).
+            ids = [r.dagster_run.run_id for r in instance.get_run_records(dg.RunsFilter(statuses=flight), limit=100)]
+            if ids:
+                print(f"cq dev: waiting up to {timeout:.0f}s for {len(ids)} run(s) in flight to finish")
+            deadline = time.monotonic() + timeout
+            while ids and time.monotonic() < deadline:
+                time.sleep(1)
+                ids = [r.dagster_run.run_id for r in instance.get_run_records(
+                    dg.RunsFilter(run_ids=ids, statuses=flight), limit=100)]
+    except Exception as exc:  # shutting down: report, never stop the shutdown
+        print(f"cq dev: could not check for runs in flight ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 def stop_process_group(proc: subprocess.Popen, *, first_signal: int = signal.SIGINT, timeout: float = 20) -> None:

@@ -129,6 +129,10 @@ def _trigger(d) -> str:
         r = d.resample
         return f"every={format_duration(r.every)} range=[-{format_duration(r.start_offset)}, -{format_duration(r.end_offset)})"
     t = d.trigger
+    if d.form == "ekuiper" and t.kind == "sliding":  # eKuiper's TUMBLINGWINDOW / HOPPINGWINDOW
+        label = "tumbling" if t.sliding == t.interval else "hopping"
+        return f"{label}(size={format_duration(t.interval)}" + (
+            f", hop={format_duration(t.sliding)}" if label == "hopping" else "") + f") from {d.trigger_table or '-'}"
     args = {k: (format_duration(v) if hasattr(v, "total_seconds") else v) for k, v in vars(t).items()
             if k not in ("kind", "ts_column") and v not in (None, (), "", timedelta(0))}
     return f"{t.kind}({', '.join(f'{k}={v}' for k, v in args.items())}) from {d.trigger_table or '-'}"
@@ -231,10 +235,11 @@ def _show(args, settings: Settings) -> int:
     rows = []
     for d in catalog.definitions:
         e = last.get(d.name)
-        rows.append([d.name, f"{d.source} -> {d.sink}", _trigger(d).split(" ")[0], d.timeout_policy,
-                     iso(e.fire_time) if e and e.fire_time else (e.kind if e else "-"),
-                     e.status if e else "never", str(e.rows_written) if e else "-"])
-    _print_rows(["name", "tables", "trigger", "policy", "last firing", "status", "rows"], rows)
+        # A firing is known by its fire time; a recalculation or stream run by its half-open range.
+        when = (iso(e.fire_time) if e.fire_time else f"[{iso(e.range_start)}, {iso(e.range_end)})") if e else "-"
+        rows.append([d.name, f"{d.source} -> {d.sink}", _trigger(d), d.timeout_policy, e.kind if e else "-",
+                     when, e.status if e else "never", str(e.rows_written) if e else "-"])
+    _print_rows(["name", "tables", "trigger", "policy", "last run", "time", "status", "rows"], rows)
     for err in catalog.errors:
         print(err, file=sys.stderr)
     return 1 if catalog.errors else 0

@@ -12,6 +12,8 @@ from cq_engine.cli.common import name_arg, open_engine, open_ledger, open_storag
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.statefile import read_state, write_atomic
+from cq_engine.streams.timing import StreamCursor
 from cq_engine.times import UTC, iso, parse_time
 
 
@@ -65,7 +67,13 @@ def _tick(args, settings: Settings) -> int:
         print(f"{d.name}: {paused}")
         return 0
     path = cursor_path(settings, d.name)
-    cursor = path.read_text() if path.exists() else None
+    cursor = read_state(path, what="stream cursor")
+    if cursor is not None:
+        try:
+            StreamCursor.from_json(cursor)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CQError(f"{path}: unreadable stream cursor ({type(exc).__name__}: {exc}); delete the file "
+                          "to start the stream over") from None
     plan = evaluate_stream(engine.ctx, d, cursor=cursor, now=now)
     print(f"{d.name}: {plan.reason}")
     for item in plan.ignored:
@@ -75,8 +83,7 @@ def _tick(args, settings: Settings) -> int:
         print(f"{d.name}: {work.kind} run at version {work.version}: {r.rows_written} rows -> {d.sink} "
               f"v{r.sink_version} ({r.seconds:.2f}s)")
     # Saved once the requested runs succeeded, so a failed run is requested again next time.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(plan.cursor.to_json())
+    write_atomic(path, plan.cursor.to_json())
     return 0
 
 

@@ -24,6 +24,7 @@ from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
 from cq_engine.storage.state import DeltaStateTables
 from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
+from cq_engine.storage.retry import MAX_ATTEMPTS, Replayable, retry_conflicts
 
 __all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", "range_predicate",
            "ranges_predicate"]
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 UTC = timezone.utc
 TIMESTAMP = pa.timestamp("us", tz="UTC")
-MAX_ATTEMPTS = 5  # whole-write attempts on a concurrent-commit conflict
 # Delta statistics store timestamps truncated to milliseconds, so a file's true maximum can lie up to
 # 1 ms above its recorded one.
 _STATS_SLACK = timedelta(milliseconds=1)
@@ -209,14 +209,8 @@ class DeltaRsStorage(DeltaStateTables):
             data = data.cast(storable_schema(data.schema))
         commit_id = uuid.uuid4().hex
         props = CommitProperties(custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id})
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                write_deltalake(self.uri(table), data, mode="append", commit_properties=props,
-                                storage_options=self.storage_options)
-                break
-            except CommitFailedError:
-                if attempt == MAX_ATTEMPTS - 1:
-                    raise
+        retry_conflicts(lambda _attempt: write_deltalake(
+            self.uri(table), data, mode="append", commit_properties=props, storage_options=self.storage_options))
         return self._committed_version(table, commit_id)
 
     def _committed_version(self, table: str, commit_id: str) -> int:
@@ -263,9 +257,9 @@ class DeltaRsStorage(DeltaStateTables):
         and ``check``, if given, is called on it (the whole table, or each streamed batch) before it is
         written: raise to refuse it. delta-rs itself refuses rows that do not match ``predicate``.
 
-        A ``pa.Table`` is rewritten up to ``MAX_ATTEMPTS`` times on a concurrent-commit conflict; a
-        ``RecordBatchReader`` is streamed once (it cannot be replayed), so a conflict that delta-rs
-        cannot resolve by itself is raised."""
+        A commit that conflicts with a concurrent writer is written again, up to ``MAX_ATTEMPTS``
+        times with a jittered backoff (``storage.retry``); a ``RecordBatchReader`` is streamed once
+        and replayed from a local spill file."""
         return self._replace(table, data, predicate_for=lambda _column: predicate,
                              check_for=lambda _column: check, time_column=time_column, app_id=app_id,
                              app_version=app_version, metadata=metadata)
@@ -299,24 +293,28 @@ class DeltaRsStorage(DeltaStateTables):
             data = _cast_to(table, data, target)
             if check is not None:
                 check(data)
-            attempts = MAX_ATTEMPTS
+            stream = None
         else:
-            data = pa.RecordBatchReader.from_batches(target, _checked_batches(table, data, target, check, failure))
-            attempts = 1
-        for attempt in range(attempts):
+            stream = Replayable(target, _checked_batches(table, data, target, check, failure))
+
+        def write(_attempt: int) -> None:
             try:
-                write_deltalake(self.uri(table), data, mode="overwrite", predicate=predicate,
-                                commit_properties=props, storage_options=self.storage_options)
-                break
+                write_deltalake(self.uri(table), data if stream is None else stream.reader(), mode="overwrite",
+                                predicate=predicate, commit_properties=props, storage_options=self.storage_options)
             except CommitFailedError:
-                if attempt == attempts - 1:
-                    raise
+                raise
             except DeltaError:
                 # delta-rs flattens an exception raised while it pulls batches into a DeltaError
                 # message; re-raise the original (e.g. the out-of-range CQError) instead.
                 if failure:
                     raise failure[0] from None
                 raise
+
+        if stream is None:
+            retry_conflicts(write)
+        else:
+            with stream:
+                retry_conflicts(write)
         return self._committed_version(table, commit_id)
 
 

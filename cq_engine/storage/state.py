@@ -11,13 +11,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
 
 from cq_engine.errors import TableError
 from cq_engine.names import check_name
 from cq_engine.storage import log
-
-MAX_ATTEMPTS = 5
+from cq_engine.storage.retry import retry_conflicts
 
 
 class DeltaStateTables:
@@ -50,14 +48,9 @@ class DeltaStateTables:
 
     def append_state(self, name: str, data: pa.Table) -> None:
         """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                write_deltalake(self.state_uri(name), data, mode="append", storage_options=self.storage_options)
-                return
-            except CommitFailedError:
-                # Two first writers racing to create the table; the loser appends on its next try.
-                if attempt == MAX_ATTEMPTS - 1:
-                    raise
+        # Retried: e.g. two first writers racing to create the table; the loser appends on its next try.
+        retry_conflicts(lambda _attempt: write_deltalake(self.state_uri(name), data, mode="append",
+                                                         storage_options=self.storage_options))
 
     def overwrite_state(self, name: str, data: pa.Table, *, app_id: str | None = None,
                         app_version: int | None = None) -> None:

@@ -19,6 +19,7 @@ from cq_engine.config import Settings
 from cq_engine.context import EngineContext
 from cq_engine.errors import TableError
 from cq_engine.model import Catalog, TriggerDef, statement_hash
+from cq_engine.statefile import read_state
 from cq_engine.storage.log import Commit
 from cq_engine.triggers.runtime import (fire_one, instance, matches, registration, sensor_name, state_dir, where,
                                         write_json)
@@ -84,7 +85,7 @@ def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None
     generation = live.registration.generation
     progress = progress_path(settings, trigger)
     known = _later(AfterCursor.parse(cursor, generation), AfterCursor.parse(
-        progress.read_text() if progress.exists() else None, generation))
+        read_state(progress, what="trigger progress"), generation))
     declared = [d.name for d in ctx.catalog.tables if matches(trigger.pattern, d.name)]
     if declared:  # created as a continuous query's declared source is
         ctx.ensure_tables(*declared)
@@ -180,4 +181,4 @@ def show(catalog: Catalog, *, ctx: EngineContext) -> list[dict[str, str]]:
 
 
 def _read_text(path: Path) -> str | None:
-    return path.read_text() if path.exists() else None
+    return read_state(path, what="trigger progress")

@@ -11,7 +11,6 @@ import importlib
 import importlib.machinery
 import json
 import logging
-import os
 import re
 import shutil
 import sys
@@ -29,6 +28,7 @@ from cq_engine.config import Settings
 from cq_engine.errors import CQError
 from cq_engine.model import Catalog, SourceLocation, TriggerDef, statement_hash
 from cq_engine.names import check_name, inside
+from cq_engine.statefile import read_json_state, write_atomic
 from cq_engine.times import iso
 from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
 
@@ -157,21 +157,11 @@ def state_dir(settings: Settings, name: str) -> Path:
 
 def write_json(path: Path, value: dict) -> None:
     """Atomic replace: a reader (or a crash) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    write_atomic(path, json.dumps(value, indent=1))
 
 
 def registration(settings: Settings, name: str) -> Registration | None:
-    raw = _read_json(state_dir(settings, name) / "registration.json")
+    raw = read_json_state(state_dir(settings, name) / "registration.json", what="trigger registration")
     try:
         return Registration(**raw) if raw else None
     except TypeError:

@@ -1,0 +1,197 @@
+"""`cq dev`: its feed resumes without duplicating readings, and the real command with the default
+Spark port taken starts on another port (found by later commands) and stops quietly on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import requests
+from deltalake import DeltaTable
+from netutil import free_port
+
+from cq_engine.cli.dev import check_ports, seed_start
+from cq_engine.cli.feed import FEEDS
+from cq_engine.config import DEFAULT_SPARK_PORT, Settings
+from cq_engine.engine import Engine
+from cq_engine.errors import CQError
+from cq_engine.ingest import ingest
+
+UTC = UTC
+REPO = Path(__file__).resolve().parent.parent
+SENSORS = """CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
+CREATE CONTINUOUS QUERY hum_5s RESAMPLE EVERY 5s BEGIN
+  SELECT avg(humidity) AS h INTO hum_5s FROM sensors GROUP BY (5s), device END;
+"""
+
+
+def project(tmp_path: Path) -> Settings:
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "sensors.sql").write_text(SENSORS)
+    return Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
+
+
+def test_the_feed_resumes_after_its_newest_reading(tmp_path):
+    engine = Engine(settings=project(tmp_path))
+    engine.ensure_tables()
+    now = datetime(2026, 11, 23, 4, 0, tzinfo=UTC)
+    ten = timedelta(minutes=10)
+    assert seed_start(engine, "sensors", now=now, backfill=ten) == now - ten  # empty: the whole backfill
+    ingest(table="sensors", data=FEEDS["sensors"](start=now - ten, end=now), engine=engine)
+    # A restart right away seeds nothing; two minutes later only those two minutes.
+    assert seed_start(engine, "sensors", now=now, backfill=ten) == now
+    assert seed_start(engine, "sensors", now=now + timedelta(minutes=2), backfill=ten) == now
+    assert seed_start(engine, "sensors", now=now + timedelta(hours=1), backfill=ten) == now + timedelta(minutes=50)
+
+
+def test_ports_are_checked_before_anything_is_created(tmp_path):
+    settings = project(tmp_path)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        with pytest.raises(CQError, match=f"port {taken} \\(the Dagster UI\\) is already in use"):
+            check_ports(settings, port=taken, spark_server=True)
+        with pytest.raises(CQError, match=f"port {taken} \\(CQ_SPARK_PORT\\) is already in use"):
+            check_ports(Settings(**{**settings.__dict__, "spark_port": taken}), port=free_port(), spark_server=True)
+    assert not (tmp_path / "wh").exists() and not (tmp_path / ".cq").exists()
+
+
+def _hold(port: int) -> socket.socket | None:
+    """Listen on ``port`` if nobody does yet (else someone else already holds it)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen, out: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc.poll() is not None:
+            pytest.fail(f"cq dev exited ({proc.returncode}) while waiting for {what}:\n{out.read_text()[-4000:]}")
+        time.sleep(1)
+    pytest.fail(f"timed out waiting for {what}:\n{out.read_text()[-4000:]}")
+
+
+def _sensor_keys(settings: Settings) -> list[tuple]:
+    data = pa.table(DeltaTable(str(Path(settings.warehouse) / "sensors")).scan())
+    return sorted(zip(data.column("ts").to_pylist(), data.column("device").to_pylist()))
+
+
+def _descendant(root: int, needle: str) -> int | None:
+    """A live descendant process of ``root`` whose command line holds ``needle``."""
+    parents = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    for pid in parents:
+        p = pid
+        while p in parents and p not in (0, 1, root):
+            p = parents[p]
+        if p == root and pid != root:
+            try:
+                if needle in (Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")):
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def _ui_up(port: int) -> bool:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/server_info", timeout=3).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@pytest.mark.spark
+@pytest.mark.dagster_e2e
+def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
+    import dagster as dg
+
+    settings = project(tmp_path)
+    holder = _hold(DEFAULT_SPARK_PORT)
+    ui = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
+    env.update(CQ_SQL_DIR=settings.sql_dir, CQ_WAREHOUSE=settings.warehouse, CQ_HOME=settings.home,
+               DAGSTER_HOME=str(tmp_path / "dagster"),
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    out = tmp_path / "dev.out"
+    cq = [sys.executable, "-m", "cq_engine.cli.main"]
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([*cq, "dev", "--port", str(ui), "--feed-every", "2"], cwd=REPO, env=env,
+                                stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
+        text = out.read_text()
+        assert f"port {DEFAULT_SPARK_PORT} is taken; the Spark Connect server uses port" in text
+        # A later command without CQ_SPARK_PORT finds the server on the port cq dev recorded.
+        recorded = int((Path(settings.home) / "spark" / "port").read_text())
+        assert recorded != DEFAULT_SPARK_PORT
+        status = subprocess.run([*cq, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert f"running at sc://localhost:{recorded}" in status.stdout, status.stdout + status.stderr
+        _wait(lambda: _ui_up(ui), 400, "the Dagster UI", proc, out)
+        with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+            _wait(lambda: instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]), limit=1),
+                  400, "a firing to succeed", proc, out)
+            before = len(out.read_text())
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(400) == 0
+            after = out.read_text()[before:]
+            failed = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE,
+                                                                      dg.DagsterRunStatus.CANCELED]))
+        assert "Traceback" not in after and "KeyboardInterrupt" not in after, after
+        for line in ("cq dev: feed stopped (sensors)", "cq dev: Dagster webserver and daemon stopped",
+                     "cq dev: Spark Connect server stopped", "cq dev: stopped at"):
+            assert line in after, after
+        assert len(after.strip().splitlines()) <= 8, after  # one line per component (and a wait notice)
+        assert failed == [], [(r.dagster_run.run_id, r.dagster_run.tags) for r in failed]
+        assert not (Path(settings.home) / "spark" / "port").exists()
+        assert _sensor_keys(settings) == sorted(set(_sensor_keys(settings)))
+
+        # A restart resumes the feed after the newest reading (no re-seeded duplicates); a killed
+        # dagster-daemon is named, and the rest stops.
+        newest = max(_sensor_keys(settings))[0]
+        out2 = tmp_path / "dev2.out"
+        with open(out2, "wb") as sink:
+            proc = subprocess.Popen([*cq, "dev", "--port", str(ui), "--feed-every", "2"], cwd=REPO, env=env,
+                                    stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        _wait(lambda: "Dagster UI on" in out2.read_text(), 400, "cq dev to restart", proc, out2)
+        resumed = re.search(r"sensors fed from (\S+)", out2.read_text()).group(1)
+        assert datetime.fromisoformat(resumed) > newest
+        daemon = _wait(lambda: _descendant(proc.pid, "dagster._daemon"), 400, "the daemon", proc, out2)
+        os.kill(daemon, signal.SIGKILL)
+        assert proc.wait(400) == 1
+        text = out2.read_text()
+        assert "cq dev: Dagster exited unexpectedly" in text and "dagster-daemon process shut down unexpectedly" in text
+        assert "cq dev: Spark Connect server stopped" in text, text[-3000:]
+        keys = _sensor_keys(settings)
+        assert len(keys) == len(set(keys))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        subprocess.run([*cq, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        if holder is not None:
+            holder.close()
