@@ -11,6 +11,7 @@ import importlib
 import importlib.machinery
 import json
 import logging
+import os
 import re
 import shutil
 import sys
