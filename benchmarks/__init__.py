@@ -12,12 +12,11 @@ import shutil
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
-from typing import Callable
 
-UTC = timezone.utc
 # All benchmark data starts here (a fixed instant, so runs are reproducible).
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 

@@ -27,8 +27,8 @@ _ENGINE_SECONDS = re.compile(r"files, ([0-9.]+)s\)")
 
 
 def run(ctx: Context) -> Outcome:
-    from cq_engine.config import Settings
     from cq_engine.cli.feed import sensor_rows
+    from cq_engine.config import Settings
     from cq_engine.spark import start_server, stop_server
 
     repeat = 1 if ctx.quick else 3

@@ -108,8 +108,8 @@ def _profile(ctx: Context, engine, lo, hi) -> list[str]:
     windows x groups left-joined with the aggregate."""
     import statistics
 
-    from cq_engine.resample.run import coverages
     from cq_engine.resample.plan import plan_query
+    from cq_engine.resample.run import coverages
     from cq_engine.resample.timing import recalculation_range
 
     spark = ctx.spark
@@ -144,7 +144,7 @@ def _profile(ctx: Context, engine, lo, hi) -> list[str]:
     }
     _, samples, _ = measure(steps, repeat=5, warmup=1)
     t = {k: statistics.median(v) for k, v in samples.items()}
-    rest = lambda whole, part: max(0.0, t[whole] - t[part])  # noqa: E731 (differences of medians: clamp noise)
+    rest = lambda whole, part: max(0.0, t[whole] - t[part])  # differences of medians: clamp noise
     return [
         f"profile (medians of 5): engine {t['engine whole']:.3f}s = plan {t['engine plan']:.3f}s"
         f" + Spark job {rest('engine plan+job', 'engine plan'):.3f}s"

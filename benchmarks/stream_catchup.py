@@ -276,7 +276,7 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
         "hand whole": lambda: hand_interval(spark, source_uri, out_uri, lo, hi),
     }
     t, _, _ = _measure(steps, repeat=3, warmup=1)
-    rest = lambda whole, part: max(0.0, t[whole] - t[part])  # noqa: E731 (differences of medians: clamp noise)
+    rest = lambda whole, part: max(0.0, t[whole] - t[part])  # differences of medians: clamp noise
     return [f"profile (medians of 3): stream run {t['stream whole']:.3f}s = plan {t['stream plan']:.3f}s"
             f" + Spark job {rest('stream plan+job', 'stream plan'):.3f}s"
             f" + sink replace/ledger/rest {rest('stream whole', 'stream plan+job'):.3f}s;"

@@ -71,7 +71,7 @@ def _per_call(cases, *, calls: int, warmup: int):
     of the shared machine hits both alike; one call is far shorter than such a spell). Returns the
     median, 10th and 90th percentile per case and each case's last result."""
     medians, samples, last = measure(cases, repeat=calls, warmup=warmup)
-    pick = lambda q: {k: sorted(v)[int(q * (len(v) - 1))] for k, v in samples.items()}  # noqa: E731
+    pick = lambda q: {k: sorted(v)[int(q * (len(v) - 1))] for k, v in samples.items()}
     return medians, pick(0.1), pick(0.9), last
 
 

@@ -11,8 +11,7 @@ from sqlglot import exp
 
 from cq_engine.config import Settings
 from cq_engine.errors import CQError, ParseError
-from cq_engine.model import (DATA_SHAPED, Catalog, Definition, SelectItem, SessionTrigger, Stream, TableDecl,
-                    TriggerDef)
+from cq_engine.model import DATA_SHAPED, Catalog, Definition, SelectItem, SessionTrigger, Stream, TableDecl, TriggerDef
 from cq_engine.parse import ParseOptions, parse_file, sql_files
 from cq_engine.parse.fragments import TIME_REF
 from cq_engine.streams.output import data_columns, sink_mismatch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import os
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ from cq_engine.storage.base import align_columns
 from cq_engine.times import parse_time
 from cq_engine.triggers.runtime import fire_before
 
-UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 _JSON_EXTENSIONS = (".json", ".jsonl", ".ndjson")

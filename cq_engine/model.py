@@ -79,7 +79,7 @@ class Fill:
     """``FILL(PREVIOUS | LINEAR | constant)``; ``value`` is set for a constant."""
 
     kind: FillKind
-    value: Union[float, int, str, bool, None] = None
+    value: float | int | str | bool | None = None
 
 
 @dataclass(frozen=True)

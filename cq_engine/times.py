@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 
 from cq_engine.errors import TimeError
 
-UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Times users give lie in [EARLIEST, LATEST): with durations of at most 100 years (``durations``), every
 # time derived from them stays inside what Python, Arrow and Spark can represent.

@@ -1,6 +1,6 @@
 """Seed 004's documented result tables, transcribed as printed (wide: one column per device)."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 DEVICES = ["root.ln.wf02.wt02", "root.ln.wf02.wt01", "root.ln.wf01.wt02", "root.ln.wf01.wt01"]
 CST = timezone(timedelta(hours=8))
@@ -67,7 +67,7 @@ CQ5 = """
 
 
 def _time(text: str) -> datetime:
-    return datetime.fromisoformat(text.strip()).astimezone(timezone.utc)
+    return datetime.fromisoformat(text.strip()).astimezone(UTC)
 
 
 def wide_to_rows(table: str) -> set[tuple]:

@@ -3,7 +3,7 @@ and its runs executed by the engine, plus small reference computations over the 
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -12,7 +12,6 @@ from cq_engine.config import Settings
 from cq_engine.engine import Engine
 from cq_engine.streams.sensor import evaluate_stream
 
-UTC = timezone.utc
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)

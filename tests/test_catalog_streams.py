@@ -4,9 +4,9 @@ another table, sinks declared with CREATE TABLE, one writer per sink."""
 import pytest
 
 from cq_engine.catalog import check_sink_columns, load_catalog, referenced_columns
-from cq_engine.streams.output import sink_mismatch
 from cq_engine.errors import ParseError
 from cq_engine.parse import parse_text
+from cq_engine.streams.output import sink_mismatch
 
 TABLES = """CREATE TABLE meters (ts TIMESTAMP, current FLOAT, voltage INT) TAGS (location VARCHAR(64), groupid INT);
 CREATE TABLE plain (ts TIMESTAMP, v DOUBLE, st INT);

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 from croniter import croniter_range
 from dagster._utils.schedules import schedule_execution_time_iterator
 
-from cq_engine.schedule.cron import (
-    CronPlan, compile_cron, period_cron, period_ticks, resample_cron, resample_ticks,
-)
 from cq_engine.durations import parse_duration
+from cq_engine.schedule.cron import (
+    CronPlan,
+    compile_cron,
+    period_cron,
+    period_ticks,
+    resample_cron,
+    resample_ticks,
+)
 
-UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SH, NY = "Asia/Shanghai", "America/New_York"
 SEED_BOUNDARY = datetime.fromisoformat("2021-05-11T22:18:40+08:00")
@@ -292,13 +296,13 @@ def test_local_plan_touching_a_dst_gap_is_refused_because_dagster_moves_it():
 
 
 def test_hourly_local_plan_in_dst_zone_falls_back_to_utc():
-    ticks = lambda a, b: resample_ticks(every=d("1h"), boundary=EPOCH, start=a, end=b)  # noqa: E731
+    ticks = lambda a, b: resample_ticks(every=d("1h"), boundary=EPOCH, start=a, end=b)
     plan = compile_cron(ticks=ticks, every=d("1h"), anchor=EPOCH, timezone=NY, verify_from=RESAMPLE_FROM)
     assert plan == CronPlan(("0 * * * *",), "UTC")
 
 
 def test_long_weekly_cycles_are_refused():
-    ticks = lambda a, b: resample_ticks(every=d("7m"), boundary=EPOCH, start=a, end=b)  # noqa: E731
+    ticks = lambda a, b: resample_ticks(every=d("7m"), boundary=EPOCH, start=a, end=b)
     assert compile_cron(ticks=ticks, every=d("7m"), anchor=EPOCH, timezone="UTC",
                         verify_from=RESAMPLE_FROM) is None  # 49 weekday-specific strings
     plan = compile_cron(ticks=ticks, every=d("7m"), anchor=EPOCH, timezone="UTC",

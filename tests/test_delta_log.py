@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
@@ -17,7 +17,6 @@ from cq_engine.storage.delta import DeltaRsStorage, groups_predicate, range_pred
 from cq_engine.storage.log import UNKNOWN_REMOVED, Commit, FileChange, latest_version, read_commits
 from cq_engine.storage.predicates import FALSE, merge_ranges, sql_literal
 
-UTC = timezone.utc
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")
 MS = timedelta(milliseconds=1)
@@ -269,7 +268,7 @@ def test_file_change_is_hashable_and_frozen():
 # -- predicate builders --------------------------------------------------------------------------
 
 def test_ranges_predicate_merges():
-    r = lambda a, b: (T0 + a * M, T0 + b * M)  # noqa: E731
+    r = lambda a, b: (T0 + a * M, T0 + b * M)
     assert merge_ranges([r(5, 6), r(0, 1), r(1, 2), r(3, 5), r(4, 4.5)]) == [r(0, 2), r(3, 6)]
     assert ranges_predicate("ts", [r(1, 2), r(0, 1)]) == range_predicate("ts", r(0, 2))
     assert ranges_predicate("ts", [r(0, 1), r(3, 4)]) == (
@@ -283,7 +282,7 @@ def test_ranges_predicate_merges():
 
 def test_groups_predicate_text():
     b1, b2 = T0 + M, T0 + 2 * M
-    lit = lambda t: sql_literal(t)  # noqa: E731
+    lit = lambda t: sql_literal(t)
     assert groups_predicate("ts", ["device"], []) == "false"
     assert groups_predicate("ts", ["device"], [(("a",), b1)]) == f"(\"device\" = 'a') AND \"ts\" >= {lit(b1)}"
     # Groups sharing a bound go into one IN; a NULL key is IS NULL; quotes are doubled; a repeated

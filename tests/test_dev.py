@@ -26,7 +26,6 @@ from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.ingest import ingest
 
-UTC = UTC
 REPO = Path(__file__).resolve().parent.parent
 SENSORS = """CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
 CREATE CONTINUOUS QUERY hum_5s RESAMPLE EVERY 5s BEGIN

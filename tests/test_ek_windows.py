@@ -11,14 +11,14 @@ import random
 from collections import defaultdict
 from datetime import datetime, timedelta
 
+import ekuiper_reference as ref
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-import ekuiper_reference as ref
 from cq_engine.model import CountTrigger, EkSessionTrigger, EkSlidingTrigger
-from cq_engine.times import EPOCH, UTC
 from cq_engine.streams.windows.tdengine import WCLOSED, WEND, WLAST, WROWS, WSTART, assign_windows
+from cq_engine.times import EPOCH, UTC
 
 S = 1_000_000
 M = 60 * S
@@ -41,7 +41,7 @@ def at(us: int) -> datetime:
 def windows_of(out, *, key=("case", "g"), origin=0, unit=1):
     """Collect assign_windows output as {(*key, start): (end, members, closed)} with times as
     ``(t - origin) / unit``, checking each row's WLAST/WROWS against its window's members."""
-    sec = lambda c: (F.unix_micros(c) - F.lit(origin)) / F.lit(unit) if unit != 1 else F.unix_micros(c)  # noqa: E731
+    sec = lambda c: (F.unix_micros(c) - F.lit(origin)) / F.lit(unit) if unit != 1 else F.unix_micros(c)
     rows = out.select(*key, sec("ts"), sec(WSTART), sec(WEND), sec(WLAST), WROWS, WCLOSED).collect()
     members, info = defaultdict(list), {}
     for r in rows:

@@ -3,7 +3,7 @@ end to end on real Spark and Delta through the stream sensor (``streams_util.Ben
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
@@ -136,7 +136,7 @@ def test_tumbling_and_hopping_rules_end_to_end(tmp_path, spark):
     _demo(b, [(s, d, s) for s in range(0, 40, 3) for d in ("a", "b")] + [(21, "c", 1.0)])
     for name in ("tumble", "hop", "hot"):
         b.tick(name)
-    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    at = lambda s: T0 + timedelta(seconds=s)
     # windows end at multiples of 10 s; [30, 40) is still open (latest event 39 s); c's window has one row
     assert sorted((r["ID"], r["window_start"], r["window_end"], r["n"], r["t"]) for r in b.sink("tumble_out")) == [
         (d, at(a), at(a + 10), n, t) for d in ("a", "b") for a, n, t in ((0, 4, 4.5), (10, 3, 15.0), (20, 3, 24.0))]
@@ -150,7 +150,7 @@ def test_day_window_ends_at_local_midnight_end_to_end(tmp_path, spark):
     b = Bench(tmp_path, spark, DEMO + "CREATE RULE daily INTO daily_out AS SELECT count(*) AS n FROM demo "
                                       "GROUP BY TUMBLINGWINDOW(dd, 1);", timezone="Asia/Shanghai")
     b.tick("daily")
-    midnight = datetime(2026, 11, 21, 16, 0, tzinfo=timezone.utc)  # 2026-11-22 00:00 +08:00
+    midnight = datetime(2026, 11, 21, 16, 0, tzinfo=UTC)  # 2026-11-22 00:00 +08:00
     b.engine.storage.append("demo", pa.table({
         "ID": ["a"] * 3, "temperature": [1.0] * 3, "revenue": [0.0] * 3,
         "ts": pa.array([midnight - timedelta(hours=1), midnight - S, midnight + timedelta(hours=1)],
@@ -172,7 +172,7 @@ def _us(seconds: float) -> int:
 
 
 def _at(us: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
 def _closed(windows, rows_by_t) -> list[tuple]:
@@ -234,7 +234,7 @@ def test_seed_countwindow_having_and_filter_versus_where(tmp_path, spark):
     _demo(b, [(i, "a", temp, rev) for i, (temp, rev) in enumerate(zip(temps, revenue))])
     for name in ("having", "filtered", "whered"):
         b.tick(name)
-    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    at = lambda s: T0 + timedelta(seconds=s)
     # COUNTWINDOW(5,1): a window at each row from the 5th, holding the last 5 rows; WHERE keeps the
     # rows above 20 inside each, HAVING the windows with more than 2 of them.
     assert sorted((r["window_start"], r["n"]) for r in b.sink("having_out")) == [
@@ -256,7 +256,7 @@ def test_seed_sliding_window_with_over(tmp_path, spark):
     _demo(b, [(0, "a", 0, 150), (4, "a", 0, 90), (6, "a", 0, 250), (12, "a", 0, 120), (15, "a", 0, 210),
               (30, "a", 0, 500)])
     b.tick("spikes")
-    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    at = lambda s: T0 + timedelta(seconds=s)
     # windows (t-10, t] at the rows above 200 (6 s, 15 s, 30 s), over the rows above 100
     assert sorted((r["window_start"], r["window_end"], r["n"], r["peak"]) for r in b.sink("spikes_out")) == [
         (at(-4), at(6), 2, 250.0), (at(5), at(15), 3, 250.0), (at(20), at(30), 1, 500.0)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa
@@ -13,10 +13,9 @@ import pytest
 from cq_engine.config import Settings
 from cq_engine.errors import CQError, TableError
 from cq_engine.ingest import conform, read_input
-from cq_engine.storage.ledger import Ledger, LedgerEntry
 from cq_engine.storage.delta import DeltaRsStorage
+from cq_engine.storage.ledger import Ledger, LedgerEntry
 
-UTC = timezone.utc
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 TS = pa.timestamp("us", tz="UTC")
 SCHEMA = pa.schema([pa.field("ts", TS), pa.field("device", pa.string()), pa.field("temperature", pa.float64()),

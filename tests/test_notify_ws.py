@@ -10,12 +10,11 @@ import threading
 import time
 
 import pytest
-
 from websockets.sync.server import serve
+from ws_recorder import Recorder
 
 from cq_engine.errors import CQError
 from cq_engine.notify.ws import NotifyError, batches, deliver, message, send
-from ws_recorder import Recorder
 
 NOW = 1733284887203
 

@@ -1,6 +1,6 @@
 """Parser: every clause of seed 004's CREATE CONTINUOUS QUERY and every rejection rule."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -47,7 +47,7 @@ def test_every_clause():
     q = cq(FULL)
     assert q.name == "cq_id" and q.source == "ln" and q.sink == "ln_temperature_max"
     assert q.resample.every == 20 * S and q.resample.start_offset == 40 * S and q.resample.end_offset == 20 * S
-    assert q.resample.boundary == datetime(2021, 5, 11, 14, 18, 40, tzinfo=timezone.utc)
+    assert q.resample.boundary == datetime(2021, 5, 11, 14, 18, 40, tzinfo=UTC)
     assert q.timeout_policy == "DISCARD"
     assert q.time_grouping == TimeGrouping(interval=10 * S, step=5 * S)
     assert q.group_keys == ("device",)
@@ -67,7 +67,7 @@ def test_defaults_follow_seed_004():
     q = cq("CREATE CQ c BEGIN SELECT max_value(t) AS m INTO o FROM s GROUP BY(10s) END")
     r = q.resample
     assert (r.every, r.start_offset, r.end_offset) == (10 * S, 10 * S, timedelta(0))
-    assert r.boundary == datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert r.boundary == datetime(1970, 1, 1, tzinfo=UTC)
     assert q.timeout_policy == "BLOCKED"
     q = cq("CREATE CQ c RESAMPLE RANGE 40s BEGIN SELECT max_value(t) AS m INTO o FROM s GROUP BY(10s) END")
     assert (q.resample.every, q.resample.start_offset) == (10 * S, 40 * S)
@@ -93,9 +93,9 @@ def test_durations_units_and_boundary_forms():
     q = cq("CREATE CQ c RESAMPLE EVERY 1h30m RANGE 2h BOUNDARY 2024-01-01T00:00:00 BEGIN SELECT max(t) AS m INTO o FROM s GROUP BY(1500ms) END",
            tz=ZoneInfo("Asia/Shanghai"))
     assert q.resample.every == timedelta(minutes=90) and q.time_grouping.interval == timedelta(milliseconds=1500)
-    assert q.resample.boundary == datetime(2023, 12, 31, 16, tzinfo=timezone.utc)  # naive → CQ_TIMEZONE
+    assert q.resample.boundary == datetime(2023, 12, 31, 16, tzinfo=UTC)  # naive → CQ_TIMEZONE
     q = cq("CREATE CQ c RESAMPLE EVERY 1w BOUNDARY 1620742720000 BEGIN SELECT max(t) AS m INTO o FROM s GROUP BY(1d) END")
-    assert q.resample.boundary == datetime(2021, 5, 11, 14, 18, 40, tzinfo=timezone.utc)
+    assert q.resample.boundary == datetime(2021, 5, 11, 14, 18, 40, tzinfo=UTC)
     assert cq("CREATE CQ c RESAMPLE EVERY 2000000ns BEGIN SELECT t AS m INTO o FROM s END", min_every=timedelta(0)).resample.every == timedelta(milliseconds=2)
 
 

@@ -1,13 +1,24 @@
 """CREATE STREAM (seed 000, seed 002): both forms, every trigger, option, placeholder rule and rejection."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from cq_engine.catalog import load_catalog, referenced_columns
 from cq_engine.errors import ParseError
-from cq_engine.model import (CountTrigger, EventTrigger, Notify, PeriodTrigger, SelectItem, SessionTrigger,
-                             SlidingTrigger, StateTrigger, Stream, StreamOptions, TagDecl)
+from cq_engine.model import (
+    CountTrigger,
+    EventTrigger,
+    Notify,
+    PeriodTrigger,
+    SelectItem,
+    SessionTrigger,
+    SlidingTrigger,
+    StateTrigger,
+    Stream,
+    StreamOptions,
+    TagDecl,
+)
 from cq_engine.parse import parse_text
 
 S, M, MS = timedelta(seconds=1), timedelta(minutes=1), timedelta(milliseconds=1)
@@ -313,11 +324,11 @@ def test_every_new_form_option():
         " | LOW_LATENCY_CALC | PRE_FILTER(voltage > 0 AND tbname <> 'x') | MAX_DELAY(1m) | EVENT_TYPE(WINDOW_OPEN|WINDOW_CLOSE)")))
     assert s.options == StreamOptions(
         watermark=10 * S, expired_time=MS, ignore_disorder=True, delete_recalc=True, fill_history_first=True,
-        history_start=datetime(2024, 1, 1, tzinfo=timezone.utc), low_latency_calc=True,
+        history_start=datetime(2024, 1, 1, tzinfo=UTC), low_latency_calc=True,
         pre_filter="voltage > 0 AND tbname <> 'x'", max_delay=M, trigger_mode="max_delay",
         event_types=("WINDOW_OPEN", "WINDOW_CLOSE"))
     assert stream(NEW.format(trigger="SESSION(ts, 1s)", first="_twstart", opts="FILL_HISTORY(1704067200000)")
-                  ).options.history_start == datetime(2024, 1, 1, tzinfo=timezone.utc)
+                  ).options.history_start == datetime(2024, 1, 1, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("trigger,first", [("SLIDING(1m)", "_tprev_ts"), ("PERIOD(1m)", "_tlocaltime")])

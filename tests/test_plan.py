@@ -1,15 +1,14 @@
 """Planner semantics on real Spark against hand-computed results."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
 
-from cq_engine.resample import timing
 from cq_engine.parse import ParseOptions, parse_text
+from cq_engine.resample import timing
 from cq_engine.resample.plan import plan_query
 
-UTC = timezone.utc
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 S = timedelta(seconds=1)
 

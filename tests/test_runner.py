@@ -3,19 +3,18 @@
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from cq_engine.config import Settings
-from cq_engine.errors import CQError, TableError, TimeError
 from cq_engine.cli.feed import sensor_rows
+from cq_engine.config import Settings
 from cq_engine.engine import Engine
+from cq_engine.errors import CQError, TableError, TimeError
 
-UTC = timezone.utc
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
 

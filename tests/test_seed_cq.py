@@ -7,12 +7,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from seed_tables import CQ1, CQ2, CQ3, CQ4, CQ5, CST, aligned_to_rows, wide_to_rows
 
 from cq_engine.config import Settings
 from cq_engine.engine import Engine
 from cq_engine.times import parse_time
-
-from seed_tables import CQ1, CQ2, CQ3, CQ4, CQ5, CST, aligned_to_rows, wide_to_rows
 
 DATA = Path(__file__).parent / "data"
 

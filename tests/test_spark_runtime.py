@@ -8,12 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from netutil import free_port, port_open
 
 from cq_engine.config import Settings
 from cq_engine.errors import SparkError
 from cq_engine.spark import _alive, server_status, start_server, stop_server
-
-from netutil import free_port, port_open  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

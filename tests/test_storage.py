@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
@@ -14,7 +14,6 @@ from cq_engine.model import Column, SourceLocation, TableDecl
 from cq_engine.storage.base import Storage
 from cq_engine.storage.delta import DeltaRsStorage, arrow_type, range_predicate
 
-UTC = timezone.utc
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")
 US = timedelta(microseconds=1)
@@ -269,7 +268,7 @@ def test_replace_range_concurrent_writers_retry(minutes):
         try:
             versions.append(minutes.replace_range("m", rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
                                   time_column="ts", time_range=(lo, hi), app_id=f"w{n}", app_version=1))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]

@@ -1,12 +1,23 @@
 """Pure stream timing: what a sensor tick requests, from cursor + commit statistics + now."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from cq_engine.model import (CountTrigger, SelectItem, SessionTrigger, SlidingTrigger, Stream, StreamOptions)
-from cq_engine.streams.timing import (Change, Span, StreamCursor, StreamWork, first_tick, key_ranges, merge_ranges,
-                                     plan_tick, recalculation_work, starts_ending_in, tick_after, tick_floor)
+from cq_engine.model import CountTrigger, SelectItem, SessionTrigger, SlidingTrigger, Stream, StreamOptions
+from cq_engine.streams.timing import (
+    Change,
+    Span,
+    StreamCursor,
+    StreamWork,
+    first_tick,
+    key_ranges,
+    merge_ranges,
+    plan_tick,
+    recalculation_work,
+    starts_ending_in,
+    tick_after,
+    tick_floor,
+)
 
-UTC = timezone.utc
 US = timedelta(microseconds=1)
 M = timedelta(minutes=1)
 S = timedelta(seconds=1)
@@ -204,17 +215,17 @@ def test_persisted_json_carries_a_format_and_reads_older_and_rejects_newer():
     from cq_engine.errors import CQError
     from cq_engine.schedule.ticks import parse_tick_cursor, tick_cursor
 
-    cursor = StreamCursor(version=3, created=datetime(2021, 5, 11, tzinfo=timezone.utc), definition="abc")
+    cursor = StreamCursor(version=3, created=datetime(2021, 5, 11, tzinfo=UTC), definition="abc")
     raw = json.loads(cursor.to_json())
     assert raw["format"] == 1 and StreamCursor.from_json(cursor.to_json()) == cursor
     del raw["format"]  # written before the field existed
     assert StreamCursor.from_json(json.dumps(raw)) == cursor
-    work = StreamWork(version=7, windows=((datetime(2021, 5, 11, tzinfo=timezone.utc),) * 2,))
+    work = StreamWork(version=7, windows=((datetime(2021, 5, 11, tzinfo=UTC),) * 2,))
     assert StreamWork.from_json(work.to_json()) == work
     with pytest.raises(CQError, match="format 2 was written by a newer cq-engine"):
         StreamWork.from_json(json.dumps({**json.loads(work.to_json()), "format": 2}))
 
-    t = datetime(2021, 5, 11, 14, 30, tzinfo=timezone.utc)
+    t = datetime(2021, 5, 11, 14, 30, tzinfo=UTC)
     assert json.loads(tick_cursor(t))["format"] == 1
     assert parse_tick_cursor(tick_cursor(t)) == t
     assert parse_tick_cursor("2021-05-11T14:30:00+00:00") == t  # a cursor from before the format field

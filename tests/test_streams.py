@@ -2,13 +2,14 @@
 asserted after every tick against reference computations over the table's rows."""
 
 import random
-import pytest
 
+import pytest
 import window_reference as ref
-from cq_engine.streams import sensor as stream_sensor
+from streams_util import NOW, T0, Bench, M, S, reference, sink_summary, us
+
 from cq_engine.cli.main import main
 from cq_engine.errors import CQError
-from streams_util import NOW, T0, Bench, M, S, reference, sink_summary, us
+from cq_engine.streams import sensor as stream_sensor
 
 INTERVAL_SQL = """
 CREATE STREAM s_int INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s) | DELETE_RECALC)

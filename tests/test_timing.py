@@ -1,16 +1,15 @@
 """RESAMPLE timing: pure functions, exactly as seed 004 states."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from cq_engine.resample import timing
 from cq_engine.errors import TimeError
 from cq_engine.model import Resample
+from cq_engine.resample import timing
 from cq_engine.times import parse_time
 
-UTC = timezone.utc
 S = timedelta(seconds=1)
 CST = timezone(timedelta(hours=8))
 BOUNDARY = datetime(2021, 5, 11, 22, 18, 40, tzinfo=CST)

@@ -6,25 +6,24 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from cq_engine.triggers import runtime as rt
 from cq_engine.catalog import load_catalog
 from cq_engine.cli.main import main
 from cq_engine.config import Settings
+from cq_engine.engine import Engine
 from cq_engine.errors import ParseError
 from cq_engine.ingest import ingest
 from cq_engine.parse import parse_text
-from cq_engine.engine import Engine
 from cq_engine.triggers import FailureStrategy, Trigger, TriggerError, batch_info
+from cq_engine.triggers import runtime as rt
 from dagster_defs import build_definitions
 
-UTC = timezone.utc
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 NOW = datetime(2024, 6, 1, tzinfo=UTC)
 TABLES = """

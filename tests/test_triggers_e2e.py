@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -20,15 +20,14 @@ import pyarrow as pa
 import pytest
 from dagster._core.scheduler.instigation import InstigatorType
 
-from cq_engine.config import Settings
 from cq_engine.cli.dev import dagster_env, stop_process_group, write_dagster_home
-from cq_engine.ingest import ingest
+from cq_engine.config import Settings
 from cq_engine.engine import Engine
+from cq_engine.ingest import ingest
 from cq_engine.triggers.runtime import state_dir
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-UTC = timezone.utc
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 SENSOR = "journal_trigger"
 

@@ -12,15 +12,25 @@ from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pytest
+import window_reference as ref
 from pyspark.sql import functions as F
 
-import window_reference as ref
 from cq_engine.model import CountTrigger, EventTrigger, SessionTrigger, SlidingTrigger, StateTrigger
-from cq_engine.times import EPOCH, UTC
 from cq_engine.streams.windows.tdengine import (
-    CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WROWS, WSTART, assign_windows,
+    CLOSE_ROW,
+    NEXT_STATE,
+    OPEN_ROW,
+    PREV_STATE,
+    STATE,
+    WCLOSED,
+    WEND,
+    WLAST,
+    WROWS,
+    WSTART,
+    assign_windows,
     condition_columns,
 )
+from cq_engine.times import EPOCH, UTC
 
 S = 1_000_000
 M = 60 * S
@@ -248,7 +258,7 @@ def _hand(spark, rows, trigger, until, *, timezone="UTC", extras=()):
     df = frame(spark, [(0, g, BASE + int(t * S), v, st, None, None) for g, t, v, st in rows])
     out = assign_windows(df, trigger, time_column="ts", keys=["g"], close_until=at(BASE + int(until * S)),
                          timezone=timezone)
-    sec = lambda c: (F.unix_micros(c) - F.lit(BASE)) / F.lit(S)  # noqa: E731
+    sec = lambda c: (F.unix_micros(c) - F.lit(BASE)) / F.lit(S)
     got = out.select("g", sec("ts"), sec(WSTART), sec(WEND), sec(WLAST), WROWS, WCLOSED, *extras).collect()
     return sorted(tuple(tuple(x) if hasattr(x, "__fields__") else x for x in r) for r in got)
 

@@ -20,8 +20,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from websockets.sync.server import serve
 
@@ -60,7 +60,7 @@ def _self_signed_cryptography(cert: Path, key: Path) -> tuple[Path, Path]:
 
     pkey = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ski = x509.SubjectKeyIdentifier.from_public_key(pkey.public_key())
     crt = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name)
@@ -125,7 +125,7 @@ class Recorder:
                     raise
                 time.sleep(0.05)
 
-    def start(self) -> "Recorder":
+    def start(self) -> Recorder:
         """Start listening (idempotent); rebinds the same port after ``stop()``."""
         if self._server is not None:
             return self
@@ -154,7 +154,7 @@ class Recorder:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -18,7 +18,8 @@ import os
 import socket
 import ssl
 import threading
-from typing import Mapping, Sequence, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import connect

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Union
+from typing import Union
 
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, Tokenizer, TokenType
@@ -14,10 +15,10 @@ from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, Stream, TableDecl, TriggerDef
 from cq_engine.names import name_problem, shorten
 from cq_engine.parse.cursor import Cursor, SourceText, split_statements
+from cq_engine.parse.ekuiper import parse_rule
 from cq_engine.parse.iotdb import parse_continuous_query
 from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tables import parse_create_table
-from cq_engine.parse.ekuiper import parse_rule
 from cq_engine.parse.tdengine.statement import parse_create_stream
 from cq_engine.parse.triggers import parse_create_trigger
 
@@ -142,4 +143,4 @@ def sql_files(path: str | Path) -> list[Path]:
     return sorted(p.rglob("*.sql"))
 
 
-__all__ = ["ParseOptions", "STATEMENT_PARSERS", "parse_file", "parse_text", "sql_files"]
+__all__ = ["STATEMENT_PARSERS", "ParseOptions", "parse_file", "parse_text", "sql_files"]

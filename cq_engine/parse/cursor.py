@@ -122,7 +122,7 @@ class Cursor:
         self.balanced()
         return self.tokens[first], self.tokens[first + 1 : self.pos - 1], self.tokens[self.pos - 1]
 
-    def sub(self, tokens: list[Token], end: int) -> "Cursor":
+    def sub(self, tokens: list[Token], end: int) -> Cursor:
         """A cursor over some of this statement's tokens; ``end`` is where running out is reported."""
         return Cursor(self.source, tokens, end=end)
 

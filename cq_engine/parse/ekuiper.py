@@ -14,18 +14,28 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlglot import exp
+from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import bounded, micros
 from cq_engine.errors import CQError
-from sqlglot.tokens import Token, TokenType
-
-from cq_engine.model import (Column, CountTrigger, EkSessionTrigger, EkSlidingTrigger, SelectItem, SlidingTrigger,
-                     SourceLocation, Stream, StreamOptions, TableDecl, placeholder_column)
+from cq_engine.model import (
+    Column,
+    CountTrigger,
+    EkSessionTrigger,
+    EkSlidingTrigger,
+    SelectItem,
+    SlidingTrigger,
+    SourceLocation,
+    Stream,
+    StreamOptions,
+    TableDecl,
+    placeholder_column,
+)
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
 from cq_engine.parse.options import ParseOptions
-from cq_engine.parse.tdengine.select import derived_name
 from cq_engine.parse.tables import column_type
+from cq_engine.parse.tdengine.select import derived_name
 
 UNITS = {"DD": timedelta(days=1), "HH": timedelta(hours=1), "MI": timedelta(minutes=1),
          "SS": timedelta(seconds=1), "MS": timedelta(milliseconds=1)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import sqlglot
 from sqlglot import exp
@@ -49,7 +49,7 @@ class Fragment:
         self.text = source.text[start:end]
 
     @classmethod
-    def of(cls, source: SourceText, tokens: list) -> "Fragment":
+    def of(cls, source: SourceText, tokens: list) -> Fragment:
         """The text from the first to the last of ``tokens``."""
         return cls(source, tokens[0].start, tokens[-1].end + 1)
 

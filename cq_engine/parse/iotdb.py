@@ -11,11 +11,17 @@ from sqlglot.tokens import Token, TokenType
 from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping
-from cq_engine.times import EPOCH, parse_time
 from cq_engine.parse.cursor import Cursor, suggest
-from cq_engine.parse.fragments import (IOTDB_TIME_NAMES, Fragment, find_time_reference, is_aggregate,
-                        rewrite_iotdb_functions, to_spark)
+from cq_engine.parse.fragments import (
+    IOTDB_TIME_NAMES,
+    Fragment,
+    find_time_reference,
+    is_aggregate,
+    rewrite_iotdb_functions,
+    to_spark,
+)
 from cq_engine.parse.options import ParseOptions
+from cq_engine.times import EPOCH, parse_time
 
 
 def parse_continuous_query(cur: Cursor, opts: ParseOptions, start: Token) -> ContinuousQuery:

@@ -6,12 +6,11 @@ Times become integer microseconds so window arithmetic is exact. Every window of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType, StringType
@@ -19,11 +18,10 @@ from pyspark.sql.types import BooleanType, NumericType, StringType
 from cq_engine.catalog import referenced_columns
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
-from cq_engine.parse.fragments import is_aggregate_sql
 from cq_engine.model import ContinuousQuery, TimeGrouping
-from cq_engine.parse.fragments import TIME_REF
-from cq_engine.times import EPOCH
+from cq_engine.parse.fragments import TIME_REF, is_aggregate_sql
 from cq_engine.resample.timing import Coverage
+from cq_engine.times import EPOCH
 
 _T, _K, _OWNER, _HAVING = "__cq_t", "__cq_k", "__cq_owner", "__cq_having"
 

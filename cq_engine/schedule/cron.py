@@ -17,9 +17,9 @@ of a day or more never reset, so 1d PERIOD drifts by an hour in wall time across
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from typing import Callable
 from zoneinfo import ZoneInfo
 
 from croniter import croniter

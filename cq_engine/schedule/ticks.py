@@ -4,15 +4,15 @@ PERIOD — behind one small interface, so schedules, tick sensors and ``cq tick`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable, Optional
 
+from cq_engine.durations import format_duration
+from cq_engine.errors import CQError
+from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.resample import timing
 from cq_engine.schedule.cron import CronPlan, period_cron, period_ticks, resample_cron
-from cq_engine.durations import format_duration
-from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
-from cq_engine.errors import CQError
 from cq_engine.times import EPOCH, UTC, iso, parse_time
 
 _US = timedelta(microseconds=1)
@@ -28,7 +28,7 @@ class Ticks:
     description: str
     between: Callable[[datetime, datetime], list[datetime]]
     range_of: Callable[[datetime], TimeRange]
-    cron: Callable[[datetime], Optional[CronPlan]]
+    cron: Callable[[datetime], CronPlan | None]
 
     def is_tick(self, t: datetime) -> bool:
         return bool(self.between(t, t + _US))

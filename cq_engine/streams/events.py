@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Callable, Iterable
 
 from cq_engine.model import Stream
 from cq_engine.streams.output import SUBTABLE
-from cq_engine.times import epoch_ms
 from cq_engine.streams.windows.tdengine import CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WSTART
+from cq_engine.times import epoch_ms
 
 GROUP = "__cq_tgrpid"
 EMPTY = "__cq_empty"

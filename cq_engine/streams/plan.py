@@ -19,11 +19,22 @@ from sqlglot import exp
 
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
-from cq_engine.parse.fragments import is_aggregate, is_aggregate_call, is_aggregate_sql
 from cq_engine.model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
+from cq_engine.parse.fragments import is_aggregate, is_aggregate_call, is_aggregate_sql
 from cq_engine.streams.output import shaping_columns
-from cq_engine.streams.windows.tdengine import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WROWS, WSTART,
-                      with_next_tick)
+from cq_engine.streams.windows.tdengine import (
+    CLOSE_ROW,
+    NEXT_STATE,
+    OPEN_ROW,
+    PREV_STATE,
+    STATE,
+    WCLOSED,
+    WEND,
+    WLAST,
+    WROWS,
+    WSTART,
+    with_next_tick,
+)
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +273,7 @@ def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_col
         if bounds is None:
             return source.join(frame, on=F.expr(cond), how="inner")
         size = max(1, micros(bin))
-        bucket = lambda c: F.floor(F.unix_micros(c) / F.lit(size)).cast("long")  # noqa: E731
+        bucket = lambda c: F.floor(F.unix_micros(c) / F.lit(size)).cast("long")
         frame = frame.withColumn(_BIN_W, F.explode(F.sequence(bucket(F.col(bounds[0])), bucket(F.col(bounds[1])))))
         source = source.withColumn(_BIN_R, bucket(F.col(time_column)))
         joined = source.join(frame, on=(F.col(_BIN_R) == F.col(_BIN_W)) & F.expr(cond), how="inner")

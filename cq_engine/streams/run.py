@@ -12,9 +12,9 @@ snapshot and writes the same rows.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Callable
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -27,16 +27,38 @@ from cq_engine.notify import outbox as notify_outbox
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
 from cq_engine.streams import timing as st
 from cq_engine.streams.events import NOTIFY_OK, build_events
-from cq_engine.streams.output import GROUP_ID
-from cq_engine.streams.plan import (ENGINE_COLUMNS, GROUP, PERIOD_COLUMNS, evaluate, join_source,
-                          partition_columns, period_frame, prepare, row_stats_needed, time_bounds, window_frame,
-                          with_empty_windows, with_placeholders)
 from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_name
+from cq_engine.streams.output import GROUP_ID
+from cq_engine.streams.plan import (
+    ENGINE_COLUMNS,
+    GROUP,
+    PERIOD_COLUMNS,
+    evaluate,
+    join_source,
+    partition_columns,
+    period_frame,
+    prepare,
+    row_stats_needed,
+    time_bounds,
+    window_frame,
+    with_empty_windows,
+    with_placeholders,
+)
 from cq_engine.streams.sensor import table_span
 from cq_engine.streams.sink import gone_groups, write_sink
+from cq_engine.streams.windows.tdengine import (
+    CLOSE_ROW,
+    NEXT_STATE,
+    OPEN_ROW,
+    PREV_STATE,
+    STATE,
+    WCLOSED,
+    WEND,
+    WLAST,
+    WSTART,
+    assign_windows,
+)
 from cq_engine.times import EPOCH, UTC, epoch_ms, iso
-from cq_engine.streams.windows.tdengine import (CLOSE_ROW, NEXT_STATE, OPEN_ROW, PREV_STATE, STATE, WCLOSED, WEND, WLAST, WSTART,
-                      assign_windows)
 
 _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
@@ -308,7 +330,7 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
         else:
             df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None)
             versions[table] = scan.version
-        frame_of = lambda d: period_frame(stream, d, tick=tick, prev_tick=prev_tick, next_tick=next_tick)  # noqa: E731
+        frame_of = lambda d: period_frame(stream, d, tick=tick, prev_tick=prev_tick, next_tick=next_tick)
         rows = frame_of(prepare(stream, df))
         keep = [GROUP, WSTART, WEND, WCLOSED, *partition_columns(stream)]
         result = evaluate(stream, rows, keep=keep, window_columns=PERIOD_COLUMNS)

@@ -9,9 +9,10 @@ starts to (re)compute (time windows: INTERVAL/SLIDING) or how far to close data-
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Literal, Sequence
+from typing import Literal
 from zoneinfo import ZoneInfo
 
 from cq_engine.errors import CQError
@@ -71,7 +72,7 @@ class _Json:
                           f"up to {FORMAT}): {text[:200]}")
         # JSON arrays back to the tuples the frozen dataclasses hold
         d = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in {f.name for f in fields(cls)}}
-        t = lambda v: parse_time(v, tz=UTC, bounded=False) if v else None  # noqa: E731
+        t = lambda v: parse_time(v, tz=UTC, bounded=False) if v else None
         for k in cls._TIMES:
             if k in d:
                 d[k] = t(d[k])
@@ -357,7 +358,7 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     notify_open = stream.notify is not None and "WINDOW_OPEN" in stream.notify.events
     opened = (("WINDOW_OPEN" in o.event_types or notify_open) and max_event is not None
               and max_event != cursor.max_event)
-    writes_open = at_once and bool(added) or partial_due or "WINDOW_OPEN" in o.event_types
+    writes_open = (at_once and bool(added)) or partial_due or "WINDOW_OPEN" in o.event_types
     closes = "WINDOW_CLOSE" in o.event_types and not at_once
     deleted = bool(removed) and o.delete_output_table
 

@@ -9,8 +9,8 @@ after that for a STATEFUL trigger that was registered by an earlier process, ``f
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 import pyarrow as pa
 

@@ -21,9 +21,17 @@ from cq_engine.errors import TableError
 from cq_engine.model import Catalog, TriggerDef, statement_hash
 from cq_engine.statefile import read_state
 from cq_engine.storage.log import Commit
-from cq_engine.triggers.runtime import (fire_one, instance, matches, registration, sensor_name, state_dir, where,
-                                        write_json)
 from cq_engine.triggers import BatchInfo, FailureStrategy, TriggerError, with_info
+from cq_engine.triggers.runtime import (
+    fire_one,
+    instance,
+    matches,
+    registration,
+    sensor_name,
+    state_dir,
+    where,
+    write_json,
+)
 
 log = logging.getLogger("cq_engine.triggers")
 MAX_VERSIONS = 100  # per evaluation, so one sensor tick stays well inside Dagster's timeout
@@ -42,7 +50,7 @@ class AfterCursor:
         return json.dumps({"generation": self.generation, "tables": self.tables}, sort_keys=True)
 
     @classmethod
-    def parse(cls, text: str | None, generation: str) -> "AfterCursor | None":
+    def parse(cls, text: str | None, generation: str) -> AfterCursor | None:
         try:
             raw = json.loads(text) if text else None
             if raw and raw["generation"] == generation:

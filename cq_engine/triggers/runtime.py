@@ -17,11 +17,11 @@ import shutil
 import sys
 import threading
 import uuid
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterable
 
 import pyarrow as pa
 

@@ -10,13 +10,13 @@ from sqlglot.tokens import Token, TokenType
 from cq_engine.durations import TDENGINE_UNITS
 from cq_engine.errors import CQError
 from cq_engine.model import SlidingTrigger, StreamOptions, TagDecl, WindowTrigger
-from cq_engine.times import parse_time
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import to_spark
 from cq_engine.parse.options import ParseOptions
+from cq_engine.parse.tables import column_type
 from cq_engine.parse.tdengine.query import Scope
 from cq_engine.parse.tdengine.triggers import PERIOD_UNITS
-from cq_engine.parse.tables import column_type
+from cq_engine.times import parse_time
 
 EVENT_TYPES = ("WINDOW_OPEN", "WINDOW_CLOSE")
 OPTION_NAMES = ("WATERMARK", "EXPIRED_TIME", "IGNORE_DISORDER", "DELETE_RECALC", "DELETE_OUTPUT_TABLE", "FILL_HISTORY",

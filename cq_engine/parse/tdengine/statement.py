@@ -20,8 +20,14 @@ from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
 from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
-from cq_engine.parse.tdengine.options import (old_stream_options, parse_column_list, parse_old_options, parse_options, parse_subtable,
-                             parse_tags)
+from cq_engine.parse.tdengine.options import (
+    old_stream_options,
+    parse_column_list,
+    parse_old_options,
+    parse_options,
+    parse_subtable,
+    parse_tags,
+)
 from cq_engine.parse.tdengine.partition import old_partition, old_tags, partition_names
 from cq_engine.parse.tdengine.query import Scope, find_marks, from_clause, split_query, where_clause
 from cq_engine.parse.tdengine.select import select_items

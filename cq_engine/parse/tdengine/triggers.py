@@ -7,8 +7,16 @@ from datetime import timedelta
 from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import TDENGINE_UNITS
-from cq_engine.model import (PLACEHOLDERS, CountTrigger, EventTrigger, PeriodTrigger, SessionTrigger, SlidingTrigger,
-                     StateTrigger, WindowTrigger)
+from cq_engine.model import (
+    PLACEHOLDERS,
+    CountTrigger,
+    EventTrigger,
+    PeriodTrigger,
+    SessionTrigger,
+    SlidingTrigger,
+    StateTrigger,
+    WindowTrigger,
+)
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import is_aggregate, to_spark
 from cq_engine.parse.tdengine.query import Scope

@@ -39,8 +39,20 @@ from pyspark.sql import functions as F
 from cq_engine.durations import micros
 from cq_engine.model import EkSessionTrigger, EkSlidingTrigger
 from cq_engine.streams.windows.common import (
-    LAST_US, SEG, T_US, WCLOSED, WE_US, WROWS, WS_US, check_positive, exact_col, floor_div, ordered, per_window,
-    running, window_stats,
+    LAST_US,
+    SEG,
+    T_US,
+    WCLOSED,
+    WE_US,
+    WROWS,
+    WS_US,
+    check_positive,
+    exact_col,
+    floor_div,
+    ordered,
+    per_window,
+    running,
+    window_stats,
 )
 
 _TT, _BKT, _TBKT = "__cq_ek_tt", "__cq_ek_bkt", "__cq_ek_tbkt"

@@ -41,11 +41,37 @@ from pyspark.sql import functions as F
 
 from cq_engine.durations import micros
 from cq_engine.model import (
-    CountTrigger, EkSessionTrigger, EkSlidingTrigger, EventTrigger, SessionTrigger, SlidingTrigger, StateTrigger,
+    CountTrigger,
+    EkSessionTrigger,
+    EkSlidingTrigger,
+    EventTrigger,
+    SessionTrigger,
+    SlidingTrigger,
+    StateTrigger,
 )
 from cq_engine.streams.windows.common import (
-    CLOSE_ROW, LAST_US, NEXT_STATE, OPEN_ROW, PREV_STATE, SEG, STATE, T_US, WCLOSED, WE_US, WEND, WLAST,
-    WROWS, WS_US, WSTART, check_positive, exact_col, floor_div, ordered, per_window, running, window_stats,
+    CLOSE_ROW,
+    LAST_US,
+    NEXT_STATE,
+    OPEN_ROW,
+    PREV_STATE,
+    SEG,
+    STATE,
+    T_US,
+    WCLOSED,
+    WE_US,
+    WEND,
+    WLAST,
+    WROWS,
+    WS_US,
+    WSTART,
+    check_positive,
+    exact_col,
+    floor_div,
+    ordered,
+    per_window,
+    running,
+    window_stats,
 )
 from cq_engine.streams.windows.ekuiper import ek_session, ek_sliding
 from cq_engine.times import EPOCH, UTC
