@@ -63,11 +63,11 @@ def _profile(ctx: Context, small, large, fire) -> list[str]:
     for label, engine in (("1x", small), (f"{FACTOR}x", large)):
         st, tc = engine.storage, "ts"
         steps = {
-            "version": lambda: st.version("sensors"),
-            "read_range(plan)": lambda: st.read_range(ctx.spark, "sensors", time_column=tc,
+            "version": lambda st=st: st.version("sensors"),
+            "read_range(plan)": lambda st=st, tc=tc: st.read_range(ctx.spark, "sensors", time_column=tc,
                                                       time_range=(fire - timedelta(minutes=1), fire)),
-            "sink version": lambda: st.version("out"),
-            "ledger entries": lambda: engine.ledger.entries("per_minute"),
+            "sink version": lambda st=st: st.version("out"),
+            "ledger entries": lambda engine=engine: engine.ledger.entries("per_minute"),
         }
         parts = []
         for step, fn in steps.items():

@@ -24,6 +24,7 @@ backlog as the first one did.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import statistics
 from datetime import timedelta
@@ -122,7 +123,7 @@ def append_backlog(engine, *, seconds: int, commits: int) -> int:
     schema = engine.storage.schema("meters")
     bounds = [seconds * i // commits for i in range(commits + 1)]
     rows = 0
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         data = _rows(schema, a, b)
         engine.storage.append("meters", data)
         rows += data.num_rows

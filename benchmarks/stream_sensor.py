@@ -133,7 +133,7 @@ def run(ctx: Context) -> Outcome:
         if (len(commit.added), len(commit.removed)) != (0, 1) or commit.removed[0].min_time is None:
             raise RuntimeError(f"the DELETE commit is not one removed file with statistics: {commit}")
         evaluate_stream(engine, stream, cursor=cursor, now=T0)
-        rem[label] = min(timed(lambda: evaluate_stream(engine, stream, cursor=cursor, now=T0))[0] for _ in range(repeat))
+        rem[label] = min(timed(lambda e=engine, s=stream, c=cursor: evaluate_stream(e, s, cursor=c, now=T0))[0] for _ in range(repeat))
     notes.append(f"a tick finding a DELETE (loads the snapshot for the removed file's statistics): {SMALL} commits "
                  f"{rem['small'] * 1000:.2f}ms, {large_commits} commits {rem['large'] * 1000:.2f}ms "
                  f"(ratio {rem['large'] / rem['small']:.2f}; best of {repeat})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal, Union
+from typing import Literal
 
 from cq_engine.errors import ParseError
 
@@ -216,8 +216,8 @@ class EkSlidingTrigger:
 
 # What makes a stream run (its windows, or PERIOD ticks); ``cq_engine.triggers.Trigger`` is the
 # unrelated user-code API of CREATE TRIGGER.
-WindowTrigger = Union[PeriodTrigger, SlidingTrigger, SessionTrigger, StateTrigger, EventTrigger, CountTrigger,
-                      EkSessionTrigger, EkSlidingTrigger]
+WindowTrigger = (PeriodTrigger | SlidingTrigger | SessionTrigger | StateTrigger | EventTrigger | CountTrigger
+                 | EkSessionTrigger | EkSlidingTrigger)
 DATA_SHAPED = ("session", "state", "event", "count", "ek_session", "ek_sliding")
 
 
@@ -346,7 +346,7 @@ def placeholder_column(name: str) -> str:
     return "__cq" + lowered
 
 
-Definition = Union[ContinuousQuery, Stream]
+Definition = ContinuousQuery | Stream
 
 
 def statement_hash(statement: Definition | TriggerDef) -> str:

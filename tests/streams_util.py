@@ -37,7 +37,7 @@ class Bench:
         """Rows ``(seconds after T0, tbname, current[, voltage[, status]])`` in one commit."""
         cols = {k: [] for k in TYPES}
         for r in rows:
-            sec, name, current, voltage, status = (list(r) + [220, 0])[:5]
+            sec, name, current, voltage, status = ([*r, 220, 0])[:5]
             for k, v in zip(TYPES, (T0 + timedelta(seconds=sec), name, current, voltage, status, "loc-" + name)):
                 cols[k].append(v)
         return self.engine.storage.append("meters", pa.table({k: pa.array(v, TYPES[k]) for k, v in cols.items()}))

@@ -80,7 +80,7 @@ def test_ingest_run_query_recalculate_show(project, capsys):
     (["query", "SELECT nope FROM nowhere"], "query failed"),
 ])
 def test_errors_are_one_line_and_exit_non_zero(project, capsys, args, message):
-    code, out, err = cq(capsys, *args)
+    code, _out, err = cq(capsys, *args)
     assert code == 1 and message in err and err.startswith("cq: error: ") and len(err.strip().splitlines()) == 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -160,7 +161,7 @@ def test_period_ticks_dst_days_keep_exact_spacing_from_local_midnight():
                            start=local(NY, 2025, m, day), end=local(NY, 2025, m, day + 1))
               for m, day in ((3, 9), (11, 2), (11, 3))]
     assert [len(h) for h in hourly] == [23, 25, 24]
-    assert all(b - a == timedelta(hours=1) for h in hourly for a, b in zip(h, h[1:]))
+    assert all(b - a == timedelta(hours=1) for h in hourly for a, b in itertools.pairwise(h))
 
 
 # --- compile_cron: RESAMPLE --------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -88,7 +89,7 @@ def test_latest_version_after_0_1_and_many_commits(uri, probes):
         append(uri, [T0 + i * M])
     # delta-rs writes a checkpoint every 100 commits (delta.checkpointInterval) by itself.
     assert os.path.exists(os.path.join(uri, "_delta_log", f"{99:020d}.checkpoint.parquet"))
-    assert json.load(open(os.path.join(uri, "_delta_log", "_last_checkpoint")))["version"] == 99
+    assert json.loads(Path(uri, "_delta_log", "_last_checkpoint").read_text())["version"] == 99
     assert latest_version(uri) == 120
     for known in (0, 1, 50, 118, 119, 120):
         assert latest_version(uri, known=known) == 120
@@ -110,7 +111,7 @@ def test_latest_version_stale_missing_or_torn_last_checkpoint(uri):
         append(uri, [T0 + i * M])
         if i in (3, 7):
             DeltaTable(uri).create_checkpoint()
-    assert json.load(open(os.path.join(uri, "_delta_log", "_last_checkpoint")))["version"] == 7
+    assert json.loads(Path(uri, "_delta_log", "_last_checkpoint").read_text())["version"] == 7
     set_last_checkpoint(uri, 3)  # stale: an older checkpoint than the newest
     assert latest_version(uri) == 9
     set_last_checkpoint(uri, 500)  # names a version that does not exist

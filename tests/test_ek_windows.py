@@ -129,8 +129,8 @@ def test_session_timeout_below_max_duration(spark):
     assert [w[3] for w in _hand(spark, edge, minute, until=60 - 1e-6)] == [True]
     assert [w[3] for w in _hand(spark, edge, minute, until=60 - 2e-6)] == [False]
     # a window starting past a minute is cut at the second minute after its start
-    got = _hand(spark, [61] + list(range(70, 181, 10)), trig, until=200)
-    assert got == [(61, 180, [61] + list(range(70, 171, 10)), True), (180, 190, [180], True)]
+    got = _hand(spark, [61, *range(70, 181, 10)], trig, until=200)
+    assert got == [(61, 180, [61, *range(70, 171, 10)], True), (180, 190, [180], True)]
 
 
 def test_countwindow_5_2_seed(spark):
@@ -176,7 +176,7 @@ def test_empty_input_and_bad_arguments(spark):
                  EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(seconds=5)),
                  CountTrigger(count=3, slide=2, ekuiper=True)):
         out = assign_windows(empty, trig, time_column="ts", keys=["g"], close_until=at(BASE))
-        assert out.columns == COLS + ["ts", WSTART, WEND, WLAST, WROWS, WCLOSED]
+        assert out.columns == [*COLS, "ts", WSTART, WEND, WLAST, WROWS, WCLOSED]
         assert out.count() == 0
     with_null_time = frame(spark, [(0, "g", BASE, 1.0, None), (0, "g", None, 1.0, None)])
     out = assign_windows(with_null_time, EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(seconds=5)),

@@ -118,7 +118,7 @@ def test_tumbling_and_hopping_rules_are_labelled_as_such(tmp_path):
 
 def _demo(b: Bench, rows: list[tuple]) -> None:
     """Rows ``(seconds after T0, ID, temperature[, revenue])`` in one commit."""
-    rows = [(list(r) + [0.0])[:4] for r in rows]
+    rows = [([*r, 0.0])[:4] for r in rows]
     b.engine.storage.append("demo", pa.table({
         "ID": [r[1] for r in rows], "temperature": [float(r[2]) for r in rows], "revenue": [float(r[3]) for r in rows],
         "ts": pa.array([T0 + timedelta(seconds=r[0]) for r in rows], pa.timestamp("us", tz="UTC"))}))

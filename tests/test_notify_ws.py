@@ -237,7 +237,7 @@ def test_unresponsive_receiver_times_out():
 
 
 def test_bad_url_is_a_notify_error():
-    with pytest.raises(NotifyError, match="^http://127.0.0.1:9/x: "):
+    with pytest.raises(NotifyError, match=r"^http://127\.0\.0\.1:9/x: "):
         send("http://127.0.0.1:9/x", ["{}"], timeout=1)
 
 

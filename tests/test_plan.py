@@ -38,7 +38,7 @@ def run(spark, data, body: str, *, fire: float = 40, every="40s", range_="40s") 
 
 
 def secs(rows):
-    return [((r[0] - T0).total_seconds(),) + r[1:] for r in rows]
+    return [((r[0] - T0).total_seconds(), *r[1:]) for r in rows]
 
 
 def test_group_by_time_and_device_skips_all_null_rows(spark, data):

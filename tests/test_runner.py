@@ -125,7 +125,7 @@ def test_recalculate_on_different_grids_per_firing(engine):
 
 
 def test_bad_times_and_names(engine):
-    with pytest.raises(TimeError, match="not a firing time of 'per_minute'.*nearest"):
+    with pytest.raises(TimeError, match=r"not a firing time of 'per_minute'.*nearest"):
         engine.run_firing("per_minute", T0 + timedelta(seconds=30))
     with pytest.raises(CQError, match="no definition named 'nope'"):
         engine.run_firing("nope", T0)
@@ -136,7 +136,7 @@ def test_missing_source_and_missing_time_column(spark, tmp_path):
     with pytest.raises(TableError, match="'ghost' does not exist"):
         eng.run_firing("q", T0)
     eng.storage.append("ghost", pa.table({"v": [1.0], "label": ["x"]}))
-    with pytest.raises(TableError, match="ghost.*no time column"):
+    with pytest.raises(TableError, match=r"ghost.*no time column"):
         eng.run_firing("q", T0)
     assert not eng.storage.exists("out_q")
     assert eng.ledger.last("q").status == "failed"

@@ -181,8 +181,7 @@ def test_replace_range_replaces_exactly_and_records_transaction(spark, minutes):
     assert minutes.transaction_version("m", "cq:m") == 42
     assert minutes.transaction_version("m", "other") is None
     kept = [r for r in before if not lo <= r[0] < hi]
-    assert table_rows(minutes, "m") == sorted(kept + [(lo, "new", -1.0), (lo + timedelta(seconds=1), "new", -2.0),
-                                                       (hi - US, "new", -3.0)])
+    assert table_rows(minutes, "m") == sorted([*kept, (lo, "new", -1.0), (lo + timedelta(seconds=1), "new", -2.0), (hi - US, "new", -3.0)])
     assert len(kept) == 180 - 13
     assert DeltaTable(minutes.uri("m")).history(1)[0]["range"] == "x"
     # Running the same replace again leaves the same rows (idempotent firing) and a newer transaction.

@@ -15,7 +15,7 @@ from cq_engine.errors import CQError
 MS = 1000
 
 
-def _two_meters(b: Bench, seconds=range(0, 150, 10)) -> None:
+def _two_meters(b: Bench, seconds: range = range(0, 150, 10)) -> None:
     b.append([(s, d, float(s) + (0.5 if d == "d1002" else 0.0)) for s in seconds for d in ("d1001", "d1002")])
 
 

@@ -39,7 +39,7 @@ def test_interval_stream_closes_by_watermark_recomputes_late_rows_and_deletes(tm
     plan = b.tick("s_int")
     assert plan.works[0].windows == ((T0, T0 + M),)
     assert sink_summary(b.sink("s_int_out")) == interval_ref(b, T0 + 140 * S)
-    assert [r for r in b.sink("s_int_out") if r["tbname"] == "d1" and r["_twstart"] == T0][0]["n"] == 12
+    assert next(r for r in b.sink("s_int_out") if r["tbname"] == "d1" and r["_twstart"] == T0)["n"] == 12
     # DELETE_RECALC: deleting rows of closed windows recomputes them.
     b.delete("current >= 4 AND ts < '2026-11-21T10:02:00Z'")
     plan = b.tick("s_int")

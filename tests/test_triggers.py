@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import ClassVar
 
 import dagster as dg
 import pyarrow as pa
@@ -37,8 +38,8 @@ CREATE TABLE other (ts TIMESTAMP, device STRING, value DOUBLE);
 class Recorder(Trigger):
     """Records every batch (and restore) per trigger name; fails on a value equal to "fail_on"."""
 
-    seen: dict[str, list] = {}
-    restores: dict[str, int] = {}
+    seen: ClassVar[dict[str, list]] = {}
+    restores: ClassVar[dict[str, int]] = {}
     failing = True  # tests switch it off to let a retried batch through
 
     def on_create(self, attributes):
@@ -299,10 +300,10 @@ def test_after_trigger_failure_strategies(tmp_path, instance, strategy):
                        "(1 rows): fire() returned False; PESSIMISTIC: delivery stops here and retries this version "
                        "next time")
     sensor.tick()  # retried, still failing: the cursor stays
-    assert [ver for _, _, ver, _ in Recorder.seen["rec"]] == v[:2] + [v[1]]
+    assert [ver for _, _, ver, _ in Recorder.seen["rec"]] == [*v[:2], v[1]]
     Recorder.failing = False
     sensor.tick()
-    assert [ver for _, _, ver, _ in Recorder.seen["rec"]] == v[:2] + [v[1], v[1], v[2]]
+    assert [ver for _, _, ver, _ in Recorder.seen["rec"]] == [*v[:2], v[1], v[1], v[2]]
     assert json.loads(sensor.cursor)["tables"]["readings"] == v[2]
 
 

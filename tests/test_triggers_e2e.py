@@ -6,6 +6,7 @@ per batch); batches are written with the public ``ingest()`` API."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,10 +50,11 @@ class Daemon:
 
     def start(self) -> None:
         self.starts += 1
-        log = open(self.root / f"daemon{self.starts}.log", "w")
-        self.proc = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(self.workspace)], cwd=self.root,
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+        # The daemon holds its own copy of the descriptor: ours can close once it started.
+        with open(self.root / f"daemon{self.starts}.log", "w") as log:
+            self.proc = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(self.workspace)],
+                                         cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
 
     def stop(self) -> None:
@@ -62,10 +64,8 @@ class Daemon:
         # The code server the daemon spawned can sit in a session of its own, waiting for a heartbeat
         # timeout: end it (by pid; it is ours, its environment names our DAGSTER_HOME).
         for pid in _pids_with(f"DAGSTER_HOME={self.home}"):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 10
         while _pids_with(f"DAGSTER_HOME={self.home}") and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -116,7 +116,7 @@ def run_cases(spark, cases, extras=()):
         out = same_schema[0]
         for f in same_schema[1:]:
             out = out.unionByName(f)
-        assert out.columns[:len(COLS) + 1] == COLS + ["ts"]
+        assert out.columns[:len(COLS) + 1] == [*COLS, "ts"]
         got = out.select("case", "g", F.unix_micros("ts"), *[F.unix_micros(c) for c in (WSTART, WEND, WLAST)],
                          WROWS, WCLOSED, *[extra_cols[e] for e in extras]).collect()
         actual.update(tuple(tuple(x) if hasattr(x, "__fields__") else x for x in row) for row in got)
@@ -344,7 +344,7 @@ def test_empty_input_keeps_schema(spark):
                         (StateTrigger(column="st"), [STATE, PREV_STATE, NEXT_STATE]),
                         (EventTrigger(start="v < 0", end="v > 9"), [OPEN_ROW, CLOSE_ROW])]:
         out = assign_windows(df, trig, time_column="ts", keys=[], close_until=at(BASE), timezone="Asia/Shanghai")
-        assert out.columns == COLS + ["ts", WSTART, WEND, WLAST, WROWS, WCLOSED, *extra]
+        assert out.columns == [*COLS, "ts", WSTART, WEND, WLAST, WROWS, WCLOSED, *extra]
         assert out.count() == 0
     assert dict(out.dtypes)[WROWS] == "bigint" and dict(out.dtypes)[WCLOSED] == "boolean"
 

@@ -7,6 +7,7 @@ row's ``t`` and ``ws``, ``we``, ``last``, ``n``, ``closed`` (plus the state/even
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -52,7 +53,7 @@ def tick_windows(rows, *, sliding, offset, timezone, until):
              for x in period_ticks(interval=timedelta(microseconds=sliding), offset=timedelta(microseconds=offset),
                                    timezone=timezone, created=created, start=lo, end=hi)]
     out = []
-    for a, b in zip(ticks, ticks[1:]):
+    for a, b in itertools.pairwise(ticks):
         members = [r for r in rows if a <= r["t"] < b]
         if members:
             out += _out(members, a, b, b <= until)
@@ -62,7 +63,7 @@ def tick_windows(rows, *, sliding, offset, timezone, until):
 def session_windows(rows, *, gap, until):
     rows = sorted(rows, key=lambda r: r["t"])
     out, cur = [], []
-    for r in rows + [None]:
+    for r in [*rows, None]:
         if r is None or (cur and r["t"] - cur[-1]["t"] > gap):
             if cur:
                 last = cur[-1]["t"]

@@ -12,6 +12,7 @@ de-duplicate by it or by ``windowId``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -117,10 +118,8 @@ def send(url: str, payloads: Sequence[str], *, timeout: float = 5.0) -> None:
 
     def cut() -> None:
         expired.set()
-        try:
+        with contextlib.suppress(OSError):
             ws.socket.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     watchdog = threading.Timer(timeout, cut)
     watchdog.daemon = True

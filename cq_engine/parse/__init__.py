@@ -6,7 +6,6 @@ import re
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
-from typing import Union
 
 from sqlglot.errors import TokenError
 from sqlglot.tokens import Token, Tokenizer, TokenType
@@ -22,7 +21,7 @@ from cq_engine.parse.tables import parse_create_table
 from cq_engine.parse.tdengine.statement import parse_create_stream
 from cq_engine.parse.triggers import parse_create_trigger
 
-Statement = Union[ContinuousQuery, Stream, TableDecl, TriggerDef]
+Statement = ContinuousQuery | Stream | TableDecl | TriggerDef
 StatementParser = Callable[[Cursor, ParseOptions, Token], Statement]
 
 # Leading keywords → parser; the longest match wins. Dialects add entries here.

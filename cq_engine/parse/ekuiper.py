@@ -143,7 +143,7 @@ def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
 
 def _clauses(cur: Cursor, query: list[Token]) -> dict[str, tuple[Token, list[Token]]]:
     clauses: dict[str, tuple[Token, list[Token]]] = {"SELECT": (query[0], [])}
-    current, depth, order = "SELECT", 0, ("SELECT",) + _CLAUSES
+    current, depth, order = "SELECT", 0, ("SELECT", *_CLAUSES)
     i = 1
     while i < len(query):
         tok = query[i]
@@ -256,7 +256,7 @@ def _group_by(cur: Cursor, opts: ParseOptions, keyword: Token, toks: list[Token]
 def _window(cur: Cursor, opts: ParseOptions, part: list[Token]):
     fn = part[0].text.upper()
     sub = cur.sub(part[1:], part[-1].end + 1)
-    _, inner, close = sub.group()
+    _, inner, _close = sub.group()
     if not sub.at_end():
         raise sub.unexpected(f"{fn}(...) ends here")
     args = split_top(inner)

@@ -84,7 +84,7 @@ class Fragment:
 
     def offset_of(self, node: exp.Expr) -> int:
         """File offset of a parsed node (its first identifier), or the fragment's start."""
-        for ident in [node] + list(node.find_all(exp.Identifier)):
+        for ident in [node, *node.find_all(exp.Identifier)]:
             meta = getattr(ident, "_meta", None) or {}
             if "start" in meta:
                 return self.start + meta["start"] - len(self._prefix)

@@ -8,6 +8,7 @@ starts to (re)compute (time windows: INTERVAL/SLIDING) or how far to close data-
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -317,7 +318,7 @@ def history_works(stream: Stream, *, version: int, lo: datetime, hi: datetime, r
     step = (last[1] - first) / chunks
     bounds = [first + step * i for i in range(chunks)] + [last[1]]
     return [StreamWork(version=version, kind="history", windows=((a, b),), tick=now, close_until=hi)
-            for a, b in zip(bounds, bounds[1:]) if a < b]
+            for a, b in itertools.pairwise(bounds) if a < b]
 
 
 def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Sequence[Change],

@@ -208,13 +208,13 @@ def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
     if "WINDOW" not in clauses:
         raise cur.error_at(clauses["SELECT"][0], f"a stream needs a window clause at the end of its query: {_WINDOW_USAGE}")
     wtok, wtoks = clauses["WINDOW"]
-    window = [wtok] + wtoks
+    window = [wtok, *wtoks]
     f["trigger"], _ = parse_window(cur.sub(window, window[-1].end + 1), scope)
     f["options"] = old_stream_options(cur, old, f["trigger"], scope.label)
     _query(scope, clauses, f, columns_tok)
     if "NOTIFY" in clauses:
         ntok, ntoks = clauses["NOTIFY"]
-        f["notify"] = parse_old_notify(cur.sub([ntok] + ntoks, cur.end))
+        f["notify"] = parse_old_notify(cur.sub([ntok, *ntoks], cur.end))
     if "sink" not in f and "notify" not in f:
         raise cur.error_at(name_tok, _NO_OUTPUT)
     f.setdefault("sink", None)
