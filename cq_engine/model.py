@@ -324,6 +324,26 @@ class Stream:
         """The sink's time column: the first select item."""
         return self.select[0].name
 
+    @property
+    def trigger_source(self) -> str:
+        """The table whose commits drive the runs: the trigger table, else the table the subquery reads
+        (the parser gives every stream one of them)."""
+        table = self.trigger_table or self.source
+        assert table is not None, f"stream {self.name} names no table"
+        return table
+
+    @property
+    def read_table(self) -> str:
+        """The table the subquery reads (%%trows and the old form: the trigger table)."""
+        assert self.source is not None, f"stream {self.name} reads no table"
+        return self.source
+
+    @property
+    def sink_table(self) -> str:
+        """The INTO table; only streams that run reach for it (the catalog gives each a sink)."""
+        assert self.sink is not None, f"stream {self.name} has no sink table"
+        return self.sink
+
 
 # Placeholders of seed 000 → the engine column that carries their value in a window's rows.
 PLACEHOLDERS = ("_twstart", "_twend", "_twduration", "_twrownum", "_wstart", "_wend", "_wduration",

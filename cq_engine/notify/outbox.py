@@ -99,7 +99,9 @@ def flush(ctx: EngineContext, stream: Stream, *, outbox: list[dict] | None = Non
     """Send every pending event to every NOTIFY address. None when nothing is left pending; else
     (ON_FAILURE PAUSE) why delivery failed — the events stay pending for the next try."""
     notify = stream.notify
-    rows = pending(ctx, stream, outbox) if notify is not None else []
+    if notify is None:
+        return None
+    rows = pending(ctx, stream, outbox)
     if not rows:
         return None
     events = [{**json.loads(r["event"]), "_key": r["key"]} for r in rows]  # the key makes messageIds unique

@@ -11,7 +11,7 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from cq_engine.context import EngineContext
-from cq_engine.model import Stream
+from cq_engine.model import CountTrigger, Stream
 from cq_engine.storage.delta import storable_schema
 from cq_engine.streams.output import GROUP_ID
 from cq_engine.streams.plan import GROUP
@@ -78,13 +78,13 @@ def move_frontier(ctx: EngineContext, stream: Stream, *, to: datetime) -> None:
 def restarts(ctx: EngineContext, stream: Stream, at: datetime) -> dict[int, datetime]:
     """Per group id, a window start at or before ``at`` from which segmenting again reproduces every
     window before it: the latest one (for sliding COUNT_WINDOWs, the earliest still holding ``at``)."""
-    if not writes(stream) or not ctx.storage.exists(stream.sink):
+    if not writes(stream) or not ctx.storage.exists(stream.sink_table):
         return {}
     column = sink_time(ctx, stream)
-    df, _ = ctx.storage.read_range(ctx.spark, stream.sink, time_column=column,
+    df, _ = ctx.storage.read_range(ctx.spark, stream.sink_table, time_column=column,
                                       time_range=(EPOCH, at + timedelta(microseconds=1)))
     trig = stream.trigger
-    back = -(-trig.count // trig.slide) if trig.kind == "count" else 1
+    back = -(-trig.count // trig.slide) if isinstance(trig, CountTrigger) else 1
     starts = df.select(GROUP_ID, column).distinct()
     rank = F.row_number().over(Window.partitionBy(GROUP_ID).orderBy(F.col(column).desc()))
     rows = starts.withColumn("__cq_rank", rank).filter(F.col("__cq_rank") <= back) \

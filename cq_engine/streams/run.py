@@ -22,7 +22,15 @@ from pyspark.sql import functions as F
 from cq_engine.context import EngineContext, RunResult
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
-from cq_engine.model import DATA_SHAPED, EkSlidingTrigger, PeriodTrigger, SlidingTrigger, Stream, statement_hash
+from cq_engine.model import (
+    DATA_SHAPED,
+    EkSlidingTrigger,
+    PeriodTrigger,
+    SessionTrigger,
+    SlidingTrigger,
+    Stream,
+    statement_hash,
+)
 from cq_engine.notify import outbox as notify_outbox
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
 from cq_engine.streams import timing as st
@@ -75,7 +83,7 @@ def _in_ranges(column: str, ranges) -> F.Column:
 
 
 def _source_table(ctx: EngineContext, stream: Stream) -> tuple[str, str]:
-    table = stream.trigger_table or stream.source
+    table = stream.trigger_source
     return table, ctx.source_time_column(stream.name, table, sink=stream.sink, role="trigger")
 
 
@@ -86,7 +94,7 @@ def run_work(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> RunResu
     runner = _run_data_shaped if stream.trigger.kind in DATA_SHAPED else _run_time_windows
     lo, hi = work.extent
     revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
-    versions = {stream.trigger_table or stream.source: work.version}
+    versions = {stream.trigger_source: work.version}
     return _recorded(ctx, stream, kind=work.kind, fire_time=work.tick, time_range=(lo, hi),
                      versions=versions, revision=revision, body=lambda: runner(ctx, stream, work))
 
@@ -146,10 +154,12 @@ def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, re
     if stream.reads == "trows":
         result = evaluate(stream, windows, keep=keep)
     else:
+        assert frame is not None  # built whenever the query reads another table
         source, time_column = _joined_table(ctx, stream, read_range, version)
         joined = join_source(stream, frame, source, time_column=time_column, bin=_bin(stream))
         result = evaluate(stream, joined, keep=keep, where=False)
     if empties:
+        assert frame is not None  # built whenever empties are
         result = with_empty_windows(stream, result, frame, keep)
     if stream.notify is not None and stream.notify.where:
         result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
@@ -159,7 +169,7 @@ def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, re
 def _joined_table(ctx: EngineContext, stream: Stream, read_range, version: int):
     """The table a query reads besides %%trows: only the event time its windows can reach when the
     WHERE bounds the time column by window placeholders, else all of it."""
-    table = stream.source
+    table = stream.read_table
     time_column = ctx.source_time_column(stream.name, table, sink=stream.sink)
     pinned = version if table == stream.trigger_table else None
     bounded = read_range if time_bounds(stream.where, time_column) else None
@@ -173,7 +183,7 @@ def _bin(stream: Stream) -> timedelta:
     trig = stream.trigger
     if isinstance(trig, SlidingTrigger):
         return st.window_length(trig)
-    return trig.gap if trig.kind == "session" else timedelta(minutes=1)
+    return trig.gap if isinstance(trig, SessionTrigger) else timedelta(minutes=1)
 
 
 def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> _Outcome:
@@ -181,6 +191,7 @@ def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -
     tz = ctx.settings.timezone
     result, scanned = None, (0, 0)
     if work.windows:
+        assert isinstance(stream.trigger, SlidingTrigger)  # the only trigger with time windows
         lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
         df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=(lo, hi),
                                              version=work.version)
@@ -208,6 +219,7 @@ def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[
     open windows are computed just to notify (their partial rows, if any, stay)."""
     if work.write_open or work.close_until is None:
         return list(work.windows)
+    assert isinstance(stream.trigger, SlidingTrigger)  # the only trigger with time windows
     closed = st.starts_ending_in(stream.trigger, EPOCH, work.close_until, tz)
     if closed is None:
         return []
@@ -227,7 +239,8 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
     if work.recompute_from is not None:
         found = restarts(ctx, stream, work.recompute_from)
         for g in frontier:
-            restarted[g] = min(frontier[g], found.get(gids.get(g), origin))
+            gid = gids.get(g)
+            restarted[g] = min(frontier[g], found.get(gid, origin) if gid is not None else origin)
         frontier.update(restarted)
     lo = min([origin, *frontier.values()])
     hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
@@ -249,7 +262,7 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
     windows = assign_windows(df, stream.trigger, time_column=time_column, keys=keys,
                              close_until=work.close_until or lo, timezone=tz, count_phase_column=phase)
     windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
-    slack = stream.trigger.gap if stream.trigger.kind == "session" else timedelta(0)
+    slack = stream.trigger.gap if isinstance(stream.trigger, SessionTrigger) else timedelta(0)
     result = _compute(ctx, stream, windows, _keep(stream, windows),
                       read_range=(lo, hi + slack if hi else _FAR), version=work.version).toArrow()
 
@@ -302,12 +315,14 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
 
 def _period_tick(stream: Stream, tick: datetime, ticks) -> tuple[datetime, datetime]:
     """Check ``tick`` is a PERIOD tick; the ticks before and after it (``_tprev/_tnext_localtime``)."""
-    span = max(stream.trigger.period, timedelta(days=1)) * 2
+    trig = stream.trigger
+    assert isinstance(trig, PeriodTrigger)  # only PERIOD streams tick
+    span = max(trig.period, timedelta(days=1)) * 2
     if not ticks.is_tick(tick):
         nxt = ticks.between(tick, tick + span)
         raise CQError(f"{iso(tick)} is not a PERIOD tick of {stream.name!r}" + (f"; next: {iso(nxt[0])}" if nxt else ""))
     after = ticks.between(tick + _US, tick + span)
-    return ticks.range_of(tick)[0], (after[0] if after else tick + stream.trigger.period)
+    return ticks.range_of(tick)[0], (after[0] if after else tick + trig.period)
 
 
 def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> RunResult:
@@ -321,7 +336,7 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
         raise CQError(f"{stream.name}: {paused}; tick {iso(tick)} not run")
 
     def body() -> _Outcome:
-        table = stream.source
+        table = stream.read_table
         time_column = ctx.source_time_column(stream.name, table, sink=stream.sink)
         if stream.reads == "trows":
             after, until = _tick_versions(ctx, stream, tick)
@@ -360,6 +375,7 @@ def _tick_versions(ctx: EngineContext, stream: Stream, tick: datetime) -> tuple[
     for r in rows:
         if r["tick"] == tick:
             return r["after"], r["until"]
+    assert stream.trigger_table is not None  # %%trows reads the trigger table
     until = ctx.storage.version(stream.trigger_table)
     earlier = [r["until"] for r in rows if r["tick"] < tick]
     after = max(earlier) if earlier else until

@@ -82,6 +82,7 @@ def skip_untreated(ctx: EngineContext, stream: Stream, cursor: str | None) -> st
     if known is None:
         return cursor
     table = stream.trigger_table
+    assert table is not None  # window-triggered streams (those with a cursor) have a trigger table
     version = ctx.storage.latest_version(table, known=known.version)
     if version is None or version == known.version:
         return cursor

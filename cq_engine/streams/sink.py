@@ -55,7 +55,7 @@ def write_sink(ctx: EngineContext, stream: Stream, result: pa.Table | None, *, o
                           f"needs to replace one partition group's rows: add {GROUP_ID} BIGINT to it")
         data = data.drop_columns([c for c in data.column_names if c.lower() == GROUP_ID])
     version = ctx.storage.replace_where(
-        stream.sink, data, predicate=predicate, time_column=sink_time,
+        stream.sink_table, data, predicate=predicate, time_column=sink_time,
         app_id=f"cq-engine/{stream.name}/{kind}", app_version=app_version,
         metadata={"cq.definition": stream.name, "cq.kind": kind})
     return data.num_rows, version
@@ -80,14 +80,15 @@ def _empty(stream: Stream, schema: pa.Schema | None) -> pa.Table:
 
 def gone_groups(ctx: EngineContext, stream: Stream, version: int) -> list[int]:
     """DELETE_OUTPUT_TABLE: the sink's groups no trigger-table row belongs to any more."""
-    if not (stream.options.delete_output_table and writes(stream) and ctx.storage.exists(stream.sink)):
+    if not (stream.options.delete_output_table and writes(stream) and ctx.storage.exists(stream.sink_table)):
         return []
     table = stream.trigger_table
+    assert table is not None  # DELETE_OUTPUT_TABLE needs a trigger table (the catalog checks)
     time_column = ctx.time_column(table)
     trig, _ = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None,
                                         version=version)
     live = prepare(stream, trig).select(group_id(list(stream.partition_by)).alias("__cq_live")).distinct()
-    sink, _ = ctx.storage.read_range(ctx.spark, stream.sink, time_column=sink_time(ctx, stream),
+    sink, _ = ctx.storage.read_range(ctx.spark, stream.sink_table, time_column=sink_time(ctx, stream),
                                         time_range=None)
     gone = (sink.select(GROUP_ID).distinct()
             .join(live, F.col(GROUP_ID) == F.col("__cq_live"), "left_anti").toArrow())
