@@ -45,6 +45,11 @@ class Cursor:
         i = self.pos + ahead
         return self.tokens[i] if i < len(self.tokens) else None
 
+    def at_type(self, token_type: TokenType, *, ahead: int = 0) -> bool:
+        """True if there is a next token (``ahead`` further) and it is of this type."""
+        tok = self.peek(ahead)
+        return tok is not None and tok.token_type == token_type
+
     def at_end(self) -> bool:
         return self.pos >= len(self.tokens)
 
@@ -74,7 +79,8 @@ class Cursor:
         first = self.peek()
         if not self.match(*words):
             raise self.unexpected(f"expected {what or ' '.join(words)}")
-        return first  # type: ignore[return-value]
+        assert first is not None  # the words matched
+        return first
 
     def identifier(self, what: str) -> Token:
         tok = self.peek()
@@ -99,7 +105,7 @@ class Cursor:
     def table_name(self, what: str) -> Token:
         """``[db.]name``: the name's token (a database prefix is dropped)."""
         tok = self.identifier(what)
-        if self.peek() is not None and self.peek().token_type == TokenType.DOT:
+        if self.at_type(TokenType.DOT):
             self.advance()
             tok = self.identifier(what)
         return tok

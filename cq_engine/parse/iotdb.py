@@ -31,8 +31,7 @@ def parse_continuous_query(cur: Cursor, opts: ParseOptions, start: Token) -> Con
     body_start = cur.pos
     opens: list[Token] = []
     cases, end_tok = 0, None
-    while not cur.at_end():
-        tok = cur.peek()
+    while (tok := cur.peek()) is not None:
         if tok.token_type in _OPEN:
             opens.append(tok)
         elif tok.token_type in _CLOSE and opens:

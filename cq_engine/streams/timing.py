@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, ClassVar, Literal
 from zoneinfo import ZoneInfo
 
 from cq_engine.errors import CQError
@@ -55,6 +55,7 @@ class _Json:
 
     _TIMES: tuple[str, ...] = ()
     _RANGES: tuple[str, ...] = ()
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass (for asdict/fields)
 
     def to_json(self) -> str:
         d = {"format": FORMAT, **asdict(self)}
@@ -311,6 +312,7 @@ def history_works(stream: Stream, *, version: int, lo: datetime, hi: datetime, r
         bounds = [lo + step * i for i in range(1, chunks)] + [hi]
         return [StreamWork(version=version, kind="history", close_until=b, origin=origin, tick=now) for b in bounds]
     trig = stream.trigger
+    assert isinstance(trig, SlidingTrigger)  # the triggers with time windows
     first = lo if stream.options.history_start is not None else starts_overlapping(trig, lo, lo, tz)[0]
     last = starts_ending_in(trig, EPOCH, hi, tz)
     if last is None or last[1] <= first:
@@ -379,6 +381,7 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
         return TickPlan(new_cursor, (work,), _describe(work), ignored)
 
     trig = stream.trigger
+    assert isinstance(trig, SlidingTrigger)  # the triggers with time windows
     ranges: list[TimeRange] = []
     if closes and t_new is not None:  # a stream created on an empty table closes from the beginning
         r = starts_ending_in(trig, t_prev or _first_closable(added), t_new, tz)
@@ -395,8 +398,10 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
             if s.min_time is not None and s.max_time is not None:
                 ranges.append(starts_overlapping(trig, s.min_time, s.max_time, tz))
     if partial_due:  # open windows holding data: their partial results
+        assert t_new is not None and max_event is not None  # partial_due implies both
         ranges.append(starts_overlapping(trig, t_new, max_event, tz))
     if opened:  # windows whose first row arrived in this tick
+        assert max_event is not None  # opened implies it
         if cursor.max_event is not None:
             ranges.append((cursor.max_event + _US, max_event + _US))
         else:
@@ -459,6 +464,7 @@ def recalculation_work(stream: Stream, *, version: int, start: datetime, end: da
     if stream.trigger.kind in DATA_SHAPED:
         return StreamWork(version=version, kind="recalculate", close_until=t, recompute_from=start, tick=now)
     trig = stream.trigger
+    assert isinstance(trig, SlidingTrigger)  # the triggers with time windows
     a, b = starts_overlapping(trig, start, end - _US, tz)
     closed = starts_ending_in(trig, EPOCH, t, tz) if t is not None else None
     hi = min(b, closed[1]) if closed else a

@@ -16,7 +16,7 @@ from cq_engine.parse.tdengine.query import Scope
 
 
 def _urls(cur: Cursor, keyword: Token) -> tuple[str, ...]:
-    if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+    if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected("expected NOTIFY('ws://host:port/path', ...)")
     open_tok, inner, _ = cur.group()
     urls = []
@@ -60,7 +60,7 @@ def parse_notify(cur: Cursor) -> tuple[Notify, list[Token] | None]:
     history, on_failure = False, "drop"
     if cur.is_word("NOTIFY_OPTIONS"):
         opt_kw = cur.advance()
-        if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+        if not cur.at_type(TokenType.L_PAREN):
             raise cur.unexpected("expected NOTIFY_OPTIONS(NOTIFY_HISTORY | ON_FAILURE_PAUSE)")
         _, inner, _ = cur.group()
         seen: set[str] = set()
@@ -96,8 +96,7 @@ def parse_old_notify(cur: Cursor) -> Notify:
     on = cur.expect("ON", what="ON ('WINDOW_OPEN', 'WINDOW_CLOSE') after NOTIFY (...)")
     events = event_types(cur, on, TokenType.COMMA)
     history, on_failure, seen = 0, "pause", set()  # seed 000: ON_FAILURE defaults to PAUSE
-    while not cur.at_end():
-        tok = cur.peek()
+    while (tok := cur.peek()) is not None:
         name = tok.text.upper()
         if name not in ("NOTIFY_HISTORY", "ON_FAILURE"):
             raise cur.unexpected("expected NOTIFY_HISTORY 0|1, ON_FAILURE DROP|PAUSE or the end of the statement")

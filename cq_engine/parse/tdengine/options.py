@@ -61,7 +61,7 @@ def _start_time(cur: Cursor, toks: list[Token], name: str, opts: ParseOptions):
 
 def event_types(cur: Cursor, keyword: Token, separator: TokenType) -> tuple[str, ...]:
     """``(WINDOW_OPEN|WINDOW_CLOSE)`` (new form) or ``('WINDOW_OPEN', 'WINDOW_CLOSE')`` (old form)."""
-    if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+    if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected(f"expected ({' | '.join(EVENT_TYPES)}) after {keyword.text.upper()}")
     open_tok, inner, _ = cur.group()
     sep = "|" if separator == TokenType.PIPE else ","
@@ -80,7 +80,7 @@ def event_types(cur: Cursor, keyword: Token, separator: TokenType) -> tuple[str,
 def parse_options(cur: Cursor, scope: Scope, opts: ParseOptions) -> tuple[StreamOptions, dict[str, Token]]:
     """The new form's ``OPTIONS(opt | opt ...)``; each option at most once."""
     keyword = cur.advance()
-    if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+    if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected("expected '(' after OPTIONS")
     _, inner, close = cur.group()
     fields: dict = {}
@@ -184,7 +184,7 @@ def parse_old_options(cur: Cursor) -> OldOptions:
                 old.fields["max_delay"] = delay
             elif mode == "CONTINUOUS_WINDOW_CLOSE":
                 every = timedelta(minutes=60)
-                if cur.peek() is not None and cur.peek().token_type == TokenType.NUMBER:
+                if cur.at_type(TokenType.NUMBER):
                     every, _ = cur.duration("CONTINUOUS_WINDOW_CLOSE recalculation period", units=TDENGINE_UNITS)
                 old.fields["recalc_every"] = every
         elif name == "WATERMARK":
@@ -242,7 +242,7 @@ def parse_column_list(cur: Cursor) -> tuple[tuple[str, ...], Token]:
 def parse_tags(cur: Cursor, scope: Scope) -> tuple[tuple[TagDecl, ...], Token]:
     """New form: ``TAGS (name type [COMMENT 'x'] AS expr, ...)``; old form: without ``AS expr``."""
     keyword = cur.advance()
-    if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+    if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected("expected '(' after TAGS")
     _, inner, close = cur.group()
     tags = []
@@ -266,7 +266,7 @@ def parse_tags(cur: Cursor, scope: Scope) -> tuple[tuple[TagDecl, ...], Token]:
 def parse_subtable(cur: Cursor, scope: Scope) -> str:
     """``OUTPUT_SUBTABLE(expr)`` / the old form's ``SUBTABLE(expr)``."""
     keyword = cur.advance()
-    if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+    if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected(f"expected '(' after {keyword.text.upper()}")
     _, inner, _ = cur.group()
     return to_spark(scope.expression(inner, keyword.text.upper(), keyword))

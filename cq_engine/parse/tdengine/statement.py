@@ -114,8 +114,7 @@ def _new_header(cur: Cursor, opts: ParseOptions, scope: Scope,
     options checked later), the query's tokens (after AS) and NOTIFY's WHERE tokens."""
     done: dict[str, Token] = {}
     query, notify_where_toks, last = None, None, -1
-    while not cur.at_end():
-        tok = cur.peek()
+    while (tok := cur.peek()) is not None:
         key = "(" if tok.token_type == TokenType.L_PAREN else tok.text.upper()
         if key not in _HEADER:
             later = ["(columns)" if k == "(" else k for k in _HEADER[last + 1 :]]
@@ -184,7 +183,7 @@ def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
     if cur.is_word("INTO"):
         cur.advance()
         f["sink"] = cur.table_name("a table name after INTO").text
-        if cur.peek() is not None and cur.peek().token_type == TokenType.L_PAREN:
+        if cur.at_type(TokenType.L_PAREN):
             f["sink_columns"], columns_tok = parse_column_list(cur)
         if cur.is_word("TAGS"):
             f["tags"], tags_tok = parse_tags(cur, scope)

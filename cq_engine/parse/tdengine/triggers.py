@@ -31,7 +31,7 @@ _COUNT_MAX = 2147483647
 
 def _args(cur: Cursor, keyword: Token, usage: str, *, most: int | None) -> tuple[list[list[Token]], Token]:
     """The comma-separated arguments of ``keyword(...)`` and its ``)``."""
-    if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+    if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected(f"expected {usage}")
     _, inner, close = cur.group()
     parts = split_top(inner)
@@ -194,7 +194,7 @@ def parse_trigger(cur: Cursor, scope: Scope) -> tuple[WindowTrigger, Token]:
         state = _state(cur, scope, keyword)
         trigger = StateTrigger(column=state.column, true_for=_true_for(cur, scope))
     elif word == "EVENT_WINDOW":
-        if cur.peek() is None or cur.peek().token_type != TokenType.L_PAREN:
+        if not cur.at_type(TokenType.L_PAREN):
             raise cur.unexpected("expected EVENT_WINDOW(START WITH condition END WITH condition)")
         _, inner, _ = cur.group()
         event = _event(cur, scope, inner, keyword)
