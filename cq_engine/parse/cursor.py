@@ -198,7 +198,9 @@ def split_top(tokens: list[Token], separator: TokenType = TokenType.COMMA) -> li
 
 def split_statements(source: SourceText, tokens: list[Token]) -> list[tuple[list[Token], int]]:
     """Split a file's tokens on top-level ``;``; returns (tokens, end offset) per statement."""
-    out, current, depth = [], [], 0
+    out: list[tuple[list[Token], int]] = []
+    current: list[Token] = []
+    depth = 0
     for tok in tokens:
         if tok.token_type == TokenType.SEMICOLON and depth == 0:
             if current:

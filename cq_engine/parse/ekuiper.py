@@ -93,11 +93,11 @@ def parse_ekuiper_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Table
                                    f"(fields: {', '.join(fields.values())})")
     time_column = fields[ts_text.lower()]
     table = props.get("DATASOURCE", (name.text, name))[0]
-    line, col = cur.source.line_col(start.start)
+    line, column = cur.source.line_col(start.start)
     return TableDecl(name=table, time_column=time_column, if_not_exists=False,
                      columns=tuple(Column(name=c.text, type="timestamp" if c.text == time_column else t)
                                    for c, t in columns),
-                     location=SourceLocation(cur.source.file, line, col), alias=name.text,
+                     location=SourceLocation(cur.source.file, line, column), alias=name.text,
                      sql=" ".join(cur.source.text[start.start : cur.end].split()))
 
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
-from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping
+from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping, TimeoutPolicy
 from cq_engine.parse.cursor import Cursor, suggest
 from cq_engine.parse.fragments import (
     IOTDB_TIME_NAMES,
@@ -89,8 +89,8 @@ class _Header:
     start_offset: timedelta | None = None
     end_offset: timedelta | None = None
     range_tok: Token | None = None
-    boundary: object = None
-    timeout_policy: str = "BLOCKED"
+    boundary: datetime | None = None
+    timeout_policy: TimeoutPolicy = "BLOCKED"
 
 
 def _parse_header(cur: Cursor, opts: ParseOptions) -> _Header:
@@ -123,7 +123,7 @@ def _parse_header(cur: Cursor, opts: ParseOptions) -> _Header:
         tok = cur.advance()
         if tok.text.upper() not in ("BLOCKED", "DISCARD"):
             raise cur.error_at(tok, f"TIMEOUT POLICY must be BLOCKED or DISCARD, got {tok.text!r}")
-        h.timeout_policy = tok.text.upper()
+        h.timeout_policy = "BLOCKED" if tok.text.upper() == "BLOCKED" else "DISCARD"
     return h
 
 
@@ -314,7 +314,7 @@ def _parse_fill(cur: Cursor, clause: Token, toks: list[Token]) -> Fill:
     text = cur.source.text[inner[0].start : inner[-1].end + 1].strip()
     upper = text.upper()
     if upper in ("PREVIOUS", "LINEAR"):
-        return Fill(kind=upper.lower())
+        return Fill(kind="previous" if upper == "PREVIOUS" else "linear")
     if upper in ("TRUE", "FALSE"):
         return Fill(kind="constant", value=upper == "TRUE")
     if len(inner) == 1 and inner[0].token_type == TokenType.STRING:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from sqlglot.tokens import Token, TokenType
 
@@ -24,6 +25,8 @@ def parse_create_trigger(cur: Cursor, opts: ParseOptions, start: Token) -> Trigg
     event_tok = cur.peek()
     if not (cur.match("BEFORE") or cur.match("AFTER")):
         raise cur.unexpected("expected BEFORE INSERT or AFTER INSERT")
+    assert event_tok is not None  # BEFORE or AFTER matched
+    event: Literal["before", "after"] = "before" if event_tok.text.upper() == "BEFORE" else "after"
     if not cur.match("INSERT"):
         raise cur.unexpected("only INSERT events can fire a trigger: expected INSERT")
     cur.expect("ON", what="ON and a table pattern")
@@ -37,7 +40,7 @@ def parse_create_trigger(cur: Cursor, opts: ParseOptions, start: Token) -> Trigg
     if not cur.at_end():
         raise cur.unexpected("expected WITH (...) or the end of CREATE TRIGGER")
     line, col = cur.source.line_col(start.start)
-    return TriggerDef(name=name_tok.text, stateful=stateful, event=event_tok.text.lower(), pattern=pattern,
+    return TriggerDef(name=name_tok.text, stateful=stateful, event=event, pattern=pattern,
                       target=target, attributes=attributes, location=SourceLocation(cur.source.file, line, col),
                       sql=" ".join(cur.source.text[start.start : cur.end].split()))
 

@@ -101,15 +101,9 @@ def parse_options(cur: Cursor, scope: Scope, opts: ParseOptions) -> tuple[Stream
                 raise cur.error_at(part[1], f"{name} takes no argument")
             fields[_FLAGS[name]] = True
             continue
-        if args is None and name not in _OPTIONAL_ARGUMENT:
-            raise cur.error_at(tok, f"{name} needs an argument: {name}(...)")
         if args is not None and not args:
             raise cur.error_at(part[1], f"{name}() needs an argument")
-        if name == "WATERMARK":
-            fields["watermark"] = _one_duration(cur, args, name, positive=False)
-        elif name == "EXPIRED_TIME":
-            fields["expired_time"] = _one_duration(cur, args, name, units=PERIOD_UNITS)
-        elif name in _OPTIONAL_ARGUMENT:
+        if name in _OPTIONAL_ARGUMENT:
             other = "FILL_HISTORY_FIRST" if name == "FILL_HISTORY" else "FILL_HISTORY"
             if other in seen:
                 raise cur.error_at(tok, f"{name} cannot be used with {other}")
@@ -118,6 +112,13 @@ def parse_options(cur: Cursor, scope: Scope, opts: ParseOptions) -> tuple[Stream
             fields[name.lower()] = True
             if args is not None:
                 fields["history_start"] = _start_time(cur, args, name, opts)
+            continue
+        if args is None:
+            raise cur.error_at(tok, f"{name} needs an argument: {name}(...)")
+        if name == "WATERMARK":
+            fields["watermark"] = _one_duration(cur, args, name, positive=False)
+        elif name == "EXPIRED_TIME":
+            fields["expired_time"] = _one_duration(cur, args, name, units=PERIOD_UNITS)
         elif name == "PRE_FILTER":
             fields["pre_filter"] = scope.condition(args, "PRE_FILTER", tok)
         elif name == "MAX_DELAY":
@@ -203,7 +204,7 @@ def old_stream_options(cur: Cursor, old: OldOptions, trigger: WindowTrigger,
     interval = isinstance(trigger, SlidingTrigger) and trigger.interval is not None
     mode_tok = old.tokens.get("mode")
     if old.mode == "FORCE_WINDOW_CLOSE":
-        if not interval or trigger.sliding != trigger.interval:
+        if not isinstance(trigger, SlidingTrigger) or not interval or trigger.sliding != trigger.interval:
             this = "a SLIDING different from the INTERVAL" if interval else label
             raise cur.error_at(mode_tok, f"TRIGGER FORCE_WINDOW_CLOSE only supports INTERVAL windows without a "
                                          f"different SLIDING, not {this}")
@@ -245,7 +246,7 @@ def parse_tags(cur: Cursor, scope: Scope) -> tuple[tuple[TagDecl, ...], Token]:
     if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected("expected '(' after TAGS")
     _, inner, close = cur.group()
-    tags = []
+    tags: list[TagDecl] = []
     for part in split_top(inner):
         sub = cur.sub(part, part[-1].end + 1 if part else close.start)
         name = sub.identifier("a tag name")
