@@ -286,15 +286,16 @@ def _parse(cron: str):
     fields, nth_weekday, *_ = croniter.expand(cron)
     if nth_weekday:
         raise ValueError(f"unsupported cron field in {cron!r}")
-    out = []
+    out: list[tuple[int, ...] | frozenset[int] | None] = []
     for index, (values, (lo, hi)) in enumerate(zip(fields, _FIELD_RANGES)):
         if values == ["*"]:
             out.append(tuple(range(lo, hi + 1)) if index < 2 else None)
-        elif all(isinstance(v, int) for v in values):
-            values = [0 if index == 4 and v == 7 else v for v in values]  # Sunday is 0 or 7
-            out.append(tuple(values) if index < 2 else frozenset(values))
         else:
-            raise ValueError(f"unsupported cron field in {cron!r}")
+            ints = [v for v in values if isinstance(v, int)]
+            if len(ints) != len(values):
+                raise ValueError(f"unsupported cron field in {cron!r}")
+            ints = [0 if index == 4 and v == 7 else v for v in ints]  # Sunday is 0 or 7
+            out.append(tuple(ints) if index < 2 else frozenset(ints))
     return out
 
 
@@ -343,7 +344,9 @@ def _offset_lookup(tz: ZoneInfo) -> Callable[[int], int]:
 
 
 def _offset(s: int, tz: ZoneInfo) -> int:
-    return (EPOCH + timedelta(seconds=s)).astimezone(tz).utcoffset() // _SECOND
+    offset = (EPOCH + timedelta(seconds=s)).astimezone(tz).utcoffset()
+    assert offset is not None  # an aware datetime always has one
+    return offset // _SECOND
 
 
 # --- helpers -----------------------------------------------------------------------------------

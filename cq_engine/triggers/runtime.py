@@ -22,6 +22,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Literal, TypeVar
 
 import pyarrow as pa
 
@@ -34,6 +35,7 @@ from cq_engine.times import iso
 from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
 
 log = logging.getLogger("cq_engine.triggers")
+_T = TypeVar("_T")
 
 
 # -- patterns and classes --------------------------------------------------------------------------
@@ -108,7 +110,7 @@ def attributes_of(trigger: TriggerDef, *, settings: Settings) -> TriggerAttribut
     return TriggerAttributes(trigger.attributes, name=trigger.name, warehouse=settings.warehouse)
 
 
-def _call(trigger: TriggerDef, method: str, fn: Callable[[], object]) -> object:
+def _call(trigger: TriggerDef, method: str, fn: Callable[[], _T]) -> _T:
     """Run user code; its exceptions become a ``TriggerError`` naming the trigger and the method."""
     try:
         return fn()
@@ -137,7 +139,7 @@ class Registration:
     generation: str
     created: str
     sql: str
-    event: str
+    event: Literal["before", "after"]
     stateful: bool
     pattern: str
     target: str
