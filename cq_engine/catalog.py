@@ -120,7 +120,7 @@ def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:
     """An eKuiper rule reads the table its stream name declares, and ``SELECT *`` is its fields."""
     if not isinstance(d, Stream) or d.form != "ekuiper":
         return d
-    table = tables.get(d.source.lower())
+    table = tables.get(d.read_table.lower())
     star = any(i.expression == "*" for i in d.select)
     if table is None:
         if star:

@@ -124,6 +124,7 @@ class ContinuousQuery:
 # --- TDengine streams (seed 000) ------------------------------------------------------------------
 
 EventType = Literal["WINDOW_OPEN", "WINDOW_CLOSE"]
+OnFailure = Literal["drop", "pause"]  # NOTIFY: an undelivered notification is dropped, or pauses the stream
 TriggerMode = Literal["window_close", "at_once", "max_delay", "force_window_close", "continuous_window_close"]
 KeyBound = Literal["start", "end", "tick"]
 
@@ -267,7 +268,7 @@ class Notify:
     events: tuple[EventType, ...] = ()
     where: str | None = None
     history: bool = False
-    on_failure: Literal["drop", "pause"] = "drop"
+    on_failure: OnFailure = "drop"
 
 
 @dataclass(frozen=True)

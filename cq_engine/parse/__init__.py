@@ -68,6 +68,8 @@ def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | Non
 
 def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
     start = cur.peek()
+    if start is None:
+        raise cur.source.error(cur.end, "empty statement")
     _check_tokens(cur)
     for words in sorted(STATEMENT_PARSERS, key=len, reverse=True):
         if cur.match(*words):

@@ -68,6 +68,8 @@ class Fragment:
             raise self.source.error(offset, f"{what} near {near!r}{suggest(highlight)}") from None
         if parsed is None:
             raise self.source.error(self.start, "empty clause")
+        # sqlglot types parse_one with the nodes' base class; every parsed node is an Expression
+        assert isinstance(parsed, exp.Expression)
         self._prefix = prefix
         if (unsafe := unsafe_expression(parsed)) is not None:
             node, why = unsafe

@@ -103,7 +103,7 @@ def _row_wise(cq, df, time_column, keys, lo0, every, count, emit_end) -> DataFra
     return _finish(cq, out, time_column, keys)
 
 
-def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, count) -> DataFrame:
+def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, count) -> Plan:
     rel = F.col(_T) - F.lit(grid.anchor)
     if grid.step == grid.interval:
         df = df.withColumn(_K, F.floor(rel / grid.step).cast("long"))
@@ -180,6 +180,7 @@ def _zero_counts(table: pa.Table, *, time_column: str, keys: list[str], starts: 
 
 def _fill(agg: DataFrame, cq: ContinuousQuery, keys: list[str]) -> DataFrame:
     fill = cq.fill
+    assert fill is not None  # called for a FILL clause only
     order = Window.partitionBy(*keys, _OWNER).orderBy(_K)
     before = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     after = order.rowsBetween(Window.currentRow, Window.unboundedFollowing)

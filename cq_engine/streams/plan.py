@@ -284,6 +284,7 @@ def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_col
                       f"per-window evaluation is limited to {PER_WINDOW_LIMIT} windows (this run has {len(rows)})")
     log.warning("%s: per-window evaluation of %d window(s): the WHERE uses %s, which Spark cannot "
                 "evaluate in a join condition", stream.name, len(rows), ", ".join(bad))
+    assert cond is not None  # only a condition can call what Spark cannot join on
     types = dict(frame.dtypes)
     parts = [source.withColumns({c: F.lit(v).cast(types[c]) for c, v in row.items()}).filter(F.expr(cond))
              for row in rows]

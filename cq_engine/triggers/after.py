@@ -114,7 +114,8 @@ def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None
         if latest is not None and latest > after:
             until = min(latest, after + max_versions)
             queues[table] = deque(storage.read_commits(table, after=after, until=until, time_column=""))
-    delivered, failures, blocked, schemas = [], [], None, {}
+    delivered, failures, blocked = [], [], None
+    schemas: dict[str, pa.Schema] = {}  # commit_rows' cache of each table's schema
     for _ in range(max_versions):
         heads = [(q[0].timestamp, t.lower(), t) for t, q in queues.items() if q]
         if not heads:
@@ -153,7 +154,7 @@ def _summary(trigger: TriggerDef, delivered: list, failures: list) -> str:
     return f"{trigger.name}: fired on {', '.join(parts) or 'nothing'}{failed}"
 
 
-def _added_rows(ctx: EngineContext, table: str, commit: Commit, schemas: dict) -> pa.Table:
+def _added_rows(ctx: EngineContext, table: str, commit: Commit, schemas: dict[str, pa.Schema]) -> pa.Table:
     """The rows of the files ``commit`` added, in the table's current schema (``storage.commit_rows``);
     a table whose versions cannot be read file by file is a ``TriggerError``."""
     try:

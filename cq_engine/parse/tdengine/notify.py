@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
-from cq_engine.model import Notify
+from cq_engine.model import EventType, Notify, OnFailure
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import to_spark
 from cq_engine.parse.tdengine.options import event_types, zero_one
@@ -46,7 +46,7 @@ def parse_notify(cur: Cursor) -> tuple[Notify, list[Token] | None]:
     tokens come back unparsed (it names result columns, known after the query)."""
     keyword = cur.advance()
     urls = _urls(cur, keyword)
-    events: tuple[str, ...] = ()
+    events: tuple[EventType, ...] = ()
     if cur.is_word("ON"):
         events = event_types(cur, cur.advance(), TokenType.PIPE)
     where = None
@@ -57,7 +57,8 @@ def parse_notify(cur: Cursor) -> tuple[Notify, list[Token] | None]:
             where.append(cur.advance())
         if not where:
             raise cur.error_at(where_tok, "WHERE needs a condition")
-    history, on_failure = False, "drop"
+    history = False
+    on_failure: OnFailure = "drop"
     if cur.is_word("NOTIFY_OPTIONS"):
         opt_kw = cur.advance()
         if not cur.at_type(TokenType.L_PAREN):
@@ -95,7 +96,8 @@ def parse_old_notify(cur: Cursor) -> Notify:
     urls = _urls(cur, keyword)
     on = cur.expect("ON", what="ON ('WINDOW_OPEN', 'WINDOW_CLOSE') after NOTIFY (...)")
     events = event_types(cur, on, TokenType.COMMA)
-    history, on_failure, seen = 0, "pause", set()  # seed 000: ON_FAILURE defaults to PAUSE
+    history, seen = 0, set()
+    on_failure: OnFailure = "pause"  # seed 000: ON_FAILURE defaults to PAUSE
     while (tok := cur.peek()) is not None:
         name = tok.text.upper()
         if name not in ("NOTIFY_HISTORY", "ON_FAILURE"):
@@ -110,5 +112,5 @@ def parse_old_notify(cur: Cursor) -> Notify:
             value = cur.peek()
             if value is None or value.text.upper() not in ("DROP", "PAUSE"):
                 raise cur.unexpected("ON_FAILURE takes DROP or PAUSE")
-            on_failure = cur.advance().text.lower()
+            on_failure = "pause" if cur.advance().text.upper() == "PAUSE" else "drop"
     return Notify(urls=urls, events=events, history=bool(history), on_failure=on_failure)

@@ -9,7 +9,7 @@ from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import TDENGINE_UNITS
 from cq_engine.errors import CQError
-from cq_engine.model import SlidingTrigger, StreamOptions, TagDecl, WindowTrigger
+from cq_engine.model import EventType, SlidingTrigger, StreamOptions, TagDecl, WindowTrigger
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import to_spark
 from cq_engine.parse.options import ParseOptions
@@ -18,7 +18,7 @@ from cq_engine.parse.tdengine.query import Scope
 from cq_engine.parse.tdengine.triggers import PERIOD_UNITS
 from cq_engine.times import parse_time
 
-EVENT_TYPES = ("WINDOW_OPEN", "WINDOW_CLOSE")
+EVENT_TYPES: tuple[EventType, ...] = ("WINDOW_OPEN", "WINDOW_CLOSE")
 OPTION_NAMES = ("WATERMARK", "EXPIRED_TIME", "IGNORE_DISORDER", "DELETE_RECALC", "DELETE_OUTPUT_TABLE", "FILL_HISTORY",
                 "FILL_HISTORY_FIRST", "CALC_NOTIFY_ONLY", "LOW_LATENCY_CALC", "PRE_FILTER", "FORCE_OUTPUT", "MAX_DELAY",
                 "EVENT_TYPE")
@@ -59,7 +59,7 @@ def _start_time(cur: Cursor, toks: list[Token], name: str, opts: ParseOptions):
         raise cur.error_at(tok, str(exc)) from None
 
 
-def event_types(cur: Cursor, keyword: Token, separator: TokenType) -> tuple[str, ...]:
+def event_types(cur: Cursor, keyword: Token, separator: TokenType) -> tuple[EventType, ...]:
     """``(WINDOW_OPEN|WINDOW_CLOSE)`` (new form) or ``('WINDOW_OPEN', 'WINDOW_CLOSE')`` (old form)."""
     if not cur.at_type(TokenType.L_PAREN):
         raise cur.unexpected(f"expected ({' | '.join(EVENT_TYPES)}) after {keyword.text.upper()}")

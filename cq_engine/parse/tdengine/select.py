@@ -43,7 +43,8 @@ def select_items(scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ..
     if sink_columns is not None and len(sink_columns) != len(nodes):
         raise cur.error_at(columns_tok, f"the column list names {len(sink_columns)} columns but SELECT has {len(nodes)}")
     key_bound = _first_column(scope, frag, nodes[0], parts[0])
-    items, seen = [], {}
+    items: list[SelectItem] = []
+    seen: dict[str, int] = {}
     for i, (node, part) in enumerate(zip(nodes, parts)):
         body = node.this if isinstance(node, exp.Alias) else node
         if isinstance(body, exp.Star) or body.find(exp.Star) is body:
@@ -60,6 +61,7 @@ def select_items(scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ..
             name = derived_name(cur.source.text[part[0].start : part[-1].end + 1])
         resolved = scope.resolve(body, frag, "SELECT")
         if name is None:
+            assert mark is not None  # a name is left open only for a %%n / %%tbname item
             name = scope.partition_name(mark)
         if not name:
             raise cur.error_at(part[0], "this select item needs a name: add AS name")

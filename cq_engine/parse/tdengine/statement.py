@@ -12,6 +12,7 @@ Old form: ``CREATE STREAM [IF NOT EXISTS] name [TRIGGER ...] [WATERMARK t] [IGNO
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 from sqlglot.tokens import Token, TokenType
 
@@ -51,7 +52,7 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
     if_not_exists = cur.match("IF", "NOT", "EXISTS")
     name_tok = cur.table_name("a stream name")
     nxt = cur.peek()
-    form = "new" if nxt is not None and nxt.text.upper() in NEW_TRIGGERS else "old"
+    form: Literal["new", "old"] = "new" if nxt is not None and nxt.text.upper() in NEW_TRIGGERS else "old"
     scope = Scope(cur, find_marks(cur.tokens), form)
     fields: dict = {}
     if form == "new":
@@ -71,7 +72,7 @@ def _header_partition(cur: Cursor) -> tuple[str, ...]:
     while (tok := cur.peek()) is not None:
         word = tok.text.upper()
         if depth == 0 and word in _HEADER and word not in ("(", "PARTITION BY"):
-            alias = word == "AS" and cur.peek(1) is not None and cur.peek(1).text.upper() != "SELECT"
+            alias = word == "AS" and (after := cur.peek(1)) is not None and after.text.upper() != "SELECT"
             if not alias:
                 break
         depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tok.token_type, 0)
@@ -103,6 +104,7 @@ def _new_form(cur: Cursor, opts: ParseOptions, scope: Scope, name_tok: Token, f:
         _new_query(cur, scope, query, f, done.get("("))
     if notify_where_toks:
         names = tuple(i.name for i in f.get("select", ()))
+        assert notify is not None  # NOTIFY's WHERE came with the NOTIFY clause
         f["notify"] = replace(notify, where=notify_where(scope, notify_where_toks, names))
     for key in ("trigger_table", "source", "sink"):
         f.setdefault(key, None)
@@ -159,10 +161,11 @@ def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_t
     if is_placeholder:
         if source == "tbname" and "tbname" not in (p.lower() for p in scope.partition_by):
             raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
-        f["reads"], source = source, f.get("trigger_table")
-        if source is None:
+        f["reads"], trigger_table = source, f.get("trigger_table")
+        if trigger_table is None:
             raise cur.error_at(tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: "
                                     "add FROM table after the trigger")
+        source = trigger_table
     else:
         f["reads"] = "table"  # each trigger reads its span of another table
     f["source"] = source
