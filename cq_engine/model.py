@@ -131,7 +131,7 @@ KeyBound = Literal["start", "end", "tick"]
 
 @dataclass(frozen=True)
 class PeriodTrigger:
-    """``PERIOD(period[, offset])``: processing-time ticks (DESIGN §5, ``cron.period_ticks``)."""
+    """``PERIOD(period[, offset])``: processing-time ticks (ARCHITECTURE.md §5, ``cron.period_ticks``)."""
 
     period: timedelta
     offset: timedelta = timedelta(0)

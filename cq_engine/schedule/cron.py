@@ -3,7 +3,7 @@
 Pure functions over timezone-aware datetimes; UTC inside. A definition becomes a Dagster schedule
 only when a list of 5-field cron strings, evaluated the way Dagster evaluates them in the plan's
 ``execution_timezone``, yields exactly its ticks; otherwise :func:`compile_cron` returns ``None`` and
-the caller uses a tick sensor (DESIGN §5, §6).
+the caller uses a tick sensor (ARCHITECTURE.md §5, §6).
 
 DST rule for PERIOD (a documented choice): only the daily base point is calendar-aware. It is the
 local date's first instant (its wall-clock midnight, or the end of a gap that swallows midnight).
