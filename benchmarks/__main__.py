@@ -18,7 +18,7 @@ from . import Context, Outcome, remove_tree
 
 # In-process benchmarks first (they share one Spark session), then the subprocess one.
 BENCHMARKS = ("firing_scale", "firing_overhead", "recalculate_vs_groupby", "stream_sensor", "stream_catchup",
-              "sliding_vs_groupby", "stream_range_join", "connect_vs_inprocess")
+              "sliding_vs_groupby", "stream_range_join", "connect_vs_inprocess", "orchestration", "freshness")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,10 +24,11 @@ MAX_TICKS_PER_EVALUATION = 100
 
 class FiringConfig(dg.Config):
     """Run config of a definition's jobs: a firing comes from the run's ``cq/fire_time`` tag;
-    a recalculation from ``recalculate_from`` (and ``recalculate_to``)."""
+    a recalculation from ``recalculate_from`` (and ``recalculate_to``); a batch from ``firings``."""
 
     recalculate_from: Optional[str] = None
     recalculate_to: Optional[str] = None
+    firings: Optional[dict[str, list[str]]] = None  # a batch (the cq_firings job): definition -> firing times
 
 
 def firing_tags(definition: Definition, fire: datetime, translator: CQTranslator, ticks: Ticks) -> dict[str, str]:
@@ -49,10 +50,11 @@ def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_
 
 
 def materialization(definition: Definition, result: RunResult, *,
-                    ignored: tuple[str, ...] = ()) -> dg.MaterializeResult:
+                    ignored: tuple[str, ...] = (), asset_key: Optional[dg.AssetKey] = None) -> dg.MaterializeResult:
     """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out, and why."""
     extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
     return dg.MaterializeResult(
+        asset_key=asset_key,
         metadata={**extra,
             "cq/kind": result.kind,
             "cq/range_start": iso(result.time_range[0]),
@@ -72,6 +74,38 @@ def materialization(definition: Definition, result: RunResult, *,
 FIRING_RETRY = dg.RetryPolicy(max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
+def execute_one(context: dg.AssetExecutionContext, config: FiringConfig, engine, definition: Definition,
+                *, asset_key: Optional[dg.AssetKey] = None) -> dg.MaterializeResult:
+    """One run of one definition: a recalculation (config or ``cq/recalculate_from`` tag), a stream
+    run (``cq/work`` tag) or a firing (``cq/fire_time`` tag)."""
+    tags = context.run.tags
+    ignored: tuple[str, ...] = ()
+    start = config.recalculate_from or tags.get("cq/recalculate_from")
+    if start:
+        tz = engine.settings.tz
+        stop = config.recalculate_to or tags.get("cq/recalculate_to")
+        end = parse_time(stop, tz=tz, what="recalculate_to") if stop else None
+        result = engine.recalculate(definition.name, start=parse_time(start, tz=tz, what="recalculate_from"),
+                                    end=end, now=datetime.now(UTC))
+    elif "cq/work" in tags:
+        work = StreamWork.from_json(tags["cq/work"])
+        result = engine.run_stream(definition.name, work)
+        ignored = work.ignored
+    elif "cq/fire_time" in tags:
+        fire = parse_time(tags["cq/fire_time"], tz=UTC, bounded=False)
+        run = engine.run_firing if isinstance(definition, ContinuousQuery) else engine.run_period
+        result = run(definition.name, fire)
+    else:
+        raise dg.Failure(f"{definition.name}: a run needs the tag cq/fire_time (a firing), cq/work (a "
+                         "stream run) or recalculate_from in its config (a recalculation)", allow_retries=False)
+    context.log.info(f"{definition.name}: {result.kind} [{iso(result.time_range[0])}, {iso(result.time_range[1])}) "
+                     f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
+                     + (f"; {result.notified} notification(s)" if result.notified else ""))
+    for line in ignored:
+        context.log.warning(f"{definition.name}: {line}")
+    return materialization(definition, result, ignored=ignored, asset_key=asset_key)
+
+
 def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDefinition:
     """The sink as an asset whose materialization is one firing, stream run or recalculation."""
     spec = translator.get_sink_asset_spec(definition)
@@ -82,45 +116,23 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
                     retry_policy=FIRING_RETRY)
     def _asset(context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource,
                pyspark: PySparkResource):
-        engine = cq_engine.engine(pyspark.spark_session)
-        tags = context.run.tags
-        ignored: tuple[str, ...] = ()
-        if config.recalculate_from:
-            tz = engine.settings.tz
-            end = parse_time(config.recalculate_to, tz=tz, what="recalculate_to") if config.recalculate_to else None
-            result = engine.recalculate(definition.name, start=parse_time(config.recalculate_from, tz=tz, what="recalculate_from"),
-                                        end=end, now=datetime.now(UTC))
-        elif "cq/work" in tags:
-            work = StreamWork.from_json(tags["cq/work"])
-            result = engine.run_stream(definition.name, work)
-            ignored = work.ignored
-        elif "cq/fire_time" in tags:
-            fire = parse_time(tags["cq/fire_time"], tz=UTC, bounded=False)
-            run = engine.run_firing if isinstance(definition, ContinuousQuery) else engine.run_period
-            result = run(definition.name, fire)
-        else:
-            raise dg.Failure(f"{definition.name}: a run needs the tag cq/fire_time (a firing), cq/work (a "
-                             "stream run) or recalculate_from in its config (a recalculation)", allow_retries=False)
-        context.log.info(f"{definition.name}: {result.kind} [{iso(result.time_range[0])}, {iso(result.time_range[1])}) "
-                         f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
-                         + (f"; {result.notified} notification(s)" if result.notified else ""))
-        for line in ignored:
-            context.log.warning(f"{definition.name}: {line}")
-        yield materialization(definition, result, ignored=ignored)
+        yield execute_one(context, config, cq_engine.engine(pyspark.spark_session), definition)
 
     return _asset
 
 
-def build_jobs(definition: Definition, asset: dg.AssetsDefinition, translator: CQTranslator):
+def build_jobs(definition: Definition, selection: list, translator: CQTranslator):
+    """The definition's firing job and recalculate job over ``selection`` (its asset or sink key)."""
     tags = translator.get_tags(definition)
     # One step per run: the in-process executor spares each firing a second Python process.
-    firing_job = dg.define_asset_job(translator.get_job_name(definition), selection=[asset], tags=tags,
+    firing_job = dg.define_asset_job(translator.get_job_name(definition), selection=selection, tags=tags,
                                      executor_def=dg.in_process_executor,
                                      description=f"One firing of {definition.name} per run (tag cq/fire_time).")
     recalc_job = dg.define_asset_job(
-        translator.get_recalculate_job_name(definition), selection=[asset], tags={**tags, "cq/recalculate": "true"},
+        translator.get_recalculate_job_name(definition), selection=selection, tags={**tags, "cq/recalculate": "true"},
         executor_def=dg.in_process_executor,
-        description=f"Recalculate {definition.name}: set recalculate_from (and recalculate_to) in the run config.",
+        description=f"Recalculate {definition.name}: set recalculate_from (and recalculate_to) in the run config "
+                    "or the tags cq/recalculate_from (and cq/recalculate_to).",
     )
     return firing_job, recalc_job
 

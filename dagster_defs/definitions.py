@@ -3,33 +3,44 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from datetime import datetime
 
 import dagster as dg
 
-from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings, load_settings
 from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
 from cq_engine.engine import Engine
 from cq_engine.times import UTC
 
+from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch_sensor
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
 from .streams import build_stream_sensor
 from .triggers import build_trigger_sensor
-from .resource import CQEngineResource, pyspark_resource
-from .translator import CQTranslator
+from .resource import CQEngineResource, cached_catalog, pyspark_resource
+from .translator import CQTranslator, configured_translator
+
+
+RUN_MODELS = ("batch", "per_firing")
 
 
 def build_definitions(*, settings: Settings | None = None, translator: CQTranslator | None = None,
-                      now: datetime | None = None, running: bool = True) -> dg.Definitions:
+                      now: datetime | None = None, running: bool = True,
+                      run_model: str | None = None) -> dg.Definitions:
     """Jobs, assets and schedules/sensors for every definition; bad files become placeholder assets
-    whose description is the ``file:line:col`` error, so one bad file never takes the location down."""
+    whose description is the ``file:line:col`` error, so one bad file never takes the location down.
+    ``run_model`` (default ``$CQ_RUN_MODEL``, else ``batch``): ``batch`` runs the due firings of every
+    continuous query and PERIOD stream together (``dagster_defs.batch``); ``per_firing`` gives each
+    firing its own run from the definition's schedule or tick sensor. Building writes nothing."""
     settings = settings or load_settings()
-    translator = translator or CQTranslator()
+    translator = translator or configured_translator()
     now = now or datetime.now(UTC)
+    run_model = run_model or os.environ.get("CQ_RUN_MODEL") or "batch"
+    if run_model not in RUN_MODELS:
+        raise CQError(f"CQ_RUN_MODEL={run_model!r}: expected one of {', '.join(RUN_MODELS)}")
     try:
-        catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+        catalog = cached_catalog(settings)
         errors = list(catalog.errors)
     except CQError as exc:  # the sql directory itself is unusable
         catalog, errors = None, [exc if isinstance(exc, ParseError) else ParseError(str(exc), file=settings.sql_dir)]
@@ -39,32 +50,69 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
     jobs, schedules, sensors = [], [], []
     sources: set[str] = set()
     engine = Engine(settings=settings, catalog=catalog) if catalog else None
-    for definition in catalog.definitions if catalog else ():
+    definitions = list(catalog.definitions) if catalog else []
+    ticked = [d for d in definitions if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger)]
+    batched = ticked if run_model == "batch" else []
+    in_batch = {d.name for d in batched}
+    for definition in definitions:
+        sources.update(t for t in (definition.source, getattr(definition, "trigger_table", None)) if t)
+    if batched:
+        batch_asset, sink_keys = build_batch_asset(batched, translator)
+        assets.append(batch_asset)
+        jobs.append(dg.define_asset_job(
+            translator.get_batch_job_name(), selection=list(sink_keys.values()), tags={"cq/batch": "true"},
+            executor_def=dg.in_process_executor, description="The firings due across definitions, one run per batch."))
+        ticks = {d.name: build_ticks(engine, d, now=now) for d in batched if isinstance(d, ContinuousQuery)}
+
+        def ticks_for(d):
+            if d.name not in ticks:  # a PERIOD stream: its creation is recorded at its first tick
+                ticks[d.name] = engine.ticks(d.name, now=datetime.now(UTC))
+            return ticks[d.name]
+
+        sensors.append(build_batch_sensor(batched, jobs[0], translator, ticks_for, sink_keys,
+                                          default_status=sensor_status, interval=batch_interval(batched, ticks)))
+        for definition in batched:
+            jobs += build_jobs(definition, [sink_keys[definition.name]], translator)
+            sensors.append(build_switch_sensor(definition, translator, default_status=sensor_status))
+    for definition in definitions:
+        if definition.name in in_batch:
+            continue
         asset = build_asset(definition, translator)
-        firing_job, recalc_job = build_jobs(definition, asset, translator)
+        firing_job, recalc_job = build_jobs(definition, [asset], translator)
         assets.append(asset)
         jobs += [firing_job, recalc_job]
-        sources.update(t for t in (definition.source, getattr(definition, "trigger_table", None)) if t)
-        if not isinstance(definition, ContinuousQuery) and not isinstance(definition.trigger, PeriodTrigger):
+        if not any(definition is d for d in ticked):
             sensors.append(build_stream_sensor(definition, firing_job, translator, engine, default_status=sensor_status))
             continue
-        ticks = engine.ticks(definition.name, now=now)
-        plan = ticks.cron(now)
+        ticks_ = build_ticks(engine, definition, now=now)
+        plan = ticks_.cron(now)
         if plan is not None:
-            schedules.append(build_schedule(definition, firing_job, translator, ticks, plan,
+            schedules.append(build_schedule(definition, firing_job, translator, ticks_, plan,
                                             default_status=schedule_status))
         else:
-            sensors.append(build_tick_sensor(definition, firing_job, translator, ticks, default_status=sensor_status))
+            sensors.append(build_tick_sensor(definition, firing_job, translator, ticks_, default_status=sensor_status))
     # BEFORE INSERT triggers run in the ingest path; AFTER INSERT ones get a sensor each.
     sensors += [build_trigger_sensor(t, engine, default_status=sensor_status)
                 for t in (catalog.triggers if catalog else ()) if t.event == "after"]
-    sinks = {d.sink.lower() for d in catalog.definitions if d.sink} if catalog else set()
+    sinks = {d.sink.lower() for d in definitions if d.sink}
     assets += [translator.get_source_asset_spec(s) for s in sorted(sources) if s.lower() not in sinks]
     assets += [error_placeholder(e) for e in errors]
     return dg.Definitions(
         assets=assets, jobs=jobs, schedules=schedules, sensors=sensors,
         resources={"cq_engine": CQEngineResource.from_settings(settings), "pyspark": pyspark_resource(settings)},
     )
+
+
+def build_ticks(engine: Engine, definition, *, now: datetime):
+    """The definition's ticks without writing: a PERIOD stream not yet created is anchored at ``now``
+    here and records its creation at its first tick (``Engine.ticks``), so building is side-effect free."""
+    if isinstance(definition, ContinuousQuery):
+        return engine.ticks(definition.name, now=now)
+    from cq_engine.schedule.ticks import ticks_of
+    from cq_engine.streams.run import recorded_created
+
+    created = recorded_created(engine.ctx, definition) or now
+    return ticks_of(definition, timezone=engine.settings.timezone, created=created)
 
 
 def error_placeholder(error: ParseError) -> dg.AssetSpec:

@@ -8,8 +8,11 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
+from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
+from cq_engine.model import Catalog
+from cq_engine.parse import sql_files
 from cq_engine.spark import BASE_CONF, client_url, server_status
 
 
@@ -33,7 +36,27 @@ class CQEngineResource(dg.ConfigurableResource):
                            "timezone": self.timezone, "min_every": self.min_every, "home": self.home})
 
     def engine(self, spark) -> Engine:
-        return Engine(settings=self.settings(), spark_session=spark)
+        settings = self.settings()
+        return Engine(settings=settings, catalog=cached_catalog(settings), spark_session=spark)
+
+
+_CATALOGS: dict[tuple, Catalog] = {}
+
+
+def cached_catalog(settings: Settings) -> Catalog:
+    """The catalog of ``settings.sql_dir``, parsed once per process for the same file contents: a
+    run loads the code location and then builds its engine from the same files."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for file in sql_files(settings.sql_dir):
+        digest.update(str(file).encode() + b"\0" + file.read_bytes() + b"\0")
+    options = parse_options(settings)
+    key = (str(settings.sql_dir), repr(options), digest.hexdigest())
+    if key not in _CATALOGS:
+        _CATALOGS.clear()  # one sql dir per process: keep only the current contents
+        _CATALOGS[key] = load_catalog(settings.sql_dir, options=options)
+    return _CATALOGS[key]
 
 
 def pyspark_resource(settings: Settings) -> PySparkResource:

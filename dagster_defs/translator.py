@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 
 import dagster as dg
 
+from cq_engine.errors import CQError
 from cq_engine.model import Definition, statement_hash
+
+TRANSLATOR_ENV = "CQ_TRANSLATOR"
 
 
 class CQTranslator:
@@ -59,3 +64,33 @@ class CQTranslator:
 
     def get_sensor_name(self, definition: Definition) -> str:
         return f"{definition.name}_ticks"
+
+    # The batched run model (dagster_defs.batch): one op, job and sensor for the location's firings.
+    def get_batch_op_name(self) -> str:
+        return "cq_firings"
+
+    def get_batch_job_name(self) -> str:
+        return "cq_firings_job"
+
+    def get_batch_sensor_name(self) -> str:
+        return "cq_firings"
+
+
+def configured_translator(spec: str | None = None) -> CQTranslator:
+    """The translator named by ``spec`` or ``$CQ_TRANSLATOR`` (``module:Class``, a ``CQTranslator``
+    subclass importable from the code location's working directory or an installed package), else
+    ``CQTranslator()``. The code location and the CLI's Dagster commands both use it, so they agree
+    on job, schedule and sensor names."""
+    spec = spec if spec is not None else os.environ.get(TRANSLATOR_ENV, "")
+    if not spec.strip():
+        return CQTranslator()
+    module, sep, attr = spec.strip().partition(":")
+    if not sep or not module or not attr:
+        raise CQError(f"{TRANSLATOR_ENV}={spec!r}: expected module:Class")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise CQError(f"{TRANSLATOR_ENV}={spec!r}: cannot load it: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, CQTranslator)):
+        raise CQError(f"{TRANSLATOR_ENV}={spec!r} is not a subclass of dagster_defs.CQTranslator")
+    return cls()

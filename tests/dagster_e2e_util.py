@@ -58,7 +58,14 @@ MAIN_SQL = """
 CREATE CQ fast RESAMPLE EVERY 5s RANGE 10s BEGIN
   SELECT max_value(temperature) AS m, count(temperature) AS n INTO fast_out FROM sensors GROUP BY (5s), device
 END;
+CREATE TABLE IF NOT EXISTS flaky_src (ts TIMESTAMP, device STRING, v DOUBLE);
+CREATE CQ flaky RESAMPLE EVERY 5s BEGIN
+  SELECT max_value(v) AS m INTO flaky_out FROM flaky_src GROUP BY (5s), device
+END;
 """
+# `flaky_src` starts on disk without its column v, so flaky's firings fail (and share their batches
+# with fast's) until the test calls Stack.fix_flaky_source.
+TRANSLATOR = "renamed_translator:Renamed"  # the slow location's CQ_TRANSLATOR
 # A window-triggered stream in the main location, over `meters` (which only the stream test appends to).
 STREAM = "meter_5s"
 STREAM_SQL = METERS + f"""
@@ -113,11 +120,31 @@ WORKSPACE_QUERY = """
   }
 }
 """
+BATCH_RUNS_QUERY = """
+query Runs($filter: RunsFilter!) {
+  runsOrError(filter: $filter, limit: 1000) {
+    __typename
+    ... on Runs { results { runId jobName status creationTime startTime endTime runConfigYaml
+                            tags { key value } assetSelection { path } } }
+    ... on PythonError { message }
+  }
+}
+"""
+MATERIALIZATIONS_QUERY = """
+query Mats($key: AssetKeyInput!) {
+  assetOrError(assetKey: $key) {
+    __typename
+    ... on Asset { assetMaterializations(limit: 1000) { runId timestamp
+      metadataEntries { label ... on TextMetadataEntry { text } } } }
+  }
+}
+"""
 DAEMONS_QUERY = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
 
 
-def parse_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text).astimezone(UTC)
+def parse_iso(text: str | datetime) -> datetime:
+    """An ISO-8601 time (YAML run config already holds it as a datetime) in UTC."""
+    return (text if isinstance(text, datetime) else datetime.fromisoformat(text)).astimezone(UTC)
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -191,6 +218,76 @@ class Stack:
             self.observed.setdefault(cq_name, set()).add(run["status"])
         return sorted(runs, key=lambda r: r["creationTime"])
 
+    def batch_runs(self) -> list[dict]:
+        """Every run of the cq_firings jobs (both locations), oldest first, with ``firings``:
+        definition -> its firing times in that run (from the run config)."""
+        import yaml
+
+        data = self.graphql(BATCH_RUNS_QUERY, {"filter": {"pipelineName": "cq_firings_job"}})["runsOrError"]
+        assert data["__typename"] == "Runs", data
+        runs = []
+        for run in data["results"]:
+            config = yaml.safe_load(run["runConfigYaml"] or "{}") or {}
+            firings = ((config.get("ops") or {}).get("cq_firings") or {}).get("config", {}).get("firings") or {}
+            runs.append({**run, "tags": {t["key"]: t["value"] for t in run["tags"]},
+                         "firings": {n: [parse_iso(f) for f in fs] for n, fs in firings.items()}})
+        return sorted(runs, key=lambda r: r["creationTime"])
+
+    def firing_runs(self, name: str) -> list[dict]:
+        """The batch runs holding firings of ``name``, oldest first."""
+        return [r for r in self.batch_runs() if name in r["firings"]]
+
+    def materializations(self, asset: str) -> list[dict]:
+        """The asset's materializations (GraphQL), oldest first, metadata as a dict of text values."""
+        data = self.graphql(MATERIALIZATIONS_QUERY, {"key": {"path": [asset]}})["assetOrError"]
+        if data["__typename"] != "Asset":
+            return []
+        mats = [{"runId": m["runId"], "timestamp": float(m["timestamp"]) / 1000,
+                 "metadata": {e["label"]: e.get("text") for e in m["metadataEntries"]}}
+                for m in data["assetMaterializations"]]
+        return sorted(mats, key=lambda m: m["timestamp"])
+
+    def ledger(self, name: str) -> list:
+        return Engine(settings=self.settings).ledger.entries(name)
+
+    def wait_for_firings(self, name: str, *, count: int, timeout: float, after: datetime | None = None) -> list:
+        """Poll until the ledger holds ``count`` succeeded firings of ``name`` (after ``after``)."""
+        deadline = time.monotonic() + timeout
+        done: list = []
+        while time.monotonic() < deadline:
+            self.check_alive()
+            done = [e for e in self.ledger(name) if e.status == "succeeded" and e.kind == "firing"
+                    and (after is None or e.fire_time > after)]
+            if len(done) >= count:
+                return done
+            time.sleep(3)
+        runs = self.firing_runs(name)
+        raise AssertionError(f"{name}: {len(done)} succeeded firings within {timeout:.0f}s (wanted {count}); its "
+                             f"batch runs {[(r['status'], r['tags'].get('cq/attempt')) for r in runs]}\n"
+                             f"{self.diagnostics()}")
+
+    def fix_flaky_source(self) -> None:
+        """Give flaky_src its column v (one reading per device per second of the last two minutes)."""
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        now = floor_time(datetime.now(UTC), READING_EVERY)
+        times = [now - timedelta(seconds=k) for k in range(120, 0, -1)]
+        write_deltalake(self.settings.table_uri("flaky_src"), pa.table({
+            "ts": pa.array(times * 2, pa.timestamp("us", tz="UTC")), "device": ["a"] * 120 + ["b"] * 120,
+            "v": pa.array([float(k % 7) for k in range(240)])}), mode="overwrite", schema_mode="overwrite")
+
+    def kill_daemon(self) -> None:
+        """SIGKILL dagster-daemon alone (its code server finishes the runs it started)."""
+        proc = self.procs.pop("daemon")
+        proc.kill()
+        proc.wait(30)
+
+    def start_daemon(self) -> None:
+        self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(self.root / "workspace.yaml")],
+                    self._env(self.settings))
+        self.wait_until("the daemons", self._daemons_healthy, 180)
+
     def ticks(self, location: str, sensor: str) -> list[dict]:
         selector = {"repositoryLocationName": location, "repositoryName": "__repository__", "sensorName": sensor}
         result = self.graphql(TICKS_QUERY, {"selector": selector})["sensorOrError"]
@@ -256,8 +353,13 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         atexit.register(self.stop)
         # Data: the last 15 minutes, then a batch every FEED_EVERY seconds.
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        write_deltalake(self.settings.table_uri("flaky_src"), pa.table({  # without v: flaky fails
+            "ts": pa.array([datetime.now(UTC)], pa.timestamp("us", tz="UTC")), "device": ["a"]}))
         engine = Engine(settings=self.settings)
-        engine.ensure_tables()
+        engine.ensure_tables(*(t.name for t in engine.catalog.tables if t.name != "flaky_src"))
         now = floor_time(datetime.now(UTC), READING_EVERY)
         engine.storage.append("sensors", sensor_rows(start=now - BACKFILL, end=now, every=READING_EVERY),
                               metadata={"cq.ingest": "e2e backfill"})
@@ -273,7 +375,7 @@ class Stack:
         workspace.write_text(
             "load_from:\n"
             "  - python_module:\n"
-            "      module_name: dagster_defs\n"
+            "      module_name: dagster_defs.location\n"
             f"      working_directory: {REPO}\n"
             f"      location_name: {MAIN_LOCATION}\n"
             "  - grpc_server:\n"
@@ -281,10 +383,12 @@ class Stack:
             f"      port: {slow_port}\n"
             f"      location_name: {SLOW_LOCATION}\n"
         )
-        self._spawn("slow_code_server", [str(BIN / "dagster"), "api", "grpc", "--module-name", "dagster_defs",
+        self._spawn("slow_code_server", [str(BIN / "dagster"), "api", "grpc", "--module-name", "dagster_defs.location",
                                          "--working-directory", str(REPO), "--host", "127.0.0.1",
                                          "--port", str(slow_port), "--location-name", SLOW_LOCATION],
-                    self._env(self.slow_settings, CQ_FAILPOINT=f"sleep-before-commit:{SLOW_SECONDS}"))
+                    self._env(self.slow_settings, CQ_FAILPOINT=f"sleep-before-commit:{SLOW_SECONDS}",
+                              CQ_TRANSLATOR=TRANSLATOR,
+                              PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])))
         self.wait_until("the slow code server's port", lambda: port_open(slow_port), 180)
         env = self._env(self.settings)
         self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)], env)
@@ -319,7 +423,8 @@ class Stack:
             if entry["loadStatus"] != "LOADED" or loc is None:
                 return False
             sensors |= {s["name"] for r in loc["repositories"] for s in r["sensors"]}
-        return {"fast_ticks", f"{STREAM}_ticks", "slow_blocked_ticks", "slow_discard_ticks"} <= sensors
+        return {"cq_firings", "fast_ticks", "flaky_ticks", f"{STREAM}_ticks", "slow_blocked_switch",
+                "slow_discard_switch"} <= sensors
 
     def _daemons_healthy(self) -> bool:
         statuses = self.graphql(DAEMONS_QUERY)["instance"]["daemonHealth"]["allDaemonStatuses"]

@@ -35,7 +35,7 @@ def project(tmp_path_factory):
     (root / "sql" / "more.sql").write_text(SQL)
     (root / "sql" / "broken.sql").write_text("CREATE CQ broken RESAMPLE EVERY 1s\nBEGIN SELECT x AS y INTO z FROM ln WHERE time > 1 END;")
     settings = Settings(sql_dir=str(root / "sql"), warehouse=str(root / "wh"), home=str(root / ".cq"), timezone="Asia/Shanghai")
-    return settings, build_definitions(settings=settings, now=NOW)
+    return settings, build_definitions(settings=settings, now=NOW, run_model="per_firing")
 
 
 @pytest.fixture
@@ -190,7 +190,7 @@ def streams(tmp_path, spark):
     from streams_util import Bench
 
     bench = Bench(tmp_path, spark, STREAMS_SQL)
-    return bench, build_definitions(settings=bench.settings, now=STREAM_NOW)
+    return bench, build_definitions(settings=bench.settings, now=STREAM_NOW, run_model="per_firing")
 
 
 def _tick_sensor(defs, instance, name: str, cursor):
@@ -224,7 +224,7 @@ def test_streams_get_a_sensor_or_a_schedule_with_their_job(streams):
     _, defs = streams
     for name in ("s_int", "s_cnt", "s_hist", "s_first"):
         sensor = defs.resolve_sensor_def(f"{name}_ticks")
-        assert sensor.job_name == f"{name}_job" and sensor.minimum_interval_seconds == 5
+        assert sensor.job_name == f"{name}_job" and sensor.minimum_interval_seconds == 2
         assert "cursor = versions seen and watermark" in sensor.description
         assert defs.resolve_job_def(f"{name}_job").tags["cq/kind"] == "stream"
     schedule = defs.resolve_schedule_def("s_per_schedule")
@@ -428,3 +428,35 @@ def test_stream_sensor_holds_its_cursor_while_pause_notifications_fail(tmp_path,
         recorder.wait_for(2)
         starts = [e["windowStart"] for e in recorder.events()]
         assert starts == [1795255200000, 1795255210000, 1795255220000, 1795255230000]
+
+
+# -- the adapter is side-effect free; the translator is configurable -------------------------------
+def _files(*roots: Path) -> set[str]:
+    return {str(p) for root in roots if root.exists() for p in root.rglob("*")}
+
+
+def test_importing_and_loading_the_location_writes_nothing(tmp_path):
+    """A fresh process imports dagster_defs and dagster_defs.location and loads ``defs`` (a PERIOD
+    stream among the definitions): nothing appears under the warehouse or CQ_HOME."""
+    import os
+    import subprocess
+    import sys
+
+    sql = tmp_path / "sql"
+    sql.mkdir()
+    shutil.copy(DATA / "seed004.sql", sql / "seed004.sql")
+    (sql / "streams.sql").write_text("CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, tbname STRING);\n"
+                                     "CREATE STREAM s_per PERIOD(1m) FROM meters INTO s_per_out AS "
+                                     "SELECT _tlocaltime, count(*) AS n FROM %%trows;\n")
+    wh, home = tmp_path / "wh", tmp_path / "home"
+    wh.mkdir()
+    env = {**os.environ, "CQ_SQL_DIR": str(sql), "CQ_WAREHOUSE": str(wh), "CQ_HOME": str(home),
+           "CQ_CONFIG": str(tmp_path / "none.toml"), "CQ_SPARK_MASTER": "local[1]"}
+    code = ("import dagster_defs, dagster_defs.location as loc\n"
+            "d = loc.defs()\n"
+            "assert d.resolve_job_def('s_per_job') and d.resolve_job_def('cq1_job')\n"
+            "print('loaded')\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-3000:]
+    assert _files(wh, home) == set(), sorted(_files(wh, home))

@@ -4,7 +4,6 @@ over HTTP (and the Delta tables on disk); see dagster_e2e_util for the stack."""
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from datetime import datetime, timedelta
@@ -26,33 +25,12 @@ IN_FLIGHT = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
 WAIT = 240  # seconds, per test; the definitions fire concurrently from the stack's start
 
 
-def fire(run: dict) -> datetime:
-    return parse_iso(run["tags"]["cq/fire_time"])
-
-
 def floor5(ts: float) -> datetime:
     return datetime.fromtimestamp(math.floor(ts / 5) * 5, UTC)
 
 
-def check_firing_tags(runs: list[dict], name: str, *, policy: str) -> None:
-    """cq/* tags of every run agree with the definition (EVERY 5s, RANGE 10s) and with its run key."""
-    for run in runs:
-        tags = run["tags"]
-        f, lo, hi = fire(run), parse_iso(tags["cq/range_start"]), parse_iso(tags["cq/range_end"])
-        assert run["jobName"] == f"{name}_job"
-        assert tags["cq/name"] == name and tags["cq/timeout_policy"] == policy
-        assert tags["dagster/sensor_name"] == f"{name}_ticks"
-        assert f.timestamp() % 5 == 0 and f.microsecond == 0, f"{f} is not a multiple of 5 s"
-        assert (hi - lo, hi) == (RANGE, f), tags
-        assert tags["dagster/run_key"] == f"{name}@{tags['cq/fire_time']}"
-        # A firing is requested once it is due, never before.
-        assert run["creationTime"] >= f.timestamp() - 0.001, (run["creationTime"], f)
-    keys = [r["tags"]["dagster/run_key"] for r in runs]
-    assert len(set(keys)) == len(keys), f"duplicate run keys: {sorted(keys)}"
-
-
 def check_no_overlap(runs: list[dict]) -> None:
-    """At most one run of the definition executes at any moment (started runs, by start time)."""
+    """At most one of ``runs`` executes at any moment (started runs, by start time)."""
     started = sorted((r for r in runs if r["startTime"]), key=lambda r: r["startTime"])
     for a, b in zip(started, started[1:]):
         assert a["endTime"] is not None, f"{a['runId']} ({a['status']}) has not ended but {b['runId']} started"
@@ -64,50 +42,80 @@ def consecutive(fires: list[datetime]) -> bool:
     return all(b - a == EVERY for a, b in zip(fires, fires[1:]))
 
 
-# -- item 1: the sub-minute definition fires through the tick sensor ------------------------------
-def test_fast_fires_every_5s_with_consistent_tags(dagster_stack):
-    runs = dagster_stack.wait_for_runs("fast", successes=3, timeout=WAIT)
-    statuses = {r["status"] for r in runs}
-    assert statuses <= IN_FLIGHT | {"SUCCESS"}, statuses
-    check_firing_tags(runs, "fast", policy="BLOCKED")
-    fires = [fire(r) for r in runs]  # in creation order
-    assert fires == sorted(fires) and consecutive(fires), f"firings lost or out of order: {fires}"
+def check_batches(stack, name: str) -> list[dict]:
+    """The batch runs holding ``name``'s firings: unique run keys, never two at once, each run's
+    firings in order and on the 5 s grid, and first requests in firing order with no gap."""
+    runs = stack.firing_runs(name)
+    keys = [r["tags"]["dagster/run_key"] for r in runs]
+    assert len(set(keys)) == len(keys), f"duplicate run keys: {sorted(keys)}"
     check_no_overlap(runs)
+    requested: list[datetime] = []
     for run in runs:
-        if run["status"] == "SUCCESS":
-            assert run["creationTime"] <= run["startTime"] < run["endTime"]
+        fires = run["firings"][name]
+        assert fires == sorted(fires) and all(f.timestamp() % 5 == 0 for f in fires), fires
+        assert run["tags"]["dagster/sensor_name"] == "cq_firings" and run["tags"]["cq/batch"] == "true"
+        # A firing is requested once it is due, never before.
+        assert run["creationTime"] >= fires[-1].timestamp() - 0.001, (run["creationTime"], fires[-1])
+        requested += [f for f in fires if f not in requested]
+    assert requested == sorted(requested), f"{name}: firings requested out of order: {requested}"
+    return runs
+
+
+def check_exactly_once(stack, name: str, sink: str | None = None) -> list[datetime]:
+    """Every firing of ``name`` from its first to its last succeeded firing succeeded exactly once
+    (ledger), and its sink's asset shows one firing materialization for each (GraphQL)."""
+    deadline = time.monotonic() + 60
+    while True:  # a run reports a firing's materialization a moment after its ledger entry
+        done = sorted(e.fire_time for e in stack.ledger(name) if e.status == "succeeded" and e.kind == "firing")
+        mats = [m for m in stack.materializations(sink or f"{name}_out") if m["metadata"].get("cq/kind") == "firing"]
+        ends = sorted(parse_iso(m["metadata"]["cq/range_end"]) for m in mats)
+        if ends[:len(done)] == done or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert len(set(done)) == len(done), f"{name}: firings committed twice: {done}"
+    assert consecutive(done), f"{name}: firings missing between {done[0]} and {done[-1]}: {done}"
+    assert ends[:len(done)] == done and len(set(ends)) == len(ends), (ends, done)
+    return done
+
+
+# -- the batched run model: continuous queries fire through the cq_firings sensor --------------------
+def test_fast_fires_every_5s_in_batches_with_one_materialization_per_firing(dagster_stack):
+    dagster_stack.wait_for_firings("fast", count=3, timeout=WAIT)
+    runs = check_batches(dagster_stack, "fast")
+    done = check_exactly_once(dagster_stack, "fast")
+    ticks = dagster_stack.ticks(MAIN_LOCATION, "cq_firings")
+    assert ticks and max(t["timestamp"] for t in ticks) >= time.time() - 120, "the cq_firings sensor stopped"
+    for run in runs:
+        assert run["jobName"] == "cq_firings_job" and {"fast_out"} <= {"/".join(a["path"]) for a in
+                                                                        run["assetSelection"]}
 
 
 def test_fast_sink_holds_the_windows_computed_from_the_source(dagster_stack):
     settings = dagster_stack.settings
-    done = [r for r in dagster_stack.wait_for_runs("fast", successes=3, timeout=WAIT) if r["status"] == "SUCCESS"]
-    ledger = pa.table(DeltaTable(settings.state_uri("firings")).scan()).to_pylist()
-    entries = [e for e in ledger if e["definition"] == "fast"]
-    assert all(e["status"] == "succeeded" for e in entries), [e["error"] for e in entries if e["error"]]
-    by_fire = {e["fire_time"]: e for e in entries}
-    for run in done:  # every SUCCESS run is one committed firing of its tagged range
-        entry = by_fire[fire(run)]
-        assert (entry["kind"], entry["range_start"], entry["range_end"]) == (
-            "firing", parse_iso(run["tags"]["cq/range_start"]), parse_iso(run["tags"]["cq/range_end"]))
-        assert entry["rows_written"] > 0 and entry["sink_version"] is not None
+    dagster_stack.wait_for_firings("fast", count=3, timeout=WAIT)
+    entries = [e for e in dagster_stack.ledger("fast") if e.kind == "firing"]
+    done = [e for e in entries if e.status == "succeeded"]
+    for entry in done:  # every committed firing covers its 10 s range
+        assert entry.range_end == entry.fire_time and entry.range_end - entry.range_start == RANGE
+        assert entry.rows_written > 0 and entry.sink_version is not None
 
     # The sink as of the newest of those commits; each window holds what the last firing covering it
     # computed, from the source version that firing read (the feeder keeps appending meanwhile).
-    version = max(by_fire[fire(r)]["sink_version"] for r in done)
+    version = max(e.sink_version for e in done)
     sink = pa.table(DeltaTable(settings.table_uri("fast_out"), version=version).scan()).to_pylist()
-    committed = sorted((e for e in entries if e["sink_version"] <= version), key=lambda e: e["sink_version"])
-    windows = sorted({parse_iso(r["tags"]["cq/range_start"]) + k * EVERY for r in done for k in range(2)})
+    committed = sorted((e for e in done if e.sink_version <= version), key=lambda e: e.sink_version)
+    windows = sorted({e.range_start + k * EVERY for e in done for k in range(2)})
     sources: dict[int, list[dict]] = {}
     expected: dict[tuple, tuple] = {}
     for start in windows:
-        last = [e for e in committed if e["range_start"] <= start < e["range_end"]][-1]
-        source_version = json.loads(last["source_versions"])["sensors"]
+        last = [e for e in committed if e.range_start <= start < e.range_end][-1]
+        source_version = last.source_versions["sensors"]
         if source_version not in sources:
             sources[source_version] = pa.table(DeltaTable(settings.table_uri("sensors"), version=source_version)
                                                .scan(columns=["ts", "device", "temperature"])).to_pylist()
         rows = sources[source_version]
         # Groups: the devices present in that firing's range (IoTDB: empty windows are rows too).
-        devices = {r["device"] for r in rows if last["range_start"] <= r["ts"] < last["range_end"]}
+        devices = {r["device"] for r in rows if last.range_start <= r["ts"] < last.range_end}
         for device in devices:
             values = [r["temperature"] for r in rows if r["device"] == device and start <= r["ts"] < start + EVERY
                       and r["temperature"] is not None]
@@ -119,52 +127,114 @@ def test_fast_sink_holds_the_windows_computed_from_the_source(dagster_stack):
     assert max(n for _, n in expected.values()) == 5
 
 
-# -- item 2: timeout policies, with firings slower (12 s) than EVERY (5 s) -------------------------
-def test_blocked_firings_queue_and_run_one_at_a_time_in_order(dagster_stack):
-    runs = dagster_stack.wait_for_runs("slow_blocked", successes=3, timeout=WAIT)
-    check_firing_tags(runs, "slow_blocked", policy="BLOCKED")
-    check_no_overlap(runs)
-    by_fire = sorted(runs, key=fire)
-    fires = [fire(r) for r in by_fire]
-    assert consecutive(fires), f"BLOCKED lost firings: {fires}"  # every due firing has a run
-    assert fires[-1] >= datetime.now(UTC) - 6 * EVERY, "the sensor stopped requesting firings"
-    # In order: the runs that started are exactly the earliest firings, and started in firing order.
-    started = [r for r in by_fire if r["startTime"]]
-    assert started == by_fire[:len(started)], [(fire(r).time(), r["status"]) for r in by_fire]
-    assert [r["startTime"] for r in started] == sorted(r["startTime"] for r in started)
-    done = [r for r in started if r["status"] == "SUCCESS"]
-    assert len(done) >= 3
-    for run in done:
-        assert run["endTime"] - run["startTime"] >= SLOW_SECONDS, "the failpoint did not slow the firing"
-    # Queued: each later run existed while its predecessor ran, and started only after it ended.
-    for a, b in zip(done, done[1:]):
-        assert b["creationTime"] < a["endTime"] <= b["startTime"], (a, b)
-    assert "QUEUED" in dagster_stack.observed["slow_blocked"]
-    ticks = dagster_stack.ticks(SLOW_LOCATION, "slow_blocked_ticks")
-    assert not [t for t in ticks if "DISCARD" in (t["skipReason"] or "")]
+def test_a_failing_firing_leaves_its_batch_neighbours_committed_and_is_retried(dagster_stack):
+    stack = dagster_stack
+    stack.wait_until("a batch run failing on flaky", lambda: any(
+        r["status"] == "FAILURE" and r["tags"].get("cq/failed") == "flaky" for r in stack.firing_runs("flaky")), WAIT)
+    failed = [r for r in stack.firing_runs("flaky") if r["status"] == "FAILURE"]
+    # fast's firings in those failed runs were committed by them, and never requested again.
+    ledger = {e.fire_time: e for e in stack.ledger("fast") if e.status == "succeeded"}
+    shared = [(r, f) for r in failed for f in r["firings"].get("fast", [])]
+    assert shared, "flaky and fast never shared a batch"
+    for run, fire_time in shared:
+        assert fire_time in ledger, f"fast's firing {fire_time} in failed run {run['runId']} was not committed"
+        again = [r for r in stack.firing_runs("fast") if r is not run and fire_time in r["firings"]["fast"]]
+        assert not again, f"fast's firing {fire_time} was requested again by {[r['runId'] for r in again]}"
+    first_failed = min(f for r in failed for f in r["firings"]["flaky"])
+    # The operator fixes the table: flaky's firings from the first failed one on are retried, in order.
+    stack.fix_flaky_source()
+    fixed_at = datetime.now(UTC)
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        done = sorted(e.fire_time for e in stack.ledger("flaky") if e.status == "succeeded")
+        if done and done[-1] >= fixed_at:
+            break
+        time.sleep(3)
+    else:
+        raise AssertionError(f"flaky never recovered: {[(r['status'], r['tags'].get('cq/attempt')) for r in stack.firing_runs('flaky')]}"
+                             f"\n{stack.diagnostics()}")
+    assert done[0] == first_failed and consecutive(done), done
+    assert len(set(done)) == len(done)
+    retried = [r for r in stack.firing_runs("flaky") if r["tags"]["cq/attempt"] != "0"]
+    assert retried, "no batch retried flaky"
+    check_batches(stack, "flaky")
+
+
+# -- timeout policies, with firings slower (12 s) than EVERY (5 s) -----------------------------------
+def test_blocked_firings_wait_for_their_run_and_all_run_in_order(dagster_stack):
+    stack = dagster_stack
+    stack.wait_for_firings("slow_blocked", count=3, timeout=WAIT)
+    runs = check_batches(stack, "slow_blocked")
+    done = check_exactly_once(stack, "slow_blocked", "blocked_out")
+    # Held while its run ran, then requested together: some batch holds several of its firings.
+    assert any(len(r["firings"]["slow_blocked"]) > 1 for r in runs), [r["firings"] for r in runs]
+    requested = [f for r in runs for f in r["firings"]["slow_blocked"]]
+    assert consecutive(sorted(set(requested))), "BLOCKED lost firings"
+    for run in runs:
+        if run["status"] == "SUCCESS":
+            assert run["endTime"] - run["startTime"] >= SLOW_SECONDS * len(run["firings"]["slow_blocked"])
+    ticks = stack.ticks(SLOW_LOCATION, "cq_firings")
+    assert [t for t in ticks if "slow_blocked: BLOCKED holds" in (t["skipReason"] or "")] or \
+        any(len(r["firings"]["slow_blocked"]) > 1 for r in runs)
     assert not [t for t in ticks if t["status"] == "FAILURE"], [t["error"] for t in ticks if t["error"]]
+    assert done[0] == runs[0]["firings"]["slow_blocked"][0]
 
 
-def test_discard_skips_while_a_run_is_in_flight_and_catches_up(dagster_stack):
-    runs = dagster_stack.wait_for_runs("slow_discard", successes=2, timeout=WAIT)
-    ticks = dagster_stack.ticks(SLOW_LOCATION, "slow_discard_ticks")
-    check_firing_tags(runs, "slow_discard", policy="DISCARD")
-    check_no_overlap(runs)
+def test_discard_skips_while_its_run_is_in_flight_and_catches_up(dagster_stack):
+    stack = dagster_stack
+    stack.wait_for_firings("slow_discard", count=2, timeout=WAIT)
+    runs = check_batches(stack, "slow_discard")
+    assert all(len(r["firings"]["slow_discard"]) == 1 for r in runs), [r["firings"] for r in runs]
     assert sum(r["status"] in IN_FLIGHT for r in runs) <= 1, [r["status"] for r in runs]
-    assert not [t for t in ticks if t["status"] == "FAILURE"], [t["error"] for t in ticks if t["error"]]
-    skipped = [t for t in ticks if t["status"] == "SKIPPED" and "DISCARD" in (t["skipReason"] or "")]
-    assert skipped, [(t["status"], t["skipReason"]) for t in ticks]
-    for tick in skipped:  # each DISCARD skip happened while a run was queued or running
-        assert any(r["creationTime"] - 2 <= tick["timestamp"] <= (r["endTime"] or math.inf) for r in runs), tick
-    done = sorted((r for r in runs if r["status"] == "SUCCESS"), key=fire)
-    fires = sorted(fire(r) for r in runs)
+    done = [r for r in runs if r["status"] == "SUCCESS"]
     for a, b in zip(done, done[1:]):
+        fa, fb = a["firings"]["slow_discard"][0], b["firings"]["slow_discard"][0]
         assert b["creationTime"] >= a["endTime"] - 0.5, "a DISCARD run was created while another was in flight"
-        # The firings due while `a` ran were dropped, not queued: no run between the two...
-        assert fire(b) - fire(a) >= 2 * EVERY and not [f for f in fires if fire(a) < f < fire(b)]
+        # The firings due while `a` ran were dropped, not queued...
+        assert fb - fa >= 2 * EVERY
         # ...and `b` is the latest firing due once `a` finished (one step of slack for the evaluation).
-        assert fire(b) >= floor5(a["endTime"]) - EVERY, (fire(b), a["endTime"])
-        assert b["creationTime"] - fire(b).timestamp() < 3 * EVERY.total_seconds()
+        assert fb >= floor5(a["endTime"]) - EVERY, (fb, a["endTime"])
+    ticks = stack.ticks(SLOW_LOCATION, "cq_firings")
+    skips = [t for t in ticks if "slow_discard: DISCARD skipped" in (t["skipReason"] or "")]
+    logged = len(done) > 1  # skips in a tick that also requested a run are in its log, not its skip reason
+    assert skips or logged, [(t["status"], t["skipReason"]) for t in ticks][:20]
+
+
+def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagster_stack, monkeypatch, capsys):
+    """The slow location runs with CQ_TRANSLATOR=renamed_translator:Renamed: `cq stop/start` and
+    `cq recalculate --via-dagster` with the same setting find <name>_switch and recalc_<name>."""
+    from cq_engine.cli.main import main
+
+    stack = dagster_stack
+    settings = stack.slow_settings
+    for var, value in {"CQ_SQL_DIR": settings.sql_dir, "CQ_WAREHOUSE": settings.warehouse, "CQ_HOME": settings.home,
+                       "CQ_TRANSLATOR": "renamed_translator:Renamed"}.items():
+        monkeypatch.setenv(var, value)
+    address = f"127.0.0.1:{stack.web_port}"
+    assert main(["stop", "slow_discard", "--dagster", address]) == 0
+    out = capsys.readouterr().out
+    assert f"slow_discard: sensor slow_discard_switch in {SLOW_LOCATION} stopped" in out, out
+    stack.wait_until("slow_discard's run to finish", lambda: not [
+        r for r in stack.firing_runs("slow_discard") if r["status"] in IN_FLIGHT], WAIT)
+    stopped_at = time.time()
+    time.sleep(4 * EVERY.total_seconds())
+    assert not [r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 1], \
+        "a stopped definition got a batch"
+    assert main(["start", "slow_discard", "--dagster", address]) == 0
+    assert "slow_discard_switch" in capsys.readouterr().out
+    stack.wait_until("a batch after the start", lambda: [
+        r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 4 * EVERY.total_seconds()], WAIT)
+
+    end = floor5(time.time() - 60)
+    code = main(["recalculate", "slow_discard", "--from", (end - timedelta(seconds=10)).isoformat(),
+                 "--to", end.isoformat(), "--via-dagster", address])
+    out = capsys.readouterr().out
+    assert code == 0 and "recalculate run" in out, out
+    run_id = out.split("recalculate run ")[1].split()[0]
+    stack.wait_until("the recalculation", lambda: [r for r in stack.runs("slow_discard") if r["runId"] == run_id
+                                                   and r["status"] == "SUCCESS"], WAIT)
+    (run,) = [r for r in stack.runs("slow_discard") if r["runId"] == run_id]
+    assert run["jobName"] == "recalc_slow_discard"
 
 
 def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, monkeypatch, capsys):
@@ -174,6 +244,7 @@ def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, 
     settings = dagster_stack.settings
     for var, value in {"CQ_SQL_DIR": settings.sql_dir, "CQ_WAREHOUSE": settings.warehouse, "CQ_HOME": settings.home}.items():
         monkeypatch.setenv(var, value)
+    monkeypatch.delenv("CQ_TRANSLATOR", raising=False)
     end = floor5(time.time() - 60)
     start = end - timedelta(seconds=30)
     code = main(["recalculate", "fast", "--from", start.isoformat(), "--to", end.isoformat(),
@@ -188,6 +259,7 @@ def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, 
             break
         time.sleep(2)
     assert run["status"] == "SUCCESS" and run["tags"].get("cq/recalculate") == "true"
+    assert run["jobName"] == "fast_recalculate"
     ledger = [e for e in Engine(settings=settings).ledger.entries("fast") if e.kind == "recalculate"]
     assert ledger and (ledger[-1].range_start, ledger[-1].range_end) == (start, end)
 
@@ -279,7 +351,7 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
     assert f"{STREAM}: sensor {sensor} in {MAIN_LOCATION} stopped" in cq("stop", STREAM)
     assert state() == ("STOPPED", v_a)
     v_b = append_meters(engine, range(30, 52))  # written while stopped: closes [30 s, 50 s)
-    for _ in range(7):  # longer than the sensor's 5 s interval
+    for _ in range(7):  # longer than the sensor's 2 s interval
         time.sleep(1)
         assert state() == ("STOPPED", v_a)
     assert len(stack.runs(STREAM)) == len(runs)
@@ -325,3 +397,23 @@ def test_stream_start_ignore_untreated_never_computes_the_windows_written_while_
     if "leaked" not in _untreated:
         pytest.skip("needs test_stream_sensor_runs_and_cq_stop_start_pause_resume (run the module)")
     assert _untreated["leaked"] == [], "windows closed by data written while stopped were computed"
+
+
+# -- last, as it restarts the daemon: no firing lost or repeated across a daemon restart --------------
+def test_every_firing_due_while_the_daemon_was_down_runs_exactly_once_after_its_restart(dagster_stack):
+    stack = dagster_stack
+    stack.wait_for_firings("fast", count=2, timeout=WAIT)
+    stack.kill_daemon()
+    killed_at = datetime.now(UTC)
+    time.sleep(4 * EVERY.total_seconds())  # at least three firings fall due with no daemon
+    stack.start_daemon()
+    restarted = datetime.now(UTC)
+    stack.wait_for_firings("fast", count=1, timeout=WAIT, after=restarted)
+    done = check_exactly_once(stack, "fast")  # consecutive from the first firing on, each once
+    missed = [f for f in done if killed_at < f <= restarted]
+    assert len(missed) >= 3, (killed_at, restarted, done)
+    check_batches(stack, "fast")
+    # DISCARD after the restart: only the latest due firing, never the backlog.
+    stack.wait_until("slow_discard after the restart", lambda: [
+        r for r in stack.firing_runs("slow_discard") if r["creationTime"] > restarted.timestamp()], WAIT)
+    assert all(len(r["firings"]["slow_discard"]) == 1 for r in stack.firing_runs("slow_discard"))

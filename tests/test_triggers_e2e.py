@@ -39,7 +39,7 @@ class Daemon:
     def __init__(self, root: Path, settings: Settings):
         self.root, self.home = root, write_dagster_home(root / "dagster_home")
         self.workspace = root / "workspace.yaml"
-        self.workspace.write_text("load_from:\n  - python_module:\n      module_name: dagster_defs\n"
+        self.workspace.write_text("load_from:\n  - python_module:\n      module_name: dagster_defs.location\n"
                                   f"      working_directory: {REPO}\n      location_name: cq_triggers\n")
         self.env = dagster_env(settings, self.home)
         for var in ("CQ_SPARK_REMOTE", "CQ_SPARK_MASTER", "CQ_FAILPOINT"):

@@ -22,8 +22,12 @@ from cq_engine.engine import Engine
 from cq_engine.times import UTC, iso
 
 DAGSTER_YAML = """\
-# Written by `cq dev`. BLOCKED: one run at a time per definition (tag cq/name), later firings queue
-# and run in order; DISCARD definitions skip in their schedule/sensor instead.
+# Written by `cq dev`. Batched firings (sensor cq_firings): the sensor keeps each definition in one
+# run at a time; at most 2 batch runs at once (tag cq/batch). Per-definition runs (a definition's own
+# job, a recalculation, a stream's runs, CQ_RUN_MODEL=per_firing): one at a time per definition
+# (tag cq/name), later ones queue and run in order; DISCARD definitions skip in their sensor instead.
+# Run monitoring ends runs past their dagster/max_runtime tag (a batch whose worker died), so the
+# sensor retries their firings.
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
@@ -34,6 +38,12 @@ concurrency:
         value:
           applyLimitPerUniqueValue: true
         limit: 1
+      - key: cq/batch
+        value: "true"
+        limit: 2
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 30
 telemetry:
   enabled: false
 """

@@ -195,26 +195,20 @@ def _recalculate(args, settings: Settings) -> int:
 
 
 def _recalculate_via_dagster(args, settings: Settings) -> int:
-    from dagster_graphql import DagsterGraphQLClient
-
-    from dagster_defs import CQTranslator
+    from dagster_defs.client import launch_recalculate
+    from dagster_defs.translator import configured_translator
 
     d = _definition(args.name, settings)
     _time(args.start, settings, "--from")  # reject bad times before anything is launched
     if args.end:
         _time(args.end, settings, "--to")
-    translator = CQTranslator()
-    job = translator.get_recalculate_job_name(d)
-    host, _, port = args.via_dagster.partition(":")
-    config = {"recalculate_from": args.start, **({"recalculate_to": args.end} if args.end else {})}
+    address = args.via_dagster if ":" in args.via_dagster else f"{args.via_dagster}:3000"
     try:
-        run_id = DagsterGraphQLClient(host, port_number=int(port or 3000)).submit_job_execution(
-            job, run_config={"ops": {translator.get_op_name(d): {"config": config}}})
-    except Exception as exc:  # the client's own errors, and requests' connection errors
-        cause = exc.__cause__ or exc.__context__ or exc
-        detail = " ".join(str(cause).split())[:300] or type(cause).__name__
-        raise CQError(f"--via-dagster {args.via_dagster}: cannot launch {job}: {detail}") from None
-    print(f"{args.name}: recalculate run {run_id} launched on http://{host}:{port or 3000}/runs/{run_id}")
+        run_id = launch_recalculate(d, address=address, translator=configured_translator(), start=args.start,
+                                    end=args.end)
+    except CQError as exc:
+        raise CQError(f"--via-dagster {args.via_dagster}: {exc}") from None
+    print(f"{args.name}: recalculate run {run_id} launched on http://{address}/runs/{run_id}")
     return 0
 
 

@@ -4,7 +4,6 @@ RESUME/DROP STREAM) for a file-defined system whose running state lives in Dagst
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -87,116 +86,25 @@ def _tick(args, settings: Settings) -> int:
     return 0
 
 
-_SENSOR = """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
-  ... on Sensor { id sensorState { status typeSpecificData { ... on SensorData { lastCursor } } } }
-  ... on Error { message } } }"""
-_SCHEDULE = """query($s: ScheduleSelector!) { scheduleOrError(scheduleSelector: $s) { __typename
-  ... on Schedule { id scheduleState { status } } ... on Error { message } } }"""
-_REPOSITORIES = """{ repositoriesOrError { __typename ... on Error { message }
-  ... on RepositoryConnection { nodes { name location { name } sensors { name } schedules { name } } } } }"""
-_MUTATIONS = {
-    ("sensor", "start"): "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename "
-                         "... on Error { message } } }",
-    ("sensor", "stop"): "mutation($id: String) { stopSensor(id: $id) { __typename ... on Error { message } } }",
-    ("schedule", "start"): "mutation($s: ScheduleSelector!) { startSchedule(scheduleSelector: $s) { __typename "
-                           "... on Error { message } } }",
-    ("schedule", "stop"): "mutation($id: String) { stopRunningSchedule(id: $id) { __typename "
-                          "... on Error { message } } }",
-}
-# A daemon tick that read the sensor's state just before a stop writes that state back, running
-# (a read-modify-write race of the sensor daemon, cf. dagster-io/dagster#7736): a stop is checked
-# again after this long, and repeated if the daemon undid it.
-STOP_SETTLE_SECONDS = 2.0
-STOP_ATTEMPTS = 3
-_SET_CURSOR = ("mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s, cursor: $c) "
-               "{ __typename ... on Error { message } } }")
-
-
-class _GraphQL:
-    def __init__(self, address: str):
-        self.url = f"http://{address}/graphql"
-
-    def __call__(self, query: str, **variables) -> dict:
-        import requests
-
-        try:
-            response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=30)
-            body = response.json()
-        except Exception as exc:  # connection refused, not JSON...
-            raise CQError(f"cannot reach Dagster at {self.url}: {' '.join(str(exc).split())[:200]}") from None
-        if body.get("errors"):
-            raise CQError(f"Dagster at {self.url}: {body['errors'][0].get('message')}")
-        return body["data"]
-
-    def locate(self, candidates: list[tuple[str, str]]) -> tuple[str, str, str, str]:
-        """``(kind, name, location, repository)`` of the first of ``candidates`` (``(kind, name)``,
-        kind ``schedule`` or ``sensor``) loaded in any code location of the workspace."""
-        data = self(_REPOSITORIES)["repositoriesOrError"]
-        if data["__typename"] != "RepositoryConnection":
-            raise CQError(f"Dagster at {self.url}: {data.get('message', data['__typename'])}")
-        nodes = data.get("nodes") or []
-        if not nodes:
-            raise CQError(f"Dagster at {self.url} has no code location loaded")
-        for kind, name in candidates:
-            found = [(kind, name, n["location"]["name"], n["name"]) for n in nodes
-                     if name in {x["name"] for x in n[f"{kind}s"]}]
-            if len(found) > 1:
-                raise CQError(f"Dagster at {self.url}: {kind} {name} is in several code locations "
-                              f"({', '.join(f[2] for f in found)})")
-            if found:
-                return found[0]
-        wanted = " or ".join(f"{kind} {name}" for kind, name in candidates)
-        raise CQError(f"Dagster at {self.url} has no {wanted} in its code locations "
-                      f"({', '.join(sorted({n['location']['name'] for n in nodes}))})")
-
-
-def _check(result: dict, what: str) -> dict:
-    """A mutation's or query's single result, or a CQError naming Dagster's error."""
-    outcome = next(iter(result.values()))
-    if outcome.get("__typename", "").endswith("Error"):
-        raise CQError(f"{what} failed in Dagster: {outcome.get('message') or outcome['__typename']}")
-    return outcome
-
-
 def _control(args, settings: Settings) -> int:
-    from dagster_defs.translator import CQTranslator
+    from dagster_defs.client import control, windowed
+    from dagster_defs.translator import configured_translator
 
     engine = open_engine(settings)
     d = engine.definition(args.name)
-    translator = CQTranslator()
-    gql = _GraphQL(args.dagster)
-    windowed = not isinstance(d, ContinuousQuery) and not isinstance(d.trigger, PeriodTrigger)
-    candidates = [("sensor", translator.get_sensor_name(d))]
-    if not windowed:  # a schedule, or a tick sensor where cron cannot express the ticks
-        candidates.insert(0, ("schedule", translator.get_schedule_name(d)))
-    kind, name, location, repository = gql.locate(candidates)
-    selector = {"repositoryLocationName": location, "repositoryName": repository, f"{kind}Name": name}
-    query = _SENSOR if kind == "sensor" else _SCHEDULE
-    found = _check(gql(query, s=selector), f"{d.name}: looking up {kind} {name}")
-    extra = ""
+    new_cursor, extra = None, ""
     if args.verb == "start" and getattr(args, "ignore_untreated", False):
-        if windowed:
+        if windowed(d):
             from cq_engine.streams.sensor import skip_untreated
 
-            cursor = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
-            _check(gql(_SET_CURSOR, s=selector, c=skip_untreated(engine.ctx, d, cursor)),
-                   f"{d.name}: setting the cursor of {name}")
+            def new_cursor(cursor):
+                return skip_untreated(engine.ctx, d, cursor)
+
             extra = " (data written while stopped skipped)"
         else:
             extra = " (--ignore-untreated applies to window-triggered streams only: nothing skipped)"
-    variables = {"s": selector} if args.verb == "start" else {"id": found["id"]}
-    mutation = _MUTATIONS[(kind, args.verb)]
-    _check(gql(mutation, **variables), f"{d.name}: {args.command}")
-    if kind == "sensor" and args.verb == "stop":
-        for _ in range(STOP_ATTEMPTS):
-            time.sleep(STOP_SETTLE_SECONDS)
-            state = _check(gql(_SENSOR, s=selector), f"{d.name}: looking up {kind} {name}")["sensorState"]
-            if state["status"] == "STOPPED":
-                break
-            _check(gql(mutation, **variables), f"{d.name}: {args.command}")
-        else:
-            raise CQError(f"{d.name}: sensor {name} keeps running after {STOP_ATTEMPTS} stops (the Dagster daemon "
-                          "restores it); try again")
+    kind, name, location = control(d, verb=args.verb, address=args.dagster, translator=configured_translator(),
+                                   new_cursor=new_cursor)
     state = "running" if args.verb == "start" else "stopped"
     print(f"{d.name}: {kind} {name} in {location} {state}{extra}")
     return 0

@@ -385,17 +385,24 @@ def _tick_versions(ctx: EngineContext, stream: Stream, tick: datetime) -> tuple[
     return after, until
 
 
-def stream_created(ctx: EngineContext, stream: Stream, *, now: datetime) -> datetime:
-    """When the stream (this statement of it) was first seen: PERIOD's creation day, recorded in
-    ``_cq/streams/<name>/created`` the first time it is asked for."""
-    name = state_name(stream, "created")
+def recorded_created(ctx: EngineContext, stream: Stream) -> datetime | None:
+    """The stream's recorded creation (see ``stream_created``), or None; reads only."""
     digest = statement_hash(stream)
-    recorded = ctx.storage.read_state(name)
+    recorded = ctx.storage.read_state(state_name(stream, "created"))
     for row in recorded.to_pylist() if recorded is not None else []:
         if row["definition"] == digest:
             return row["created"]
-    ctx.storage.overwrite_state(name, pa.table({"definition": [digest],
-                                                "created": pa.array([now], pa.timestamp("us", tz="UTC"))}))
+    return None
+
+
+def stream_created(ctx: EngineContext, stream: Stream, *, now: datetime) -> datetime:
+    """When the stream (this statement of it) was first seen: PERIOD's creation day, recorded in
+    ``_cq/streams/<name>/created`` the first time it is asked for."""
+    recorded = recorded_created(ctx, stream)
+    if recorded is not None:
+        return recorded
+    ctx.storage.overwrite_state(state_name(stream, "created"), pa.table({
+        "definition": [statement_hash(stream)], "created": pa.array([now], pa.timestamp("us", tz="UTC"))}))
     return now
 
 

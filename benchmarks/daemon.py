@@ -1,0 +1,102 @@
+"""A real Dagster daemon for the orchestration benchmarks (``orchestration``, ``freshness``): a
+Spark Connect server, a DAGSTER_HOME written by ``cq dev``'s ``write_dagster_home``, a code server
+(``dagster api grpc`` on ``dagster_defs.location``) and ``dagster-daemon run``, each in its own
+session, stopped (process groups, then the Spark server) by ``stop``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import clean_env, free_port
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Daemon:
+    root: Path
+    settings: object  # cq_engine.config.Settings
+    run_model: str = "batch"
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.root / "dagster_home"
+
+    def env(self) -> dict[str, str]:
+        from cq_engine.cli.dev import dagster_env
+
+        env = dagster_env(self.settings, self.dagster_home)
+        env = {**clean_env(), **{k: v for k, v in env.items() if k.startswith(("CQ_", "DAGSTER_"))}}
+        env.update(CQ_CONFIG=str(self.root / "no-cq.toml"), CQ_RUN_MODEL=self.run_model, PYTHONUNBUFFERED="1",
+                   PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+        return env
+
+    def start(self, *, timeout: float = 300) -> None:
+        from cq_engine import spark as cq_spark
+        from cq_engine.cli.dev import write_dagster_home
+
+        status = cq_spark.start_server(self.settings, timeout=240)
+        if not status.running:
+            raise RuntimeError(status.describe())
+        write_dagster_home(self.dagster_home)
+        port = free_port()
+        (self.root / "workspace.yaml").write_text(
+            f"load_from:\n  - grpc_server:\n      host: 127.0.0.1\n      port: {port}\n      location_name: bench\n")
+        env = self.env()
+        self._spawn("code_server", [str(BIN / "dagster"), "api", "grpc", "--module-name", "dagster_defs.location",
+                                    "--working-directory", str(REPO), "--host", "127.0.0.1", "--port", str(port)],
+                    env)
+        deadline = time.monotonic() + timeout
+        while not _port_open(port):
+            self._check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the code server did not start within {timeout:.0f}s\n{self.log_tail('code_server')}")
+            time.sleep(1)
+        self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(self.root / "workspace.yaml")], env)
+
+    def instance(self):
+        """The daemon's DagsterInstance (read its runs and sensor ticks directly)."""
+        import dagster as dg
+
+        os.environ["DAGSTER_HOME"] = str(self.dagster_home)
+        return dg.DagsterInstance.get()
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        (self.root / "logs").mkdir(exist_ok=True)
+        with open(self.root / "logs" / f"{name}.log", "w") as log:
+            self.procs[name] = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.root / "logs" / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self) -> None:
+        from cq_engine import spark as cq_spark
+        from cq_engine.cli.dev import stop_process_group
+
+        for name in ("daemon", "code_server"):
+            if name in self.procs:
+                stop_process_group(self.procs[name], first_signal=signal.SIGTERM)
+        cq_spark.stop_server(self.settings)
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0

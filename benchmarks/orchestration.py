@@ -1,0 +1,131 @@
+"""``orchestration``: N continuous queries firing every 30 s through the real Dagster daemon.
+
+The daemon, a code server and a Spark Connect server run as in ``cq dev`` (benchmarks.daemon); a
+thread appends fresh sensor readings every 5 s. After a warm-up, the benchmark watches a window of
+several minutes and reports, from the ledger and the daemon's run storage: firings succeeded per
+minute against firings due per minute, the worst lag (now minus the newest committed range end of
+any definition, sampled every second of the window) and Dagster runs per firing. The ratio checked
+is (1 - done/due) / 0.05, so <= 1 means at least 95% done; the lag target (60 s) is reported beside.
+``CQ_BENCH_RUN_MODEL=per_firing`` measures the one-run-per-firing model instead (the baseline).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+from . import Context, Outcome, verdict
+
+NAME = "orchestration"
+SUBPROCESS = True
+EVERY = 30  # seconds
+LAG_TARGET = 60.0
+UTC = timezone.utc
+
+
+def definitions_sql(n: int) -> str:
+    head = "CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);\n"
+    return head + "".join(
+        f"CREATE CQ q{i:03d} RESAMPLE EVERY {EVERY}s BEGIN SELECT max_value(temperature) AS m, "
+        f"count(temperature) AS n INTO q{i:03d}_out FROM sensors GROUP BY (10s), device END;\n" for i in range(n))
+
+
+def feed(engine, stop: threading.Event, start: datetime) -> None:
+    from cq_engine.cli.feed import floor_time, sensor_rows
+
+    every = timedelta(seconds=5)
+    while not stop.wait(5):
+        end = floor_time(datetime.now(UTC), every)
+        if end > start:
+            engine.storage.append("sensors", sensor_rows(start=start, end=end, every=every))
+            start = end
+
+
+def run(ctx: Context) -> Outcome:
+    from cq_engine.cli.feed import floor_time, sensor_rows
+    from cq_engine.config import Settings
+    from cq_engine.engine import Engine
+
+    from .daemon import Daemon
+    from . import free_port
+
+    n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_ORCH_N", "100"))
+    window = 120 if ctx.quick else int(os.environ.get("CQ_BENCH_ORCH_SECONDS", "300"))
+    run_model = os.environ.get("CQ_BENCH_RUN_MODEL", "batch")
+    work = ctx.workdir(NAME)
+    (work / "sql").mkdir(exist_ok=True)
+    (work / "sql" / "cq.sql").write_text(definitions_sql(n))
+    settings = Settings(sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"),
+                        spark_port=free_port())
+    engine = Engine(settings=settings)
+    engine.ensure_tables()
+    now = floor_time(datetime.now(UTC), timedelta(seconds=5))
+    engine.storage.append("sensors", sensor_rows(start=now - timedelta(minutes=10), end=now))
+    stop = threading.Event()
+    feeder = threading.Thread(target=feed, args=(engine, stop, now), daemon=True)
+    feeder.start()
+    daemon = Daemon(root=work, settings=settings, run_model=run_model)
+    try:
+        daemon.start()
+        ctx.log(f"{n} definitions every {EVERY}s, {run_model} model; waiting for the first committed firing")
+        deadline = time.monotonic() + 600
+        while not [e for e in engine.ledger.entries() if e.status == "succeeded"]:
+            daemon._check()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no firing committed within 600 s\n{daemon.log_tail('daemon')}")
+            time.sleep(5)
+        time.sleep(EVERY)  # warm-up: let the first backlog clear
+        w0 = datetime.now(UTC)
+        ctx.log(f"measuring {window}s from {w0:%H:%M:%S}")
+        time.sleep(window)
+        w1 = datetime.now(UTC)
+        time.sleep(EVERY + 5)  # firings due in the window may finish up to EVERY after it
+        entries = engine.ledger.entries()
+        instance = daemon.instance()
+        import dagster as dg
+
+        runs = instance.get_run_records(dg.RunsFilter(created_after=w0, created_before=w1))
+    finally:
+        stop.set()
+        daemon.stop()
+    ok = [e for e in entries if e.status == "succeeded" and e.kind == "firing"]
+    failed = [e for e in entries if e.status == "failed"]
+    minutes = (w1 - w0).total_seconds() / 60
+    # Due in the window: every definition's firing times in (w0, w1].
+    due = n * sum(1 for k in range(int(w0.timestamp()) // EVERY + 1, int(w1.timestamp()) // EVERY + 1))
+    done = sum(1 for e in ok if w0 < e.finished_at <= w1)
+    done_due = sum(1 for e in ok if w0 < e.fire_time <= w1 and e.finished_at <= w1 + timedelta(seconds=EVERY))
+    worst = worst_lag(ok, names=[f"q{i:03d}" for i in range(n)], start=w0, end=w1)
+    share = done_due / due if due else 0.0
+    per_firing = len(runs) / done if done else float("inf")
+    ratio = (1 - share) / 0.05 if share < 1 else 0.0
+    line = (f"{NAME}: {n} CQs every {EVERY}s ({run_model}), {minutes:.1f} min: {done / minutes:.1f} firings "
+            f"succeeded/min vs {due / minutes:.1f} due/min; {share:.1%} of the window's firings done within "
+            f"{EVERY}s of its end; worst lag {worst:.0f}s (target <= {LAG_TARGET:.0f}s); {len(runs)} runs, "
+            f"{per_firing:.2f} runs/firing; {len(failed)} failed; {verdict(ratio, 1.0)}")
+    notes = [] if worst <= LAG_TARGET else [f"worst lag {worst:.0f}s MISSED the {LAG_TARGET:.0f}s target"]
+    return Outcome(NAME, line, ratio=ratio if worst <= LAG_TARGET else max(ratio, 1.01), target=1.0, notes=notes)
+
+
+def worst_lag(entries, *, names: list[str], start: datetime, end: datetime) -> float:
+    """Max over each second t of [start, end] and every definition of t minus the newest range end
+    committed (finished) by t."""
+    by_name: dict[str, list[tuple[datetime, datetime]]] = {n: [] for n in names}
+    for e in entries:
+        if e.definition in by_name:
+            by_name[e.definition].append((e.finished_at, e.range_end))
+    worst = 0.0
+    for commits in by_name.values():
+        commits.sort()
+        newest, i = None, 0
+        t = start
+        while t <= end:
+            while i < len(commits) and commits[i][0] <= t:
+                newest = commits[i][1] if newest is None else max(newest, commits[i][1])
+                i += 1
+            lag = (t - newest).total_seconds() if newest else (t - start).total_seconds() + EVERY
+            worst = max(worst, lag)
+            t += timedelta(seconds=1)
+    return worst

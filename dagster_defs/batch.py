@@ -1,0 +1,347 @@
+"""The batched run model: every firing due across the location's ticked definitions (continuous
+queries and PERIOD streams) in one run, on one warm Spark session.
+
+- One subsettable multi-asset (op ``cq_firings``) holds every ticked definition's sink; the sensor
+  ``cq_firings`` requests runs of its job with the due firings in the run config and the sinks that
+  get them as the run's asset selection. Each firing is one materialization of its sink with its
+  ``cq/*`` metadata, so the sink's asset page shows its firings as before.
+- Per definition (the sensor's cursor): ``upto`` (last firing requested) and, while a run holds some
+  of its firings, that run's key and its first firing. A definition is never in two runs at once:
+  BLOCKED holds its due firings while its run is queued or running and requests them all, in order,
+  next; DISCARD skips them and then requests only the latest.
+- A run key per batch makes a repeated evaluation harmless. A run that failed (or vanished) puts its
+  definitions' firings back, from the first one, into a later batch with a new attempt number; the
+  other definitions of that run are not redone, and in the retried run a firing the ledger already
+  holds as succeeded is skipped.
+- ``<name>_ticks`` stays per definition as its on/off switch (``cq stop/start``): a stopped switch
+  leaves the definition out of the batches. ``<name>_job`` and ``<name>_recalculate`` select its sink
+  alone, so a definition's firings can still be run and recalculated on their own.
+"""
+
+import hashlib
+import json
+import os
+import queue
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Iterator, Optional
+
+import dagster as dg
+from dagster._core.definitions.run_request import InstigatorType
+from dagster._core.scheduler.instigation import InstigatorStatus
+from dagster_pyspark import PySparkResource
+
+from cq_engine.errors import CQError
+from cq_engine.model import ContinuousQuery, Definition
+from cq_engine.schedule.ticks import Ticks
+from cq_engine.times import UTC, iso, parse_time
+
+from .builders import IN_FLIGHT, FiringConfig, execute_one, materialization
+from .resource import CQEngineResource
+
+CURSOR_VERSION = 1
+MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
+MAX_FIRINGS_PER_RUN = 400  # definitions beyond it wait for the next batch
+LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
+RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
+MAX_RUNTIME_SECONDS = 1800  # run monitoring ends a batch run older than this (its worker died): retried
+SWITCH_INTERVAL_SECONDS = 24 * 3600
+RUNNING = {s.value for s in IN_FLIGHT}
+
+
+def batch_interval(definitions: list[Definition], ticks: dict[str, Ticks]) -> int:
+    """The batch sensor's cadence: half the shortest EVERY, between 1 and 5 seconds."""
+    shortest = min((ticks[d.name].every.total_seconds() for d in definitions if d.name in ticks), default=10)
+    return int(max(1, min(5, shortest // 2)))
+
+
+@dataclass
+class DefinitionState:
+    upto: Optional[str] = None  # last firing requested
+    key: Optional[str] = None  # run key of the run holding its firings
+    first: Optional[str] = None  # first firing in that run
+    since: float = 0.0  # when that run was requested (epoch seconds)
+    attempt: int = 0  # failed attempts at the firings from `first`
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0)}
+
+
+def load_cursor(text: Optional[str]) -> dict[str, DefinitionState]:
+    if not text:
+        return {}
+    data = json.loads(text)
+    if data.get("v") != CURSOR_VERSION:
+        raise CQError(f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; reset the sensor's cursor")
+    return {name: DefinitionState(**s) for name, s in data["defs"].items()}
+
+
+def dump_cursor(states: dict[str, DefinitionState]) -> str:
+    return json.dumps({"v": CURSOR_VERSION, "defs": {n: s.to_json() for n, s in sorted(states.items())}},
+                      separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Batch:
+    firings: dict[str, list[datetime]]  # definition -> firing times, in order
+    cursor: str
+    skipped: list[str]  # DISCARD skips and definitions held back, for the tick's log
+    attempt: int
+
+    @property
+    def run_key(self) -> str:
+        text = json.dumps({n: [iso(f) for f in fs] for n, fs in sorted(self.firings.items())}) + f"#{self.attempt}"
+        return "cq_firings:" + hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor: Optional[str], now: datetime,
+               run_status: dict[str, str], busy: set[str], paused: set[str],
+               failed: Optional[dict[str, set[str]]] = None, finished: frozenset[str] = frozenset()) -> Batch:
+    """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
+    cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
+    that run (its ``cq/failed`` tag; a failed run without it failed as a whole); ``busy``: definitions
+    with another run of theirs in flight (their own job, a recalculation); ``paused``: definitions
+    whose switch is stopped; ``finished``: definitions whose every firing in their still-running run
+    is committed (a long catch-up of another definition in that run does not hold them)."""
+    failed = failed or {}
+    states = load_cursor(cursor)
+    states = {d.name: states.get(d.name, DefinitionState()) for d in definitions}
+    firings: dict[str, list[datetime]] = {}
+    skipped: list[str] = []
+    attempt = 0
+    total = 0
+    for d in definitions:
+        s = states[d.name]
+        original = replace(s)
+        in_flight = d.name in busy
+        retry = False
+        if s.key:
+            status, age = run_status.get(s.key), now.timestamp() - s.since
+            if d.name in finished:
+                s.key, s.first, s.attempt = None, None, 0
+            elif status in RUNNING or (status is None and age < LOST_AFTER.total_seconds()):
+                in_flight = True
+            elif status == "SUCCESS" or (status == "FAILURE" and s.key in failed and d.name not in failed[s.key]):
+                s.key, s.first, s.attempt = None, None, 0
+            elif age < RETRY_BACKOFF[min(s.attempt, len(RETRY_BACKOFF) - 1)]:
+                in_flight = True  # failed (or lost): held for a back-off, then retried from `first`
+            else:
+                s.key, s.attempt, retry = None, s.attempt + 1, True
+        if d.name in paused:
+            continue
+        t = ticks[d.name]
+        due = t.due(cursor=parse_time(s.upto, tz=UTC) if s.upto else None, now=now)
+        if d.timeout_policy == "DISCARD":
+            if in_flight:
+                if due:
+                    s.upto = iso(due[-1])
+                    skipped.append(f"{d.name}: DISCARD skipped {len(due)} firing(s) up to {iso(due[-1])} "
+                                   "(a run of it is queued or running)")
+                continue
+            fires = due[-1:] or ([parse_time(s.first, tz=UTC)] if retry and s.first else [])
+        else:
+            if in_flight:
+                if due:
+                    skipped.append(f"{d.name}: BLOCKED holds {len(due)} firing(s) until its run finishes")
+                continue
+            again = []
+            if retry and s.first:
+                first = parse_time(s.first, tz=UTC)
+                again = [first] + t.between(first + timedelta(microseconds=1),
+                                            parse_time(s.upto, tz=UTC) + timedelta(microseconds=1))
+            fires = (again + due)[:MAX_FIRINGS_PER_DEFINITION]
+        if not fires:
+            if retry:
+                s.first, s.attempt = None, 0
+            continue
+        if total and total + len(fires) > MAX_FIRINGS_PER_RUN:
+            states[d.name] = original  # as if not looked at: the next batch decides again
+            continue
+        total += len(fires)
+        firings[d.name] = fires
+        if retry:
+            attempt = max(attempt, s.attempt)
+        else:
+            s.attempt = 0
+        s.first = iso(fires[0])
+        # BLOCKED: what a full batch left out is due again; DISCARD never goes back.
+        keep = d.timeout_policy == "DISCARD" and s.upto and parse_time(s.upto, tz=UTC) > fires[-1]
+        s.upto = s.upto if keep else iso(fires[-1])
+    batch = Batch(firings=firings, cursor="", skipped=skipped, attempt=attempt)
+    for name in firings:
+        states[name].key, states[name].since = batch.run_key, now.timestamp()
+    return Batch(firings=firings, cursor=dump_cursor(states), skipped=skipped, attempt=attempt)
+
+
+# -- the op's side ----------------------------------------------------------------------------------
+def batch_threads() -> int:
+    """Definitions executed at once in a batch run (``CQ_BATCH_THREADS``, default 2): while one
+    firing waits on Spark, another plans or commits. A definition's own firings stay sequential."""
+    value = os.environ.get("CQ_BATCH_THREADS", "2")
+    if not value.isdigit() or int(value) < 1:
+        raise CQError(f"CQ_BATCH_THREADS={value!r}: expected a positive integer")
+    return int(value)
+
+
+def _fire_all(engine, d: Definition, fires: list[str], done: set, out: queue.Queue) -> None:
+    """One definition's firings in order, each result (or the first failure) put on ``out``."""
+    run = engine.run_firing if isinstance(d, ContinuousQuery) else engine.run_period
+    for text in fires:
+        fire = parse_time(text, tz=UTC)
+        if (d.name, fire) in done:
+            out.put(("skipped", d, fire, None))
+            continue
+        try:
+            out.put(("ok", d, fire, run(d.name, fire)))
+        except Exception as exc:  # one definition's failure must not stop the others
+            out.put(("failed", d, fire, exc))
+            return
+
+
+def run_batch(context, engine, firings: dict[str, list[str]], *, by_name: dict[str, Definition],
+              sink_keys: dict[str, dg.AssetKey], retry: bool) -> Iterator:
+    """Execute each definition's firings in order; a failing firing stops its definition (BLOCKED
+    order) but not the others. Yields one materialization per firing as it commits; raises at the
+    end naming the definitions that failed (run tag ``cq/failed``)."""
+    done: set[tuple[str, datetime]] = set()
+    if retry:  # a retried batch: what already succeeded is not redone
+        done = {(e.definition, e.fire_time) for e in engine.ledger.entries()
+                if e.status == "succeeded" and e.kind in ("firing", "period") and e.fire_time is not None}
+    out: queue.Queue = queue.Queue()
+    failures, failed_names = [], []
+    with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
+        futures = [pool.submit(_fire_all, engine, by_name[n], fs, done, out) for n, fs in firings.items()]
+        while not (all(f.done() for f in futures) and out.empty()):
+            try:
+                outcome, d, fire, value = out.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if outcome == "skipped":
+                context.log.info(f"{d.name}: firing {iso(fire)} already succeeded (ledger); skipped")
+            elif outcome == "failed":
+                failures.append(f"{d.name} @ {iso(fire)}: {' '.join(str(value).split())[:500]}")
+                failed_names.append(d.name)
+                context.log.error(f"{d.name}: firing {iso(fire)} failed: {value}")
+            else:  # one materialization per firing, as it commits (the sinks' outputs are skippable)
+                context.log.info(f"{d.name}: firing {iso(fire)} committed: {value.rows_written} rows, "
+                                 f"{d.sink} v{value.sink_version}")
+                yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=materialization(d, value).metadata)
+        for f in futures:
+            f.result()  # a bug in _fire_all itself surfaces here
+    committed = sum(len(fs) for fs in firings.values())
+    context.log.info(f"batch: {len(firings)} definition(s), {committed} firing(s) requested, {len(failures)} failed")
+    if failures:
+        # Which definitions failed, for the sensor: it retries those only.
+        context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failed_names))})
+        raise dg.Failure(description=f"{len(failures)} firing(s) failed (their definitions are retried from "
+                                     f"there; the others are committed): " + "; ".join(failures))
+
+
+# -- the Dagster objects ----------------------------------------------------------------------------
+def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.AssetsDefinition, dict]:
+    """One subsettable multi-asset over the sinks of ``definitions``; also name -> sink key."""
+    specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
+    sink_keys = {d.name: spec.key for d, spec in zip(definitions, specs)}
+    by_key = {spec.key: d for d, spec in zip(definitions, specs)}
+    by_name = {d.name: d for d in definitions}
+
+    @dg.multi_asset(name=translator.get_batch_op_name(), specs=specs, can_subset=True,
+                    description="The firings of the location's continuous queries and PERIOD streams: a batch "
+                                "(run config `firings`) or one definition's firing or recalculation.")
+    def _firings(context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource,
+                 pyspark: PySparkResource):
+        engine = cq_engine.engine(pyspark.spark_session)
+        if config.firings:
+            unknown = sorted(set(config.firings) - by_name.keys())
+            if unknown:
+                raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
+            yield from run_batch(context, engine, config.firings, by_name=by_name, sink_keys=sink_keys,
+                                 retry=context.run.tags.get("cq/attempt", "0") != "0")
+            return
+        selected = [by_key[k] for k in context.selected_asset_keys]
+        if len(selected) != 1:
+            raise dg.Failure(f"select one sink (a definition's own job) or pass `firings` in the run config; "
+                             f"{len(selected)} sinks are selected")
+        yield execute_one(context, config, engine, selected[0], asset_key=sink_keys[selected[0].name])
+
+    return _firings, sink_keys
+
+
+def build_batch_sensor(definitions: list[Definition], job, translator, ticks_for, sink_keys: dict,
+                       *, default_status: dg.DefaultSensorStatus, interval: int) -> dg.SensorDefinition:
+    """The sensor that requests the batches (see the module docstring); ``ticks_for(d)`` the ticks."""
+    switches = {translator.get_sensor_name(d): d.name for d in definitions}
+    names = [d.name for d in definitions]
+    op = translator.get_batch_op_name()
+
+    def paused(context) -> set[str]:
+        origin = context.code_location_origin
+        states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+        return {switches[s.origin.instigator_name] for s in states
+                if s.origin.instigator_name in switches and s.status == InstigatorStatus.STOPPED
+                and (origin is None or s.origin.location_name == origin.location_name)}
+
+    def evaluate(context: dg.SensorEvaluationContext):
+        now = datetime.now(UTC)
+        states = load_cursor(context.cursor)
+        keys = sorted({s.key for s in states.values() if s.key})
+        run_status: dict[str, str] = {}
+        run_ids: dict[str, str] = {}
+        failed: dict[str, set[str]] = {}
+        if keys:
+            for record in context.instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys})):
+                run = record.dagster_run
+                run_status[run.tags["dagster/run_key"]] = run.status.value
+                run_ids[run.tags["dagster/run_key"]] = run.run_id
+                if "cq/failed" in run.tags:
+                    failed[run.tags["dagster/run_key"]] = set(run.tags["cq/failed"].split(","))
+        own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": names}, statuses=IN_FLIGHT))
+        busy = {r.dagster_run.tags["cq/name"] for r in own}
+        ticks = {d.name: ticks_for(d) for d in definitions}
+        finished = set()
+        for d in definitions:  # done inside a batch run that is still running (others catching up)
+            s = states.get(d.name)
+            if s and s.key and s.upto and run_status.get(s.key) in RUNNING and s.key in run_ids:
+                event = context.instance.get_latest_materialization_event(sink_keys[d.name])
+                if event and event.run_id == run_ids[s.key]:
+                    end = event.asset_materialization.metadata.get("cq/range_end")
+                    if end and end.value == iso(ticks[d.name].range_of(parse_time(s.upto, tz=UTC))[1]):
+                        finished.add(d.name)
+        batch = plan_batch(definitions, ticks=ticks, cursor=context.cursor, now=now, run_status=run_status,
+                           busy=busy, paused=paused(context), failed=failed, finished=frozenset(finished))
+        for line in batch.skipped:
+            context.log.info(line)
+        if not batch.firings:
+            return dg.SensorResult(skip_reason="; ".join(batch.skipped) or "no firing is due", cursor=batch.cursor)
+        count = sum(len(f) for f in batch.firings.values())
+        request = dg.RunRequest(
+            run_key=batch.run_key,
+            run_config={"ops": {op: {"config": {"firings": {n: [iso(f) for f in fs]
+                                                            for n, fs in batch.firings.items()}}}}},
+            asset_selection=[sink_keys[n] for n in batch.firings],
+            tags={"cq/batch": "true", "cq/firings": f"{count} firing(s) of {len(batch.firings)} definition(s)",
+                  "cq/attempt": str(batch.attempt), "dagster/max_runtime": str(MAX_RUNTIME_SECONDS)})
+        return dg.SensorResult(run_requests=[request], cursor=batch.cursor)
+
+    return dg.SensorDefinition(
+        name=translator.get_batch_sensor_name(), job=job, evaluation_fn=evaluate, minimum_interval_seconds=interval,
+        default_status=default_status,
+        description="Requests one run with every firing due across the location's continuous queries and PERIOD "
+                    "streams (BLOCKED: all, in order, one run at a time per definition; DISCARD: the latest). "
+                    "Stop a definition's `<name>_ticks` sensor to leave it out.")
+
+
+def build_switch_sensor(definition: Definition, translator, *, default_status: dg.DefaultSensorStatus
+                        ) -> dg.SensorDefinition:
+    """``<name>_ticks`` under the batched model: its running state is the definition's on/off switch,
+    read by the batch sensor; its own evaluations (daily) request nothing."""
+
+    def evaluate(context: dg.SensorEvaluationContext):
+        return dg.SkipReason(f"{definition.name} fires through the {translator.get_batch_sensor_name()} sensor")
+
+    return dg.SensorDefinition(
+        name=translator.get_sensor_name(definition), evaluation_fn=evaluate,
+        minimum_interval_seconds=SWITCH_INTERVAL_SECONDS, default_status=default_status,
+        description=f"On/off switch of {definition.name}: while stopped, {translator.get_batch_sensor_name()} "
+                    "leaves its firings out (`cq stop` / `cq start`).")

@@ -1,0 +1,141 @@
+"""The CLI's way into a running Dagster (``cq stop/start/pause/resume``, ``cq recalculate
+--via-dagster``): GraphQL over HTTP, with job, schedule and sensor names from the configured
+translator (``CQ_TRANSLATOR``), so a translator that renames them works here too."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from cq_engine.errors import CQError
+from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger
+
+from .translator import CQTranslator
+
+_SENSOR = """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+  ... on Sensor { id sensorState { status typeSpecificData { ... on SensorData { lastCursor } } } }
+  ... on Error { message } } }"""
+_SCHEDULE = """query($s: ScheduleSelector!) { scheduleOrError(scheduleSelector: $s) { __typename
+  ... on Schedule { id scheduleState { status } } ... on Error { message } } }"""
+_REPOSITORIES = """{ repositoriesOrError { __typename ... on Error { message }
+  ... on RepositoryConnection { nodes { name location { name } sensors { name } schedules { name }
+  jobs { name } } } } }"""
+_MUTATIONS = {
+    ("sensor", "start"): "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename "
+                         "... on Error { message } } }",
+    ("sensor", "stop"): "mutation($id: String) { stopSensor(id: $id) { __typename ... on Error { message } } }",
+    ("schedule", "start"): "mutation($s: ScheduleSelector!) { startSchedule(scheduleSelector: $s) { __typename "
+                           "... on Error { message } } }",
+    ("schedule", "stop"): "mutation($id: String) { stopRunningSchedule(id: $id) { __typename "
+                          "... on Error { message } } }",
+}
+_SET_CURSOR = ("mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s, cursor: $c) "
+               "{ __typename ... on Error { message } } }")
+_LAUNCH = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
+  ... on LaunchRunSuccess { run { runId } } ... on Error { message }
+  ... on RunConfigValidationInvalid { errors { message } } } }"""
+# A daemon tick that read the sensor's state just before a stop writes that state back, running
+# (a read-modify-write race of the sensor daemon, cf. dagster-io/dagster#7736): a stop is checked
+# again after this long, and repeated if the daemon undid it.
+STOP_SETTLE_SECONDS = 2.0
+STOP_ATTEMPTS = 3
+
+
+class GraphQL:
+    """POSTs to ``http://<address>/graphql``; every failure is a ``CQError`` naming the address."""
+
+    def __init__(self, address: str):
+        self.url = f"http://{address}/graphql"
+
+    def __call__(self, query: str, **variables) -> dict:
+        import requests
+
+        try:
+            response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=30)
+            body = response.json()
+        except Exception as exc:  # connection refused, not JSON...
+            raise CQError(f"cannot reach Dagster at {self.url}: {' '.join(str(exc).split())[:200]}") from None
+        if body.get("errors"):
+            raise CQError(f"Dagster at {self.url}: {body['errors'][0].get('message')}")
+        return body["data"]
+
+    def locate(self, candidates: list[tuple[str, str]]) -> tuple[str, str, str, str]:
+        """``(kind, name, location, repository)`` of the first of ``candidates`` (``(kind, name)``,
+        kind ``schedule``, ``sensor`` or ``job``) loaded in any code location of the workspace."""
+        data = self(_REPOSITORIES)["repositoriesOrError"]
+        if data["__typename"] != "RepositoryConnection":
+            raise CQError(f"Dagster at {self.url}: {data.get('message', data['__typename'])}")
+        nodes = data.get("nodes") or []
+        if not nodes:
+            raise CQError(f"Dagster at {self.url} has no code location loaded")
+        for kind, name in candidates:
+            found = [(kind, name, n["location"]["name"], n["name"]) for n in nodes
+                     if name in {x["name"] for x in n[f"{kind}s"]}]
+            if len(found) > 1:
+                raise CQError(f"Dagster at {self.url}: {kind} {name} is in several code locations "
+                              f"({', '.join(f[2] for f in found)})")
+            if found:
+                return found[0]
+        wanted = " or ".join(f"{kind} {name}" for kind, name in candidates)
+        raise CQError(f"Dagster at {self.url} has no {wanted} in its code locations "
+                      f"({', '.join(sorted({n['location']['name'] for n in nodes}))})")
+
+
+def _check(result: dict, what: str) -> dict:
+    """A mutation's or query's single result, or a CQError naming Dagster's error."""
+    outcome = next(iter(result.values()))
+    if outcome.get("__typename", "").endswith("Error") or outcome.get("__typename") == "RunConfigValidationInvalid":
+        detail = outcome.get("message") or "; ".join(e["message"] for e in outcome.get("errors") or []) \
+            or outcome["__typename"]
+        raise CQError(f"{what} failed in Dagster: {detail}")
+    return outcome
+
+
+def windowed(d: Definition) -> bool:
+    """A window-triggered stream (its own sensor), as opposed to a definition with ticks."""
+    return not isinstance(d, ContinuousQuery) and not isinstance(d.trigger, PeriodTrigger)
+
+
+def control(d: Definition, *, verb: str, address: str, translator: CQTranslator,
+            new_cursor: Optional[Callable[[Optional[str]], str]] = None) -> tuple[str, str, str]:
+    """Start or stop (``verb``) the schedule or sensor of ``d``; ``new_cursor(old)`` (a sensor being
+    started) replaces its cursor first. Returns ``(kind, name, location)``."""
+    gql = GraphQL(address)
+    candidates = [("sensor", translator.get_sensor_name(d))]
+    if not windowed(d):  # a schedule, or a sensor where cron cannot express the ticks
+        candidates.insert(0, ("schedule", translator.get_schedule_name(d)))
+    kind, name, location, repository = gql.locate(candidates)
+    selector = {"repositoryLocationName": location, "repositoryName": repository, f"{kind}Name": name}
+    query = _SENSOR if kind == "sensor" else _SCHEDULE
+    found = _check(gql(query, s=selector), f"{d.name}: looking up {kind} {name}")
+    if verb == "start" and new_cursor is not None and kind == "sensor":
+        cursor = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
+        _check(gql(_SET_CURSOR, s=selector, c=new_cursor(cursor)), f"{d.name}: setting the cursor of {name}")
+    variables = {"s": selector} if verb == "start" else {"id": found["id"]}
+    mutation = _MUTATIONS[(kind, verb)]
+    _check(gql(mutation, **variables), f"{d.name}: {verb}")
+    if kind == "sensor" and verb == "stop":
+        for _ in range(STOP_ATTEMPTS):
+            time.sleep(STOP_SETTLE_SECONDS)
+            state = _check(gql(_SENSOR, s=selector), f"{d.name}: looking up {kind} {name}")["sensorState"]
+            if state["status"] == "STOPPED":
+                break
+            _check(gql(mutation, **variables), f"{d.name}: {verb}")
+        else:
+            raise CQError(f"{d.name}: sensor {name} keeps running after {STOP_ATTEMPTS} stops (the Dagster daemon "
+                          "restores it); try again")
+    return kind, name, location
+
+
+def launch_recalculate(d: Definition, *, address: str, translator: CQTranslator, start: str,
+                       end: Optional[str] = None) -> str:
+    """Launch ``d``'s recalculate job (its range in the run's tags); the run id."""
+    gql = GraphQL(address)
+    job = translator.get_recalculate_job_name(d)
+    _, _, location, repository = gql.locate([("job", job)])
+    tags = [{"key": "cq/recalculate_from", "value": start}] + (
+        [{"key": "cq/recalculate_to", "value": end}] if end else [])
+    params = {"selector": {"repositoryLocationName": location, "repositoryName": repository, "jobName": job},
+              "executionMetadata": {"tags": tags}}
+    outcome = _check(gql(_LAUNCH, p=params), f"{d.name}: launching {job}")
+    return outcome["run"]["runId"]

@@ -1,0 +1,211 @@
+"""The batched run model (dagster_defs.batch): the batch planner's BLOCKED/DISCARD/retry rules, and
+the batch sensor and job on a real ephemeral Dagster instance with real Spark and Delta tables."""
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from dagster._core.test_utils import create_run_for_test
+
+from cq_engine.catalog import load_catalog, parse_options
+from cq_engine.config import Settings
+from cq_engine.schedule.ticks import ticks_of
+from dagster_defs import build_definitions
+from dagster_defs.batch import load_cursor, plan_batch
+
+UTC = timezone.utc
+DATA = Path(__file__).parent / "data"
+T0 = datetime(2021, 5, 11, 14, 30, tzinfo=UTC)
+
+SQL = """
+CREATE TABLE IF NOT EXISTS ln (time TIMESTAMP, device STRING, temperature DOUBLE);
+CREATE TABLE IF NOT EXISTS never_written (time TIMESTAMP, device STRING, temperature DOUBLE);
+CREATE CQ b RESAMPLE EVERY 20s BEGIN SELECT max_value(temperature) AS m INTO b_out FROM ln GROUP BY (10s), device END;
+CREATE CQ d RESAMPLE EVERY 20s TIMEOUT POLICY DISCARD BEGIN
+  SELECT max_value(temperature) AS m INTO d_out FROM ln GROUP BY (10s), device END;
+CREATE CQ broken_src RESAMPLE EVERY 20s BEGIN
+  SELECT max_value(temperature) AS m INTO x_out FROM never_written GROUP BY (10s), device END;
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dagster_batch")
+    (root / "sql").mkdir()
+    (root / "sql" / "cq.sql").write_text(SQL)
+    settings = Settings(sql_dir=str(root / "sql"), warehouse=str(root / "wh"), home=str(root / ".cq"))
+    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    assert not catalog.errors, catalog.errors
+    return settings, catalog
+
+
+def _plan(catalog, *, cursor=None, now=T0, status=None, busy=(), paused=(), names=("b", "d"), failed=None,
+          finished=frozenset()):
+    defs = [catalog.definition(n) for n in names]
+    ticks = {d.name: ticks_of(d, timezone="UTC") for d in defs}
+    return plan_batch(defs, ticks=ticks, cursor=cursor, now=now, run_status=status or {}, busy=set(busy),
+                      paused=set(paused), failed=failed, finished=frozenset(finished))
+
+
+def _s(seconds: int) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+# -- the planner ------------------------------------------------------------------------------------
+def test_first_evaluation_requests_only_the_latest_firing_and_repeats_are_the_same_run(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    assert first.firings == {"b": [T0], "d": [T0]}
+    again = _plan(catalog, now=_s(5))
+    assert again.run_key == first.run_key and again.cursor == first.cursor  # a repeated evaluation: same key
+    state = load_cursor(first.cursor)
+    assert state["b"].key == first.run_key and state["b"].first == state["b"].upto == T0.isoformat()
+
+
+def test_blocked_holds_while_its_run_is_in_flight_then_runs_every_firing_in_order(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    key = first.run_key
+    # 65 s later the run is still going: b holds its 3 due firings, d (DISCARD) skips them.
+    held = _plan(catalog, cursor=first.cursor, now=_s(65), status={key: "STARTED"})
+    assert held.firings == {}
+    assert any("BLOCKED holds 3" in s for s in held.skipped) and any("DISCARD skipped 3" in s for s in held.skipped)
+    assert load_cursor(held.cursor)["d"].upto == _s(60).isoformat()
+    # Not yet created by the daemon counts as in flight too.
+    assert _plan(catalog, cursor=first.cursor, now=_s(65)).firings == {}
+    # Done: b gets all its firings since, in order; d only those due after what it skipped.
+    done = _plan(catalog, cursor=held.cursor, now=_s(85), status={key: "SUCCESS"})
+    assert done.firings == {"b": [_s(20), _s(40), _s(60), _s(80)], "d": [_s(80)]}
+    assert done.run_key != key
+
+
+def test_another_run_of_the_definition_in_flight_holds_it(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    later = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"}, busy={"b"})
+    assert later.firings == {"d": [_s(20)]}
+    resumed = _plan(catalog, cursor=later.cursor, now=_s(45), status={later.run_key: "SUCCESS"})
+    assert resumed.firings == {"b": [_s(20), _s(40)], "d": [_s(40)]}
+
+
+def test_a_failed_run_retries_its_definitions_from_their_first_firing_after_a_back_off(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    both = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"})
+    assert both.firings == {"b": [_s(20)], "d": [_s(20)]}
+    failed = {both.run_key: "FAILURE"}
+    assert _plan(catalog, cursor=both.cursor, now=_s(26), status=failed).firings == {}  # back-off
+    retry = _plan(catalog, cursor=both.cursor, now=_s(45), status=failed)
+    # BLOCKED: the failed firing again, then what is due since; DISCARD: the latest only.
+    assert retry.firings == {"b": [_s(20), _s(40)], "d": [_s(40)]} and retry.attempt == 1
+    assert load_cursor(retry.cursor)["b"].attempt == 1
+    ok = _plan(catalog, cursor=retry.cursor, now=_s(65), status={retry.run_key: "SUCCESS"})
+    assert ok.firings == {"b": [_s(60)], "d": [_s(60)]} and ok.attempt == 0
+
+
+def test_a_stopped_switch_leaves_the_definition_out(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5), paused={"b"})
+    assert first.firings == {"d": [T0]}
+    # Started again: it continues from where it was (first evaluation: the latest only).
+    assert _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"}).firings == {
+        "b": [_s(20)], "d": [_s(20)]}
+
+
+def test_a_long_outage_is_caught_up_in_bounded_batches(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5), names=("b",))
+    later = _plan(catalog, cursor=first.cursor, now=_s(5 + 20 * 150), status={first.run_key: "SUCCESS"}, names=("b",))
+    assert len(later.firings["b"]) == 100 and later.firings["b"][0] == _s(20)
+    rest = _plan(catalog, cursor=later.cursor, now=_s(5 + 20 * 150), status={later.run_key: "SUCCESS"}, names=("b",))
+    assert rest.firings["b"][0] == _s(20 * 101) and rest.firings["b"][-1] == _s(20 * 150)
+
+
+# -- the sensor and the job on a real instance ------------------------------------------------------
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, instance, spark, tmp_path):
+    settings, _ = project
+    from cq_engine.engine import Engine
+
+    engine = Engine(settings=settings, spark_session=spark)
+    # On disk without the column broken_src reads: its firings fail at run time.
+    write_deltalake(settings.table_uri("never_written"), pa.table({
+        "time": pa.array([T0], pa.timestamp("us", tz="UTC")), "device": ["x"]}))
+    engine.ingest("ln", str(DATA / "ln.csv"))
+    defs = build_definitions(settings=settings, now=T0, run_model="batch")
+    assert {"cq_firings_job", "b_job", "b_recalculate"} <= {j.name for j in defs.jobs}
+    sensor = defs.resolve_sensor_def("cq_firings")
+    assert {"b_ticks", "d_ticks", "broken_src_ticks"} <= {s.name for s in defs.sensors}
+
+    # The sensor: one run for every definition, its sinks selected, the firings in the run config.
+    with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
+        result = sensor.evaluate_tick(ctx)
+    (request,) = result.run_requests
+    assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
+    assert request.run_key.startswith("cq_firings:") and request.tags["cq/attempt"] == "0"
+
+    # The job, on the seed's data (ln.csv: 2021-05-11 14:18 UTC): b has two firings, d one, broken_src fails.
+    firings = {"broken_src": ["2021-05-11T14:18:40+00:00"], "b": ["2021-05-11T14:18:40+00:00",
+                                                                 "2021-05-11T14:19:00+00:00"],
+               "d": ["2021-05-11T14:19:00+00:00"]}
+    job = defs.resolve_job_def("cq_firings_job")
+    config = {"ops": {"cq_firings": {"config": {"firings": firings}}}}
+    result = job.execute_in_process(instance=instance, run_config=config, raise_on_error=False,
+                                    asset_selection=[dg.AssetKey(k) for k in ("b_out", "d_out", "x_out")])
+    assert not result.success
+    mats = result.asset_materializations_for_node("cq_firings")
+    by_sink = {}
+    for m in mats:
+        by_sink.setdefault(m.asset_key.to_user_string(), []).append(m.metadata["cq/range_end"].value)
+    assert by_sink == {"b_out": ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"],
+                       "d_out": ["2021-05-11T14:19:00+00:00"]}
+    assert instance.get_run_by_id(result.run_id).tags["cq/failed"] == "broken_src"
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
+    ledger = Engine(settings=settings).ledger.entries()
+    assert sorted((e.definition, e.status) for e in ledger) == [
+        ("b", "succeeded"), ("b", "succeeded"), ("broken_src", "failed"), ("d", "succeeded")]
+
+    # A retry (cq/attempt > 0) skips what the ledger holds as succeeded.
+    again = job.execute_in_process(instance=instance, run_config={"ops": {"cq_firings": {"config": {"firings": {
+        "b": firings["b"]}}}}}, tags={"cq/attempt": "1"}, asset_selection=[dg.AssetKey("b_out")])
+    assert again.success and again.asset_materializations_for_node("cq_firings") == []
+    assert len(Engine(settings=settings).ledger.entries("b")) == 2
+
+    # A definition's own job still runs one firing of it alone.
+    one = defs.resolve_job_def("d_job").execute_in_process(
+        instance=instance, tags={"cq/name": "d", "cq/fire_time": "2021-05-11T14:18:40+00:00"})
+    assert one.success
+    (mat,) = one.asset_materializations_for_node("cq_firings")
+    assert mat.asset_key == dg.AssetKey("d_out") and mat.metadata["cq/rows_written"].value > 0
+
+    # With a run of d in flight, the next evaluation holds d (DISCARD: skips) and requests the others.
+    create_run_for_test(instance, job_name="d_job", status=dg.DagsterRunStatus.STARTED, tags={"cq/name": "d"})
+    with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
+        (request,) = sensor.evaluate_tick(ctx).run_requests
+    assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "x_out"}
+
+
+def test_a_failed_run_retries_only_the_definitions_that_failed_in_it(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    both = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"})
+    retry = _plan(catalog, cursor=both.cursor, now=_s(45), status={both.run_key: "FAILURE"},
+                  failed={both.run_key: {"b"}})
+    assert retry.firings == {"b": [_s(20), _s(40)], "d": [_s(40)]}
+    assert load_cursor(retry.cursor)["d"].attempt == 0 and load_cursor(retry.cursor)["b"].attempt == 1
+
+
+def test_a_definition_done_inside_a_still_running_batch_goes_on_without_waiting_for_it(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    later = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "STARTED"}, finished={"b"})
+    assert later.firings == {"b": [_s(20)]}  # d (DISCARD) is still in that run: skipped
