@@ -58,7 +58,8 @@ class Daemon:
         while not _port_open(port):
             self._check()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the code server did not start within {timeout:.0f}s\n{self.log_tail('code_server')}")
+                raise RuntimeError(f"the code server did not start within {timeout:.0f}s\n"
+                                   f"{self.log_tail('code_server')}")
             time.sleep(1)
         self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(self.root / "workspace.yaml")], env)
 

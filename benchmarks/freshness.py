@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from . import Context, Outcome, verdict
 
 NAME = "freshness"
 SUBPROCESS = True
 WIDTH = 5  # seconds
-UTC = timezone.utc
+UTC = UTC
 SQL = """
 CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
 CREATE STREAM fresh INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(0s))
@@ -45,8 +45,8 @@ def run(ctx: Context) -> Outcome:
     from cq_engine.config import Settings
     from cq_engine.engine import Engine
 
-    from .daemon import Daemon
     from . import free_port
+    from .daemon import Daemon
 
     windows = 8 if ctx.quick else 36
     work = ctx.workdir(NAME)
@@ -96,7 +96,7 @@ def run(ctx: Context) -> Outcome:
         return Outcome(NAME, f"{NAME}: ERROR only {len(latencies)} windows reached the sink")
     latencies.sort()
     p50 = statistics.median(latencies)
-    p95 = latencies[min(len(latencies) - 1, int(round(0.95 * (len(latencies) - 1))))]
+    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
     ratio = max(p50 / 5, p95 / 10)
     line = (f"{NAME}: commit-to-sink of a WATERMARK(0s) INTERVAL(5s) stream under the daemon, {len(latencies)} "
             f"windows: p50 {p50:.1f}s, p95 {p95:.1f}s, max {latencies[-1]:.1f}s (targets p50 <= 5s, p95 <= 10s); "

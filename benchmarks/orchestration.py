@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from . import Context, Outcome, verdict
 
@@ -22,7 +22,7 @@ NAME = "orchestration"
 SUBPROCESS = True
 EVERY = 30  # seconds
 LAG_TARGET = 60.0
-UTC = timezone.utc
+UTC = UTC
 
 
 def definitions_sql(n: int) -> str:
@@ -48,8 +48,8 @@ def run(ctx: Context) -> Outcome:
     from cq_engine.config import Settings
     from cq_engine.engine import Engine
 
-    from .daemon import Daemon
     from . import free_port
+    from .daemon import Daemon
 
     n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_ORCH_N", "100"))
     window = 120 if ctx.quick else int(os.environ.get("CQ_BENCH_ORCH_SECONDS", "300"))

@@ -22,10 +22,10 @@ import hashlib
 import json
 import os
 import queue
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Iterator, Optional
 
 import dagster as dg
 from dagster._core.definitions.run_request import InstigatorType
@@ -58,9 +58,9 @@ def batch_interval(definitions: list[Definition], ticks: dict[str, Ticks]) -> in
 
 @dataclass
 class DefinitionState:
-    upto: Optional[str] = None  # last firing requested
-    key: Optional[str] = None  # run key of the run holding its firings
-    first: Optional[str] = None  # first firing in that run
+    upto: str | None = None  # last firing requested
+    key: str | None = None  # run key of the run holding its firings
+    first: str | None = None  # first firing in that run
     since: float = 0.0  # when that run was requested (epoch seconds)
     attempt: int = 0  # failed attempts at the firings from `first`
 
@@ -68,12 +68,13 @@ class DefinitionState:
         return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0)}
 
 
-def load_cursor(text: Optional[str]) -> dict[str, DefinitionState]:
+def load_cursor(text: str | None) -> dict[str, DefinitionState]:
     if not text:
         return {}
     data = json.loads(text)
     if data.get("v") != CURSOR_VERSION:
-        raise CQError(f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; reset the sensor's cursor")
+        raise CQError(f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; "
+                      "reset the sensor's cursor")
     return {name: DefinitionState(**s) for name, s in data["defs"].items()}
 
 
@@ -95,9 +96,9 @@ class Batch:
         return "cq_firings:" + hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
-def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor: Optional[str], now: datetime,
+def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor: str | None, now: datetime,
                run_status: dict[str, str], busy: set[str], paused: set[str],
-               failed: Optional[dict[str, set[str]]] = None, finished: frozenset[str] = frozenset()) -> Batch:
+               failed: dict[str, set[str]] | None = None, finished: frozenset[str] = frozenset()) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
     that run (its ``cq/failed`` tag; a failed run without it failed as a whole); ``busy``: definitions
@@ -148,8 +149,8 @@ def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor
             again = []
             if retry and s.first:
                 first = parse_time(s.first, tz=UTC)
-                again = [first] + t.between(first + timedelta(microseconds=1),
-                                            parse_time(s.upto, tz=UTC) + timedelta(microseconds=1))
+                again = [first, *t.between(first + timedelta(microseconds=1),
+                                            parse_time(s.upto, tz=UTC) + timedelta(microseconds=1))]
             fires = (again + due)[:MAX_FIRINGS_PER_DEFINITION]
         if not fires:
             if retry:

@@ -2,16 +2,15 @@
 
 
 from datetime import datetime
-from typing import Optional
 
 import dagster as dg
 from dagster_pyspark import PySparkResource
 
-from cq_engine.schedule.cron import CronPlan
-from cq_engine.model import ContinuousQuery, Definition
 from cq_engine.engine import RunResult
-from cq_engine.streams.timing import StreamWork
+from cq_engine.model import ContinuousQuery, Definition
+from cq_engine.schedule.cron import CronPlan
 from cq_engine.schedule.ticks import Ticks, parse_tick_cursor, tick_cursor, ticks_of
+from cq_engine.streams.timing import StreamWork
 from cq_engine.times import UTC, iso, parse_time
 
 from .resource import CQEngineResource
@@ -26,9 +25,9 @@ class FiringConfig(dg.Config):
     """Run config of a definition's jobs: a firing comes from the run's ``cq/fire_time`` tag;
     a recalculation from ``recalculate_from`` (and ``recalculate_to``); a batch from ``firings``."""
 
-    recalculate_from: Optional[str] = None
-    recalculate_to: Optional[str] = None
-    firings: Optional[dict[str, list[str]]] = None  # a batch (the cq_firings job): definition -> firing times
+    recalculate_from: str | None = None
+    recalculate_to: str | None = None
+    firings: dict[str, list[str]] | None = None  # a batch (the cq_firings job): definition -> firing times
 
 
 def firing_tags(definition: Definition, fire: datetime, translator: CQTranslator, ticks: Ticks) -> dict[str, str]:
@@ -50,7 +49,7 @@ def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_
 
 
 def materialization(definition: Definition, result: RunResult, *,
-                    ignored: tuple[str, ...] = (), asset_key: Optional[dg.AssetKey] = None) -> dg.MaterializeResult:
+                    ignored: tuple[str, ...] = (), asset_key: dg.AssetKey | None = None) -> dg.MaterializeResult:
     """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out, and why."""
     extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
     return dg.MaterializeResult(
@@ -75,7 +74,7 @@ FIRING_RETRY = dg.RetryPolicy(max_retries=3, delay=2, backoff=dg.Backoff.EXPONEN
 
 
 def execute_one(context: dg.AssetExecutionContext, config: FiringConfig, engine, definition: Definition,
-                *, asset_key: Optional[dg.AssetKey] = None) -> dg.MaterializeResult:
+                *, asset_key: dg.AssetKey | None = None) -> dg.MaterializeResult:
     """One run of one definition: a recalculation (config or ``cq/recalculate_from`` tag), a stream
     run (``cq/work`` tag) or a firing (``cq/fire_time`` tag)."""
     tags = context.run.tags
@@ -158,8 +157,8 @@ def build_schedule(definition: Definition, job, translator: CQTranslator, ticks:
     )
 
 
-def due_firings(definition: ContinuousQuery, *, cursor: Optional[str], now: datetime,
-                ticks: Optional[Ticks] = None) -> list[datetime]:
+def due_firings(definition: ContinuousQuery, *, cursor: str | None, now: datetime,
+                ticks: Ticks | None = None) -> list[datetime]:
     """Firing times after the cursor up to ``now``; on a first evaluation only the latest one."""
     ticks = ticks or ticks_of(definition, timezone="UTC")
     return ticks.due(cursor=parse_tick_cursor(cursor), now=now)

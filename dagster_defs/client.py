@@ -5,7 +5,7 @@ translator (``CQ_TRANSLATOR``), so a translator that renames them works here too
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger
@@ -97,7 +97,7 @@ def windowed(d: Definition) -> bool:
 
 
 def control(d: Definition, *, verb: str, address: str, translator: CQTranslator,
-            new_cursor: Optional[Callable[[Optional[str]], str]] = None) -> tuple[str, str, str]:
+            new_cursor: Callable[[str | None], str] | None = None) -> tuple[str, str, str]:
     """Start or stop (``verb``) the schedule or sensor of ``d``; ``new_cursor(old)`` (a sensor being
     started) replaces its cursor first. Returns ``(kind, name, location)``."""
     gql = GraphQL(address)
@@ -128,7 +128,7 @@ def control(d: Definition, *, verb: str, address: str, translator: CQTranslator,
 
 
 def launch_recalculate(d: Definition, *, address: str, translator: CQTranslator, start: str,
-                       end: Optional[str] = None) -> str:
+                       end: str | None = None) -> str:
     """Launch ``d``'s recalculate job (its range in the run's tags); the run id."""
     gql = GraphQL(address)
     job = translator.get_recalculate_job_name(d)

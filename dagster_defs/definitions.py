@@ -9,18 +9,17 @@ from datetime import datetime
 import dagster as dg
 
 from cq_engine.config import Settings, load_settings
+from cq_engine.engine import Engine
 from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
-from cq_engine.engine import Engine
 from cq_engine.times import UTC
 
 from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch_sensor
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
-from .streams import build_stream_sensor
-from .triggers import build_trigger_sensor
 from .resource import CQEngineResource, cached_catalog, pyspark_resource
+from .streams import build_stream_sensor
 from .translator import CQTranslator, configured_translator
-
+from .triggers import build_trigger_sensor
 
 RUN_MODELS = ("batch", "per_firing")
 
@@ -82,7 +81,8 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
         assets.append(asset)
         jobs += [firing_job, recalc_job]
         if not any(definition is d for d in ticked):
-            sensors.append(build_stream_sensor(definition, firing_job, translator, engine, default_status=sensor_status))
+            sensors.append(build_stream_sensor(definition, firing_job, translator, engine,
+                                               default_status=sensor_status))
             continue
         ticks_ = build_ticks(engine, definition, now=now)
         plan = ticks_.cron(now)

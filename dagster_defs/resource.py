@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import dagster as dg
 from dagster_pyspark import PySparkResource
 from pydantic import Field
@@ -26,7 +24,7 @@ class CQEngineResource(dg.ConfigurableResource):
     home: str = Field(default="./.cq", description="Engine state directory (CQ_HOME).")
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "CQEngineResource":
+    def from_settings(cls, settings: Settings) -> CQEngineResource:
         return cls(sql_dir=settings.sql_dir, warehouse=settings.warehouse, timezone=settings.timezone,
                    min_every=settings.min_every, home=settings.home)
 
@@ -62,7 +60,7 @@ def cached_catalog(settings: Settings) -> Catalog:
 def pyspark_resource(settings: Settings) -> PySparkResource:
     """dagster-pyspark's resource: Spark Connect (remote or the engine's own server) or classic."""
     conf: dict[str, str] = dict(BASE_CONF)
-    remote: Optional[str] = settings.spark_remote
+    remote: str | None = settings.spark_remote
     if remote is None and settings.spark_master is None:
         status = server_status(settings)
         remote = client_url(settings) if status.running else None

@@ -6,10 +6,10 @@ from datetime import datetime
 
 import dagster as dg
 
+from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
 from cq_engine.notify.outbox import gate, paused_by_notify
-from cq_engine.engine import Engine
 from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork
 from cq_engine.times import UTC, iso

@@ -9,9 +9,9 @@ from datetime import datetime
 
 import dagster as dg
 
+from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.model import TriggerDef
-from cq_engine.engine import Engine
 from cq_engine.times import UTC
 from cq_engine.triggers.after import deliver_after
 from cq_engine.triggers.runtime import load_class, sensor_name

@@ -1,14 +1,14 @@
 """The batched run model (dagster_defs.batch): the batch planner's BLOCKED/DISCARD/retry rules, and
 the batch sensor and job on a real ephemeral Dagster instance with real Spark and Delta tables."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 from dagster._core.test_utils import create_run_for_test
+from deltalake import write_deltalake
 
 from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings
@@ -16,7 +16,7 @@ from cq_engine.schedule.ticks import ticks_of
 from dagster_defs import build_definitions
 from dagster_defs.batch import load_cursor, plan_batch
 
-UTC = timezone.utc
+UTC = UTC
 DATA = Path(__file__).parent / "data"
 T0 = datetime(2021, 5, 11, 14, 30, tzinfo=UTC)
 
