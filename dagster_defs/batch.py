@@ -147,7 +147,7 @@ def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor
                     skipped.append(f"{d.name}: BLOCKED holds {len(due)} firing(s) until its run finishes")
                 continue
             again = []
-            if retry and s.first:
+            if retry and s.first and s.upto:  # a retry always has both
                 first = parse_time(s.first, tz=UTC)
                 again = [first, *t.between(first + timedelta(microseconds=1),
                                             parse_time(s.upto, tz=UTC) + timedelta(microseconds=1))]
@@ -305,7 +305,7 @@ def build_batch_sensor(definitions: list[Definition], job, translator, ticks_for
             s = states.get(d.name)
             if s and s.key and s.upto and run_status.get(s.key) in RUNNING and s.key in run_ids:
                 event = context.instance.get_latest_materialization_event(sink_keys[d.name])
-                if event and event.run_id == run_ids[s.key]:
+                if event and event.run_id == run_ids[s.key] and event.asset_materialization:
                     end = event.asset_materialization.metadata.get("cq/range_end")
                     if end and end.value == iso(ticks[d.name].range_of(parse_time(s.upto, tz=UTC))[1]):
                         finished.add(d.name)
