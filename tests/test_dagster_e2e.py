@@ -138,7 +138,8 @@ def test_a_failing_firing_leaves_its_batch_neighbours_committed_and_is_retried(d
     assert shared, "flaky and fast never shared a batch"
     for run, fire_time in shared:
         assert fire_time in ledger, f"fast's firing {fire_time} in failed run {run['runId']} was not committed"
-        again = [r for r in stack.firing_runs("fast") if r is not run and fire_time in r["firings"]["fast"]]
+        again = [r for r in stack.firing_runs("fast") if r["runId"] != run["runId"]
+                 and fire_time in r["firings"]["fast"]]
         assert not again, f"fast's firing {fire_time} was requested again by {[r['runId'] for r in again]}"
     first_failed = min(f for r in failed for f in r["firings"]["flaky"])
     # The operator fixes the table: flaky's firings from the first failed one on are retried, in order.
