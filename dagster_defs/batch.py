@@ -307,7 +307,9 @@ def build_batch_sensor(definitions: list[Definition], job, translator, ticks_for
                 event = context.instance.get_latest_materialization_event(sink_keys[d.name])
                 if event and event.run_id == run_ids[s.key] and event.asset_materialization:
                     end = event.asset_materialization.metadata.get("cq/range_end")
-                    if end and end.value == iso(ticks[d.name].range_of(parse_time(s.upto, tz=UTC))[1]):
+                    # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
+                    last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
+                    if end and end.value == iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]):
                         finished.add(d.name)
         batch = plan_batch(definitions, ticks=ticks, cursor=context.cursor, now=now, run_status=run_status,
                            busy=busy, paused=paused(context), failed=failed, finished=frozenset(finished))
