@@ -48,22 +48,39 @@ def _source(hours: int):
         seconds = np.arange(h * 3600, (h + 1) * 3600, dtype=np.int64)
         ts = np.repeat(base + seconds * 1_000_000, DEVICES)
         device = np.tile(np.array([f"dev-{i:02d}" for i in range(DEVICES)], dtype=object), len(seconds))
-        yield pa.table({
-            "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
-            "device": pa.array(device, pa.string()),
-            "temperature": pa.array(20 + 5 * rng.standard_normal(len(ts))),
-            "humidity": pa.array(55 + 10 * rng.standard_normal(len(ts))),
-        })
+        yield pa.table(
+            {
+                "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+                "device": pa.array(device, pa.string()),
+                "temperature": pa.array(20 + 5 * rng.standard_normal(len(ts))),
+                "humidity": pa.array(55 + 10 * rng.standard_normal(len(ts))),
+            }
+        )
 
 
 def _run_once(work: Path, storage: str, hours: int) -> tuple[float, int, str]:
     """One ``cq recalculate`` process: (wall seconds, peak RSS of its Python process in MiB, output)."""
     remove_tree(work / "wh" / "fahrenheit_out")  # a fresh sink: nothing for Delta to skip
-    env = {**clean_env(), "CQ_STORAGE": storage, "CQ_SQL_DIR": str(work / "sql"), "CQ_WAREHOUSE": str(work / "wh"),
-           "CQ_HOME": str(work / ".cq"), "CQ_CONFIG": str(work / "no-cq.toml")}
+    env = {
+        **clean_env(),
+        "CQ_STORAGE": storage,
+        "CQ_SQL_DIR": str(work / "sql"),
+        "CQ_WAREHOUSE": str(work / "wh"),
+        "CQ_HOME": str(work / ".cq"),
+        "CQ_CONFIG": str(work / "no-cq.toml"),
+    }
     end = T0 + timedelta(hours=hours)
-    cmd = [sys.executable, "-m", "cq_engine.cli.main", "recalculate", "fahrenheit",
-           "--from", T0.isoformat(), "--to", end.isoformat()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cq_engine.cli.main",
+        "recalculate",
+        "fahrenheit",
+        "--from",
+        T0.isoformat(),
+        "--to",
+        end.isoformat(),
+    ]
     clock = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = proc.stdout.read()
@@ -98,9 +115,13 @@ def run(ctx: Context) -> Outcome:
     best = {k: min(s for s, _ in v) for k, v in results.items()}
     peak = {k: max(p for _, p in v) for k, v in results.items()}
     ratio = best["spark"] / best["deltars"]
-    line = (f"{NAME}: spark-native {best['spark']:.1f}s (peak Python RSS {peak['spark']} MiB)  collect-and-write "
-            f"{best['deltars']:.1f}s (peak Python RSS {peak['deltars']} MiB)  {verdict(ratio, TARGET)}")
-    notes = [f"{rows:,} rows recalculated and written by one `cq recalculate` process per storage (JVM start "
-             f"included on both sides); best of {repeat}: spark {spread([s for s, _ in results['spark']])}, "
-             f"deltars {spread([s for s, _ in results['deltars']])}"]
+    line = (
+        f"{NAME}: spark-native {best['spark']:.1f}s (peak Python RSS {peak['spark']} MiB)  collect-and-write "
+        f"{best['deltars']:.1f}s (peak Python RSS {peak['deltars']} MiB)  {verdict(ratio, TARGET)}"
+    )
+    notes = [
+        f"{rows:,} rows recalculated and written by one `cq recalculate` process per storage (JVM start "
+        f"included on both sides); best of {repeat}: spark {spread([s for s, _ in results['spark']])}, "
+        f"deltars {spread([s for s, _ in results['deltars']])}"
+    ]
     return Outcome(NAME, line, ratio, TARGET, notes=notes)

@@ -19,8 +19,10 @@ HADOOP_AWS_VERSION = "3.4.1"
 AWS_SDK_VERSION = "2.24.6"
 
 DELTA_ARTIFACTS = (f"io.delta:delta-spark_2.13:{DELTA_VERSION}", f"io.delta:delta-storage:{DELTA_VERSION}")
-S3A_ARTIFACTS = (f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
-                 f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}")
+S3A_ARTIFACTS = (
+    f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
+    f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}",
+)
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

@@ -11,6 +11,7 @@ Every server binds to 127.0.0.1; everything is torn down. This is the README's "
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,18 +27,21 @@ import pyarrow.compute as pc
 import pytest
 import requests
 from deltalake import DeltaTable
+from netutil import free_port, port_open
 
 from cq_engine.cli.dev import DAGSTER_YAML as DEV_DAGSTER_YAML
-from netutil import free_port, port_open
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-UTC = timezone.utc
+UTC = UTC
 BUCKET = "cq-warehouse"
-PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), default=Path("/usr/lib/postgresql/15/bin"),
-             key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
+PG_BIN = max(
+    Path("/usr/lib/postgresql").glob("*/bin"),
+    default=Path("/usr/lib/postgresql/15/bin"),
+    key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+)
 MASTER, WORKER = "org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"
 CHECKED = ("temperature_1m", "temperature_fahrenheit")  # disjoint firing ranges: one firing per sink row
 
@@ -58,7 +62,7 @@ def _wait(what: str, ready, timeout: float, logs: Path | None = None) -> None:
         try:
             if ready():
                 return
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             pass
         time.sleep(1)
     tails = ""
@@ -78,23 +82,43 @@ class Cluster:
         self.stops: list = []
         self.pg_port, self.s3_port, self.connect_port = free_port(), free_port(), free_port()
         self.master_port, self.master_ui = free_port(), free_port()
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "CQ_SPARK_REMOTE", "CQ_FAILPOINT")}
-        self.env.update({
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}", "AWS_ALLOW_HTTP": "true",
-            # delta-rs needs a lock or conditional puts for concurrent S3 writers; one feed per table here.
-            "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
-            "SPARK_LOCAL_IP": "127.0.0.1", "CQ_WAREHOUSE": f"s3://{BUCKET}/warehouse",
-            "CQ_HOME": str(root / ".cq"), "CQ_SQL_DIR": str(root / "sql"), "CQ_STORAGE": "spark",
-            "CQ_SPARK_PORT": str(self.connect_port), "CQ_CONFIG": str(root / "no-cq.toml"),
-            "DAGSTER_HOME": str(root / "dagster_home"), "PYTHONUNBUFFERED": "1",
-        })
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "CQ_SPARK_REMOTE", "CQ_FAILPOINT")
+        }
+        self.env.update(
+            {
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}",
+                "AWS_ALLOW_HTTP": "true",
+                # delta-rs needs a lock or conditional puts for concurrent S3 writers; one feed per table here.
+                "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+                "SPARK_LOCAL_IP": "127.0.0.1",
+                "CQ_WAREHOUSE": f"s3://{BUCKET}/warehouse",
+                "CQ_HOME": str(root / ".cq"),
+                "CQ_SQL_DIR": str(root / "sql"),
+                "CQ_STORAGE": "spark",
+                "CQ_SPARK_PORT": str(self.connect_port),
+                "CQ_CONFIG": str(root / "no-cq.toml"),
+                "DAGSTER_HOME": str(root / "dagster_home"),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
 
     def _spawn(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen:
         with open(self.logs / f"{name}.log", "w") as log:
-            proc = subprocess.Popen(cmd, cwd=self.root, env={**self.env, **env}, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=self.root,
+                env={**self.env, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         from cq_engine.cli.dev import stop_process_group
 
         self.stops.append(lambda: stop_process_group(proc, first_signal=15))
@@ -111,15 +135,15 @@ class Cluster:
         if as_pg:
             shutil.chown(data, "postgres", "postgres")
         self.stops.append(lambda: shutil.rmtree(data, ignore_errors=True))
-        self._run(as_pg + [str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"])
-        pg_ctl = as_pg + [str(PG_BIN / "pg_ctl"), "-D", str(data), "-w"]
-        self._run(pg_ctl + ["-l", str(data / "server.log"),
-                            "-o", f"-h 127.0.0.1 -p {self.pg_port} -k {data}", "start"])
-        self.stops.append(lambda: subprocess.run(pg_ctl + ["-m", "fast", "stop"], capture_output=True))
+        self._run([*as_pg, str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"])
+        pg_ctl = [*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w"]
+        self._run([*pg_ctl, "-l", str(data / "server.log"), "-o", f"-h 127.0.0.1 -p {self.pg_port} -k {data}", "start"])
+        self.stops.append(lambda: subprocess.run([*pg_ctl, "-m", "fast", "stop"], capture_output=True))
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=self.pg_port, user="postgres", dbname="postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.pg_port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute("CREATE DATABASE dagster")
 
     # -- object store --------------------------------------------------------------------------
@@ -128,8 +152,13 @@ class Cluster:
         _wait("the S3 server", lambda: port_open(self.s3_port), 60, self.logs)
         import boto3
 
-        boto3.client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
+        boto3.client(
+            "s3",
+            endpoint_url=self.env["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket=BUCKET)
 
     # -- Spark standalone ----------------------------------------------------------------------
     def start_spark(self) -> None:
@@ -137,19 +166,58 @@ class Cluster:
 
         home = spark_home()
         daemon = ["bash", str(home / "sbin" / "spark-daemon.sh")]
-        env = dict(SPARK_HOME=str(home), SPARK_PID_DIR=str(self.logs), SPARK_LOG_DIR=str(self.logs),
-                   SPARK_IDENT_STRING="cqcluster", SPARK_CONNECT_MODE="0")
-        self.stops.append(lambda: subprocess.run(daemon + ["stop", MASTER, "1"], env={**self.env, **env},
-                                                 capture_output=True))
-        self._run(daemon + ["start", MASTER, "1", "--host", "127.0.0.1", "--port", str(self.master_port),
-                            "--webui-port", str(self.master_ui)], **env)
+        env = dict(
+            SPARK_HOME=str(home),
+            SPARK_PID_DIR=str(self.logs),
+            SPARK_LOG_DIR=str(self.logs),
+            SPARK_IDENT_STRING="cqcluster",
+            SPARK_CONNECT_MODE="0",
+        )
+        self.stops.append(
+            lambda: subprocess.run([*daemon, "stop", MASTER, "1"], env={**self.env, **env}, capture_output=True)
+        )
+        self._run(
+            [
+                *daemon,
+                "start",
+                MASTER,
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.master_port),
+                "--webui-port",
+                str(self.master_ui),
+            ],
+            **env,
+        )
         self.master = f"spark://127.0.0.1:{self.master_port}"
         for i in (1, 2):
-            self.stops.append(lambda i=i: subprocess.run(daemon + ["stop", WORKER, str(i)],
-                                                         env={**self.env, **env}, capture_output=True))
-            self._run(daemon + ["start", WORKER, str(i), "--host", "127.0.0.1", "--webui-port", str(free_port()),
-                                "--cores", "1", "--memory", "1536m", "--work-dir", str(self.root / f"work{i}"),
-                                self.master], **env)
+            self.stops.append(
+                lambda i=i: subprocess.run(
+                    [*daemon, "stop", WORKER, str(i)], env={**self.env, **env}, capture_output=True
+                )
+            )
+            self._run(
+                [
+                    *daemon,
+                    "start",
+                    WORKER,
+                    str(i),
+                    "--host",
+                    "127.0.0.1",
+                    "--webui-port",
+                    str(free_port()),
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1536m",
+                    "--work-dir",
+                    str(self.root / f"work{i}"),
+                    self.master,
+                ],
+                **env,
+            )
         _wait("two Spark workers", lambda: self.master_state()["aliveworkers"] == 2, 180, self.logs)
 
     def master_state(self) -> dict:
@@ -175,17 +243,16 @@ class Cluster:
         home.mkdir(parents=True)
         (home / "dagster.yaml").write_text(DAGSTER_YAML.format(port=self.pg_port))
         workspace = self.root / "workspace.yaml"
-        workspace.write_text(f"load_from:\n  - python_module:\n      module_name: dagster_defs\n"
-                             f"      working_directory: {REPO}\n")
+        workspace.write_text(
+            f"load_from:\n  - python_module:\n      module_name: dagster_defs\n      working_directory: {REPO}\n"
+        )
         # No CQ_SPARK_REMOTE: with the server's CQ_HOME and port, runs find it and its token there.
         self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)])
 
     def stop(self) -> None:
         while self.stops:
-            try:
+            with contextlib.suppress(Exception):
                 self.stops.pop()()
-            except Exception:  # noqa: BLE001 - keep tearing down
-                pass
 
 
 def _feed(engine, stop: threading.Event, start: datetime) -> None:
@@ -194,18 +261,28 @@ def _feed(engine, stop: threading.Event, start: datetime) -> None:
     while not stop.wait(2.0):
         end = floor_time(datetime.now(UTC), timedelta(seconds=1))
         if end > start:
-            engine.storage.append("sensors", sensor_rows(start=start, end=end, every=timedelta(seconds=1)),
-                                  metadata={"cq.ingest": "cluster test feed"})
+            engine.storage.append(
+                "sensors",
+                sensor_rows(start=start, end=end, every=timedelta(seconds=1)),
+                metadata={"cq.ingest": "cluster test feed"},
+            )
             start = end
 
 
 def _expected(cq: str, source: pa.Table, lo: datetime, hi: datetime) -> list[tuple]:
     """The sink rows of one firing computed with pyarrow alone (no Spark, no engine code)."""
-    rows = source.filter(pc.and_(pc.greater_equal(source["ts"], pa.scalar(lo, pa.timestamp("us", "UTC"))),
-                                 pc.less(source["ts"], pa.scalar(hi, pa.timestamp("us", "UTC"))))).to_pylist()
+    rows = source.filter(
+        pc.and_(
+            pc.greater_equal(source["ts"], pa.scalar(lo, pa.timestamp("us", "UTC"))),
+            pc.less(source["ts"], pa.scalar(hi, pa.timestamp("us", "UTC"))),
+        )
+    ).to_pylist()
     if cq == "temperature_fahrenheit":
-        return sorted((r["ts"], r["device"], round(r["temperature"] * 9 / 5 + 32, 9))
-                      for r in rows if r["temperature"] is not None)
+        return sorted(
+            (r["ts"], r["device"], round(r["temperature"] * 9 / 5 + 32, 9))
+            for r in rows
+            if r["temperature"] is not None
+        )
     out = []
     for device in sorted({r["device"] for r in rows}):
         temps = [r["temperature"] for r in rows if r["device"] == device and r["temperature"] is not None]
@@ -218,8 +295,9 @@ def _actual(cq: str, sink: pa.Table, lo: datetime, hi: datetime) -> list[tuple]:
     rows = [r for r in sink.to_pylist() if lo <= r["ts"] < hi]
     if cq == "temperature_fahrenheit":
         return sorted((r["ts"], r["device"], round(r["temperature_f"], 9)) for r in rows)
-    return sorted((r["ts"], r["device"], r["temperature_max"], round(r["temperature_avg"], 9), r["samples"])
-                  for r in rows)
+    return sorted(
+        (r["ts"], r["device"], r["temperature_max"], round(r["temperature_avg"], 9), r["samples"]) for r in rows
+    )
 
 
 def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
@@ -271,8 +349,9 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
                     latest[e.fire_time] = e
             assert latest
             for entry in latest.values():
-                source = DeltaTable(feeder.settings.table_uri("sensors"),
-                                    version=entry.source_versions["sensors"]).to_pyarrow_table()
+                source = DeltaTable(
+                    feeder.settings.table_uri("sensors"), version=entry.source_versions["sensors"]
+                ).to_pyarrow_table()
                 lo, hi = entry.range_start, entry.range_end
                 assert _actual(cq, sink, lo, hi) == _expected(cq, source, lo, hi), (cq, entry)
         # Spark wrote the sinks (delta-spark commits), straight to the object store.

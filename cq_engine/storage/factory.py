@@ -4,7 +4,8 @@ or, with one log line, when delta-spark's jars are not in the local Maven reposi
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cq_engine import jars
 from cq_engine.config import Settings
@@ -28,12 +29,16 @@ def spark_delta_available(settings: Settings) -> bool:
     gone = jars.missing(jars.DELTA_ARTIFACTS)
     if gone and str(jars.maven_repo()) not in _warned:
         _warned.add(str(jars.maven_repo()))
-        LOG.warning("delta-spark jars not found in %s (%s): using the delta-rs storage (run `make setup`, "
-                    "or set CQ_STORAGE=deltars to silence this)", jars.maven_repo(), ", ".join(gone))
+        LOG.warning(
+            "delta-spark jars not found in %s (%s): using the delta-rs storage (run `make setup`, "
+            "or set CQ_STORAGE=deltars to silence this)",
+            jars.maven_repo(),
+            ", ".join(gone),
+        )
     return not gone
 
 
-def make_storage(settings: Settings, *, session: Callable[[], "SparkSession"]) -> Storage:
+def make_storage(settings: Settings, *, session: Callable[[], SparkSession]) -> Storage:
     """``SparkDeltaStorage`` when ``spark_delta_available``, else ``DeltaRsStorage``."""
     if spark_delta_available(settings):
         from cq_engine.storage.spark_delta import SparkDeltaStorage

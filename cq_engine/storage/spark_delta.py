@@ -17,14 +17,23 @@ import logging
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from cq_engine.errors import CQError, TableError
 from cq_engine.storage.base import ArrowData, Scan, TimeRange
-from cq_engine.storage.delta import (COMMIT_ID_KEY, MAX_ATTEMPTS, DeltaRsStorage, _cast_to, _check_in_range,
-                                     _micros, _overlaps, storable_schema)
+from cq_engine.storage.delta import (
+    COMMIT_ID_KEY,
+    MAX_ATTEMPTS,
+    DeltaRsStorage,
+    _cast_to,
+    _check_in_range,
+    _micros,
+    _overlaps,
+    storable_schema,
+)
 from cq_engine.storage.predicates import _range_bounds, range_predicate
 
 if TYPE_CHECKING:
@@ -33,7 +42,10 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 # delta-spark's optimistic-concurrency failures: another writer committed first; the write is redone.
 _CONFLICT = re.compile(r"Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|DELTA_CONCURRENT")
-_MISMATCH = re.compile(r"DELTA_REPLACE_WHERE_MISMATCH|DELTA_VIOLATE_CONSTRAINT|does not conform to partial table overwrite condition")
+_MISMATCH = re.compile(
+    r"DELTA_REPLACE_WHERE_MISMATCH|DELTA_VIOLATE_CONSTRAINT"
+    r"|does not conform to partial table overwrite condition"
+)
 # Reader features a plain parquet read of the data files would get wrong.
 _NEEDS_DELTA_READ = {"deletionVectors", "columnMapping"}
 
@@ -47,13 +59,13 @@ def spark_predicate(predicate: str) -> str:
         if ch in "'\"":
             j = i + 1
             while j < len(predicate):
-                if predicate[j] == ch and predicate[j + 1:j + 2] == ch:
+                if predicate[j] == ch and predicate[j + 1 : j + 2] == ch:
                     j += 2
                     continue
                 if predicate[j] == ch:
                     break
                 j += 1
-            body = predicate[i + 1:j]
+            body = predicate[i + 1 : j]
             out.append(f"'{body}'" if ch == "'" else "`" + body.replace('""', '"').replace("`", "``") + "`")
             i = j + 1
         else:
@@ -68,8 +80,9 @@ class SparkDeltaStorage(DeltaRsStorage):
 
     writes_dataframes = True
 
-    def __init__(self, *, warehouse: str, session: Callable[[], "SparkSession"],
-                 storage_options: dict[str, str] | None = None):
+    def __init__(
+        self, *, warehouse: str, session: Callable[[], SparkSession], storage_options: dict[str, str] | None = None
+    ):
         super().__init__(warehouse=warehouse, storage_options=storage_options)
         self._session = session
 
@@ -81,9 +94,14 @@ class SparkDeltaStorage(DeltaRsStorage):
     # -- reads ------------------------------------------------------------------------------------
 
     def read_range(
-        self, spark: "SparkSession", table: str, *, time_column: str, time_range: TimeRange | None,
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        time_column: str,
+        time_range: TimeRange | None,
         version: int | None = None,
-    ) -> tuple["DataFrame", Scan]:
+    ) -> tuple[DataFrame, Scan]:
         """Rows with ``time_column`` in ``time_range`` (None: all rows) at a pinned version, read by
         delta-spark (data skipping on the range filter; deletion vectors and column mapping honoured).
         ``Scan`` counts the files whose statistics overlap the range (what Delta's skipping reads)."""
@@ -98,13 +116,20 @@ class SparkDeltaStorage(DeltaRsStorage):
             lo, hi = _range_bounds(time_range)
             kept = sum(_overlaps(actions, column, lo, hi))
             ts = F.col(f"`{column}`")
-            df = df.where((ts >= F.timestamp_micros(F.lit(_micros(lo))))
-                          & (ts < F.timestamp_micros(F.lit(_micros(hi)))))
+            df = df.where(
+                (ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi))))
+            )
         return df, Scan(table=table, version=dt.version(), files_total=actions.num_rows, files_read=kept)
 
     def read_added(
-        self, spark: "SparkSession", table: str, *, after: int, until: int, time_column: str,
-    ) -> tuple["DataFrame", Scan]:
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        after: int,
+        until: int,
+        time_column: str,
+    ) -> tuple[DataFrame, Scan]:
         """``DeltaRsStorage.read_added``; for a table with deletion vectors or column mapping, the rows
         of version ``until`` (read by delta-spark) that lie in the files those commits added."""
         from pyspark.sql import functions as F
@@ -122,8 +147,15 @@ class SparkDeltaStorage(DeltaRsStorage):
     # -- writes -----------------------------------------------------------------------------------
 
     def replace_range(
-        self, table: str, data: "ArrowData | DataFrame", *, time_column: str, time_range: TimeRange,
-        app_id: str, app_version: int, metadata: Mapping[str, str] | None = None,
+        self,
+        table: str,
+        data: ArrowData | DataFrame,
+        *,
+        time_column: str,
+        time_range: TimeRange,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
         source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Replace the rows with ``time_column`` in ``time_range`` by ``data`` (Arrow, or a Spark
@@ -133,40 +165,78 @@ class SparkDeltaStorage(DeltaRsStorage):
         def check_for(column: str) -> Callable[[pa.Table], None]:
             return lambda part: _check_in_range(table, column, part.column(column), lo, hi)
 
-        return self._write(table, data, predicate_for=lambda column: range_predicate(column, (lo, hi)),
-                           check_for=check_for, time_column=time_column, app_id=app_id,
-                           app_version=app_version, metadata=metadata, source_versions=source_versions,
-                           outside=f"outside the replaced range [{lo.isoformat()}, {hi.isoformat()})")
+        return self._write(
+            table,
+            data,
+            predicate_for=lambda column: range_predicate(column, (lo, hi)),
+            check_for=check_for,
+            time_column=time_column,
+            app_id=app_id,
+            app_version=app_version,
+            metadata=metadata,
+            source_versions=source_versions,
+            outside=f"outside the replaced range [{lo.isoformat()}, {hi.isoformat()})",
+        )
 
     def replace_where(
-        self, table: str, data: "ArrowData | DataFrame", *, predicate: str, time_column: str, app_id: str,
-        app_version: int, metadata: Mapping[str, str] | None = None,
+        self,
+        table: str,
+        data: ArrowData | DataFrame,
+        *,
+        predicate: str,
+        time_column: str,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
         source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Replace the rows matching ``predicate`` (``storage.predicates`` SQL) by ``data`` in one
         commit; ``check`` sees Arrow data (cast to the table's schema) before it is written."""
-        return self._write(table, data, predicate_for=lambda _column: predicate,
-                           check_for=lambda _column: check, time_column=time_column, app_id=app_id,
-                           app_version=app_version, metadata=metadata, source_versions=source_versions,
-                           outside=f"not matching the replaced rows' condition {predicate}")
+        return self._write(
+            table,
+            data,
+            predicate_for=lambda _column: predicate,
+            check_for=lambda _column: check,
+            time_column=time_column,
+            app_id=app_id,
+            app_version=app_version,
+            metadata=metadata,
+            source_versions=source_versions,
+            outside=f"not matching the replaced rows' condition {predicate}",
+        )
 
-    def _write(self, table: str, data, *, predicate_for, check_for, time_column: str, app_id: str,
-               app_version: int, metadata: Mapping[str, str] | None,
-               source_versions: Mapping[str, int] | None, outside: str) -> int:
+    def _write(
+        self,
+        table: str,
+        data,
+        *,
+        predicate_for,
+        check_for,
+        time_column: str,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None,
+        source_versions: Mapping[str, int] | None,
+        outside: str,
+    ) -> int:
         arrow = not hasattr(data, "sparkSession")
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()
         if not self.exists(table):
             incoming = arrow_schema(data) if not arrow else data.schema
             if not pa.types.is_timestamp(
-                    {f.name.lower(): f.type for f in incoming}.get(time_column.lower(), pa.null())):
-                raise TableError(f"table '{table}' does not exist and the data to write has no "
-                                 f"timestamp column '{time_column}' to create it from")
+                {f.name.lower(): f.type for f in incoming}.get(time_column.lower(), pa.null())
+            ):
+                raise TableError(
+                    f"table '{table}' does not exist and the data to write has no "
+                    f"timestamp column '{time_column}' to create it from"
+                )
             from deltalake import DeltaTable
 
-            DeltaTable.create(self.uri(table), storable_schema(incoming), mode="ignore",
-                              storage_options=self.storage_options)
+            DeltaTable.create(
+                self.uri(table), storable_schema(incoming), mode="ignore", storage_options=self.storage_options
+            )
         dt = self._open(table)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
@@ -179,9 +249,12 @@ class SparkDeltaStorage(DeltaRsStorage):
         else:
             frame = _spark_cast(table, data, target)
         commit_id = uuid.uuid4().hex
-        writer = (frame.write.format("delta").mode("overwrite")
-                  .option("replaceWhere", spark_predicate(predicate_for(column)))
-                  .option("userMetadata", json.dumps({**(metadata or {}), COMMIT_ID_KEY: commit_id})))
+        writer = (
+            frame.write.format("delta")
+            .mode("overwrite")
+            .option("replaceWhere", spark_predicate(predicate_for(column)))
+            .option("userMetadata", json.dumps({**(metadata or {}), COMMIT_ID_KEY: commit_id}))
+        )
         txn = _txn(app_id, app_version, source_versions)
         if txn is not None:
             writer = writer.option("txnAppId", txn[0]).option("txnVersion", str(txn[1]))
@@ -216,17 +289,17 @@ def _txn(app_id: str, app_version: int, source_versions: Mapping[str, int] | Non
     (a higher version) is written. Without source versions (or with several) no skipping is asked for."""
     if not source_versions or len(source_versions) != 1:
         return None
-    (name, version), = source_versions.items()
+    ((name, version),) = source_versions.items()
     return f"{app_id}@{app_version}/{name}", int(version)
 
 
-def arrow_schema(frame: "DataFrame") -> pa.Schema:
+def arrow_schema(frame: DataFrame) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(frame.schema)
 
 
-def _spark_cast(table: str, frame: "DataFrame", schema: pa.Schema) -> "DataFrame":
+def _spark_cast(table: str, frame: DataFrame, schema: pa.Schema) -> DataFrame:
     """``frame`` with exactly ``schema``'s columns (matched case-insensitively) in its types."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
