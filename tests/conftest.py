@@ -18,7 +18,7 @@ SPARK_FILES = {
     "test_plan.py", "test_runner.py", "test_seed_cq.py", "test_spark_runtime.py", "test_storage.py",
     "test_stream_notify.py", "test_stream_outputs.py", "test_streams.py", "test_windows.py",
 }
-DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py"}
+DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py", "test_cluster.py"}
 UI_FILES = {"test_dagster_ui.py"}
 
 
