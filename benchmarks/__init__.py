@@ -37,7 +37,7 @@ CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS
 
 
 # The storage the benchmarks' engines use (``--storage``; the engine's default when not given).
-STORAGE = {"kind": "spark"}
+STORAGE = {"kind": "deltars"}
 
 
 @dataclass

@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions (smoke test)")
     p.add_argument("--only", metavar="NAME", action="append", choices=BENCHMARKS,
                    help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS))
-    p.add_argument("--storage", choices=("spark", "deltars"), default="spark",
-                   help="the engine's storage (CQ_STORAGE) for the in-process benchmarks (default: spark)")
+    p.add_argument("--storage", choices=("spark", "deltars"), default="deltars",
+                   help="the engine's storage (CQ_STORAGE) for the in-process benchmarks (default: deltars)")
     p.add_argument("-v", "--verbose", action="store_true", help="print progress steps")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (its path is printed)")
     args = p.parse_args(argv)

@@ -31,9 +31,10 @@ class Settings:
     spark_port: int = DEFAULT_SPARK_PORT
     recalculate_chunk_windows: int = 100_000
     trigger_path: str = ""  # where trigger modules are imported from; default: the parent of sql_dir
-    # "spark": Delta through Spark's own connector (delta-spark), falling back to "deltars" when its
-    # jars are not in the local Maven repository; "deltars": the deltalake package (see the README).
-    storage: str = "spark"
+    # "deltars": the deltalake package; "spark": Delta through Spark's own connector (delta-spark),
+    # falling back to "deltars" when its jars are not in the local Maven repository (see the README).
+    # delta-rs stays the default until the Spark-native path keeps up with sub-minute firings.
+    storage: str = "deltars"
 
     @property
     def tz(self) -> ZoneInfo:

@@ -61,11 +61,12 @@ QUIET_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file
 
 
 def engine_conf(settings: Settings | None = None) -> dict[str, str]:
-    """``BASE_CONF`` plus, unless ``CQ_STORAGE=deltars``, delta-spark's jars and extension when they are
-    in the local Maven repository, and for an ``s3://`` warehouse the s3a connector and its endpoint."""
+    """``BASE_CONF`` plus delta-spark's jars and extension when they are in the local Maven repository
+    (whatever ``CQ_STORAGE`` says: sessions can read any Delta table), and for an ``s3://`` warehouse
+    the s3a connector and its endpoint."""
     settings = settings or Settings()
     s3 = settings.warehouse.startswith(("s3://", "s3a://"))
-    conf = {**BASE_CONF, **jars.spark_conf(delta=settings.storage == "spark", s3a=s3)}
+    conf = {**BASE_CONF, **jars.spark_conf(delta=True, s3a=s3)}
     if s3:
         conf.update(s3a_conf())
     return conf

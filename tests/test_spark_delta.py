@@ -49,7 +49,7 @@ def make_source(spark, path: str, properties: str, temperature: str = "temperatu
 
 
 def test_deletion_vectors_source(spark, tmp_path):
-    engine = make_engine(tmp_path, spark, SQL)
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
     assert isinstance(engine.storage, SparkDeltaStorage)
     path = engine.settings.table_uri("readings")
     make_source(spark, path, "'delta.enableDeletionVectors' = 'true'")
@@ -70,7 +70,7 @@ def test_deletion_vectors_source(spark, tmp_path):
 
 
 def test_column_mapping_source_with_renamed_column(spark, tmp_path):
-    engine = make_engine(tmp_path, spark, SQL)
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
     path = engine.settings.table_uri("readings")
     make_source(
         spark,
@@ -104,7 +104,7 @@ def _append_minutes(engine, minutes: range) -> None:
 
 
 def test_retried_firing_adds_no_commit_but_new_source_data_is_written(spark, tmp_path):
-    engine = make_engine(tmp_path, spark, SQL)
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
     _append_minutes(engine, range(3))
     first = engine.run_firing("per_minute", T0 + 2 * M)
     retry = engine.run_firing("per_minute", T0 + 2 * M)
@@ -124,7 +124,7 @@ def test_retried_firing_adds_no_commit_but_new_source_data_is_written(spark, tmp
 
 
 def test_disjoint_ranges_committing_at_once_both_land(spark, tmp_path):
-    engine = make_engine(tmp_path, spark, SQL)
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
     _append_minutes(engine, range(2))
     engine.run_firing("per_minute", T0 + M)  # creates the sink
     storage, start = engine.storage, engine.storage.version("per_minute_out")
@@ -170,7 +170,7 @@ def test_disjoint_ranges_committing_at_once_both_land(spark, tmp_path):
 
 
 def test_rows_outside_the_range_and_predicates(spark, tmp_path):
-    engine = make_engine(tmp_path, spark, SQL)
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
     _append_minutes(engine, range(2))
     engine.run_firing("per_minute", T0 + M)
     frame = spark.createDataFrame(
@@ -199,13 +199,15 @@ def test_rows_outside_the_range_and_predicates(spark, tmp_path):
 
 def test_storage_choice(tmp_path, monkeypatch, caplog):
     session = lambda: None
-    assert isinstance(make_storage(Settings(warehouse=str(tmp_path)), session=session), SparkDeltaStorage)
-    assert type(make_storage(Settings(warehouse=str(tmp_path), storage="deltars"), session=session)) is DeltaRsStorage
+    chosen = make_storage(Settings(warehouse=str(tmp_path), storage="spark"), session=session)
+    assert isinstance(chosen, SparkDeltaStorage)
+    assert type(make_storage(Settings(warehouse=str(tmp_path)), session=session)) is DeltaRsStorage  # the default
+    assert load_settings(environ={"CQ_STORAGE": "spark"}, config_file="/nonexistent").storage == "spark"
     with pytest.raises(CQError, match="CQ_STORAGE: unknown storage 'parquet'"):
         load_settings(environ={"CQ_STORAGE": "parquet"})
     monkeypatch.setenv("CQ_MAVEN_REPO", str(tmp_path / "empty-m2"))
     with caplog.at_level(logging.WARNING, logger="cq_engine.storage"):
-        chosen = make_storage(Settings(warehouse=str(tmp_path)), session=session)
+        chosen = make_storage(Settings(warehouse=str(tmp_path), storage="spark"), session=session)
     assert type(chosen) is DeltaRsStorage
     assert [r.message for r in caplog.records if "delta-spark jars not found" in r.message] and len(caplog.records) == 1
     assert jars.missing(jars.DELTA_ARTIFACTS) == list(jars.DELTA_ARTIFACTS)

@@ -1,5 +1,5 @@
-"""The storage the settings choose: Spark's Delta connector by default, delta-rs by ``CQ_STORAGE=deltars``
-or, with one log line, when delta-spark's jars are not in the local Maven repository."""
+"""The storage the settings choose: delta-rs by default, Spark's Delta connector with ``CQ_STORAGE=spark``
+(delta-rs again, with one log line, when delta-spark's jars are not in the local Maven repository)."""
 
 from __future__ import annotations
 
