@@ -7,7 +7,24 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup dev demo test check lint format bench clean
+.PHONY: setup jars dev demo test check lint format cluster-setup cluster-test bench clean
+
+# The JVM jars Spark loads from the local Maven repository (cq_engine/jars.py names the same versions):
+# delta-spark for Spark 4.0 / Scala 2.13, and hadoop-aws matching pyspark's bundled Hadoop 3.4.1 with
+# its AWS SDK bundle (s3a:// warehouses). Fetched once; offline afterwards. No mvn: the engine falls
+# back to the delta-rs storage and says so.
+M2     ?= $(HOME)/.m2/repository
+JARS   := io.delta:delta-spark_2.13:4.0.1 io.delta:delta-storage:4.0.1 \
+          org.apache.hadoop:hadoop-aws:3.4.1 software.amazon.awssdk:bundle:2.24.6
+
+jars:
+	@if ! command -v mvn >/dev/null; then \
+	  echo "mvn not found: Delta runs on the delta-rs storage (install maven for delta-spark)" >&2; \
+	else for a in $(JARS); do \
+	  g=$${a%%:*}; rest=$${a#*:}; n=$${rest%%:*}; v=$${rest#*:}; \
+	  f="$(M2)/$$(echo $$g | tr . /)/$$n/$$v/$$n-$$v.jar"; \
+	  [ -f "$$f" ] || mvn -B -q dependency:get -Dtransitive=false -Dartifact=$$a || exit 1; \
+	done; fi
 
 $(BIN)/cq: pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17+ is required (Spark 4): install e.g. openjdk-17-jre-headless" >&2; exit 1; }
@@ -16,7 +33,7 @@ $(BIN)/cq: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[test]"
 	@touch $@
 
-setup: $(BIN)/cq
+setup: $(BIN)/cq jars
 
 dev: setup
 	$(BIN)/cq dev
@@ -38,6 +55,15 @@ format: setup
 
 check: lint
 	CQ_TEST_QUICK=1 $(BIN)/python -m pytest -q -m "not spark and not dagster_e2e and not ui"
+
+# The one-machine cluster of the README's Deployment section: PostgreSQL from Debian, dagster-postgres
+# and moto's S3 server from PyPI, Spark standalone from the pip pyspark package.
+cluster-setup: setup
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+	$(BIN)/pip install --quiet -e ".[test,cluster]"
+
+cluster-test: cluster-setup
+	$(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 bench: setup
 	$(BIN)/python -m benchmarks

@@ -36,6 +36,10 @@ CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS
 """
 
 
+# The storage the benchmarks' engines use (``--storage``; the engine's default when not given).
+STORAGE = {"kind": "deltars"}
+
+
 @dataclass
 class Outcome:
     """One benchmark's result: its printed line, and the ratio checked against its target (if any)."""
@@ -81,11 +85,13 @@ class Context:
         if self._spark is None:
             from pyspark.sql import SparkSession
 
-            from cq_engine.spark import BASE_CONF
+            from cq_engine.config import Settings
+            from cq_engine.spark import engine_conf
 
-            # cq_engine.spark.local_session's configuration, minus the console progress bars.
+            # cq_engine.spark.local_session's configuration (Delta's jars included), minus the progress bars.
             builder = SparkSession.builder.master("local[*]").appName("cq-engine-bench")
-            for key, value in {**BASE_CONF, "spark.ui.showConsoleProgress": "false"}.items():
+            conf = engine_conf(Settings(storage=STORAGE["kind"]))
+            for key, value in {**conf, "spark.ui.showConsoleProgress": "false"}.items():
                 builder = builder.config(key, value)
             self._spark = builder.getOrCreate()
             self._spark.sparkContext.setLogLevel("ERROR")
@@ -109,6 +115,7 @@ def make_engine(workdir: Path, sql: str, spark, **settings):
 
     (workdir / "sql").mkdir(parents=True, exist_ok=True)
     (workdir / "sql" / "defs.sql").write_text(sql)
+    settings.setdefault("storage", STORAGE["kind"])
     s = Settings(sql_dir=str(workdir / "sql"), warehouse=str(workdir / "wh"), home=str(workdir / ".cq"), **settings)
     engine = Engine(settings=s, spark_session=spark)
     if engine.catalog.errors:
@@ -159,3 +166,10 @@ def clean_env() -> dict[str, str]:
     """The current environment without any CQ_* or Spark Connect client settings."""
     drop = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")
     return {k: v for k, v in os.environ.items() if not k.startswith("CQ_") and k not in drop}
+
+
+def fresh_sink(engine, table: str) -> None:
+    """Drop ``table`` before a repetition: with the Spark storage, Delta skips a rerun on the same source
+    version (idempotent writes), which would time nothing; the hand-written side overwrites a whole table."""
+    if "://" not in engine.storage.uri(table):
+        remove_tree(Path(engine.storage.uri(table)))

@@ -31,6 +31,10 @@ class Settings:
     spark_port: int = DEFAULT_SPARK_PORT
     recalculate_chunk_windows: int = 100_000
     trigger_path: str = ""  # where trigger modules are imported from; default: the parent of sql_dir
+    # "deltars": the deltalake package; "spark": Delta through Spark's own connector (delta-spark),
+    # falling back to "deltars" when its jars are not in the local Maven repository (see the README).
+    # delta-rs stays the default until the Spark-native path keeps up with sub-minute firings.
+    storage: str = "deltars"
 
     @property
     def tz(self) -> ZoneInfo:
@@ -65,7 +69,9 @@ _ENV = {
     "spark_port": "CQ_SPARK_PORT",
     "recalculate_chunk_windows": "CQ_RECALCULATE_CHUNK_WINDOWS",
     "trigger_path": "CQ_TRIGGER_PATH",
+    "storage": "CQ_STORAGE",
 }
+STORAGES = ("spark", "deltars")
 
 
 def recorded_port_file(home: str | Path) -> Path:
@@ -115,6 +121,8 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
         if recorded is not None:
             values["spark_port"] = recorded
     settings = replace(Settings(), **values)
+    if settings.storage not in STORAGES:
+        raise CQError(f"CQ_STORAGE: unknown storage {settings.storage!r} (known: {', '.join(STORAGES)})")
     settings.tz  # validate early
     settings.min_every_delta
     return settings

@@ -16,7 +16,7 @@ from cq_engine.config import Settings
 from cq_engine.errors import TableError
 from cq_engine.model import Catalog
 from cq_engine.storage.base import Storage
-from cq_engine.storage.delta import DeltaRsStorage
+from cq_engine.storage.factory import make_storage
 from cq_engine.storage.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -54,14 +54,17 @@ class EngineContext:
     @classmethod
     def open(cls, *, settings: Settings, catalog: Catalog | None = None, storage: Storage | None = None,
              spark_session: Any = None) -> EngineContext:
-        """A context with the catalog loaded from ``settings.sql_dir`` and Delta storage under the
-        warehouse unless given."""
+        """A context with the catalog loaded from ``settings.sql_dir`` and the storage ``CQ_STORAGE``
+        chooses (``storage.factory``) under the warehouse unless given."""
         if catalog is None:
             catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+        opened: list[EngineContext] = []  # the storage's writes of Arrow data use this context's session
         if storage is None:
-            storage = DeltaRsStorage(warehouse=settings.warehouse)
-        return cls(settings=settings, catalog=catalog, storage=storage, ledger=Ledger(store=storage),
-                   spark_session=spark_session)
+            storage = make_storage(settings, session=lambda: opened[0].spark)
+        ctx = cls(settings=settings, catalog=catalog, storage=storage, ledger=Ledger(store=storage),
+                  spark_session=spark_session)
+        opened.append(ctx)
+        return ctx
 
     @property
     def spark(self) -> SparkSession:

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
+from cq_engine import jars
 from cq_engine.config import Settings, load_settings, recorded_port_file
 from cq_engine.errors import SparkError
 from cq_engine.statefile import read_state, write_atomic
@@ -59,11 +60,38 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 QUIET_CONF = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG_CONFIG}"}
 
 
-def local_session(*, app_name: str = "cq-engine", master: str = "local[*]") -> SparkSession:
-    """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings;
-    a local master's driver listens on loopback only."""
+def engine_conf(settings: Settings | None = None) -> dict[str, str]:
+    """``BASE_CONF`` plus delta-spark's jars and extension when they are in the local Maven repository
+    (whatever ``CQ_STORAGE`` says: sessions can read any Delta table), and for an ``s3://`` warehouse
+    the s3a connector and its endpoint."""
+    settings = settings or Settings()
+    s3 = settings.warehouse.startswith(("s3://", "s3a://"))
+    conf = {**BASE_CONF, **jars.spark_conf(delta=True, s3a=s3)}
+    if s3:
+        conf.update(s3a_conf())
+    return conf
+
+
+def s3a_conf() -> dict[str, str]:
+    """Hadoop s3a settings from the AWS variables delta-rs reads too (``AWS_ENDPOINT_URL`` for an
+    S3-compatible store, path-style addressing then, plain http allowed by the URL's scheme)."""
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        conf.update({"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
+                     "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower()})
+    if os.environ.get("AWS_REGION"):
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = os.environ["AWS_REGION"]
+    return conf
+
+
+def local_session(*, app_name: str = "cq-engine", master: str = "local[*]",
+                  settings: Settings | None = None) -> SparkSession:
+    """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings,
+    with Delta's connector when its jars are available (``engine_conf``); a local master's driver
+    listens on loopback only."""
     builder = SparkSession.builder.master(master).appName(app_name)
-    conf = {**BASE_CONF, **QUIET_CONF}
+    conf = {**engine_conf(settings), **QUIET_CONF}
     if master.startswith("local"):
         conf.update({k: v for k, v in LOOPBACK_CONF.items() if k.startswith("spark.driver.")})
     for key, value in conf.items():
@@ -269,8 +297,10 @@ def _launch(settings: Settings) -> None:
     write_atomic(_token_file(settings), token + "\n", mode=0o600)
     # Later commands without CQ_SPARK_PORT find the server here (load_settings); removed on stop.
     write_atomic(recorded_port_file(settings.home), f"{settings.spark_port}\n")
-    conf = {**BASE_CONF, **LOOPBACK_CONF, **QUIET_CONF, "spark.connect.grpc.binding.port": str(settings.spark_port)}
-    args = ["--master", "local[*]", "--driver-memory", DRIVER_MEMORY]
+    conf = {**engine_conf(settings), **LOOPBACK_CONF, **QUIET_CONF,
+            "spark.connect.grpc.binding.port": str(settings.spark_port)}
+    # CQ_SPARK_MASTER attaches the server to a cluster (a standalone master, see the README's Deployment).
+    args = ["--master", settings.spark_master or "local[*]", "--driver-memory", DRIVER_MEMORY]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     env = {k: v for k, v in os.environ.items()
@@ -338,8 +368,8 @@ def get_session(settings: Settings | None = None) -> SparkSession:
     if settings.spark_remote:
         return _remote_session(settings.spark_remote)
     if settings.spark_master:
-        return local_session(master=settings.spark_master)
+        return local_session(master=settings.spark_master, settings=settings)
     status = server_status(settings)
     if status.running and not _classic_active():  # see the module docstring
         return _remote_session(client_url(settings))
-    return local_session()
+    return local_session(settings=settings)

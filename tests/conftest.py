@@ -18,7 +18,7 @@ SPARK_FILES = {
     "test_plan.py", "test_runner.py", "test_seed_cq.py", "test_spark_runtime.py", "test_storage.py",
     "test_stream_notify.py", "test_stream_outputs.py", "test_streams.py", "test_windows.py",
 }
-DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py"}
+DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py", "test_cluster.py"}
 UI_FILES = {"test_dagster_ui.py"}
 
 
@@ -71,3 +71,17 @@ def pytest_collection_finish(session):
     session.config.get_terminal_writer().line(
         f"cq-engine: {len(session.items)} tests: {', '.join(parts)} "
         "(the whole suite takes about 7 min on an idle 2-core machine, much longer on a busy one)")
+
+
+# The storage-sensitive suites run against both storages (Spark's Delta connector, the default, and
+# delta-rs): a module-scoped engine fixture parametrized with this gives each suite both.
+STORAGES = ("spark", "deltars")
+
+
+@pytest.fixture(params=STORAGES)
+def on_both_storages(request, monkeypatch):
+    """Run the test once per storage (``streams_util.Bench`` engines use it)."""
+    import streams_util
+
+    monkeypatch.setitem(streams_util.STORAGE, "kind", request.param)
+    return request.param

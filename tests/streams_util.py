@@ -22,10 +22,16 @@ TYPES = {"ts": pa.timestamp("us", tz="UTC"), "tbname": pa.string(), "current": p
          "voltage": pa.int32(), "status": pa.int32(), "location": pa.string()}
 
 
+# The storage a Bench's engine uses unless told: delta-rs, the fast one for the many small ticks of the
+# stream suites; tests marked with ``on_both_storages`` (conftest) run on Spark's Delta connector too.
+STORAGE = {"kind": "deltars"}
+
+
 class Bench:
     def __init__(self, tmp_path, spark, sql: str, **settings):
         (tmp_path / "sql").mkdir(exist_ok=True)
         (tmp_path / "sql" / "s.sql").write_text(METERS + sql)
+        settings.setdefault("storage", STORAGE["kind"])
         self.settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"),
                                  home=str(tmp_path / ".cq"), **settings)
         self.engine = Engine(settings=self.settings, spark_session=spark)

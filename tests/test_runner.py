@@ -14,6 +14,7 @@ from cq_engine.cli.feed import sensor_rows
 from cq_engine.config import Settings
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError, TableError, TimeError
+from conftest import STORAGES
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -46,10 +47,10 @@ def make_engine(tmp_path, spark, sql=SQL, **settings) -> Engine:
     return engine
 
 
-@pytest.fixture(scope="module")
-def engine(spark, tmp_path_factory):
+@pytest.fixture(scope="module", params=STORAGES)
+def engine(spark, tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("runner")
-    eng = make_engine(tmp, spark)
+    eng = make_engine(tmp, spark, storage=request.param)
     eng.ensure_tables()
     # 30 commits of one minute each: file skipping has something to skip.
     for m in range(30):
@@ -78,7 +79,13 @@ def test_firing_twice_leaves_one_result(engine):
     assert rows(engine, "sliding_out") == once
     assert first.rows_written == second.rows_written == len(once) == 18  # 6 windows x 3 devices
     assert DeltaTable(engine.settings.table_uri("sliding_out")).version() == second.sink_version
-    assert engine.storage.transaction_version("sliding_out", "cq-engine/sliding/firing") is not None
+    if engine.settings.storage == "spark":  # Delta skips the retry's write: same firing, same source version
+        assert second.sink_version == first.sink_version
+        micros = (fire - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        app_id = f"cq-engine/sliding/firing@{micros}/sensors"
+        assert engine.storage.transaction_version("sliding_out", app_id) == engine.storage.version("sensors")
+    else:
+        assert engine.storage.transaction_version("sliding_out", "cq-engine/sliding/firing") is not None
     entries = [e for e in engine.ledger.entries("sliding") if e.fire_time == fire]
     assert [e.status for e in entries] == ["succeeded", "succeeded"]
 

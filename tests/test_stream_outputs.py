@@ -12,6 +12,10 @@ from streams_util import NOW, T0, Bench, M
 
 from cq_engine.errors import CQError
 
+# Storage-sensitive: a representative subset runs on Spark's Delta connector and on delta-rs with the
+# same expectations (on_both_storages); the rest on delta-rs only, to keep the suite's time.
+BOTH = pytest.mark.usefixtures("on_both_storages")
+
 MS = 1000
 
 
@@ -98,6 +102,7 @@ def test_nondeterministic_where_falls_back_to_per_window_evaluation_and_says_so(
     assert "per-window evaluation of 2 window(s): the WHERE uses rand" in caplog.text
 
 
+@BOTH
 def test_output_subtable_and_tags_new_form(tmp_path, spark):
     b = Bench(tmp_path, spark, """CREATE STREAM shaped INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location
         INTO shaped_out OUTPUT_SUBTABLE(CONCAT('out_', %%1))
@@ -156,6 +161,7 @@ def test_group_id_is_stable_across_runs(tmp_path, spark):
     assert len(b.sink("g_out")) == 6
 
 
+@BOTH
 def test_writing_into_an_existing_table_maps_columns_and_casts(tmp_path, spark):
     b = Bench(tmp_path, spark, """CREATE TABLE target (wts TIMESTAMP, cnt DOUBLE, avgc FLOAT, note STRING) TAGS (site STRING);
         CREATE STREAM listed INTERVAL(1m) SLIDING(1m) FROM meters INTO target (wts, cnt, avgc) AS
@@ -175,6 +181,7 @@ def test_writing_into_an_existing_table_maps_columns_and_casts(tmp_path, spark):
     assert [(r["wts"], r["cnt"], r["avgc"]) for r in b.sink("positional")] == [(T0, 12.0, 25.25), (T0 + M, 12.0, 85.25)]
 
 
+@BOTH
 def test_existing_delta_table_with_other_column_count_is_an_error_naming_it(tmp_path, spark):
     b = Bench(tmp_path, spark, """CREATE STREAM odd INTERVAL(1m) SLIDING(1m) FROM meters INTO odd_out AS
         SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""")
@@ -213,6 +220,7 @@ def test_calc_notify_only_notifies_and_writes_nothing(tmp_path, spark):
     assert b.sink("quiet_out") == []
 
 
+@BOTH
 def test_delete_output_table_removes_a_dropped_meters_rows(tmp_path, spark):
     b = Bench(tmp_path, spark, """CREATE STREAM d INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
         OPTIONS(DELETE_OUTPUT_TABLE) INTO d_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")

@@ -11,6 +11,10 @@ from cq_engine.cli.main import main
 from cq_engine.errors import CQError
 from cq_engine.streams import sensor as stream_sensor
 
+# Storage-sensitive: a representative subset runs on Spark's Delta connector and on delta-rs with the
+# same expectations (on_both_storages); the rest on delta-rs only, to keep the suite's time.
+BOTH = pytest.mark.usefixtures("on_both_storages")
+
 INTERVAL_SQL = """
 CREATE STREAM s_int INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s) | DELETE_RECALC)
   INTO s_int_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
@@ -23,6 +27,7 @@ def interval_ref(bench, until, *, interval=MINUTE, sliding=MINUTE, **kw):
                      until=us(until), **kw)
 
 
+@BOTH
 def test_interval_stream_closes_by_watermark_recomputes_late_rows_and_deletes(tmp_path, spark):
     b = Bench(tmp_path, spark, INTERVAL_SQL)
     assert b.tick("s_int").works == ()  # created on an empty table
@@ -52,6 +57,7 @@ def test_interval_stream_closes_by_watermark_recomputes_late_rows_and_deletes(tm
     assert sink_summary(b.sink("s_int_out")) == sink_summary(before)
 
 
+@BOTH
 def test_old_form_seed_avg_vol_s_ignores_expired_rows_by_default(tmp_path, spark):
     b = Bench(tmp_path, spark, """CREATE STREAM avg_vol_s INTO avg_vol AS
         SELECT _wstart, count(*), avg(voltage) FROM meters PARTITION BY tbname INTERVAL(1m) SLIDING(30s);""")
@@ -116,6 +122,7 @@ def test_data_shaped_streams_match_the_reference_after_every_tick(tmp_path, spar
     assert frontier.is_dir()
 
 
+@BOTH
 def test_seed_streams0_event_and_streams1_count_windows(tmp_path, spark):
     b = Bench(tmp_path, spark, """
         CREATE STREAM streams0 INTO streamt0 AS
@@ -232,6 +239,7 @@ def test_pre_filter_expired_time_and_window_open(tmp_path, spark):
     assert [r["n"] for r in b.sink("opened_out")] == [7, 6, 6, 7, 1]
 
 
+@BOTH
 def test_period_stream_reads_the_rows_committed_since_the_previous_tick(tmp_path, spark):
     b = Bench(tmp_path, spark, """
         CREATE STREAM per PERIOD(1m, 5s) FROM meters INTO per_out AS SELECT _tlocaltime, count(*) AS n, _tprev_localtime AS prev FROM %%trows;
@@ -253,6 +261,7 @@ def test_period_stream_reads_the_rows_committed_since_the_previous_tick(tmp_path
         b.engine.recalculate("per", start=T0)
 
 
+@BOTH
 def test_recalculate_stream_and_cq_tick(tmp_path, spark, monkeypatch, capsys):
     b = Bench(tmp_path, spark, INTERVAL_SQL)
     b.tick("s_int")

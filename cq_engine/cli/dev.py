@@ -62,7 +62,8 @@ def dagster_env(settings: Settings, dagster_home: Path) -> dict[str, str]:
     env.update({"DAGSTER_HOME": str(dagster_home), "CQ_SQL_DIR": str(Path(settings.sql_dir).resolve()),
                 "CQ_WAREHOUSE": settings.warehouse if "://" in settings.warehouse else str(Path(settings.warehouse).resolve()),
                 "CQ_HOME": str(Path(settings.home).resolve()), "CQ_TIMEZONE": settings.timezone,
-                "CQ_MIN_EVERY": settings.min_every, "CQ_SPARK_PORT": str(settings.spark_port)})
+                "CQ_MIN_EVERY": settings.min_every, "CQ_SPARK_PORT": str(settings.spark_port),
+                "CQ_STORAGE": settings.storage})
     return env
 
 

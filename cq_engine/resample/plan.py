@@ -26,12 +26,21 @@ from cq_engine.times import EPOCH
 _T, _K, _OWNER, _HAVING = "__cq_t", "__cq_k", "__cq_owner", "__cq_having"
 
 
+def _as_is(table: pa.Table) -> pa.Table:
+    return table
+
+
 @dataclass(frozen=True)
 class Plan:
     """The Spark job of a run, plus a cheap Arrow step that completes its result."""
 
     frame: DataFrame
-    complete: Callable[[pa.Table], pa.Table] = lambda table: table
+    complete: Callable[[pa.Table], pa.Table] = _as_is
+
+    @property
+    def spark_only(self) -> bool:
+        """Is ``frame`` the whole result (no Arrow step), so Spark can write it itself?"""
+        return self.complete is _as_is
 
     def to_arrow(self) -> pa.Table:
         """Run the one Spark job and complete its result."""

@@ -3,9 +3,10 @@
 It names what callers need: the data path (snapshot reads into Spark, atomic range/predicate
 replaces), Spark-free log reads (latest version, commits, a snapshot's event-time span, one commit's
 rows) and small engine state tables under ``_cq/`` (read / append / overwrite an Arrow table).
-``DeltaRsStorage`` (the ``deltalake`` package) implements it; a second implementation can replace the
-data path and keep the rest from ``storage.state.DeltaStateTables``. Nothing outside ``storage/``
-imports ``deltalake`` or builds a table URI.
+``DeltaRsStorage`` (``storage.delta``, the ``deltalake`` package) implements it all;
+``SparkDeltaStorage`` (``storage.spark_delta``, Spark's own connector) replaces the data path and keeps
+the rest; ``storage.factory`` picks one. Nothing outside ``storage/`` imports ``deltalake`` or builds a
+table URI.
 """
 
 from __future__ import annotations
@@ -83,15 +84,18 @@ class Storage(Protocol):
     def replace_range(
         self, table: str, data: ArrowData, *, time_column: str, time_range: TimeRange,
         app_id: str, app_version: int, metadata: Mapping[str, str] | None = None,
+        source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Atomically replace every row with ``time_column`` in ``time_range`` by ``data`` (one
         commit carrying the application transaction); creates the table if missing. Returns the
-        new version."""
+        new version. With the run's ``source_versions``, a storage may skip a write it already made
+        from the same inputs (Delta's idempotent writes)."""
 
     def replace_where(
         self, table: str, data: ArrowData, *, predicate: str, time_column: str, app_id: str,
         app_version: int, metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
+        source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Atomically replace every row matching ``predicate`` (delta-rs SQL) by ``data`` (one commit
         carrying the application transaction); creates the table if missing; ``check`` sees the data

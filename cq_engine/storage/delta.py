@@ -223,16 +223,21 @@ class DeltaRsStorage(DeltaStateTables):
             if self._open(table).version() == dt.version():
                 break
         for commit in history:
-            if commit.get(COMMIT_ID_KEY) == commit_id:
+            if self._commit_matches(commit, commit_id):
                 return int(commit["version"])
         return dt.version()  # buried under 100 newer commits: the latest is the best answer left
+
+    def _commit_matches(self, commit: dict, commit_id: str) -> bool:
+        return commit.get(COMMIT_ID_KEY) == commit_id
 
     def replace_range(
         self, table: str, data: ArrowData, *, time_column: str, time_range: TimeRange,
         app_id: str, app_version: int, metadata: Mapping[str, str] | None = None,
+        source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Replace every row with ``time_column`` in ``time_range`` by ``data`` in one commit carrying
-        the application transaction ``(app_id, app_version)``; creates the table if missing. Rows of
+        the application transaction ``(app_id, app_version)`` (recorded only: delta-rs never skips a
+        write, so ``source_versions`` is unused); creates the table if missing. Rows of
         ``data`` outside the range are a ``CQError`` (``replace_where`` with a range predicate)."""
         lo, hi = _range_bounds(time_range)
 
@@ -247,6 +252,7 @@ class DeltaRsStorage(DeltaStateTables):
         self, table: str, data: ArrowData, *, predicate: str, time_column: str, app_id: str,
         app_version: int, metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
+        source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Replace every row matching ``predicate`` (delta-rs SQL, e.g. from ``ranges_predicate`` or
         ``groups_predicate``) by ``data`` in one commit carrying the application transaction

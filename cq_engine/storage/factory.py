@@ -1,0 +1,47 @@
+"""The storage the settings choose: delta-rs by default, Spark's Delta connector with ``CQ_STORAGE=spark``
+(delta-rs again, with one log line, when delta-spark's jars are not in the local Maven repository)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from cq_engine import jars
+from cq_engine.config import Settings
+from cq_engine.storage.base import Storage
+from cq_engine.storage.delta import DeltaRsStorage
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+LOG = logging.getLogger("cq_engine.storage")
+_warned: set[str] = set()
+
+
+def spark_delta_available(settings: Settings) -> bool:
+    """Can this engine's Spark load delta-spark? A remote Connect server is trusted to have it (the
+    README's server command loads it); a local session needs the jars in the local Maven repository."""
+    if settings.storage != "spark":
+        return False
+    if settings.spark_remote:
+        return True
+    gone = jars.missing(jars.DELTA_ARTIFACTS)
+    if gone and str(jars.maven_repo()) not in _warned:
+        _warned.add(str(jars.maven_repo()))
+        LOG.warning(
+            "delta-spark jars not found in %s (%s): using the delta-rs storage (run `make setup`, "
+            "or set CQ_STORAGE=deltars to silence this)",
+            jars.maven_repo(),
+            ", ".join(gone),
+        )
+    return not gone
+
+
+def make_storage(settings: Settings, *, session: Callable[[], SparkSession]) -> Storage:
+    """``SparkDeltaStorage`` when ``spark_delta_available``, else ``DeltaRsStorage``."""
+    if spark_delta_available(settings):
+        from cq_engine.storage.spark_delta import SparkDeltaStorage
+
+        return SparkDeltaStorage(warehouse=settings.warehouse, session=session)
+    return DeltaRsStorage(warehouse=settings.warehouse)

@@ -1,0 +1,315 @@
+"""``Storage`` through Spark's own Delta connector (delta-spark): the default wherever Spark has its jars.
+
+Sources are read with ``spark.read.format("delta")`` at the pinned version with the range filter, so
+Delta's data skipping, deletion vectors and column mapping apply. Sinks are written by Spark's
+executors with ``replaceWhere`` in one commit; with the run's source versions given, the commit carries
+the idempotent-write options ``txnAppId``/``txnVersion``, so a retried run on unchanged inputs adds no
+second commit. Metadata (exists, schema, version, table creation) and the log reads the sensors make
+stay on delta-rs (``DeltaRsStorage``, the base class): they need no JVM. Engine state tables (ledger,
+frontier, outbox) are not written through this class at all and stay on delta-rs: they are small,
+written by the Dagster process itself, and must be readable where no Spark session exists (sensors).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from cq_engine.errors import CQError, TableError
+from cq_engine.storage.base import ArrowData, Scan, TimeRange
+from cq_engine.storage.delta import (
+    COMMIT_ID_KEY,
+    MAX_ATTEMPTS,
+    DeltaRsStorage,
+    _cast_to,
+    _check_in_range,
+    _micros,
+    _overlaps,
+    storable_schema,
+)
+from cq_engine.storage.predicates import _range_bounds, range_predicate
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+LOG = logging.getLogger(__name__)
+# delta-spark's optimistic-concurrency failures: another writer committed first; the write is redone.
+_CONFLICT = re.compile(r"Concurrent(Append|DeleteRead|DeleteDelete|Transaction|Write)Exception|DELTA_CONCURRENT")
+_MISMATCH = re.compile(
+    r"DELTA_REPLACE_WHERE_MISMATCH|DELTA_VIOLATE_CONSTRAINT"
+    r"|does not conform to partial table overwrite condition"
+)
+# Reader features a plain parquet read of the data files would get wrong.
+_NEEDS_DELTA_READ = {"deletionVectors", "columnMapping"}
+
+
+def spark_predicate(predicate: str) -> str:
+    """A ``storage.predicates`` (delta-rs SQL) predicate in Spark SQL: "ident" becomes `ident`;
+    single-quoted literals are left alone."""
+    out, i = [], 0
+    while i < len(predicate):
+        ch = predicate[i]
+        if ch in "'\"":
+            j = i + 1
+            while j < len(predicate):
+                if predicate[j] == ch and predicate[j + 1 : j + 2] == ch:
+                    j += 2
+                    continue
+                if predicate[j] == ch:
+                    break
+                j += 1
+            body = predicate[i + 1 : j]
+            out.append(f"'{body}'" if ch == "'" else "`" + body.replace('""', '"').replace("`", "``") + "`")
+            i = j + 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+class SparkDeltaStorage(DeltaRsStorage):
+    """Delta tables under ``warehouse`` read and written by Spark's Delta connector; ``session``
+    gives the Spark session for writes of Arrow data (a DataFrame brings its own)."""
+
+    writes_dataframes = True
+
+    def __init__(
+        self, *, warehouse: str, session: Callable[[], SparkSession], storage_options: dict[str, str] | None = None
+    ):
+        super().__init__(warehouse=warehouse, storage_options=storage_options)
+        self._session = session
+
+    def spark_uri(self, table: str) -> str:
+        # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs to s3://.
+        uri = self.uri(table)
+        return "s3a://" + uri[5:] if uri.startswith("s3://") else uri
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def read_range(
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        time_column: str,
+        time_range: TimeRange | None,
+        version: int | None = None,
+    ) -> tuple[DataFrame, Scan]:
+        """Rows with ``time_column`` in ``time_range`` (None: all rows) at a pinned version, read by
+        delta-spark (data skipping on the range filter; deletion vectors and column mapping honoured).
+        ``Scan`` counts the files whose statistics overlap the range (what Delta's skipping reads)."""
+        from pyspark.sql import functions as F
+
+        dt = self._open(table, version)
+        column = self._time_field(table, dt, time_column)
+        df = spark.read.format("delta").option("versionAsOf", dt.version()).load(self.spark_uri(table))
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        kept = actions.num_rows
+        if time_range is not None:
+            lo, hi = _range_bounds(time_range)
+            kept = sum(_overlaps(actions, column, lo, hi))
+            ts = F.col(f"`{column}`")
+            df = df.where(
+                (ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi))))
+            )
+        return df, Scan(table=table, version=dt.version(), files_total=actions.num_rows, files_read=kept)
+
+    def read_added(
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        after: int,
+        until: int,
+        time_column: str,
+    ) -> tuple[DataFrame, Scan]:
+        """``DeltaRsStorage.read_added``; for a table with deletion vectors or column mapping, the rows
+        of version ``until`` (read by delta-spark) that lie in the files those commits added."""
+        from pyspark.sql import functions as F
+
+        dt = self._open(table, until)
+        if not _NEEDS_DELTA_READ & set(dt.protocol().reader_features or ()):
+            return super().read_added(spark, table, after=after, until=until, time_column=time_column)
+        self._time_field(table, dt, time_column)
+        commits = self.read_commits(table, after=after, until=until, time_column=time_column)
+        names = list(dict.fromkeys(f.path.rsplit("/", 1)[-1] for c in commits for f in c.added))
+        df = spark.read.format("delta").option("versionAsOf", until).load(self.spark_uri(table))
+        df = df.where(F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1).isin(names))
+        return df, Scan(table=table, version=until, files_total=len(names), files_read=len(names))
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def replace_range(
+        self,
+        table: str,
+        data: ArrowData | DataFrame,
+        *,
+        time_column: str,
+        time_range: TimeRange,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
+        source_versions: Mapping[str, int] | None = None,
+    ) -> int:
+        """Replace the rows with ``time_column`` in ``time_range`` by ``data`` (Arrow, or a Spark
+        DataFrame written by the executors) in one commit. Rows outside the range are a ``CQError``."""
+        lo, hi = _range_bounds(time_range)
+
+        def check_for(column: str) -> Callable[[pa.Table], None]:
+            return lambda part: _check_in_range(table, column, part.column(column), lo, hi)
+
+        return self._write(
+            table,
+            data,
+            predicate_for=lambda column: range_predicate(column, (lo, hi)),
+            check_for=check_for,
+            time_column=time_column,
+            app_id=app_id,
+            app_version=app_version,
+            metadata=metadata,
+            source_versions=source_versions,
+            outside=f"outside the replaced range [{lo.isoformat()}, {hi.isoformat()})",
+        )
+
+    def replace_where(
+        self,
+        table: str,
+        data: ArrowData | DataFrame,
+        *,
+        predicate: str,
+        time_column: str,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
+        check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
+        source_versions: Mapping[str, int] | None = None,
+    ) -> int:
+        """Replace the rows matching ``predicate`` (``storage.predicates`` SQL) by ``data`` in one
+        commit; ``check`` sees Arrow data (cast to the table's schema) before it is written."""
+        return self._write(
+            table,
+            data,
+            predicate_for=lambda _column: predicate,
+            check_for=lambda _column: check,
+            time_column=time_column,
+            app_id=app_id,
+            app_version=app_version,
+            metadata=metadata,
+            source_versions=source_versions,
+            outside=f"not matching the replaced rows' condition {predicate}",
+        )
+
+    def _write(
+        self,
+        table: str,
+        data,
+        *,
+        predicate_for,
+        check_for,
+        time_column: str,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None,
+        source_versions: Mapping[str, int] | None,
+        outside: str,
+    ) -> int:
+        arrow = not hasattr(data, "sparkSession")
+        if isinstance(data, pa.RecordBatchReader):
+            data = data.read_all()
+        if not self.exists(table):
+            incoming = arrow_schema(data) if not arrow else data.schema
+            if not pa.types.is_timestamp(
+                {f.name.lower(): f.type for f in incoming}.get(time_column.lower(), pa.null())
+            ):
+                raise TableError(
+                    f"table '{table}' does not exist and the data to write has no "
+                    f"timestamp column '{time_column}' to create it from"
+                )
+            from deltalake import DeltaTable
+
+            DeltaTable.create(
+                self.uri(table), storable_schema(incoming), mode="ignore", storage_options=self.storage_options
+            )
+        dt = self._open(table)
+        column = self._time_field(table, dt, time_column)
+        target = pa.schema(dt.schema().to_arrow())
+        if arrow:
+            data = _cast_to(table, data, target)
+            check = check_for(column)
+            if check is not None:
+                check(data)
+            frame = self._session().createDataFrame(data)
+        else:
+            frame = _spark_cast(table, data, target)
+        commit_id = uuid.uuid4().hex
+        writer = (
+            frame.write.format("delta")
+            .mode("overwrite")
+            .option("replaceWhere", spark_predicate(predicate_for(column)))
+            .option("userMetadata", json.dumps({**(metadata or {}), COMMIT_ID_KEY: commit_id}))
+        )
+        txn = _txn(app_id, app_version, source_versions)
+        if txn is not None:
+            writer = writer.option("txnAppId", txn[0]).option("txnVersion", str(txn[1]))
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                writer.save(self.spark_uri(table))
+                break
+            except Exception as exc:  # pyspark raises py4j / Connect / analysis types here
+                text = str(exc)
+                if _MISMATCH.search(text):
+                    raise CQError(f"table '{table}': rows to write on '{column}' are {outside}") from None
+                if not _CONFLICT.search(text) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                LOG.info("table %s: concurrent commit, retrying the write (%d)", table, attempt + 1)
+                time.sleep(0.05 * (attempt + 1))
+        return self._committed_version(table, commit_id)
+
+    def _commit_matches(self, commit: dict, commit_id: str) -> bool:
+        return commit_id in str(commit.get("userMetadata", "")) or super()._commit_matches(commit, commit_id)
+
+    def rows_written(self, table: str, version: int) -> int:
+        """``numOutputRows`` of the commit at ``version`` (0 if that commit wrote none)."""
+        for commit in self._open(table).history(limit=100):
+            if int(commit.get("version", -1)) == version:
+                return int((commit.get("operationMetrics") or {}).get("numOutputRows", 0))
+        return 0
+
+
+def _txn(app_id: str, app_version: int, source_versions: Mapping[str, int] | None) -> tuple[str, int] | None:
+    """Delta's idempotent-write identity: one application id per run range, versioned by the source
+    version, so a retry on the same snapshot is skipped by Delta and a rerun after new source data
+    (a higher version) is written. Without source versions (or with several) no skipping is asked for."""
+    if not source_versions or len(source_versions) != 1:
+        return None
+    ((name, version),) = source_versions.items()
+    return f"{app_id}@{app_version}/{name}", int(version)
+
+
+def arrow_schema(frame: DataFrame) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(frame.schema)
+
+
+def _spark_cast(table: str, frame: DataFrame, schema: pa.Schema) -> DataFrame:
+    """``frame`` with exactly ``schema``'s columns (matched case-insensitively) in its types."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from cq_engine.storage.base import align_columns
+
+    names = frame.columns
+    cols = []
+    for field, i in align_columns(names, schema, table=table):
+        spark_type = from_arrow_type(field.type)
+        source = F.lit(None) if i is None else F.col(f"`{names[i]}`")
+        cols.append(source.cast(spark_type).alias(field.name))
+    return frame.select(*cols)

@@ -1,0 +1,213 @@
+"""The Spark-native Delta storage on real delta-spark tables: deletion vectors, column mapping, Delta's
+idempotent writes, concurrent commits on disjoint ranges, and the choice of storage."""
+
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from test_runner import make_engine
+
+from cq_engine import jars
+from cq_engine.config import Settings, load_settings
+from cq_engine.errors import CQError, TableError
+from cq_engine.storage.delta import DeltaRsStorage
+from cq_engine.storage.factory import make_storage
+from cq_engine.storage.predicates import groups_predicate, range_predicate
+from cq_engine.storage.spark_delta import SparkDeltaStorage, spark_predicate
+
+UTC = UTC
+T0 = datetime(2024, 3, 1, tzinfo=UTC)
+M = timedelta(minutes=1)
+
+SQL = """
+CREATE CQ per_minute RESAMPLE EVERY 1m BEGIN
+  SELECT max(temperature) AS tmax, count(temperature) AS n INTO per_minute_out FROM readings GROUP BY (1m), device
+END;
+"""
+
+
+def sink(engine, table: str) -> list[tuple]:
+    data = engine.spark.read.format("delta").load(engine.settings.table_uri(table)).collect()
+    return sorted((r["ts"].replace(tzinfo=UTC), r["device"], r["tmax"], r["n"]) for r in data)
+
+
+def make_source(spark, path: str, properties: str, temperature: str = "temperature") -> None:
+    spark.sql(
+        f"CREATE TABLE delta.`{path}` (ts TIMESTAMP, device STRING, {temperature} DOUBLE) USING delta "
+        f"TBLPROPERTIES ({properties})"
+    )
+    epoch, us = datetime(1970, 1, 1, tzinfo=UTC), timedelta(microseconds=1)
+    values = ", ".join(
+        f"(timestamp_micros({(T0 + s * timedelta(seconds=10) - epoch) // us}), '{d}', {s + (100 if d == 'b' else 0)}.0)"
+        for s in range(12)
+        for d in ("a", "b")
+    )
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES {values}")
+
+
+def test_deletion_vectors_source(spark, tmp_path):
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+    assert isinstance(engine.storage, SparkDeltaStorage)
+    path = engine.settings.table_uri("readings")
+    make_source(spark, path, "'delta.enableDeletionVectors' = 'true'")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE {'temperature'} IN (5.0, 11.0, 111.0)")
+    assert "deletionVectors" in (DeltaTable(path).protocol().reader_features or [])
+    last = sorted((tmp_path / "wh" / "readings" / "_delta_log").glob("*.json"))[-1].read_text()
+    assert '"deletionVector":{' in last and '"operation":"DELETE"' in last  # rows deleted by DV, files kept
+    engine.run_firing("per_minute", T0 + 2 * M)
+    # minute 0: a = 0..5 without 5 -> max 4 (5 rows); b = 100..105 -> max 105 (6 rows);
+    # minute 1: a = 6..11 without 11 -> max 10 (5); b = 106..111 without 111 -> max 110 (5)
+    assert sink(engine, "per_minute_out") == [(T0 + M, "a", 10.0, 5), (T0 + M, "b", 110.0, 5)]
+    engine.run_firing("per_minute", T0 + M)
+    assert sink(engine, "per_minute_out")[:2] == [(T0, "a", 4.0, 5), (T0, "b", 105.0, 6)]
+    with pytest.raises(TableError, match="deletionVectors"):  # what the delta-rs path says instead
+        DeltaRsStorage(warehouse=engine.settings.warehouse).read_range(
+            spark, "readings", time_column="ts", time_range=None
+        )
+
+
+def test_column_mapping_source_with_renamed_column(spark, tmp_path):
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+    path = engine.settings.table_uri("readings")
+    make_source(
+        spark,
+        path,
+        "'delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5'",
+        temperature="temp_raw",
+    )
+    spark.sql(f"ALTER TABLE delta.`{path}` RENAME COLUMN temp_raw TO temperature")
+    engine.run_firing("per_minute", T0 + M)
+    assert sink(engine, "per_minute_out") == [(T0, "a", 5.0, 6), (T0, "b", 105.0, 6)]
+    # Stream-style incremental reads of added files work on it too.
+    df, scan = engine.storage.read_added(
+        spark, "readings", after=0, until=engine.storage.version("readings"), time_column="ts"
+    )
+    assert df.count() == 24 and "temperature" in df.columns and scan.files_read >= 1
+
+
+def _append_minutes(engine, minutes: range) -> None:
+    for m in minutes:
+        ts = [T0 + m * M + timedelta(seconds=s) for s in (0, 30)]
+        engine.storage.append(
+            "readings",
+            pa.table(
+                {
+                    "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+                    "device": ["a", "a"],
+                    "temperature": pa.array([float(m), float(m) + 0.5]),
+                }
+            ),
+        )
+
+
+def test_retried_firing_adds_no_commit_but_new_source_data_is_written(spark, tmp_path):
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+    _append_minutes(engine, range(3))
+    first = engine.run_firing("per_minute", T0 + 2 * M)
+    retry = engine.run_firing("per_minute", T0 + 2 * M)
+    assert retry.sink_version == first.sink_version == engine.storage.version("per_minute_out")
+    assert retry.rows_written == first.rows_written == 1
+    late = pa.table(
+        {
+            "ts": pa.array([T0 + M + timedelta(seconds=45)], pa.timestamp("us", tz="UTC")),
+            "device": ["a"],
+            "temperature": [99.0],
+        }
+    )
+    engine.storage.append("readings", late)  # a late row: the source version moves on
+    again = engine.run_firing("per_minute", T0 + 2 * M)
+    assert again.sink_version == first.sink_version + 1
+    assert sink(engine, "per_minute_out") == [(T0 + M, "a", 99.0, 3)]
+
+
+def test_disjoint_ranges_committing_at_once_both_land(spark, tmp_path):
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+    _append_minutes(engine, range(2))
+    engine.run_firing("per_minute", T0 + M)  # creates the sink
+    storage, start = engine.storage, engine.storage.version("per_minute_out")
+    barrier, errors, versions = threading.Barrier(4), [], []
+
+    def write(minute: int) -> None:
+        lo = T0 + timedelta(hours=1 + minute)
+        frame = spark.createDataFrame(
+            pa.table(
+                {
+                    "ts": pa.array([lo + timedelta(seconds=s) for s in range(0, 60, 20)], pa.timestamp("us", tz="UTC")),
+                    "device": ["x"] * 3,
+                    "tmax": [1.0, 2.0, 3.0],
+                    "n": pa.array([1, 2, 3], pa.int64()),
+                }
+            )
+        )
+        barrier.wait()
+        try:
+            versions.append(
+                storage.replace_range(
+                    "per_minute_out",
+                    frame,
+                    time_column="ts",
+                    time_range=(lo, lo + M),
+                    app_id=f"t/{minute}",
+                    app_version=1,
+                    source_versions={"readings": 1},
+                )
+            )
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(m,)) for m in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    assert sorted(versions) == list(range(start + 1, start + 5))
+    got = sink(engine, "per_minute_out")
+    assert len([r for r in got if r[1] == "x"]) == 12 and len(got) == 13
+
+
+def test_rows_outside_the_range_and_predicates(spark, tmp_path):
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+    _append_minutes(engine, range(2))
+    engine.run_firing("per_minute", T0 + M)
+    frame = spark.createDataFrame(
+        pa.table(
+            {
+                "ts": pa.array([T0 + 5 * M], pa.timestamp("us", tz="UTC")),
+                "device": ["a"],
+                "tmax": [1.0],
+                "n": pa.array([1], pa.int64()),
+            }
+        )
+    )
+    before = engine.storage.version("per_minute_out")
+    with pytest.raises(CQError, match=r"per_minute_out.*outside the replaced range"):
+        engine.storage.replace_range(
+            "per_minute_out", frame, time_column="ts", time_range=(T0, T0 + M), app_id="t", app_version=1
+        )
+    assert engine.storage.version("per_minute_out") == before  # nothing half-written
+    assert (
+        spark_predicate(range_predicate("ts", (T0, T0 + M)))
+        == "`ts` >= '2024-03-01T00:00:00.000000Z' AND `ts` < '2024-03-01T00:01:00.000000Z'"
+    )
+    pred = spark_predicate(groups_predicate("ts", ['de"v'], [(("it's",), T0)]))
+    assert pred.count("`") == 4 and '`de"v`' in pred and "'it''s'" in pred, pred
+
+
+def test_storage_choice(tmp_path, monkeypatch, caplog):
+    session = lambda: None
+    chosen = make_storage(Settings(warehouse=str(tmp_path), storage="spark"), session=session)
+    assert isinstance(chosen, SparkDeltaStorage)
+    assert type(make_storage(Settings(warehouse=str(tmp_path)), session=session)) is DeltaRsStorage  # the default
+    assert load_settings(environ={"CQ_STORAGE": "spark"}, config_file="/nonexistent").storage == "spark"
+    with pytest.raises(CQError, match="CQ_STORAGE: unknown storage 'parquet'"):
+        load_settings(environ={"CQ_STORAGE": "parquet"})
+    monkeypatch.setenv("CQ_MAVEN_REPO", str(tmp_path / "empty-m2"))
+    with caplog.at_level(logging.WARNING, logger="cq_engine.storage"):
+        chosen = make_storage(Settings(warehouse=str(tmp_path), storage="spark"), session=session)
+    assert type(chosen) is DeltaRsStorage
+    assert [r.message for r in caplog.records if "delta-spark jars not found" in r.message] and len(caplog.records) == 1
+    assert jars.missing(jars.DELTA_ARTIFACTS) == list(jars.DELTA_ARTIFACTS)
