@@ -130,8 +130,9 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - clock, result
 
 
-def measure(cases: dict[str, Callable[[], object]], *, repeat: int, warmup: int = 1
-            ) -> tuple[dict[str, float], dict[str, list[float]], dict[str, object]]:
+def measure(
+    cases: dict[str, Callable[[], object]], *, repeat: int, warmup: int = 1
+) -> tuple[dict[str, float], dict[str, list[float]], dict[str, object]]:
     """Median wall time of each case over ``repeat`` runs after ``warmup`` runs. Cases are
     interleaved (a, b, a, b, ...) so a slow spell of the shared machine hits all of them alike.
     Returns (median per case, all samples per case, last result per case)."""

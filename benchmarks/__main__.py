@@ -17,18 +17,37 @@ from pathlib import Path
 from . import STORAGE, Context, Outcome, remove_tree
 
 # In-process benchmarks first (they share one Spark session), then the subprocess one.
-BENCHMARKS = ("firing_scale", "firing_overhead", "recalculate_vs_groupby", "stream_sensor", "stream_catchup",
-              "sliding_vs_groupby", "stream_range_join", "connect_vs_inprocess", "write_heavy", "orchestration",
-              "freshness")
+BENCHMARKS = (
+    "firing_scale",
+    "firing_overhead",
+    "recalculate_vs_groupby",
+    "stream_sensor",
+    "stream_catchup",
+    "sliding_vs_groupby",
+    "stream_range_join",
+    "connect_vs_inprocess",
+    "write_heavy",
+    "orchestration",
+    "freshness",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions (smoke test)")
-    p.add_argument("--only", metavar="NAME", action="append", choices=BENCHMARKS,
-                   help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS))
-    p.add_argument("--storage", choices=("spark", "deltars"), default="deltars",
-                   help="the engine's storage (CQ_STORAGE) for the in-process benchmarks (default: deltars)")
+    p.add_argument(
+        "--only",
+        metavar="NAME",
+        action="append",
+        choices=BENCHMARKS,
+        help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS),
+    )
+    p.add_argument(
+        "--storage",
+        choices=("spark", "deltars"),
+        default="deltars",
+        help="the engine's storage (CQ_STORAGE) for the in-process benchmarks (default: deltars)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print progress steps")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (its path is printed)")
     args = p.parse_args(argv)
@@ -37,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     STORAGE["kind"] = args.storage
     root = Path(tempfile.mkdtemp(prefix="cq-bench-"))
     ctx = Context(quick=args.quick, root=root, verbose=args.verbose)
-    print(f"cq-engine benchmarks ({'quick' if args.quick else 'full'} size, {args.storage} storage; data in {root})",
-          flush=True)
+    print(
+        f"cq-engine benchmarks ({'quick' if args.quick else 'full'} size, {args.storage} storage; data in {root})",
+        flush=True,
+    )
     outcomes: list[Outcome] = []
     started = time.perf_counter()
     try:

@@ -36,15 +36,26 @@ def run(ctx: Context) -> Outcome:
     # Only the storage is used here (no Spark in this process): load the data with delta-rs.
     engine = make_engine(work, PER_MINUTE_SQL, spark=None)
     for m in range(COMMITS):
-        engine.storage.append("sensors", sensor_rows(start=T0 + timedelta(minutes=m), end=T0 + timedelta(minutes=m + 1),
-                                                     every=timedelta(seconds=1)))
+        engine.storage.append(
+            "sensors",
+            sensor_rows(start=T0 + timedelta(minutes=m), end=T0 + timedelta(minutes=m + 1), every=timedelta(seconds=1)),
+        )
     fire = T0 + timedelta(minutes=COMMITS // 2 + 1)
 
     port = free_port()
-    server = Settings(sql_dir=engine.settings.sql_dir, warehouse=engine.settings.warehouse,
-                      home=str(work / "home-server"), spark_port=port)
-    base = {**clean_env(), "CQ_SQL_DIR": server.sql_dir, "CQ_WAREHOUSE": server.warehouse,
-            "CQ_CONFIG": str(work / "no-cq.toml"), "CQ_SPARK_PORT": str(port)}
+    server = Settings(
+        sql_dir=engine.settings.sql_dir,
+        warehouse=engine.settings.warehouse,
+        home=str(work / "home-server"),
+        spark_port=port,
+    )
+    base = {
+        **clean_env(),
+        "CQ_SQL_DIR": server.sql_dir,
+        "CQ_WAREHOUSE": server.warehouse,
+        "CQ_CONFIG": str(work / "no-cq.toml"),
+        "CQ_SPARK_PORT": str(port),
+    }
     envs = {
         "connect": {**base, "CQ_HOME": server.home, "CQ_SPARK_REMOTE": f"sc://localhost:{port}"},
         "in-process": {**base, "CQ_HOME": str(work / "home-local")},  # no server to discover there
@@ -53,11 +64,17 @@ def run(ctx: Context) -> Outcome:
     wrong_kind: list[str] = []
 
     def cq_run(kind: str):
-        proc = subprocess.run([sys.executable, "-m", "cq_engine.cli.main", "run", "per_minute", "--at", fire.isoformat()],
-                              env=envs[kind], cwd=work, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "cq_engine.cli.main", "run", "per_minute", "--at", fire.isoformat()],
+            env=envs[kind],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"`cq run` ({kind}) exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
-        if (m := _ENGINE_SECONDS.search(proc.stdout)):
+        if m := _ENGINE_SECONDS.search(proc.stdout):
             engine_seconds[kind].append(float(m.group(1)))
         classic = any(marker in proc.stderr for marker in _CLASSIC_MARKERS)
         if classic != (kind == "in-process"):
@@ -80,14 +97,17 @@ def run(ctx: Context) -> Outcome:
 
     ratio = medians["in-process"] / medians["connect"]
     inner = {k: sorted(v)[len(v) // 2] for k, v in engine_seconds.items() if v}
-    line = (f"{NAME}: connect {medians['connect']:.3f}s  in-process {medians['in-process']:.3f}s  "
-            f"{verdict(ratio, None)}")
-    details = (f"wall time of `cq run` subprocesses, {repeat} run(s) each: connect {spread(samples['connect'])},"
-               f" in-process {spread(samples['in-process'])}; the engine's own RunResult.seconds (session"
-               f" start included): connect {inner.get('connect', float('nan')):.2f}s,"
-               f" in-process {inner.get('in-process', float('nan')):.2f}s; server start {server_start:.1f}s (once)")
+    line = f"{NAME}: connect {medians['connect']:.3f}s  in-process {medians['in-process']:.3f}s  {verdict(ratio, None)}"
+    details = (
+        f"wall time of `cq run` subprocesses, {repeat} run(s) each: connect {spread(samples['connect'])},"
+        f" in-process {spread(samples['in-process'])}; the engine's own RunResult.seconds (session"
+        f" start included): connect {inner.get('connect', float('nan')):.2f}s,"
+        f" in-process {inner.get('in-process', float('nan')):.2f}s; server start {server_start:.1f}s (once)"
+    )
     outcome = Outcome(NAME, line, ratio, None, notes=[details])
     if wrong_kind:
-        outcome.notes.append(f"could not confirm the session kind of {len(wrong_kind)} run(s) from their stderr "
-                             f"({', '.join(sorted(set(wrong_kind)))})")
+        outcome.notes.append(
+            f"could not confirm the session kind of {len(wrong_kind)} run(s) from their stderr "
+            f"({', '.join(sorted(set(wrong_kind)))})"
+        )
     return outcome

@@ -35,8 +35,12 @@ class Daemon:
 
         env = dagster_env(self.settings, self.dagster_home)
         env = {**clean_env(), **{k: v for k, v in env.items() if k.startswith(("CQ_", "DAGSTER_"))}}
-        env.update(CQ_CONFIG=str(self.root / "no-cq.toml"), CQ_RUN_MODEL=self.run_model, PYTHONUNBUFFERED="1",
-                   PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+        env.update(
+            CQ_CONFIG=str(self.root / "no-cq.toml"),
+            CQ_RUN_MODEL=self.run_model,
+            PYTHONUNBUFFERED="1",
+            PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        )
         return env
 
     def start(self, *, timeout: float = 300) -> None:
@@ -49,17 +53,33 @@ class Daemon:
         write_dagster_home(self.dagster_home)
         port = free_port()
         (self.root / "workspace.yaml").write_text(
-            f"load_from:\n  - grpc_server:\n      host: 127.0.0.1\n      port: {port}\n      location_name: bench\n")
+            f"load_from:\n  - grpc_server:\n      host: 127.0.0.1\n      port: {port}\n      location_name: bench\n"
+        )
         env = self.env()
-        self._spawn("code_server", [str(BIN / "dagster"), "api", "grpc", "--module-name", "dagster_defs.location",
-                                    "--working-directory", str(REPO), "--host", "127.0.0.1", "--port", str(port)],
-                    env)
+        self._spawn(
+            "code_server",
+            [
+                str(BIN / "dagster"),
+                "api",
+                "grpc",
+                "--module-name",
+                "dagster_defs.location",
+                "--working-directory",
+                str(REPO),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env,
+        )
         deadline = time.monotonic() + timeout
         while not _port_open(port):
             self._check()
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the code server did not start within {timeout:.0f}s\n"
-                                   f"{self.log_tail('code_server')}")
+                raise RuntimeError(
+                    f"the code server did not start within {timeout:.0f}s\n{self.log_tail('code_server')}"
+                )
             time.sleep(1)
         self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(self.root / "workspace.yaml")], env)
 
@@ -73,8 +93,15 @@ class Daemon:
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
         (self.root / "logs").mkdir(exist_ok=True)
         with open(self.root / "logs" / f"{name}.log", "w") as log:
-            self.procs[name] = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                cmd,
+                cwd=self.root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def _check(self) -> None:
         for name, proc in self.procs.items():

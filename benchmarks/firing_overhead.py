@@ -37,22 +37,32 @@ def run(ctx: Context) -> Outcome:
     engine = make_engine(ctx.workdir(NAME), SQL, ctx.spark)
     ctx.log("loading 4 hours in 10-minute commits")
     for m in range(0, 240, 10):
-        engine.storage.append("sensors", sensor_rows(start=T0 + timedelta(minutes=m),
-                                                     end=T0 + timedelta(minutes=m + 10), every=timedelta(seconds=1)))
+        engine.storage.append(
+            "sensors",
+            sensor_rows(
+                start=T0 + timedelta(minutes=m), end=T0 + timedelta(minutes=m + 10), every=timedelta(seconds=1)
+            ),
+        )
     fire = T0 + timedelta(hours=4)  # the range [T0 + 2h, T0 + 4h)
     lo, hi = fire - timedelta(hours=2), fire
     source_uri, out_uri = engine.storage.uri("sensors"), engine.storage.uri("hand_out")
 
     ctx.log("timing")
     medians, samples, last = measure(
-        {"engine": lambda: engine.run_firing("per_2h", fire),
-         "hand": lambda: hand_written(ctx.spark, source_uri, out_uri, lo, hi, skip_files=True)},
-        repeat=repeat, warmup=warmup)
+        {
+            "engine": lambda: engine.run_firing("per_2h", fire),
+            "hand": lambda: hand_written(ctx.spark, source_uri, out_uri, lo, hi, skip_files=True),
+        },
+        repeat=repeat,
+        warmup=warmup,
+    )
     result = last["engine"]
     _check_same(engine.storage.uri("out"), out_uri)
     ratio = medians["engine"] / medians["hand"]
     line = f"{NAME}: engine {medians['engine']:.3f}s  hand-written {medians['hand']:.3f}s  {verdict(ratio, TARGET)}"
-    details = (f"one 2-hour firing: {result.rows_written} rows written (same as hand-written), files read"
-               f" {result.files_read}/{result.files_total}; {repeat} runs each after {warmup} warm-ups:"
-               f" engine {spread(samples['engine'])}, hand-written {spread(samples['hand'])}")
+    details = (
+        f"one 2-hour firing: {result.rows_written} rows written (same as hand-written), files read"
+        f" {result.files_read}/{result.files_total}; {repeat} runs each after {warmup} warm-ups:"
+        f" engine {spread(samples['engine'])}, hand-written {spread(samples['hand'])}"
+    )
     return Outcome(NAME, line, ratio, TARGET, notes=[details])

@@ -20,8 +20,10 @@ def _load(engine, commits: int) -> None:
     from cq_engine.cli.feed import sensor_rows
 
     for m in range(commits):
-        engine.storage.append("sensors", sensor_rows(start=T0 + timedelta(minutes=m),
-                                                     end=T0 + timedelta(minutes=m + 1), every=timedelta(seconds=1)))
+        engine.storage.append(
+            "sensors",
+            sensor_rows(start=T0 + timedelta(minutes=m), end=T0 + timedelta(minutes=m + 1), every=timedelta(seconds=1)),
+        )
 
 
 def run(ctx: Context) -> Outcome:
@@ -39,16 +41,23 @@ def run(ctx: Context) -> Outcome:
 
     ctx.log("timing firings")
     medians, samples, last = measure(
-        {"1x": lambda: small.run_firing("per_minute", fire), f"{FACTOR}x": lambda: large.run_firing("per_minute", fire)},
-        repeat=repeat, warmup=warmup)
+        {
+            "1x": lambda: small.run_firing("per_minute", fire),
+            f"{FACTOR}x": lambda: large.run_firing("per_minute", fire),
+        },
+        repeat=repeat,
+        warmup=warmup,
+    )
     r1, r20 = last["1x"], last[f"{FACTOR}x"]
     if r1.rows_written != r20.rows_written:
         raise RuntimeError(f"the two firings wrote different row counts: {r1.rows_written} vs {r20.rows_written}")
     ratio = medians[f"{FACTOR}x"] / medians["1x"]
     line = f"{NAME}: 1x {medians['1x']:.3f}s  {FACTOR}x {medians[f'{FACTOR}x']:.3f}s  {verdict(ratio, TARGET)}"
-    details = (f"files read: 1x {r1.files_read}/{r1.files_total}, {FACTOR}x {r20.files_read}/{r20.files_total};"
-               f" {repeat} runs each after {warmup} warm-ups: 1x {spread(samples['1x'])},"
-               f" {FACTOR}x {spread(samples[f'{FACTOR}x'])}")
+    details = (
+        f"files read: 1x {r1.files_read}/{r1.files_total}, {FACTOR}x {r20.files_read}/{r20.files_total};"
+        f" {repeat} runs each after {warmup} warm-ups: 1x {spread(samples['1x'])},"
+        f" {FACTOR}x {spread(samples[f'{FACTOR}x'])}"
+    )
     outcome = Outcome(NAME, line, ratio, TARGET, notes=[details])
     if outcome.status == "MISSED":
         outcome.notes += _profile(ctx, small, large, fire)
@@ -64,8 +73,9 @@ def _profile(ctx: Context, small, large, fire) -> list[str]:
         st, tc = engine.storage, "ts"
         steps = {
             "version": lambda st=st: st.version("sensors"),
-            "read_range(plan)": lambda st=st, tc=tc: st.read_range(ctx.spark, "sensors", time_column=tc,
-                                                      time_range=(fire - timedelta(minutes=1), fire)),
+            "read_range(plan)": lambda st=st, tc=tc: st.read_range(
+                ctx.spark, "sensors", time_column=tc, time_range=(fire - timedelta(minutes=1), fire)
+            ),
             "sink version": lambda st=st: st.version("out"),
             "ledger entries": lambda engine=engine: engine.ledger.entries("per_minute"),
         }

@@ -17,7 +17,6 @@ from . import Context, Outcome, verdict
 NAME = "freshness"
 SUBPROCESS = True
 WIDTH = 5  # seconds
-UTC = UTC
 SQL = """
 CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
 CREATE STREAM fresh INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(0s))
@@ -32,10 +31,16 @@ def rows(start: datetime, end: datetime):
     ts = [start + timedelta(seconds=k) for k in range(int((end - start).total_seconds()) + 1)]
     meters = ("m1", "m2")
     n = len(ts) * len(meters)
-    return pa.table({"ts": pa.array([t for t in ts for _ in meters], pa.timestamp("us", tz="UTC")),
-                     "current": pa.array([10.0 + (k % 7) for k in range(n)]),
-                     "voltage": pa.array([220] * n, pa.int32()), "status": pa.array([0] * n, pa.int32()),
-                     "tbname": [m for _ in ts for m in meters], "location": ["bench"] * n})
+    return pa.table(
+        {
+            "ts": pa.array([t for t in ts for _ in meters], pa.timestamp("us", tz="UTC")),
+            "current": pa.array([10.0 + (k % 7) for k in range(n)]),
+            "voltage": pa.array([220] * n, pa.int32()),
+            "status": pa.array([0] * n, pa.int32()),
+            "tbname": [m for _ in ts for m in meters],
+            "location": ["bench"] * n,
+        }
+    )
 
 
 def run(ctx: Context) -> Outcome:
@@ -52,8 +57,9 @@ def run(ctx: Context) -> Outcome:
     work = ctx.workdir(NAME)
     (work / "sql").mkdir(exist_ok=True)
     (work / "sql" / "streams.sql").write_text(SQL)
-    settings = Settings(sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"),
-                        spark_port=free_port())
+    settings = Settings(
+        sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"), spark_port=free_port()
+    )
     engine = Engine(settings=settings)
     engine.ensure_tables()
     daemon = Daemon(root=work, settings=settings)
@@ -98,7 +104,9 @@ def run(ctx: Context) -> Outcome:
     p50 = statistics.median(latencies)
     p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
     ratio = max(p50 / 5, p95 / 10)
-    line = (f"{NAME}: commit-to-sink of a WATERMARK(0s) INTERVAL(5s) stream under the daemon, {len(latencies)} "
-            f"windows: p50 {p50:.1f}s, p95 {p95:.1f}s, max {latencies[-1]:.1f}s (targets p50 <= 5s, p95 <= 10s); "
-            f"{len(waiting)} never arrived; {verdict(ratio, 1.0)}")
+    line = (
+        f"{NAME}: commit-to-sink of a WATERMARK(0s) INTERVAL(5s) stream under the daemon, {len(latencies)} "
+        f"windows: p50 {p50:.1f}s, p95 {p95:.1f}s, max {latencies[-1]:.1f}s (targets p50 <= 5s, p95 <= 10s); "
+        f"{len(waiting)} never arrived; {verdict(ratio, 1.0)}"
+    )
     return Outcome(NAME, line, ratio=ratio, target=1.0)

@@ -22,14 +22,15 @@ NAME = "orchestration"
 SUBPROCESS = True
 EVERY = 30  # seconds
 LAG_TARGET = 60.0
-UTC = UTC
 
 
 def definitions_sql(n: int) -> str:
     head = "CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);\n"
     return head + "".join(
         f"CREATE CQ q{i:03d} RESAMPLE EVERY {EVERY}s BEGIN SELECT max_value(temperature) AS m, "
-        f"count(temperature) AS n INTO q{i:03d}_out FROM sensors GROUP BY (10s), device END;\n" for i in range(n))
+        f"count(temperature) AS n INTO q{i:03d}_out FROM sensors GROUP BY (10s), device END;\n"
+        for i in range(n)
+    )
 
 
 def feed(engine, stop: threading.Event, start: datetime) -> None:
@@ -57,8 +58,9 @@ def run(ctx: Context) -> Outcome:
     work = ctx.workdir(NAME)
     (work / "sql").mkdir(exist_ok=True)
     (work / "sql" / "cq.sql").write_text(definitions_sql(n))
-    settings = Settings(sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"),
-                        spark_port=free_port())
+    settings = Settings(
+        sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"), spark_port=free_port()
+    )
     engine = Engine(settings=settings)
     engine.ensure_tables()
     now = floor_time(datetime.now(UTC), timedelta(seconds=5))
@@ -101,10 +103,12 @@ def run(ctx: Context) -> Outcome:
     share = done_due / due if due else 0.0
     per_firing = len(runs) / done if done else float("inf")
     ratio = (1 - share) / 0.05 if share < 1 else 0.0
-    line = (f"{NAME}: {n} CQs every {EVERY}s ({run_model}), {minutes:.1f} min: {done / minutes:.1f} firings "
-            f"succeeded/min vs {due / minutes:.1f} due/min; {share:.1%} of the window's firings done within "
-            f"{EVERY}s of its end; worst lag {worst:.0f}s (target <= {LAG_TARGET:.0f}s); {len(runs)} runs, "
-            f"{per_firing:.2f} runs/firing; {len(failed)} failed; {verdict(ratio, 1.0)}")
+    line = (
+        f"{NAME}: {n} CQs every {EVERY}s ({run_model}), {minutes:.1f} min: {done / minutes:.1f} firings "
+        f"succeeded/min vs {due / minutes:.1f} due/min; {share:.1%} of the window's firings done within "
+        f"{EVERY}s of its end; worst lag {worst:.0f}s (target <= {LAG_TARGET:.0f}s); {len(runs)} runs, "
+        f"{per_firing:.2f} runs/firing; {len(failed)} failed; {verdict(ratio, 1.0)}"
+    )
     notes = [] if worst <= LAG_TARGET else [f"worst lag {worst:.0f}s MISSED the {LAG_TARGET:.0f}s target"]
     return Outcome(NAME, line, ratio=ratio if worst <= LAG_TARGET else max(ratio, 1.01), target=1.0, notes=notes)
 

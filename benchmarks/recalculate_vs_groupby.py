@@ -36,9 +36,11 @@ def hand_written(spark, source_uri: str, out_uri: str, lo, hi, *, skip_files: bo
         files = [u for u, a, b in zip(files, stats["min.ts"], stats["max.ts"]) if a < hi and b >= lo]
     df = spark.read.parquet(*files)
     df = df.where((F.col("ts") >= F.lit(lo)) & (F.col("ts") < F.lit(hi)))
-    agg = (df.groupBy(F.window("ts", "1 minute"), "device")
-             .agg(F.max("temperature").alias("tmax"), F.avg("humidity").alias("h"), F.count("temperature").alias("n"))
-             .select(F.col("window.start").alias("ts"), "device", "tmax", "h", "n"))
+    agg = (
+        df.groupBy(F.window("ts", "1 minute"), "device")
+        .agg(F.max("temperature").alias("tmax"), F.avg("humidity").alias("h"), F.count("temperature").alias("n"))
+        .select(F.col("window.start").alias("ts"), "device", "tmax", "h", "n")
+    )
     table = agg.toArrow()
     write_deltalake(out_uri, table, mode="overwrite")
     return table.num_rows
@@ -54,10 +56,15 @@ def _check_same(engine_uri: str, hand_uri: str) -> None:
         return t.sort_by([("ts", "ascending"), ("device", "ascending")])
 
     a, b = rows(engine_uri), rows(hand_uri)
-    same = (a.num_rows == b.num_rows and all(a.column(c).equals(b.column(c)) for c in ("ts", "device", "tmax", "n"))
-            and pc.max(pc.abs(pc.subtract(a.column("h"), b.column("h")))).as_py() < 1e-9)
+    same = (
+        a.num_rows == b.num_rows
+        and all(a.column(c).equals(b.column(c)) for c in ("ts", "device", "tmax", "n"))
+        and pc.max(pc.abs(pc.subtract(a.column("h"), b.column("h")))).as_py() < 1e-9
+    )
     if not same:
-        raise RuntimeError(f"the engine and the hand-written job wrote different results ({a.num_rows} vs {b.num_rows} rows)")
+        raise RuntimeError(
+            f"the engine and the hand-written job wrote different results ({a.num_rows} vs {b.num_rows} rows)"
+        )
 
 
 def run(ctx: Context) -> Outcome:
@@ -81,16 +88,22 @@ def run(ctx: Context) -> Outcome:
 
     ctx.log("timing")
     medians, samples, last = measure(
-        {"engine": lambda: fresh_sink(engine, "out") or engine.recalculate("per_minute", start=lo, end=hi),
-         "hand": lambda: hand_written(ctx.spark, source_uri, out_uri, lo, hi)},
-        repeat=repeat, warmup=warmup)
+        {
+            "engine": lambda: fresh_sink(engine, "out") or engine.recalculate("per_minute", start=lo, end=hi),
+            "hand": lambda: hand_written(ctx.spark, source_uri, out_uri, lo, hi),
+        },
+        repeat=repeat,
+        warmup=warmup,
+    )
     result = last["engine"]
     _check_same(engine.storage.uri("out"), out_uri)
     ratio = medians["engine"] / medians["hand"]
     line = f"{NAME}: engine {medians['engine']:.3f}s  hand-written {medians['hand']:.3f}s  {verdict(ratio, TARGET)}"
-    details = (f"{windows} windows, {rows:,} source rows in {result.files_total} files, {result.rows_written} rows"
-               f" written in {result.chunks} chunk(s), same as hand-written; {repeat} runs each after {warmup} warm-ups:"
-               f" engine {spread(samples['engine'])}, hand-written {spread(samples['hand'])}")
+    details = (
+        f"{windows} windows, {rows:,} source rows in {result.files_total} files, {result.rows_written} rows"
+        f" written in {result.chunks} chunk(s), same as hand-written; {repeat} runs each after {warmup} warm-ups:"
+        f" engine {spread(samples['engine'])}, hand-written {spread(samples['hand'])}"
+    )
     outcome = Outcome(NAME, line, ratio, TARGET, notes=[details])
     if outcome.status == "MISSED" or ctx.verbose:
         if ctx.quick and not ctx.verbose:
@@ -128,10 +141,11 @@ def _profile(ctx: Context, engine, lo, hi) -> list[str]:
 
         df = spark.read.parquet(*DeltaTable(source_uri).file_uris())
         df = df.where((F.col("ts") >= F.lit(lo)) & (F.col("ts") < F.lit(hi)))
-        return (df.groupBy(F.window("ts", "1 minute"), "device")
-                  .agg(F.max("temperature").alias("tmax"), F.avg("humidity").alias("h"),
-                       F.count("temperature").alias("n"))
-                  .select(F.col("window.start").alias("ts"), "device", "tmax", "h", "n"))
+        return (
+            df.groupBy(F.window("ts", "1 minute"), "device")
+            .agg(F.max("temperature").alias("tmax"), F.avg("humidity").alias("h"), F.count("temperature").alias("n"))
+            .select(F.col("window.start").alias("ts"), "device", "tmax", "h", "n")
+        )
 
     steps = {
         "engine plan": lambda: engine_plan("per_minute"),

@@ -40,10 +40,12 @@ def hand_sliding(spark, source_uri: str, out_uri: str, lo, hi) -> int:
 
     df = spark.read.parquet(*DeltaTable(source_uri).file_uris())
     df = df.where((F.col("ts") >= F.lit(lo)) & (F.col("ts") < F.lit(hi + timedelta(seconds=30))))
-    agg = (df.groupBy("tbname", F.window("ts", "1 minute", "30 seconds").start.alias("_twstart"))
-             .agg(F.count(F.lit(1)).alias("n"), F.avg("current").alias("c"))
-             .where((F.col("_twstart") >= F.lit(lo)) & (F.col("_twstart") < F.lit(hi)))
-             .select("_twstart", "n", "c", "tbname"))
+    agg = (
+        df.groupBy("tbname", F.window("ts", "1 minute", "30 seconds").start.alias("_twstart"))
+        .agg(F.count(F.lit(1)).alias("n"), F.avg("current").alias("c"))
+        .where((F.col("_twstart") >= F.lit(lo)) & (F.col("_twstart") < F.lit(hi)))
+        .select("_twstart", "n", "c", "tbname")
+    )
     table = agg.toArrow()
     write_deltalake(out_uri, table, mode="overwrite")
     return table.num_rows
@@ -65,23 +67,29 @@ def run(ctx: Context) -> Outcome:
     ctx.log(f"appending {seconds:,} s of 1-second readings of {METERS} meters in {commits} commits")
     rows = append_backlog(engine, seconds=seconds, commits=commits)
     work = catchup_work(engine, stream, created.cursor.to_json(), now)
-    (lo, hi), = work.windows
+    ((lo, hi),) = work.windows
     windows = (hi - lo) // timedelta(seconds=30)
 
     source_uri, out_uri = engine.storage.uri("meters"), engine.storage.uri("hand_out")
     ctx.log(f"timing the run ({windows} sliding windows x {METERS} meters) and the hand-written job")
     medians, samples, last = _measure(
-        {"stream": lambda: engine.run_stream("sl", work),
-         "hand": lambda: hand_sliding(spark, source_uri, out_uri, lo, hi)},
-        repeat=repeat, warmup=warmup)
+        {
+            "stream": lambda: engine.run_stream("sl", work),
+            "hand": lambda: hand_sliding(spark, source_uri, out_uri, lo, hi),
+        },
+        repeat=repeat,
+        warmup=warmup,
+    )
     result = last["stream"]
     written = _check_same(engine.storage.uri("sl_out"), out_uri, "sliding")
     if result.rows_written != written:
         raise RuntimeError(f"the run wrote {result.rows_written} rows, the sink holds {written}")
     ratio = medians["stream"] / medians["hand"]
     line = f"{NAME}: stream run {medians['stream']:.3f}s  hand-written {medians['hand']:.3f}s  {verdict(ratio, TARGET)}"
-    notes = [f"one realtime run: {windows} windows (1 min sliding by 30 s) x {METERS} meters = {written:,} rows written"
-             f" (same as hand-written) from {rows:,} rows in {result.files_read}/{result.files_total} files;"
-             f" {repeat} runs each after {warmup} warm-up(s): stream {spread(samples['stream'])},"
-             f" hand-written {spread(samples['hand'])}"]
+    notes = [
+        f"one realtime run: {windows} windows (1 min sliding by 30 s) x {METERS} meters = {written:,} rows written"
+        f" (same as hand-written) from {rows:,} rows in {result.files_read}/{result.files_total} files;"
+        f" {repeat} runs each after {warmup} warm-up(s): stream {spread(samples['stream'])},"
+        f" hand-written {spread(samples['hand'])}"
+    ]
     return Outcome(NAME, line, ratio, TARGET, notes=notes)

@@ -37,10 +37,13 @@ from . import STREAM_SQL, T0, Context, Outcome, make_engine, spread, timed, verd
 NAME = "stream_catchup"
 TARGET = 1.5
 METERS = 20
-SQL = STREAM_SQL + """
+SQL = (
+    STREAM_SQL
+    + """
 CREATE STREAM s_state STATE_WINDOW(status) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
   INTO s_state_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 """
+)
 STATE_PERIOD = 300  # seconds between status changes
 
 
@@ -54,14 +57,20 @@ def _rows(schema: pa.Schema, start_s: int, end_s: int) -> pa.Table:
     t0_us = int(T0.timestamp()) * 1_000_000
     names = pa.array([f"d{i:03d}" for i in range(METERS)])
     idx = pa.array(meter)
-    return pa.table({
-        "ts": pa.array(t0_us + t * 1_000_000, pa.timestamp("us", tz="UTC")),
-        "current": pa.array(((t * 7 + meter * 3) % 101) / 10.0),
-        "voltage": pa.array(200 + t % 40, pa.int32()),
-        "status": pa.array((t // STATE_PERIOD + meter) % 3, pa.int32()),
-        "tbname": names.take(idx),
-        "location": pa.array([f"loc-{i % 4}" for i in range(METERS)]).take(idx),
-    }).select(schema.names).cast(schema)
+    return (
+        pa.table(
+            {
+                "ts": pa.array(t0_us + t * 1_000_000, pa.timestamp("us", tz="UTC")),
+                "current": pa.array(((t * 7 + meter * 3) % 101) / 10.0),
+                "voltage": pa.array(200 + t % 40, pa.int32()),
+                "status": pa.array((t // STATE_PERIOD + meter) % 3, pa.int32()),
+                "tbname": names.take(idx),
+                "location": pa.array([f"loc-{i % 4}" for i in range(METERS)]).take(idx),
+            }
+        )
+        .select(schema.names)
+        .cast(schema)
+    )
 
 
 def hand_interval(spark, source_uri: str, out_uri: str, lo, hi) -> int:
@@ -71,9 +80,11 @@ def hand_interval(spark, source_uri: str, out_uri: str, lo, hi) -> int:
 
     df = spark.read.parquet(*DeltaTable(source_uri).file_uris())
     df = df.where((F.col("ts") >= F.lit(lo)) & (F.col("ts") < F.lit(hi)))
-    agg = (df.groupBy("tbname", F.window("ts", "1 minute").start.alias("_twstart"))
-             .agg(F.count(F.lit(1)).alias("n"), F.avg("current").alias("c"))
-             .select("_twstart", "n", "c", "tbname"))
+    agg = (
+        df.groupBy("tbname", F.window("ts", "1 minute").start.alias("_twstart"))
+        .agg(F.count(F.lit(1)).alias("n"), F.avg("current").alias("c"))
+        .select("_twstart", "n", "c", "tbname")
+    )
     table = agg.toArrow()
     write_deltalake(out_uri, table, mode="overwrite")
     return table.num_rows
@@ -91,8 +102,9 @@ def hand_state(spark, source_uri: str, out_uri: str, until) -> int:
     by_time = Window.partitionBy("tbname").orderBy("ts")
     new = F.when(F.col("status").eqNullSafe(F.lag("status").over(by_time)), 0).otherwise(1)
     df = df.withColumn("seg", F.sum(new).over(by_time.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
-    segs = df.groupBy("tbname", "seg").agg(F.min("ts").alias("_twstart"), F.count(F.lit(1)).alias("n"),
-                                           F.avg("current").alias("c"))
+    segs = df.groupBy("tbname", "seg").agg(
+        F.min("ts").alias("_twstart"), F.count(F.lit(1)).alias("n"), F.avg("current").alias("c")
+    )
     segs = segs.withColumn("last", F.max("seg").over(Window.partitionBy("tbname")))
     table = segs.where(F.col("seg") < F.col("last")).select("_twstart", "n", "c", "tbname").toArrow()
     write_deltalake(out_uri, table, mode="overwrite")
@@ -109,12 +121,17 @@ def _check_same(engine_uri: str, hand_uri: str, what: str) -> int:
         return t.sort_by([("tbname", "ascending"), ("_twstart", "ascending")])
 
     a, b = rows(engine_uri), rows(hand_uri)
-    same = (a.num_rows == b.num_rows and a.num_rows > 0
-            and all(a.column(c).equals(b.column(c)) for c in ("_twstart", "tbname", "n"))
-            and pc.max(pc.abs(pc.subtract(a.column("c"), b.column("c")))).as_py() < 1e-9)
+    same = (
+        a.num_rows == b.num_rows
+        and a.num_rows > 0
+        and all(a.column(c).equals(b.column(c)) for c in ("_twstart", "tbname", "n"))
+        and pc.max(pc.abs(pc.subtract(a.column("c"), b.column("c")))).as_py() < 1e-9
+    )
     if not same:
-        raise RuntimeError(f"{what}: the stream run and the hand-written job wrote different results"
-                           f" ({a.num_rows} vs {b.num_rows} rows)")
+        raise RuntimeError(
+            f"{what}: the stream run and the hand-written job wrote different results"
+            f" ({a.num_rows} vs {b.num_rows} rows)"
+        )
     return a.num_rows
 
 
@@ -185,19 +202,27 @@ def run(ctx: Context) -> Outcome:
     source_uri, out_uri = engine.storage.uri("meters"), engine.storage.uri("hand_out")
     ctx.log(f"timing the catch-up run ({windows} windows x {METERS} meters) and the hand-written job")
     medians, samples, last = _measure(
-        {"stream": lambda: engine.run_stream("s", work),
-         "hand": lambda: hand_interval(spark, source_uri, out_uri, lo, hi)},
-        repeat=repeat, warmup=warmup)
+        {
+            "stream": lambda: engine.run_stream("s", work),
+            "hand": lambda: hand_interval(spark, source_uri, out_uri, lo, hi),
+        },
+        repeat=repeat,
+        warmup=warmup,
+    )
     result = last["stream"]
     written = _check_same(engine.storage.uri("s_out"), out_uri, "interval")
     if written != windows * METERS or result.rows_written != written:
-        raise RuntimeError(f"expected {windows * METERS} rows, the run wrote {result.rows_written}, the sink holds {written}")
+        raise RuntimeError(
+            f"expected {windows * METERS} rows, the run wrote {result.rows_written}, the sink holds {written}"
+        )
     ratio = medians["stream"] / medians["hand"]
     line = f"{NAME}: stream run {medians['stream']:.3f}s  hand-written {medians['hand']:.3f}s  {verdict(ratio, TARGET)}"
-    notes = [f"one realtime run planned for the backlog: {windows} one-minute windows x {METERS} meters = {written:,}"
-             f" rows written (same as hand-written) from {rows:,} rows in {result.files_read}/{result.files_total}"
-             f" files; {repeat} runs each after {warmup} warm-up(s): stream {spread(samples['stream'])},"
-             f" hand-written {spread(samples['hand'])}"]
+    notes = [
+        f"one realtime run planned for the backlog: {windows} one-minute windows x {METERS} meters = {written:,}"
+        f" rows written (same as hand-written) from {rows:,} rows in {result.files_read}/{result.files_total}"
+        f" files; {repeat} runs each after {warmup} warm-up(s): stream {spread(samples['stream'])},"
+        f" hand-written {spread(samples['hand'])}"
+    ]
     outcome = Outcome(NAME, line, ratio, TARGET, notes=notes)
     if outcome.status == "MISSED" or ctx.verbose:
         if ctx.quick and not ctx.verbose:
@@ -206,13 +231,25 @@ def run(ctx: Context) -> Outcome:
             outcome.notes += _profile(ctx, engine, work, source_uri, out_uri, lo, hi)
 
     ctx.log("timing the STATE_WINDOW catch-up run and its hand-written job")
-    outcome.notes.append(_state_note(ctx, engine, state_stream, created["s_state"].cursor.to_json(), now,
-                                     source_uri, last_event, warmup=warmup, repeat=repeat))
+    outcome.notes.append(
+        _state_note(
+            ctx,
+            engine,
+            state_stream,
+            created["s_state"].cursor.to_json(),
+            now,
+            source_uri,
+            last_event,
+            warmup=warmup,
+            repeat=repeat,
+        )
+    )
     return outcome
 
 
-def _state_note(ctx: Context, engine, stream, cursor: str, now, source_uri: str, last_event, *, warmup: int,
-                repeat: int) -> str:
+def _state_note(
+    ctx: Context, engine, stream, cursor: str, now, source_uri: str, last_event, *, warmup: int, repeat: int
+) -> str:
     from cq_engine.streams.sensor import evaluate_stream
 
     plan = evaluate_stream(engine, stream, cursor=cursor, now=now)
@@ -225,15 +262,22 @@ def _state_note(ctx: Context, engine, stream, cursor: str, now, source_uri: str,
     frontier = Path(engine.storage.state_uri(f"streams/{stream.name}/frontier"))
     out_uri = engine.storage.uri("hand_state_out")
     medians, samples, last = _measure(
-        {"stream": lambda: engine.run_stream(stream.name, work),
-         "hand": lambda: hand_state(ctx.spark, source_uri, out_uri, until)},
-        setup={"stream": lambda: shutil.rmtree(frontier, ignore_errors=True)}, repeat=repeat, warmup=warmup)
+        {
+            "stream": lambda: engine.run_stream(stream.name, work),
+            "hand": lambda: hand_state(ctx.spark, source_uri, out_uri, until),
+        },
+        setup={"stream": lambda: shutil.rmtree(frontier, ignore_errors=True)},
+        repeat=repeat,
+        warmup=warmup,
+    )
     written = _check_same(engine.storage.uri("s_state_out"), out_uri, "STATE_WINDOW")
     if last["stream"].rows_written != written:
         raise RuntimeError(f"STATE_WINDOW: the run wrote {last['stream'].rows_written} rows, the sink holds {written}")
-    return (f"STATE_WINDOW(status) (no target): stream run {medians['stream']:.3f}s  hand-written (lag + running sum +"
-            f" groupBy) {medians['hand']:.3f}s  ratio {medians['stream'] / medians['hand']:.2f}; {written:,} closed"
-            f" windows, same as hand-written; stream {spread(samples['stream'])}, hand-written {spread(samples['hand'])}")
+    return (
+        f"STATE_WINDOW(status) (no target): stream run {medians['stream']:.3f}s  hand-written (lag + running sum +"
+        f" groupBy) {medians['hand']:.3f}s  ratio {medians['stream'] / medians['hand']:.2f}; {written:,} closed"
+        f" windows, same as hand-written; stream {spread(samples['stream'])}, hand-written {spread(samples['hand'])}"
+    )
 
 
 def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) -> list[str]:
@@ -256,17 +300,26 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
         table, tc = stream.trigger_table, engine.time_column(stream.trigger_table)
         w_lo, w_hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
         df, _ = engine.storage.read_range(spark, table, time_column=tc, time_range=(w_lo, w_hi), version=work.version)
-        windows = assign_windows(prepare(stream, df), stream.trigger, time_column=tc, keys=list(stream.partition_by),
-                                 close_until=work.close_until or T0 + timedelta(days=36500), timezone=tz,
-                                 row_stats=row_stats_needed(stream))
+        windows = assign_windows(
+            prepare(stream, df),
+            stream.trigger,
+            time_column=tc,
+            keys=list(stream.partition_by),
+            close_until=work.close_until or T0 + timedelta(days=36500),
+            timezone=tz,
+            row_stats=row_stats_needed(stream),
+        )
         windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
         return evaluate(stream, windows)
 
     def hand_plan():
         df = spark.read.parquet(*DeltaTable(source_uri).file_uris())
         df = df.where((F.col("ts") >= F.lit(lo)) & (F.col("ts") < F.lit(hi)))
-        return (df.groupBy("tbname", F.window("ts", "1 minute").start.alias("_twstart"))
-                  .agg(F.count(F.lit(1)).alias("n"), F.avg("current").alias("c")).select("_twstart", "n", "c", "tbname"))
+        return (
+            df.groupBy("tbname", F.window("ts", "1 minute").start.alias("_twstart"))
+            .agg(F.count(F.lit(1)).alias("n"), F.avg("current").alias("c"))
+            .select("_twstart", "n", "c", "tbname")
+        )
 
     steps = {
         "stream plan": stream_plan,
@@ -278,8 +331,10 @@ def _profile(ctx: Context, engine, work, source_uri: str, out_uri: str, lo, hi) 
     }
     t, _, _ = _measure(steps, repeat=3, warmup=1)
     rest = lambda whole, part: max(0.0, t[whole] - t[part])  # differences of medians: clamp noise
-    return [f"profile (medians of 3): stream run {t['stream whole']:.3f}s = plan {t['stream plan']:.3f}s"
-            f" + Spark job {rest('stream plan+job', 'stream plan'):.3f}s"
-            f" + sink replace/ledger/rest {rest('stream whole', 'stream plan+job'):.3f}s;"
-            f" hand-written {t['hand whole']:.3f}s = plan {t['hand plan']:.3f}s"
-            f" + Spark job {rest('hand plan+job', 'hand plan'):.3f}s + write {rest('hand whole', 'hand plan+job'):.3f}s"]
+    return [
+        f"profile (medians of 3): stream run {t['stream whole']:.3f}s = plan {t['stream plan']:.3f}s"
+        f" + Spark job {rest('stream plan+job', 'stream plan'):.3f}s"
+        f" + sink replace/ledger/rest {rest('stream whole', 'stream plan+job'):.3f}s;"
+        f" hand-written {t['hand whole']:.3f}s = plan {t['hand plan']:.3f}s"
+        f" + Spark job {rest('hand plan+job', 'hand plan'):.3f}s + write {rest('hand whole', 'hand plan+job'):.3f}s"
+    ]

@@ -77,10 +77,14 @@ def run(ctx: Context) -> Outcome:
     small_medians, small_samples, _ = measure(small, repeat=max(2, repeat - 2))
     windows = NOTE_MINUTES * METERS
     rows = hours * 3600 * METERS
-    line = (f"{rows:,} rows, {hours * 60 * METERS:,} windows: %%trows {medians['%%trows']:.2f}s "
-            f"({spread(samples['%%trows'])}), range join {medians['range join']:.2f}s "
-            f"({spread(samples['range join'])}) -> {verdict(ratio, TARGET)}")
-    note = (f"{windows} windows: per-window evaluation {small_medians['per window']:.2f}s "
-            f"({spread(small_samples['per window'])}) vs range join {small_medians['range join']:.2f}s "
-            f"({spread(small_samples['range join'])}): x{small_medians['per window'] / small_medians['range join']:.1f}")
+    line = (
+        f"{rows:,} rows, {hours * 60 * METERS:,} windows: %%trows {medians['%%trows']:.2f}s "
+        f"({spread(samples['%%trows'])}), range join {medians['range join']:.2f}s "
+        f"({spread(samples['range join'])}) -> {verdict(ratio, TARGET)}"
+    )
+    note = (
+        f"{windows} windows: per-window evaluation {small_medians['per window']:.2f}s "
+        f"({spread(small_samples['per window'])}) vs range join {small_medians['range join']:.2f}s "
+        f"({spread(small_samples['range join'])}): x{small_medians['per window'] / small_medians['range join']:.1f}"
+    )
     return Outcome(NAME, line, ratio=ratio, target=TARGET, notes=[note])

@@ -31,10 +31,20 @@ def _minute(schema: pa.Schema, m: int) -> pa.Table:
     times = [T0 + timedelta(minutes=m, seconds=s) for s in range(0, 60, 10)]
     n = len(times) * METERS
     names = [f"d{i:03d}" for i in range(METERS) for _ in times]
-    return pa.table({"ts": pa.array(times * METERS, pa.timestamp("us", tz="UTC")),
-                     "current": pa.array([float(m % 13)] * n), "voltage": pa.array([220] * n, pa.int32()),
-                     "status": pa.array([m % 2] * n, pa.int32()), "tbname": names,
-                     "location": ["loc-" + x for x in names]}).select(schema.names).cast(schema)
+    return (
+        pa.table(
+            {
+                "ts": pa.array(times * METERS, pa.timestamp("us", tz="UTC")),
+                "current": pa.array([float(m % 13)] * n),
+                "voltage": pa.array([220] * n, pa.int32()),
+                "status": pa.array([m % 2] * n, pa.int32()),
+                "tbname": names,
+                "location": ["loc-" + x for x in names],
+            }
+        )
+        .select(schema.names)
+        .cast(schema)
+    )
 
 
 def _build(ctx: Context, label: str, commits: int):
@@ -61,8 +71,10 @@ def _tick(engine, stream, cursor: str, version: int):
 
     plan = evaluate_stream(engine, stream, cursor=cursor, now=T0)
     if plan.cursor.version != version or len(plan.works) != 1 or len(plan.works[0].windows) != 1:
-        raise RuntimeError(f"the tick planned {plan.works} up to version {plan.cursor.version}, expected one run"
-                           f" up to version {version}")
+        raise RuntimeError(
+            f"the tick planned {plan.works} up to version {plan.cursor.version}, expected one run"
+            f" up to version {version}"
+        )
     return plan
 
 
@@ -93,31 +105,45 @@ def run(ctx: Context) -> Outcome:
     last_small, last_large = SMALL - 1, large_commits - 1
 
     ctx.log("timing ticks")
-    ticks = {"small": lambda: _tick(small, s_stream, s_cursor, last_small),
-             "large": lambda: _tick(large, l_stream, l_cursor, last_large)}
+    ticks = {
+        "small": lambda: _tick(small, s_stream, s_cursor, last_small),
+        "large": lambda: _tick(large, l_stream, l_cursor, last_large),
+    }
     per, p10, p90, last = _per_call(ticks, calls=calls, warmup=warmup)
     if small.spark_session is not None or large.spark_session is not None:
         raise RuntimeError("a sensor evaluation started a Spark session")
     ratio = per["large"] / per["small"]
-    line = (f"{NAME}: tick (1 new commit, 1 run planned) {SMALL} commits {per['small'] * 1000:.3f}ms  {large_commits}"
-            f" commits {per['large'] * 1000:.3f}ms  {verdict(ratio, TARGET)}")
+    line = (
+        f"{NAME}: tick (1 new commit, 1 run planned) {SMALL} commits {per['small'] * 1000:.3f}ms  {large_commits}"
+        f" commits {per['large'] * 1000:.3f}ms  {verdict(ratio, TARGET)}"
+    )
     work = last["large"].works[0]
-    notes = [f"medians of {calls} evaluate_stream calls each (interleaved, after {warmup} warm-ups); p10-p90:"
-             f" {SMALL} commits {p10['small'] * 1000:.3f}-{p90['small'] * 1000:.3f}ms, {large_commits} commits"
-             f" {p10['large'] * 1000:.3f}-{p90['large'] * 1000:.3f}ms; checkpoints of the large table at versions"
-             f" {_ranges(checkpoints)}; each tick planned windows {work.windows[0][0]:%H:%M}-{work.windows[0][1]:%H:%M}"
-             f" at version {work.version}; no Spark session started"]
+    notes = [
+        f"medians of {calls} evaluate_stream calls each (interleaved, after {warmup} warm-ups); p10-p90:"
+        f" {SMALL} commits {p10['small'] * 1000:.3f}-{p90['small'] * 1000:.3f}ms, {large_commits} commits"
+        f" {p10['large'] * 1000:.3f}-{p90['large'] * 1000:.3f}ms; checkpoints of the large table at versions"
+        f" {_ranges(checkpoints)}; each tick planned windows {work.windows[0][0]:%H:%M}-{work.windows[0][1]:%H:%M}"
+        f" at version {work.version}; no Spark session started"
+    ]
 
     # For contrast, what a sensor pays if it loads the snapshot instead. The large table's latest version
     # is a checkpoint; the version before it replays the previous checkpoint plus 99 JSON commits.
     s_uri, l_uri = small.storage.uri("meters"), large.storage.uri("meters")
-    snap, _, _ = measure({"small": lambda: DeltaTable(s_uri).version(), "large": lambda: DeltaTable(l_uri).version(),
-                          "before": lambda: DeltaTable(l_uri, version=last_large - 1).version()},
-                         repeat=repeat, warmup=1)
-    notes.append(f"for contrast, loading the snapshot (DeltaTable(uri)): {SMALL} commits {snap['small'] * 1000:.2f}ms,"
-                 f" {large_commits} commits {snap['large'] * 1000:.2f}ms (ratio {snap['large'] / snap['small']:.2f};"
-                 f" the latest version is a checkpoint), at version {last_large - 1}"
-                 f" {snap['before'] * 1000:.2f}ms (ratio {snap['before'] / snap['small']:.2f})")
+    snap, _, _ = measure(
+        {
+            "small": lambda: DeltaTable(s_uri).version(),
+            "large": lambda: DeltaTable(l_uri).version(),
+            "before": lambda: DeltaTable(l_uri, version=last_large - 1).version(),
+        },
+        repeat=repeat,
+        warmup=1,
+    )
+    notes.append(
+        f"for contrast, loading the snapshot (DeltaTable(uri)): {SMALL} commits {snap['small'] * 1000:.2f}ms,"
+        f" {large_commits} commits {snap['large'] * 1000:.2f}ms (ratio {snap['large'] / snap['small']:.2f};"
+        f" the latest version is a checkpoint), at version {last_large - 1}"
+        f" {snap['before'] * 1000:.2f}ms (ratio {snap['before'] / snap['small']:.2f})"
+    )
 
     # A tick finding a DELETE also loads the snapshot at the last seen version for the removed file's
     # statistics (the log does not repeat them): that part grows with the table.
@@ -126,17 +152,25 @@ def run(ctx: Context) -> Outcome:
     s_after, l_after = last["small"].cursor.to_json(), last["large"].cursor.to_json()
     first_minute = f"ts < '{T0 + timedelta(minutes=1):%Y-%m-%dT%H:%M:%SZ}'"  # the whole first file
     rem = {}
-    for label, engine, cursor, version in (("small", small, s_after, last_small), ("large", large, l_after, last_large)):
+    for label, engine, cursor, version in (
+        ("small", small, s_after, last_small),
+        ("large", large, l_after, last_large),
+    ):
         uri, stream = engine.storage.uri("meters"), engine.stream("s")
         DeltaTable(uri).delete(first_minute)
         (commit,) = read_commits(uri, after=version, until=version + 1, time_column="ts")
         if (len(commit.added), len(commit.removed)) != (0, 1) or commit.removed[0].min_time is None:
             raise RuntimeError(f"the DELETE commit is not one removed file with statistics: {commit}")
         evaluate_stream(engine, stream, cursor=cursor, now=T0)
-        rem[label] = min(timed(lambda e=engine, s=stream, c=cursor: evaluate_stream(e, s, cursor=c, now=T0))[0] for _ in range(repeat))
-    notes.append(f"a tick finding a DELETE (loads the snapshot for the removed file's statistics): {SMALL} commits "
-                 f"{rem['small'] * 1000:.2f}ms, {large_commits} commits {rem['large'] * 1000:.2f}ms "
-                 f"(ratio {rem['large'] / rem['small']:.2f}; best of {repeat})")
+        rem[label] = min(
+            timed(lambda e=engine, s=stream, c=cursor: evaluate_stream(e, s, cursor=c, now=T0))[0]
+            for _ in range(repeat)
+        )
+    notes.append(
+        f"a tick finding a DELETE (loads the snapshot for the removed file's statistics): {SMALL} commits "
+        f"{rem['small'] * 1000:.2f}ms, {large_commits} commits {rem['large'] * 1000:.2f}ms "
+        f"(ratio {rem['large'] / rem['small']:.2f}; best of {repeat})"
+    )
     return Outcome(NAME, line, ratio, TARGET, notes=notes)
 
 

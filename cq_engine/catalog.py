@@ -37,8 +37,11 @@ def parse_options(settings: Settings) -> ParseOptions:
 
 
 # Statement names in a file that does not parse: what ``cq run NAME`` needs to show the file's error.
-_DECLARED = re.compile(r"\bCREATE\s+(?:CONTINUOUS\s+QUERY|CQ|STREAM|RULE|(?:STATELESS\s+|STATEFUL\s+)?TRIGGER)"
-                       r"\s+(?:IF\s+NOT\s+EXISTS\s+)?[`\"]?(\w+)", re.IGNORECASE)
+_DECLARED = re.compile(
+    r"\bCREATE\s+(?:CONTINUOUS\s+QUERY|CQ|STREAM|RULE|(?:STATELESS\s+|STATEFUL\s+)?TRIGGER)"
+    r"\s+(?:IF\s+NOT\s+EXISTS\s+)?[`\"]?(\w+)",
+    re.IGNORECASE,
+)
 
 
 def _declared_names(file: Path) -> tuple[str, ...]:
@@ -48,8 +51,9 @@ def _declared_names(file: Path) -> tuple[str, ...]:
         return ()
 
 
-def load_catalog(path: str | Path, *, options: ParseOptions | None = None,
-                 context: str | Path | None = None) -> Catalog:
+def load_catalog(
+    path: str | Path, *, options: ParseOptions | None = None, context: str | Path | None = None
+) -> Catalog:
     """Parse all ``.sql`` files under ``path``; per-file errors land in ``Catalog.errors``.
 
     ``context`` (the sql directory when ``path`` is one file of it): the tables its other files declare
@@ -124,8 +128,11 @@ def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:
     star = any(i.expression == "*" for i in d.select)
     if table is None:
         if star:
-            raise _err(d.location, f"{d.name!r}: SELECT * needs {d.source!r} declared (CREATE STREAM {d.source} "
-                                   "(...) WITH (...) or CREATE TABLE) to know its fields")
+            raise _err(
+                d.location,
+                f"{d.name!r}: SELECT * needs {d.source!r} declared (CREATE STREAM {d.source} "
+                "(...) WITH (...) or CREATE TABLE) to know its fields",
+            )
         return d
     items = []
     for item in d.select:
@@ -133,8 +140,11 @@ def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:
             items.append(item)
             continue
         taken = {i.name.lower() for i in d.select}
-        items += [SelectItem(expression=f"`{c.name}`", name=c.name, is_aggregate=False)
-                  for c in table.columns if c.name.lower() not in taken]
+        items += [
+            SelectItem(expression=f"`{c.name}`", name=c.name, is_aggregate=False)
+            for c in table.columns
+            if c.name.lower() not in taken
+        ]
     return replace(d, trigger_table=table.name, source=table.name, select=tuple(items))
 
 
@@ -155,10 +165,14 @@ def _check_trigger_names(triggers: list[TriggerDef], definitions: list[Definitio
     fresh = {id(x) for x in new}
     seen = {x.name.lower(): x.location for x in [*definitions, *triggers] if id(x) not in fresh}
     for x in sorted(new, key=lambda x: (x.location.line, x.location.col)):
-        if (prev := seen.get(x.name.lower())) is not None and (isinstance(x, TriggerDef) or x.name.lower() in {
-                t.name.lower() for t in triggers}):
-            raise _err(x.location, f"{x.name!r} is defined twice (first at {prev}): trigger names are unique "
-                                   "among triggers and definitions")
+        if (prev := seen.get(x.name.lower())) is not None and (
+            isinstance(x, TriggerDef) or x.name.lower() in {t.name.lower() for t in triggers}
+        ):
+            raise _err(
+                x.location,
+                f"{x.name!r} is defined twice (first at {prev}): trigger names are unique "
+                "among triggers and definitions",
+            )
         seen[x.name.lower()] = x.location
 
 
@@ -177,8 +191,11 @@ def _check_unique(tables: list[TableDecl], definitions: list[Definition]) -> Non
         if d.sink is None:
             continue
         if (other := sinks.get(d.sink.lower())) is not None:
-            raise _err(d.location, f"{d.name!r} writes table {d.sink!r}, which {other.name!r} already writes "
-                                   f"({other.location}); give each definition its own sink")
+            raise _err(
+                d.location,
+                f"{d.name!r} writes table {d.sink!r}, which {other.name!r} already writes "
+                f"({other.location}); give each definition its own sink",
+            )
         sinks[d.sink.lower()] = d
         if d.sink.lower() in (t.lower() for t in _reads(d)):
             raise _err(d.location, f"{d.name!r} reads and writes the same table {d.sink!r}")
@@ -208,8 +225,13 @@ def _query_columns(d: Stream) -> set[str]:
 def _trigger_columns(d: Stream) -> set[str]:
     """Columns a stream's trigger reads from its trigger table (a PARTITION BY alias: its expression's)."""
     t = d.trigger
-    sqls = [d.options.pre_filter, getattr(t, "column", None), getattr(t, "start", None), getattr(t, "end", None),
-            getattr(t, "over", None)]
+    sqls = [
+        d.options.pre_filter,
+        getattr(t, "column", None),
+        getattr(t, "start", None),
+        getattr(t, "end", None),
+        getattr(t, "over", None),
+    ]
     sqls += [sql for _, sql in d.partition_exprs]
     plain = {c.lower() for c in d.partition_by + getattr(t, "columns", ())} - _aliases(d)
     return _names(sqls) | plain
@@ -228,8 +250,11 @@ def _missing(d: Definition, table: TableDecl, need: set[str]) -> None:
     known = {c.name.lower() for c in table.columns}
     missing = sorted(need - known)
     if missing:
-        raise _err(d.location, f"{d.name!r}: table {table.name!r} has no column {missing[0]!r} "
-                               f"(columns: {', '.join(c.name for c in table.columns)})")
+        raise _err(
+            d.location,
+            f"{d.name!r}: table {table.name!r} has no column {missing[0]!r} "
+            f"(columns: {', '.join(c.name for c in table.columns)})",
+        )
 
 
 def _check_against_tables(d: Definition, tables: dict[str, TableDecl]) -> None:
@@ -240,8 +265,11 @@ def _check_against_tables(d: Definition, tables: dict[str, TableDecl]) -> None:
     if source is None:
         return  # may exist in the warehouse only; checked when the firing reads it
     if d.where and source.time_column.lower() in {c.lower() for c in _columns(d.where)}:
-        raise _err(d.location, f"{d.name!r}: a time filter on {source.time_column!r} is not allowed in WHERE: "
-                               "each firing sets the time range itself")
+        raise _err(
+            d.location,
+            f"{d.name!r}: a time filter on {source.time_column!r} is not allowed in WHERE: "
+            "each firing sets the time range itself",
+        )
     _missing(d, source, referenced_columns(d) | ({"device"} if d.align_by_device else set()))
 
 
@@ -264,25 +292,40 @@ def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
         check_sink_columns(d, sink)
     if d.trigger.kind == "period" and d.partition_by and d.reads == "table":
         # A tick's groups are those of its %%trows; a table read whole has no such groups.
-        raise _err(d.location, f"{d.name!r}: a PERIOD stream with PARTITION BY reads FROM %%trows or %%tbname, "
-                               f"not another table ({d.source!r})")
+        raise _err(
+            d.location,
+            f"{d.name!r}: a PERIOD stream with PARTITION BY reads FROM %%trows or %%tbname, "
+            f"not another table ({d.source!r})",
+        )
     # An old-form alias of tbname itself (PARTITION BY tbname tname) still groups by subtable.
     partition = {p.lower() for p in d.partition_by} | {sql.lower() for _, sql in d.partition_exprs}
     if trigger is not None:
         tags = [c.name for c in trigger.columns if c.is_tag]
-        if isinstance(d.trigger, SessionTrigger) and d.trigger.ts_column \
-                and d.trigger.ts_column.lower() != trigger.time_column.lower():
-            raise _err(d.location, f"{d.name!r}: SESSION({d.trigger.ts_column}, ...) must name the time column "
-                                   f"{trigger.time_column!r} of table {trigger.name!r}")
+        if (
+            isinstance(d.trigger, SessionTrigger)
+            and d.trigger.ts_column
+            and d.trigger.ts_column.lower() != trigger.time_column.lower()
+        ):
+            raise _err(
+                d.location,
+                f"{d.name!r}: SESSION({d.trigger.ts_column}, ...) must name the time column "
+                f"{trigger.time_column!r} of table {trigger.name!r}",
+            )
         if tags and d.form != "ekuiper" and d.trigger.kind in DATA_SHAPED and "tbname" not in partition:
-            raise _err(d.location, f"{d.name!r}: {_TRIGGER_NAMES[d.trigger.kind]} on super table {trigger.name!r} "
-                                   "needs PARTITION BY tbname (each subtable has its own windows)")
+            raise _err(
+                d.location,
+                f"{d.name!r}: {_TRIGGER_NAMES[d.trigger.kind]} on super table {trigger.name!r} "
+                "needs PARTITION BY tbname (each subtable has its own windows)",
+            )
         if d.form == "new":
             for p in d.partition_by:
                 col = trigger.column(p)
                 if col is None or not col.is_tag:
-                    raise _err(d.location, f"{d.name!r}: PARTITION BY may only name tbname and tag columns of "
-                                           f"{trigger.name!r} (tags: {', '.join(tags) or 'none'}), not {p!r}")
+                    raise _err(
+                        d.location,
+                        f"{d.name!r}: PARTITION BY may only name tbname and tag columns of "
+                        f"{trigger.name!r} (tags: {', '.join(tags) or 'none'}), not {p!r}",
+                    )
         _missing(d, trigger, _trigger_columns(d) | (_query_columns(d) if source is trigger else set()))
     if source is not None and source is not trigger:
         _missing(d, source, _query_columns(d))

@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cq_engine.durations import parse_duration
@@ -95,7 +96,7 @@ def _recorded_port(home: str) -> int | None:
 def load_settings(*, environ: dict[str, str] | None = None, config_file: str | None = None) -> Settings:
     """Defaults, then ``cq.toml`` (``[cq]`` table, keys as field names), then ``CQ_*`` variables."""
     env = os.environ if environ is None else environ
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}  # from TOML (typed by TOML) or the environment (strings)
     path = Path(config_file or env.get("CQ_CONFIG", "cq.toml"))
     if path.is_file():
         try:
@@ -113,7 +114,7 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
     for name in ("spark_port", "recalculate_chunk_windows"):
         if name in values:
             try:
-                values[name] = int(values[name])  # type: ignore[arg-type]
+                values[name] = int(values[name])
             except ValueError:
                 raise CQError(f"{_ENV[name]}: expected an integer, got {values[name]!r}") from None
     if "spark_port" not in values:  # not configured: the port our running server was started on, if any
@@ -123,6 +124,5 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
     settings = replace(Settings(), **values)
     if settings.storage not in STORAGES:
         raise CQError(f"CQ_STORAGE: unknown storage {settings.storage!r} (known: {', '.join(STORAGES)})")
-    settings.tz  # validate early
-    settings.min_every_delta
+    _ = (settings.tz, settings.min_every_delta)  # validate early
     return settings

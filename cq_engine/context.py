@@ -52,8 +52,14 @@ class EngineContext:
     spark_session: Any = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, *, settings: Settings, catalog: Catalog | None = None, storage: Storage | None = None,
-             spark_session: Any = None) -> EngineContext:
+    def open(
+        cls,
+        *,
+        settings: Settings,
+        catalog: Catalog | None = None,
+        storage: Storage | None = None,
+        spark_session: Any = None,
+    ) -> EngineContext:
         """A context with the catalog loaded from ``settings.sql_dir`` and the storage ``CQ_STORAGE``
         chooses (``storage.factory``) under the warehouse unless given."""
         if catalog is None:
@@ -61,8 +67,13 @@ class EngineContext:
         opened: list[EngineContext] = []  # the storage's writes of Arrow data use this context's session
         if storage is None:
             storage = make_storage(settings, session=lambda: opened[0].spark)
-        ctx = cls(settings=settings, catalog=catalog, storage=storage, ledger=Ledger(store=storage),
-                  spark_session=spark_session)
+        ctx = cls(
+            settings=settings,
+            catalog=catalog,
+            storage=storage,
+            ledger=Ledger(store=storage),
+            spark_session=spark_session,
+        )
         opened.append(ctx)
         return ctx
 
@@ -92,8 +103,10 @@ class EngineContext:
             self.ensure_tables(sink)
         # Each open of a long Delta log costs: the source is opened once here and once to read.
         if not self.storage.exists(source) and not self.ensure_tables(source):
-            raise TableError(f"{name}: {role} table {source!r} does not exist (declare it with "
-                             f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)")
+            raise TableError(
+                f"{name}: {role} table {source!r} does not exist (declare it with "
+                f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)"
+            )
         return self.time_column(source)
 
     def time_column(self, table: str) -> str:
@@ -102,8 +115,10 @@ class EngineContext:
         if decl is not None:
             return decl.time_column
         if not self.storage.exists(table):
-            raise TableError(f"table {table!r} does not exist (declare it with CREATE TABLE in "
-                             f"{self.settings.sql_dir} or load it with `cq ingest`)")
+            raise TableError(
+                f"table {table!r} does not exist (declare it with CREATE TABLE in "
+                f"{self.settings.sql_dir} or load it with `cq ingest`)"
+            )
         schema = self.storage.schema(table)
         names = {f.name.lower(): f.name for f in schema}
         for candidate in ("ts", "time"):

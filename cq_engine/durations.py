@@ -13,11 +13,23 @@ _MS = 1_000_000
 _S = 1_000_000_000
 
 IOTDB_UNITS: dict[str, int] = {
-    "ns": _NS, "us": _US, "ms": _MS, "s": _S, "m": 60 * _S, "h": 3600 * _S, "d": 86400 * _S,
+    "ns": _NS,
+    "us": _US,
+    "ms": _MS,
+    "s": _S,
+    "m": 60 * _S,
+    "h": 3600 * _S,
+    "d": 86400 * _S,
     "w": 7 * 86400 * _S,
 }
 TDENGINE_UNITS: dict[str, int] = {
-    "b": _NS, "u": _US, "a": _MS, "s": _S, "m": 60 * _S, "h": 3600 * _S, "d": 86400 * _S,
+    "b": _NS,
+    "u": _US,
+    "a": _MS,
+    "s": _S,
+    "m": 60 * _S,
+    "h": 3600 * _S,
+    "d": 86400 * _S,
     "w": 7 * 86400 * _S,
 }
 
@@ -40,9 +52,7 @@ def parse_duration(text: str, *, units: dict[str, int] = IOTDB_UNITS, what: str 
             break
         unit = match.group(2).lower()
         if unit not in units:
-            raise CQError(
-                f"{what}: unknown unit {match.group(2)!r} in {text!r} (units: {', '.join(units)})"
-            )
+            raise CQError(f"{what}: unknown unit {match.group(2)!r} in {text!r} (units: {', '.join(units)})")
         if len(match.group(1)) > 30:  # int() of thousands of digits is slow, then refused
             raise CQError(f"{what}: {text[:40]!r}... is longer than 100 years")
         total_ns += int(match.group(1)) * units[unit]
@@ -58,8 +68,10 @@ def bounded(us: int, *, what: str, text: str) -> timedelta:
     """``us`` microseconds if at most ``MAX_DURATION`` (checked before a ``timedelta`` could overflow);
     a ``CQError`` quoting ``text`` otherwise."""
     if us > micros(MAX_DURATION):
-        raise CQError(f"{what}: {text!r} is longer than {format_duration(MAX_DURATION)} (100 years), "
-                      "the longest duration the engine takes")
+        raise CQError(
+            f"{what}: {text!r} is longer than {format_duration(MAX_DURATION)} (100 years), "
+            "the longest duration the engine takes"
+        )
     return timedelta(microseconds=us)
 
 
@@ -74,8 +86,14 @@ def format_duration(delta: timedelta) -> str:
     if us == 0:
         return "0s"
     out = []
-    for unit, size in (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000),
-                       ("s", 1_000_000), ("ms", 1_000), ("us", 1)):
+    for unit, size in (
+        ("d", 86_400_000_000),
+        ("h", 3_600_000_000),
+        ("m", 60_000_000),
+        ("s", 1_000_000),
+        ("ms", 1_000),
+        ("us", 1),
+    ):
         count, us = divmod(us, size)
         if count:
             out.append(f"{count}{unit}")

@@ -13,9 +13,9 @@ from cq_engine.catalog import require_definition
 from cq_engine.config import Settings
 from cq_engine.context import EngineContext, RunResult
 from cq_engine.errors import CQError
-from cq_engine.parse.safety import check_read_only
 from cq_engine.ingest import ingest
 from cq_engine.model import Catalog, ContinuousQuery, Definition, PeriodTrigger, Stream
+from cq_engine.parse.safety import check_read_only
 from cq_engine.resample import run as resample_run
 from cq_engine.resample import timing
 from cq_engine.resample.run import Progress
@@ -33,10 +33,14 @@ __all__ = ["Engine", "RunResult"]
 class Engine:
     """Entry points over one engine context (``ctx``); its services are readable here too."""
 
-    def __init__(self, settings: Settings, catalog: Catalog | None = None, storage: Storage | None = None,
-                 spark_session: Any = None):
-        self.ctx = EngineContext.open(settings=settings, catalog=catalog, storage=storage,
-                                      spark_session=spark_session)
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog | None = None,
+        storage: Storage | None = None,
+        spark_session: Any = None,
+    ):
+        self.ctx = EngineContext.open(settings=settings, catalog=catalog, storage=storage, spark_session=spark_session)
 
     # -- the context's services ----------------------------------------------------------------
     @property
@@ -82,8 +86,10 @@ class Engine:
     def continuous_query(self, name: str) -> ContinuousQuery:
         d = self.definition(name)
         if not isinstance(d, ContinuousQuery):
-            raise CQError(f"{d.name!r} is a stream, not a continuous query: its runs come from its "
-                          f"{'schedule' if isinstance(d.trigger, PeriodTrigger) else 'sensor'} (`cq tick {d.name}`)")
+            raise CQError(
+                f"{d.name!r} is a stream, not a continuous query: its runs come from its "
+                f"{'schedule' if isinstance(d.trigger, PeriodTrigger) else 'sensor'} (`cq tick {d.name}`)"
+            )
         return d
 
     def stream(self, name: str) -> Stream:
@@ -97,15 +103,24 @@ class Engine:
         """Execute the firing of ``name`` scheduled at ``fire_time`` (must be one of its firing times)."""
         return resample_run.run_firing(self.ctx, self.continuous_query(name), fire_time)
 
-    def recalculate(self, name: str, *, start: datetime, end: datetime | None = None, now: datetime | None = None,
-                    progress: Progress | None = None) -> RunResult:
+    def recalculate(
+        self,
+        name: str,
+        *,
+        start: datetime,
+        end: datetime | None = None,
+        now: datetime | None = None,
+        progress: Progress | None = None,
+    ) -> RunResult:
         """Recompute every firing whose range lies in ``[start, end)`` (end: the latest firing by ``now``);
         for a stream, every closed window holding event time in ``[start, end)`` (RECALCULATE STREAM)."""
         if isinstance(self.definition(name), Stream):
-            return stream_run.recalculate_stream(self.ctx, self.stream(name), start=start, end=end,
-                                                 now=now or datetime.now(UTC))
-        return resample_run.recalculate(self.ctx, self.continuous_query(name), start=start, end=end, now=now,
-                                        progress=progress)
+            return stream_run.recalculate_stream(
+                self.ctx, self.stream(name), start=start, end=end, now=now or datetime.now(UTC)
+            )
+        return resample_run.recalculate(
+            self.ctx, self.continuous_query(name), start=start, end=end, now=now, progress=progress
+        )
 
     def ingest(self, table: str, path: str) -> tuple[int, int]:
         """Append a CSV / JSON-lines / Parquet file to ``table`` in one commit, through its BEFORE

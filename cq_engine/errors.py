@@ -13,8 +13,9 @@ class ParseError(CQError):
     Structured for the catalog's load errors: ``file``, ``line``, ``col``, ``detail`` (the message without
     its place) and ``names``, the definitions the error kept from loading (when known)."""
 
-    def __init__(self, message: str, *, file: str = "<string>", line: int = 1, col: int = 1,
-                 names: tuple[str, ...] = ()):
+    def __init__(
+        self, message: str, *, file: str = "<string>", line: int = 1, col: int = 1, names: tuple[str, ...] = ()
+    ):
         message = " ".join(part.strip() for part in message.splitlines())  # one error, one line
         self.file, self.line, self.col, self.detail, self.names = file, line, col, message, names
         super().__init__(f"{file}:{line}:{col}: {message}")

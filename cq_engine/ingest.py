@@ -36,9 +36,16 @@ class IngestResult:
     trigger_failures: tuple[str, ...] = ()
 
 
-def ingest(*, table: str, data: pa.Table | str | os.PathLike, ctx: EngineContext | None = None,
-           engine: Any = None, settings: Settings | None = None, now: datetime | None = None,
-           label: str | None = None) -> IngestResult:
+def ingest(
+    *,
+    table: str,
+    data: pa.Table | str | os.PathLike,
+    ctx: EngineContext | None = None,
+    engine: Any = None,
+    settings: Settings | None = None,
+    now: datetime | None = None,
+    label: str | None = None,
+) -> IngestResult:
     """Append ``data`` (an Arrow table, or a CSV / JSON-lines / Parquet file) to ``table`` in one Delta
     commit, creating a declared table if missing. Columns match by name and are cast as in ``conform``.
 
@@ -58,14 +65,16 @@ def ingest(*, table: str, data: pa.Table | str | os.PathLike, ctx: EngineContext
         where = "the data" if isinstance(data, pa.Table) else f"{data}: the file"
         raise CQError(f"{where} holds no rows (a header only?); nothing was written to '{table}'")
     try:
-        rows = conform(raw, ctx.storage.schema(table), table=table, time_column=ctx.time_column(table),
-                       tz=ctx.settings.tz, now=now)
+        rows = conform(
+            raw, ctx.storage.schema(table), table=table, time_column=ctx.time_column(table), tz=ctx.settings.tz, now=now
+        )
     except TableError as exc:
         if isinstance(data, pa.Table):
             raise
         raise TableError(f"{data}: {exc}") from None
-    failures = fire_before(ctx.catalog.triggers, table=table, batch=rows, settings=ctx.settings,
-                           now=now or datetime.now(UTC))
+    failures = fire_before(
+        ctx.catalog.triggers, table=table, batch=rows, settings=ctx.settings, now=now or datetime.now(UTC)
+    )
     version = ctx.storage.append(table, rows, metadata={"cq.ingest": label})
     return IngestResult(table=table, version=version, rows=rows.num_rows, trigger_failures=failures)
 
@@ -88,8 +97,7 @@ def read_input(path: str) -> pa.Table:
             return pq.read_table(path)
     except (OSError, pa.ArrowException, UnicodeDecodeError, csv.Error) as exc:
         raise CQError(f"{path}: cannot read the file: {exc}") from None
-    raise CQError(f"{path}: unknown file type {suffix or '(none)'!r} "
-                  "(use .csv, .json, .jsonl, .ndjson or .parquet)")
+    raise CQError(f"{path}: unknown file type {suffix or '(none)'!r} (use .csv, .json, .jsonl, .ndjson or .parquet)")
 
 
 def _read_csv(path: str) -> pa.Table:
@@ -102,8 +110,8 @@ def _read_csv(path: str) -> pa.Table:
     return pcsv.read_csv(
         path,
         convert_options=pcsv.ConvertOptions(
-            column_types={name: pa.string() for name in header},
-            strings_can_be_null=True, null_values=[""]),
+            column_types={name: pa.string() for name in header}, strings_can_be_null=True, null_values=[""]
+        ),
     )
 
 
@@ -111,8 +119,11 @@ def _read_json(path: str) -> pa.Table:
     import pyarrow.json as pjson
 
     inferred = pjson.read_json(path)
-    as_text = [pa.field(f.name, pa.string()) for f in inferred.schema
-               if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
+    as_text = [
+        pa.field(f.name, pa.string())
+        for f in inferred.schema
+        if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)
+    ]
     if not as_text:
         return inferred
     # Arrow's JSON inference turns '...+08:00' into a naive UTC timestamp, losing that it had an offset.
@@ -120,8 +131,9 @@ def _read_json(path: str) -> pa.Table:
     return pjson.read_json(path, parse_options=options)
 
 
-def conform(data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, tz: tzinfo,
-            now: datetime | None = None) -> pa.Table:
+def conform(
+    data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, tz: tzinfo, now: datetime | None = None
+) -> pa.Table:
     """``data`` with exactly ``schema``'s columns and types.
 
     Columns match case-insensitively; missing nullable columns become nulls. Timestamp columns accept
@@ -143,16 +155,22 @@ def conform(data: pa.Table, schema: pa.Schema, *, table: str, time_column: str, 
             row = pc.index(pc.is_null(values), True).as_py()
             raise TableError(f"table '{table}', column '{field.name}': row {row + 1} has no value")
         if pa.types.is_timestamp(field.type):
-            arrays.append(_to_timestamp(values, table=table, column=field.name, tz=tz,
-                                        now=now or datetime.now(UTC)).cast(field.type))
+            arrays.append(
+                _to_timestamp(values, table=table, column=field.name, tz=tz, now=now or datetime.now(UTC)).cast(
+                    field.type
+                )
+            )
         else:
             cast = _cast(values, field.type, table=table, column=field.name)
             if pa.types.is_floating(field.type):
-                spelled = (pc.match_substring_regex(values, _NON_FINITE_TEXT,
-                                                    ignore_case=True)
-                           if pa.types.is_string(values.type) or pa.types.is_large_string(values.type) else None)
-                _refuse_non_finite(cast, spelled, column=field.name, what=f"table '{table}', column '{field.name}'",
-                                   original=values)
+                spelled = (
+                    pc.match_substring_regex(values, _NON_FINITE_TEXT, ignore_case=True)
+                    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+                    else None
+                )
+                _refuse_non_finite(
+                    cast, spelled, column=field.name, what=f"table '{table}', column '{field.name}'", original=values
+                )
             arrays.append(cast)
     return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -163,8 +181,14 @@ _NON_FINITE_TEXT = r"^[+-]?(nan|inf|infinity)$"
 EPOCH_SPAN = timedelta(days=365 * 30)
 
 
-def _refuse_non_finite(values: pa.ChunkedArray, spelled: pa.ChunkedArray | None, *, column: str, what: str,
-                       original: pa.ChunkedArray | None = None) -> None:
+def _refuse_non_finite(
+    values: pa.ChunkedArray,
+    spelled: pa.ChunkedArray | None,
+    *,
+    column: str,
+    what: str,
+    original: pa.ChunkedArray | None = None,
+) -> None:
     """A non-finite float not spelled as NaN/Infinity in the input is an overflow: refuse it."""
     bad = pc.invert(pc.fill_null(pc.is_finite(values), True))
     if spelled is not None:
@@ -173,15 +197,27 @@ def _refuse_non_finite(values: pa.ChunkedArray, spelled: pa.ChunkedArray | None,
         return
     row = pc.index(bad, True).as_py()
     shown = (original if original is not None else values)[row].as_py()
-    raise TableError(f"{what}: row {row + 1} holds {shown!r}, which is not a finite number "
-                     "(too large for the column's type); write NaN or Infinity to mean them")
+    raise TableError(
+        f"{what}: row {row + 1} holds {shown!r}, which is not a finite number "
+        "(too large for the column's type); write NaN or Infinity to mean them"
+    )
 
 
 def type_name(t: pa.DataType) -> str:
     """A Spark SQL name for an Arrow type, as users write it in CREATE TABLE."""
-    names = {pa.float64(): "double", pa.float32(): "float", pa.int64(): "bigint", pa.int32(): "int",
-             pa.int16(): "smallint", pa.int8(): "tinyint", pa.bool_(): "boolean", pa.string(): "string",
-             pa.large_string(): "string", pa.binary(): "binary", pa.date32(): "date"}
+    names = {
+        pa.float64(): "double",
+        pa.float32(): "float",
+        pa.int64(): "bigint",
+        pa.int32(): "int",
+        pa.int16(): "smallint",
+        pa.int8(): "tinyint",
+        pa.bool_(): "boolean",
+        pa.string(): "string",
+        pa.large_string(): "string",
+        pa.binary(): "binary",
+        pa.date32(): "date",
+    }
     if t in names:
         return names[t]
     if pa.types.is_timestamp(t):
@@ -212,8 +248,7 @@ def _cast(values: pa.ChunkedArray, target: pa.DataType, *, table: str, column: s
     raise _cannot(table, column, values[bad - 1].as_py(), type_name(target)) from None
 
 
-def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinfo,
-                  now: datetime) -> pa.ChunkedArray:
+def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinfo, now: datetime) -> pa.ChunkedArray:
     """UTC microsecond timestamps from strings, epoch milliseconds or Arrow timestamps."""
     t = values.type
     if pa.types.is_timestamp(t) and t.tz is not None:
@@ -233,8 +268,13 @@ def _to_timestamp(values: pa.ChunkedArray, *, table: str, column: str, tz: tzinf
             try:
                 return parse_time(text, tz=tz, bounded=False)  # data: ingest checks its own ranges
             except (TimeError, ValueError, OverflowError):
-                raise _cannot(table, column, text, "timestamp (use ISO-8601 such as 2021-05-11T22:18:40+08:00, "
-                              "or epoch milliseconds)") from None
+                raise _cannot(
+                    table,
+                    column,
+                    text,
+                    "timestamp (use ISO-8601 such as 2021-05-11T22:18:40+08:00, or epoch milliseconds)",
+                ) from None
+
         return _map_distinct(values, parse)
     first = next((v for v in values.to_pylist() if v is not None), None)
     raise _cannot(table, column, first, "timestamp")
@@ -254,9 +294,11 @@ def _from_epoch_ms(values: pa.ChunkedArray, *, table: str, column: str, now: dat
                 hint = f" (as epoch {unit} it would be {(EPOCH + timedelta(milliseconds=value * scale)).isoformat()})"
                 break
         when = (EPOCH + timedelta(milliseconds=value)).isoformat() if abs(value) < 2.5e14 else "out of range"
-        raise TableError(f"table '{table}', column '{column}': row {row + 1} holds {value}, which as epoch "
-                         f"milliseconds is {when}, more than {EPOCH_SPAN.days // 365} years from now{hint}; "
-                         "write epoch milliseconds or an ISO-8601 time")
+        raise TableError(
+            f"table '{table}', column '{column}': row {row + 1} holds {value}, which as epoch "
+            f"milliseconds is {when}, more than {EPOCH_SPAN.days // 365} years from now{hint}; "
+            "write epoch milliseconds or an ISO-8601 time"
+        )
     return pc.multiply(values, 1000).cast(TIMESTAMP)
 
 

@@ -217,8 +217,16 @@ class EkSlidingTrigger:
 
 # What makes a stream run (its windows, or PERIOD ticks); ``cq_engine.triggers.Trigger`` is the
 # unrelated user-code API of CREATE TRIGGER.
-WindowTrigger = (PeriodTrigger | SlidingTrigger | SessionTrigger | StateTrigger | EventTrigger | CountTrigger
-                 | EkSessionTrigger | EkSlidingTrigger)
+WindowTrigger = (
+    PeriodTrigger
+    | SlidingTrigger
+    | SessionTrigger
+    | StateTrigger
+    | EventTrigger
+    | CountTrigger
+    | EkSessionTrigger
+    | EkSlidingTrigger
+)
 DATA_SHAPED = ("session", "state", "event", "count", "ek_session", "ek_sliding")
 
 
@@ -347,9 +355,22 @@ class Stream:
 
 
 # Placeholders of seed 000 → the engine column that carries their value in a window's rows.
-PLACEHOLDERS = ("_twstart", "_twend", "_twduration", "_twrownum", "_wstart", "_wend", "_wduration",
-                "_tprev_ts", "_tcurrent_ts", "_tnext_ts", "_tprev_localtime", "_tnext_localtime",
-                "_tlocaltime", "_tgrpid")
+PLACEHOLDERS = (
+    "_twstart",
+    "_twend",
+    "_twduration",
+    "_twrownum",
+    "_wstart",
+    "_wend",
+    "_wduration",
+    "_tprev_ts",
+    "_tcurrent_ts",
+    "_tnext_ts",
+    "_tprev_localtime",
+    "_tnext_localtime",
+    "_tlocaltime",
+    "_tgrpid",
+)
 
 
 def partition_placeholder(n: int) -> str:

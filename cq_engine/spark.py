@@ -78,15 +78,21 @@ def s3a_conf() -> dict[str, str]:
     conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
-        conf.update({"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
-                     "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower()})
+        conf.update(
+            {
+                "spark.hadoop.fs.s3a.endpoint": endpoint,
+                "spark.hadoop.fs.s3a.path.style.access": "true",
+                "spark.hadoop.fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https")).lower(),
+            }
+        )
     if os.environ.get("AWS_REGION"):
         conf["spark.hadoop.fs.s3a.endpoint.region"] = os.environ["AWS_REGION"]
     return conf
 
 
-def local_session(*, app_name: str = "cq-engine", master: str = "local[*]",
-                  settings: Settings | None = None) -> SparkSession:
+def local_session(
+    *, app_name: str = "cq-engine", master: str = "local[*]", settings: Settings | None = None
+) -> SparkSession:
     """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings,
     with Delta's connector when its jars are available (``engine_conf``); a local master's driver
     listens on loopback only."""
@@ -241,8 +247,13 @@ def server_status(settings: Settings) -> ServerStatus:
     pid = _read_pid(settings)
     running = pid is not None and _alive(pid) and _port_open(settings.spark_port)
     log = _log_file(settings)
-    return ServerStatus(running, pid if running else None, settings.spark_port,
-                        f"sc://localhost:{settings.spark_port}", str(log) if log else None)
+    return ServerStatus(
+        running,
+        pid if running else None,
+        settings.spark_port,
+        f"sc://localhost:{settings.spark_port}",
+        str(log) if log else None,
+    )
 
 
 def start_server(settings: Settings, *, timeout: float = 90) -> ServerStatus:
@@ -254,10 +265,12 @@ def start_server(settings: Settings, *, timeout: float = 90) -> ServerStatus:
     if pid is not None and not _alive(pid):
         _pid_file(settings).unlink(missing_ok=True)
         pid = None
-    if pid is not None and (m := re.search(r"grpc\.binding\.port=(\d+)", _cmdline(pid) or "")):
-        if int(m.group(1)) != settings.spark_port:
-            raise SparkError(f"the Spark Connect server under {settings.home} already runs on port "
-                             f"{m.group(1)} (pid {pid}); stop it first to use port {settings.spark_port}")
+    m = re.search(r"grpc\.binding\.port=(\d+)", _cmdline(pid) or "") if pid is not None else None
+    if m and int(m.group(1)) != settings.spark_port:
+        raise SparkError(
+            f"the Spark Connect server under {settings.home} already runs on port "
+            f"{m.group(1)} (pid {pid}); stop it first to use port {settings.spark_port}"
+        )
     if pid is None:  # else: one is still starting (another caller); just wait for it below
         _launch(settings)
     deadline = time.monotonic() + timeout
@@ -269,8 +282,10 @@ def start_server(settings: Settings, *, timeout: float = 90) -> ServerStatus:
             return server_status(settings)
         time.sleep(0.25)
     stop_server(settings)  # leave no half-started JVM behind
-    raise SparkError(f"Spark Connect server did not open port {settings.spark_port} within {timeout:.0f}s\n"
-                     f"{_log_tail(_log_file(settings))}")
+    raise SparkError(
+        f"Spark Connect server did not open port {settings.spark_port} within {timeout:.0f}s\n"
+        f"{_log_tail(_log_file(settings))}"
+    )
 
 
 def _launch(settings: Settings) -> None:
@@ -297,25 +312,47 @@ def _launch(settings: Settings) -> None:
     write_atomic(_token_file(settings), token + "\n", mode=0o600)
     # Later commands without CQ_SPARK_PORT find the server here (load_settings); removed on stop.
     write_atomic(recorded_port_file(settings.home), f"{settings.spark_port}\n")
-    conf = {**engine_conf(settings), **LOOPBACK_CONF, **QUIET_CONF,
-            "spark.connect.grpc.binding.port": str(settings.spark_port)}
+    conf = {
+        **engine_conf(settings),
+        **LOOPBACK_CONF,
+        **QUIET_CONF,
+        "spark.connect.grpc.binding.port": str(settings.spark_port),
+    }
     # CQ_SPARK_MASTER attaches the server to a cluster (a standalone master, see the README's Deployment).
     args = ["--master", settings.spark_master or "local[*]", "--driver-memory", DRIVER_MEMORY]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
-    env = {k: v for k, v in os.environ.items()
-           # A client-side Connect marker would make spark-submit/pyspark act as a client.
-           if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")}
-    env.update(SPARK_HOME=str(home), SPARK_PID_DIR=str(state), SPARK_LOG_DIR=str(state),
-               SPARK_IDENT_STRING=_IDENT, SPARK_CONNECT_MODE="0", SPARK_LOCAL_IP="127.0.0.1",
-               # The server reads its token from here: a --conf would show it in `ps` to every user.
-               SPARK_CONNECT_AUTHENTICATE_TOKEN=token)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        # A client-side Connect marker would make spark-submit/pyspark act as a client.
+        if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")
+    }
+    env.update(
+        SPARK_HOME=str(home),
+        SPARK_PID_DIR=str(state),
+        SPARK_LOG_DIR=str(state),
+        SPARK_IDENT_STRING=_IDENT,
+        SPARK_CONNECT_MODE="0",
+        SPARK_LOCAL_IP="127.0.0.1",
+        # The server reads its token from here: a --conf would show it in `ps` to every user.
+        SPARK_CONNECT_AUTHENTICATE_TOKEN=token,
+    )
     # New session: the daemon must survive Ctrl-C of the command that started it.
-    out = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=120,
-                         start_new_session=True, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        cmd + args,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     if out.returncode != 0:
-        raise SparkError(f"{Path(cmd[1]).name} failed ({out.returncode}): {(out.stdout + out.stderr).strip()}\n"
-                         f"{_log_tail(_log_file(settings))}")
+        raise SparkError(
+            f"{Path(cmd[1]).name} failed ({out.returncode}): {(out.stdout + out.stderr).strip()}\n"
+            f"{_log_tail(_log_file(settings))}"
+        )
 
 
 def stop_server(settings: Settings, *, timeout: float = 30) -> bool:
@@ -348,8 +385,10 @@ def _classic_active() -> bool:
 
 def _remote_session(url: str) -> SparkSession:
     if _classic_active():
-        raise SparkError(f"cannot connect to {url}: a classic Spark session is already active in this "
-                         "process, and pyspark cannot mix classic and Spark Connect sessions")
+        raise SparkError(
+            f"cannot connect to {url}: a classic Spark session is already active in this "
+            "process, and pyspark cannot mix classic and Spark Connect sessions"
+        )
     # Probe first: the Connect client retries an unreachable server for minutes.
     parsed = urlparse(url.replace("sc://", "http://", 1).split(";", 1)[0])
     if not _port_open(parsed.port or 15002, parsed.hostname or "localhost", timeout=3):

@@ -51,8 +51,10 @@ def read_state(path: Path, *, what: str) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise CQError(f"{path}: cannot read the {what}: {exc}") from None
     if not text.strip():
-        raise CQError(f"{path}: the {what} is empty (a crash while it was written by an older engine?); "
-                      "delete the file to start over")
+        raise CQError(
+            f"{path}: the {what} is empty (a crash while it was written by an older engine?); "
+            "delete the file to start over"
+        )
     return text
 
 

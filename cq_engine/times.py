@@ -34,8 +34,7 @@ def parse_time(text: str, *, tz: tzinfo, what: str = "time", bounded: bool = Tru
         raise TimeError(f"{what}: {text!r}{' as epoch milliseconds' if epoch else ''} is outside {where}") from None
     except ValueError:
         raise TimeError(
-            f"{what}: {text!r} is not a time (use ISO-8601 such as 2021-05-11T22:18:40+08:00, "
-            "or epoch milliseconds)"
+            f"{what}: {text!r} is not a time (use ISO-8601 such as 2021-05-11T22:18:40+08:00, or epoch milliseconds)"
         ) from None
     if bounded and not EARLIEST <= parsed < LATEST:
         raise TimeError(f"{what}: {text!r}{' as epoch milliseconds' if epoch else ''} is outside {_RANGE}")
@@ -53,6 +52,9 @@ def epoch_ms(t: datetime) -> int:
 def iso(t: datetime) -> str:
     """ISO-8601 UTC with a ``Z``-free ``+00:00`` offset, millisecond precision when needed."""
     t = t.astimezone(UTC)
-    spec = "milliseconds" if t.microsecond % 1000 == 0 and t.microsecond else (
-        "seconds" if not t.microsecond else "microseconds")
+    spec = (
+        "milliseconds"
+        if t.microsecond % 1000 == 0 and t.microsecond
+        else ("seconds" if not t.microsecond else "microseconds")
+    )
     return t.isoformat(timespec=spec)

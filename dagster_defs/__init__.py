@@ -5,10 +5,15 @@ resolve lazily, so ``dagster_defs.client`` (the CLI's) does not import Spark or 
 from importlib import import_module
 
 _EXPORTS = {
-    "CQEngineResource": "resource", "pyspark_resource": "resource",
-    "CQTranslator": "translator", "configured_translator": "translator",
-    "FiringConfig": "builders", "due_firings": "builders", "firing_request": "builders",
-    "build_definitions": "definitions", "error_placeholder": "definitions",
+    "CQEngineResource": "resource",
+    "pyspark_resource": "resource",
+    "CQTranslator": "translator",
+    "configured_translator": "translator",
+    "FiringConfig": "builders",
+    "due_firings": "builders",
+    "firing_request": "builders",
+    "build_definitions": "definitions",
+    "error_placeholder": "definitions",
 }
 __all__ = sorted(_EXPORTS)
 

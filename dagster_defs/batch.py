@@ -73,14 +73,16 @@ def load_cursor(text: str | None) -> dict[str, DefinitionState]:
         return {}
     data = json.loads(text)
     if data.get("v") != CURSOR_VERSION:
-        raise CQError(f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; "
-                      "reset the sensor's cursor")
+        raise CQError(
+            f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; reset the sensor's cursor"
+        )
     return {name: DefinitionState(**s) for name, s in data["defs"].items()}
 
 
 def dump_cursor(states: dict[str, DefinitionState]) -> str:
-    return json.dumps({"v": CURSOR_VERSION, "defs": {n: s.to_json() for n, s in sorted(states.items())}},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"v": CURSOR_VERSION, "defs": {n: s.to_json() for n, s in sorted(states.items())}}, separators=(",", ":")
+    )
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,18 @@ class Batch:
         return "cq_firings:" + hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
-def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor: str | None, now: datetime,
-               run_status: dict[str, str], busy: set[str], paused: set[str],
-               failed: dict[str, set[str]] | None = None, finished: frozenset[str] = frozenset()) -> Batch:
+def plan_batch(
+    definitions: list[Definition],
+    *,
+    ticks: dict[str, Ticks],
+    cursor: str | None,
+    now: datetime,
+    run_status: dict[str, str],
+    busy: set[str],
+    paused: set[str],
+    failed: dict[str, set[str]] | None = None,
+    finished: frozenset[str] = frozenset(),
+) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
     that run (its ``cq/failed`` tag; a failed run without it failed as a whole); ``busy``: definitions
@@ -137,8 +148,10 @@ def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor
             if in_flight:
                 if due:
                     s.upto = iso(due[-1])
-                    skipped.append(f"{d.name}: DISCARD skipped {len(due)} firing(s) up to {iso(due[-1])} "
-                                   "(a run of it is queued or running)")
+                    skipped.append(
+                        f"{d.name}: DISCARD skipped {len(due)} firing(s) up to {iso(due[-1])} "
+                        "(a run of it is queued or running)"
+                    )
                 continue
             fires = due[-1:] or ([parse_time(s.first, tz=UTC)] if retry and s.first else [])
         else:
@@ -149,8 +162,12 @@ def plan_batch(definitions: list[Definition], *, ticks: dict[str, Ticks], cursor
             again = []
             if retry and s.first and s.upto:  # a retry always has both
                 first = parse_time(s.first, tz=UTC)
-                again = [first, *t.between(first + timedelta(microseconds=1),
-                                            parse_time(s.upto, tz=UTC) + timedelta(microseconds=1))]
+                again = [
+                    first,
+                    *t.between(
+                        first + timedelta(microseconds=1), parse_time(s.upto, tz=UTC) + timedelta(microseconds=1)
+                    ),
+                ]
             fires = (again + due)[:MAX_FIRINGS_PER_DEFINITION]
         if not fires:
             if retry:
@@ -200,15 +217,25 @@ def _fire_all(engine, d: Definition, fires: list[str], done: set, out: queue.Que
             return
 
 
-def run_batch(context, engine, firings: dict[str, list[str]], *, by_name: dict[str, Definition],
-              sink_keys: dict[str, dg.AssetKey], retry: bool) -> Iterator:
+def run_batch(
+    context,
+    engine,
+    firings: dict[str, list[str]],
+    *,
+    by_name: dict[str, Definition],
+    sink_keys: dict[str, dg.AssetKey],
+    retry: bool,
+) -> Iterator:
     """Execute each definition's firings in order; a failing firing stops its definition (BLOCKED
     order) but not the others. Yields one materialization per firing as it commits; raises at the
     end naming the definitions that failed (run tag ``cq/failed``)."""
     done: set[tuple[str, datetime]] = set()
     if retry:  # a retried batch: what already succeeded is not redone
-        done = {(e.definition, e.fire_time) for e in engine.ledger.entries()
-                if e.status == "succeeded" and e.kind in ("firing", "period") and e.fire_time is not None}
+        done = {
+            (e.definition, e.fire_time)
+            for e in engine.ledger.entries()
+            if e.status == "succeeded" and e.kind in ("firing", "period") and e.fire_time is not None
+        }
     out: queue.Queue = queue.Queue()
     failures, failed_names = [], []
     with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
@@ -225,8 +252,9 @@ def run_batch(context, engine, firings: dict[str, list[str]], *, by_name: dict[s
                 failed_names.append(d.name)
                 context.log.error(f"{d.name}: firing {iso(fire)} failed: {value}")
             else:  # one materialization per firing, as it commits (the sinks' outputs are skippable)
-                context.log.info(f"{d.name}: firing {iso(fire)} committed: {value.rows_written} rows, "
-                                 f"{d.sink} v{value.sink_version}")
+                context.log.info(
+                    f"{d.name}: firing {iso(fire)} committed: {value.rows_written} rows, {d.sink} v{value.sink_version}"
+                )
                 yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=materialization(d, value).metadata)
         for f in futures:
             f.result()  # a bug in _fire_all itself surfaces here
@@ -235,8 +263,10 @@ def run_batch(context, engine, firings: dict[str, list[str]], *, by_name: dict[s
     if failures:
         # Which definitions failed, for the sensor: it retries those only.
         context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failed_names))})
-        raise dg.Failure(description=f"{len(failures)} firing(s) failed (their definitions are retried from "
-                                     f"there; the others are committed): " + "; ".join(failures))
+        raise dg.Failure(
+            description=f"{len(failures)} firing(s) failed (their definitions are retried from "
+            f"there; the others are committed): " + "; ".join(failures)
+        )
 
 
 # -- the Dagster objects ----------------------------------------------------------------------------
@@ -247,30 +277,51 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
     by_key = {spec.key: d for d, spec in zip(definitions, specs)}
     by_name = {d.name: d for d in definitions}
 
-    @dg.multi_asset(name=translator.get_batch_op_name(), specs=specs, can_subset=True,
-                    description="The firings of the location's continuous queries and PERIOD streams: a batch "
-                                "(run config `firings`) or one definition's firing or recalculation.")
-    def _firings(context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource,
-                 pyspark: PySparkResource):
+    @dg.multi_asset(
+        name=translator.get_batch_op_name(),
+        specs=specs,
+        can_subset=True,
+        description="The firings of the location's continuous queries and PERIOD streams: a batch "
+        "(run config `firings`) or one definition's firing or recalculation.",
+    )
+    def _firings(
+        context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
+    ):
         engine = cq_engine.engine(pyspark.spark_session)
         if config.firings:
             unknown = sorted(set(config.firings) - by_name.keys())
             if unknown:
                 raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
-            yield from run_batch(context, engine, config.firings, by_name=by_name, sink_keys=sink_keys,
-                                 retry=context.run.tags.get("cq/attempt", "0") != "0")
+            yield from run_batch(
+                context,
+                engine,
+                config.firings,
+                by_name=by_name,
+                sink_keys=sink_keys,
+                retry=context.run.tags.get("cq/attempt", "0") != "0",
+            )
             return
         selected = [by_key[k] for k in context.selected_asset_keys]
         if len(selected) != 1:
-            raise dg.Failure(f"select one sink (a definition's own job) or pass `firings` in the run config; "
-                             f"{len(selected)} sinks are selected")
+            raise dg.Failure(
+                f"select one sink (a definition's own job) or pass `firings` in the run config; "
+                f"{len(selected)} sinks are selected"
+            )
         yield execute_one(context, config, engine, selected[0], asset_key=sink_keys[selected[0].name])
 
     return _firings, sink_keys
 
 
-def build_batch_sensor(definitions: list[Definition], job, translator, ticks_for, sink_keys: dict,
-                       *, default_status: dg.DefaultSensorStatus, interval: int) -> dg.SensorDefinition:
+def build_batch_sensor(
+    definitions: list[Definition],
+    job,
+    translator,
+    ticks_for,
+    sink_keys: dict,
+    *,
+    default_status: dg.DefaultSensorStatus,
+    interval: int,
+) -> dg.SensorDefinition:
     """The sensor that requests the batches (see the module docstring); ``ticks_for(d)`` the ticks."""
     switches = {translator.get_sensor_name(d): d.name for d in definitions}
     names = [d.name for d in definitions]
@@ -279,9 +330,13 @@ def build_batch_sensor(definitions: list[Definition], job, translator, ticks_for
     def paused(context) -> set[str]:
         origin = context.code_location_origin
         states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-        return {switches[s.origin.instigator_name] for s in states
-                if s.origin.instigator_name in switches and s.status == InstigatorStatus.STOPPED
-                and (origin is None or s.origin.location_name == origin.location_name)}
+        return {
+            switches[s.origin.instigator_name]
+            for s in states
+            if s.origin.instigator_name in switches
+            and s.status == InstigatorStatus.STOPPED
+            and (origin is None or s.origin.location_name == origin.location_name)
+        }
 
     def evaluate(context: dg.SensorEvaluationContext):
         now = datetime.now(UTC)
@@ -311,8 +366,17 @@ def build_batch_sensor(definitions: list[Definition], job, translator, ticks_for
                     last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
                     if end and end.value == iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]):
                         finished.add(d.name)
-        batch = plan_batch(definitions, ticks=ticks, cursor=context.cursor, now=now, run_status=run_status,
-                           busy=busy, paused=paused(context), failed=failed, finished=frozenset(finished))
+        batch = plan_batch(
+            definitions,
+            ticks=ticks,
+            cursor=context.cursor,
+            now=now,
+            run_status=run_status,
+            busy=busy,
+            paused=paused(context),
+            failed=failed,
+            finished=frozenset(finished),
+        )
         for line in batch.skipped:
             context.log.info(line)
         if not batch.firings:
@@ -320,23 +384,34 @@ def build_batch_sensor(definitions: list[Definition], job, translator, ticks_for
         count = sum(len(f) for f in batch.firings.values())
         request = dg.RunRequest(
             run_key=batch.run_key,
-            run_config={"ops": {op: {"config": {"firings": {n: [iso(f) for f in fs]
-                                                            for n, fs in batch.firings.items()}}}}},
+            run_config={
+                "ops": {op: {"config": {"firings": {n: [iso(f) for f in fs] for n, fs in batch.firings.items()}}}}
+            },
             asset_selection=[sink_keys[n] for n in batch.firings],
-            tags={"cq/batch": "true", "cq/firings": f"{count} firing(s) of {len(batch.firings)} definition(s)",
-                  "cq/attempt": str(batch.attempt), "dagster/max_runtime": str(MAX_RUNTIME_SECONDS)})
+            tags={
+                "cq/batch": "true",
+                "cq/firings": f"{count} firing(s) of {len(batch.firings)} definition(s)",
+                "cq/attempt": str(batch.attempt),
+                "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
+            },
+        )
         return dg.SensorResult(run_requests=[request], cursor=batch.cursor)
 
     return dg.SensorDefinition(
-        name=translator.get_batch_sensor_name(), job=job, evaluation_fn=evaluate, minimum_interval_seconds=interval,
+        name=translator.get_batch_sensor_name(),
+        job=job,
+        evaluation_fn=evaluate,
+        minimum_interval_seconds=interval,
         default_status=default_status,
         description="Requests one run with every firing due across the location's continuous queries and PERIOD "
-                    "streams (BLOCKED: all, in order, one run at a time per definition; DISCARD: the latest). "
-                    "Stop a definition's `<name>_ticks` sensor to leave it out.")
+        "streams (BLOCKED: all, in order, one run at a time per definition; DISCARD: the latest). "
+        "Stop a definition's `<name>_ticks` sensor to leave it out.",
+    )
 
 
-def build_switch_sensor(definition: Definition, translator, *, default_status: dg.DefaultSensorStatus
-                        ) -> dg.SensorDefinition:
+def build_switch_sensor(
+    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus
+) -> dg.SensorDefinition:
     """``<name>_ticks`` under the batched model: its running state is the definition's on/off switch,
     read by the batch sensor; its own evaluations (daily) request nothing."""
 
@@ -344,7 +419,10 @@ def build_switch_sensor(definition: Definition, translator, *, default_status: d
         return dg.SkipReason(f"{definition.name} fires through the {translator.get_batch_sensor_name()} sensor")
 
     return dg.SensorDefinition(
-        name=translator.get_sensor_name(definition), evaluation_fn=evaluate,
-        minimum_interval_seconds=SWITCH_INTERVAL_SECONDS, default_status=default_status,
+        name=translator.get_sensor_name(definition),
+        evaluation_fn=evaluate,
+        minimum_interval_seconds=SWITCH_INTERVAL_SECONDS,
+        default_status=default_status,
         description=f"On/off switch of {definition.name}: while stopped, {translator.get_batch_sensor_name()} "
-                    "leaves its firings out (`cq stop` / `cq start`).")
+        "leaves its firings out (`cq stop` / `cq start`).",
+    )

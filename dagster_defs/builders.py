@@ -1,6 +1,5 @@
 """Small builder functions: one definition → its asset, jobs, and schedule or tick sensor."""
 
-
 from datetime import datetime
 
 import dagster as dg
@@ -16,8 +15,13 @@ from cq_engine.times import UTC, iso, parse_time
 from .resource import CQEngineResource
 from .translator import CQTranslator
 
-IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-             dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 MAX_TICKS_PER_EVALUATION = 100
 
 
@@ -32,14 +36,19 @@ class FiringConfig(dg.Config):
 
 def firing_tags(definition: Definition, fire: datetime, translator: CQTranslator, ticks: Ticks) -> dict[str, str]:
     lo, hi = ticks.range_of(fire)
-    return {**translator.get_tags(definition), "cq/fire_time": iso(fire), "cq/range_start": iso(lo),
-            "cq/range_end": iso(hi)}
+    return {
+        **translator.get_tags(definition),
+        "cq/fire_time": iso(fire),
+        "cq/range_start": iso(lo),
+        "cq/range_end": iso(hi),
+    }
 
 
 def firing_request(definition: Definition, fire: datetime, translator: CQTranslator, ticks: Ticks) -> dg.RunRequest:
     """The run of the firing at ``fire``; its run key makes a duplicate tick harmless."""
-    return dg.RunRequest(run_key=f"{definition.name}@{iso(fire)}",
-                         tags=firing_tags(definition, fire, translator, ticks))
+    return dg.RunRequest(
+        run_key=f"{definition.name}@{iso(fire)}", tags=firing_tags(definition, fire, translator, ticks)
+    )
 
 
 def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_FLIGHT) -> int:
@@ -48,13 +57,15 @@ def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_
     return len(records)
 
 
-def materialization(definition: Definition, result: RunResult, *,
-                    ignored: tuple[str, ...] = (), asset_key: dg.AssetKey | None = None) -> dg.MaterializeResult:
+def materialization(
+    definition: Definition, result: RunResult, *, ignored: tuple[str, ...] = (), asset_key: dg.AssetKey | None = None
+) -> dg.MaterializeResult:
     """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out, and why."""
     extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
     return dg.MaterializeResult(
         asset_key=asset_key,
-        metadata={**extra,
+        metadata={
+            **extra,
             "cq/kind": result.kind,
             "cq/range_start": iso(result.time_range[0]),
             "cq/range_end": iso(result.time_range[1]),
@@ -64,8 +75,11 @@ def materialization(definition: Definition, result: RunResult, *,
             "cq/files_read": dg.MetadataValue.int(result.files_read),
             "cq/seconds": dg.MetadataValue.float(round(result.seconds, 3)),
             # Only streams notify (NOTIFY); a continuous query's 0 would suggest it could.
-            **({} if isinstance(definition, ContinuousQuery)
-               else {"cq/notified": dg.MetadataValue.int(result.notified)}),
+            **(
+                {}
+                if isinstance(definition, ContinuousQuery)
+                else {"cq/notified": dg.MetadataValue.int(result.notified)}
+            ),
         },
     )
 
@@ -73,8 +87,14 @@ def materialization(definition: Definition, result: RunResult, *,
 FIRING_RETRY = dg.RetryPolicy(max_retries=3, delay=2, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
 
-def execute_one(context: dg.AssetExecutionContext, config: FiringConfig, engine, definition: Definition,
-                *, asset_key: dg.AssetKey | None = None) -> dg.MaterializeResult:
+def execute_one(
+    context: dg.AssetExecutionContext,
+    config: FiringConfig,
+    engine,
+    definition: Definition,
+    *,
+    asset_key: dg.AssetKey | None = None,
+) -> dg.MaterializeResult:
     """One run of one definition: a recalculation (config or ``cq/recalculate_from`` tag), a stream
     run (``cq/work`` tag) or a firing (``cq/fire_time`` tag)."""
     tags = context.run.tags
@@ -84,8 +104,9 @@ def execute_one(context: dg.AssetExecutionContext, config: FiringConfig, engine,
         tz = engine.settings.tz
         stop = config.recalculate_to or tags.get("cq/recalculate_to")
         end = parse_time(stop, tz=tz, what="recalculate_to") if stop else None
-        result = engine.recalculate(definition.name, start=parse_time(start, tz=tz, what="recalculate_from"),
-                                    end=end, now=datetime.now(UTC))
+        result = engine.recalculate(
+            definition.name, start=parse_time(start, tz=tz, what="recalculate_from"), end=end, now=datetime.now(UTC)
+        )
     elif "cq/work" in tags:
         work = StreamWork.from_json(tags["cq/work"])
         result = engine.run_stream(definition.name, work)
@@ -95,11 +116,16 @@ def execute_one(context: dg.AssetExecutionContext, config: FiringConfig, engine,
         run = engine.run_firing if isinstance(definition, ContinuousQuery) else engine.run_period
         result = run(definition.name, fire)
     else:
-        raise dg.Failure(f"{definition.name}: a run needs the tag cq/fire_time (a firing), cq/work (a "
-                         "stream run) or recalculate_from in its config (a recalculation)", allow_retries=False)
-    context.log.info(f"{definition.name}: {result.kind} [{iso(result.time_range[0])}, {iso(result.time_range[1])}) "
-                     f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
-                     + (f"; {result.notified} notification(s)" if result.notified else ""))
+        raise dg.Failure(
+            f"{definition.name}: a run needs the tag cq/fire_time (a firing), cq/work (a "
+            "stream run) or recalculate_from in its config (a recalculation)",
+            allow_retries=False,
+        )
+    context.log.info(
+        f"{definition.name}: {result.kind} [{iso(result.time_range[0])}, {iso(result.time_range[1])}) "
+        f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
+        + (f"; {result.notified} notification(s)" if result.notified else "")
+    )
     for line in ignored:
         context.log.warning(f"{definition.name}: {line}")
     return materialization(definition, result, ignored=ignored, asset_key=asset_key)
@@ -111,10 +137,15 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
 
     # A firing that still fails after the storage's own conflict retries (e.g. a lost Spark
     # connection) runs again: every firing is an idempotent range replace.
-    @dg.multi_asset(name=translator.get_op_name(definition), specs=[spec], op_tags={"cq/name": definition.name},
-                    retry_policy=FIRING_RETRY)
-    def _asset(context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource,
-               pyspark: PySparkResource):
+    @dg.multi_asset(
+        name=translator.get_op_name(definition),
+        specs=[spec],
+        op_tags={"cq/name": definition.name},
+        retry_policy=FIRING_RETRY,
+    )
+    def _asset(
+        context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
+    ):
         yield execute_one(context, config, cq_engine.engine(pyspark.spark_session), definition)
 
     return _asset
@@ -124,20 +155,33 @@ def build_jobs(definition: Definition, selection: list, translator: CQTranslator
     """The definition's firing job and recalculate job over ``selection`` (its asset or sink key)."""
     tags = translator.get_tags(definition)
     # One step per run: the in-process executor spares each firing a second Python process.
-    firing_job = dg.define_asset_job(translator.get_job_name(definition), selection=selection, tags=tags,
-                                     executor_def=dg.in_process_executor,
-                                     description=f"One firing of {definition.name} per run (tag cq/fire_time).")
+    firing_job = dg.define_asset_job(
+        translator.get_job_name(definition),
+        selection=selection,
+        tags=tags,
+        executor_def=dg.in_process_executor,
+        description=f"One firing of {definition.name} per run (tag cq/fire_time).",
+    )
     recalc_job = dg.define_asset_job(
-        translator.get_recalculate_job_name(definition), selection=selection, tags={**tags, "cq/recalculate": "true"},
+        translator.get_recalculate_job_name(definition),
+        selection=selection,
+        tags={**tags, "cq/recalculate": "true"},
         executor_def=dg.in_process_executor,
         description=f"Recalculate {definition.name}: set recalculate_from (and recalculate_to) in the run config "
-                    "or the tags cq/recalculate_from (and cq/recalculate_to).",
+        "or the tags cq/recalculate_from (and cq/recalculate_to).",
     )
     return firing_job, recalc_job
 
 
-def build_schedule(definition: Definition, job, translator: CQTranslator, ticks: Ticks, plan: CronPlan,
-                   *, default_status: dg.DefaultScheduleStatus) -> dg.ScheduleDefinition:
+def build_schedule(
+    definition: Definition,
+    job,
+    translator: CQTranslator,
+    ticks: Ticks,
+    plan: CronPlan,
+    *,
+    default_status: dg.DefaultScheduleStatus,
+) -> dg.ScheduleDefinition:
     """A cron schedule whose ticks are exactly the definition's firing times."""
 
     def evaluate(context: dg.ScheduleEvaluationContext):
@@ -145,27 +189,33 @@ def build_schedule(definition: Definition, job, translator: CQTranslator, ticks:
         if not ticks.is_tick(fire):
             return dg.SkipReason(f"{iso(fire)} is not a firing time of {definition.name}")
         if definition.timeout_policy == "DISCARD" and in_flight(context.instance, definition):
-            return dg.SkipReason(f"DISCARD: a run of {definition.name} is still queued or running; "
-                                 f"the firing at {iso(fire)} is skipped")
+            return dg.SkipReason(
+                f"DISCARD: a run of {definition.name} is still queued or running; the firing at {iso(fire)} is skipped"
+            )
         return firing_request(definition, fire, translator, ticks)
 
     return dg.ScheduleDefinition(
-        name=translator.get_schedule_name(definition), job=job,
+        name=translator.get_schedule_name(definition),
+        job=job,
         cron_schedule=plan.cron_strings[0] if len(plan.cron_strings) == 1 else list(plan.cron_strings),
-        execution_timezone=plan.timezone, execution_fn=evaluate, default_status=default_status,
+        execution_timezone=plan.timezone,
+        execution_fn=evaluate,
+        default_status=default_status,
         description=f"Firings of {definition.name}: {ticks.description}",
     )
 
 
-def due_firings(definition: ContinuousQuery, *, cursor: str | None, now: datetime,
-                ticks: Ticks | None = None) -> list[datetime]:
+def due_firings(
+    definition: Definition, *, cursor: str | None, now: datetime, ticks: Ticks | None = None
+) -> list[datetime]:
     """Firing times after the cursor up to ``now``; on a first evaluation only the latest one."""
     ticks = ticks or ticks_of(definition, timezone="UTC")
     return ticks.due(cursor=parse_tick_cursor(cursor), now=now)
 
 
-def build_tick_sensor(definition: Definition, job, translator: CQTranslator, ticks: Ticks,
-                      *, default_status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
+def build_tick_sensor(
+    definition: Definition, job, translator: CQTranslator, ticks: Ticks, *, default_status: dg.DefaultSensorStatus
+) -> dg.SensorDefinition:
     """Where cron cannot express the firing times (sub-minute EVERY, non-dividing intervals)."""
     interval = max(1, min(30, int(ticks.every.total_seconds() // 2) or 1))
 
@@ -176,15 +226,20 @@ def build_tick_sensor(definition: Definition, job, translator: CQTranslator, tic
         if definition.timeout_policy == "DISCARD":
             context.update_cursor(tick_cursor(due[-1]))
             if in_flight(context.instance, definition):
-                return dg.SkipReason(f"DISCARD: a run of {definition.name} is still queued or running; "
-                                     f"skipped {len(due)} firing(s) up to {iso(due[-1])}")
+                return dg.SkipReason(
+                    f"DISCARD: a run of {definition.name} is still queued or running; "
+                    f"skipped {len(due)} firing(s) up to {iso(due[-1])}"
+                )
             return [firing_request(definition, due[-1], translator, ticks)]
         due = due[:MAX_TICKS_PER_EVALUATION]
         context.update_cursor(tick_cursor(due[-1]))
         return [firing_request(definition, fire, translator, ticks) for fire in due]
 
     return dg.SensorDefinition(
-        name=translator.get_sensor_name(definition), job=job, evaluation_fn=evaluate,
-        minimum_interval_seconds=interval, default_status=default_status,
+        name=translator.get_sensor_name(definition),
+        job=job,
+        evaluation_fn=evaluate,
+        minimum_interval_seconds=interval,
+        default_status=default_status,
         description=f"Firings of {definition.name} {ticks.description} (not expressible as cron)",
     )

@@ -22,15 +22,17 @@ _REPOSITORIES = """{ repositoriesOrError { __typename ... on Error { message }
   jobs { name } } } } }"""
 _MUTATIONS = {
     ("sensor", "start"): "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename "
-                         "... on Error { message } } }",
+    "... on Error { message } } }",
     ("sensor", "stop"): "mutation($id: String) { stopSensor(id: $id) { __typename ... on Error { message } } }",
     ("schedule", "start"): "mutation($s: ScheduleSelector!) { startSchedule(scheduleSelector: $s) { __typename "
-                           "... on Error { message } } }",
+    "... on Error { message } } }",
     ("schedule", "stop"): "mutation($id: String) { stopRunningSchedule(id: $id) { __typename "
-                          "... on Error { message } } }",
+    "... on Error { message } } }",
 }
-_SET_CURSOR = ("mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s, cursor: $c) "
-               "{ __typename ... on Error { message } } }")
+_SET_CURSOR = (
+    "mutation($s: SensorSelector!, $c: String) { setSensorCursor(sensorSelector: $s, cursor: $c) "
+    "{ __typename ... on Error { message } } }"
+)
 _LAUNCH = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
   ... on LaunchRunSuccess { run { runId } } ... on Error { message }
   ... on RunConfigValidationInvalid { errors { message } } } }"""
@@ -69,24 +71,34 @@ class GraphQL:
         if not nodes:
             raise CQError(f"Dagster at {self.url} has no code location loaded")
         for kind, name in candidates:
-            found = [(kind, name, n["location"]["name"], n["name"]) for n in nodes
-                     if name in {x["name"] for x in n[f"{kind}s"]}]
+            found = [
+                (kind, name, n["location"]["name"], n["name"])
+                for n in nodes
+                if name in {x["name"] for x in n[f"{kind}s"]}
+            ]
             if len(found) > 1:
-                raise CQError(f"Dagster at {self.url}: {kind} {name} is in several code locations "
-                              f"({', '.join(f[2] for f in found)})")
+                raise CQError(
+                    f"Dagster at {self.url}: {kind} {name} is in several code locations "
+                    f"({', '.join(f[2] for f in found)})"
+                )
             if found:
                 return found[0]
         wanted = " or ".join(f"{kind} {name}" for kind, name in candidates)
-        raise CQError(f"Dagster at {self.url} has no {wanted} in its code locations "
-                      f"({', '.join(sorted({n['location']['name'] for n in nodes}))})")
+        raise CQError(
+            f"Dagster at {self.url} has no {wanted} in its code locations "
+            f"({', '.join(sorted({n['location']['name'] for n in nodes}))})"
+        )
 
 
 def _check(result: dict, what: str) -> dict:
     """A mutation's or query's single result, or a CQError naming Dagster's error."""
     outcome = next(iter(result.values()))
     if outcome.get("__typename", "").endswith("Error") or outcome.get("__typename") == "RunConfigValidationInvalid":
-        detail = outcome.get("message") or "; ".join(e["message"] for e in outcome.get("errors") or []) \
+        detail = (
+            outcome.get("message")
+            or "; ".join(e["message"] for e in outcome.get("errors") or [])
             or outcome["__typename"]
+        )
         raise CQError(f"{what} failed in Dagster: {detail}")
     return outcome
 
@@ -96,8 +108,14 @@ def windowed(d: Definition) -> bool:
     return not isinstance(d, ContinuousQuery) and not isinstance(d.trigger, PeriodTrigger)
 
 
-def control(d: Definition, *, verb: str, address: str, translator: CQTranslator,
-            new_cursor: Callable[[str | None], str] | None = None) -> tuple[str, str, str]:
+def control(
+    d: Definition,
+    *,
+    verb: str,
+    address: str,
+    translator: CQTranslator,
+    new_cursor: Callable[[str | None], str] | None = None,
+) -> tuple[str, str, str]:
     """Start or stop (``verb``) the schedule or sensor of ``d``; ``new_cursor(old)`` (a sensor being
     started) replaces its cursor first. Returns ``(kind, name, location)``."""
     gql = GraphQL(address)
@@ -122,20 +140,26 @@ def control(d: Definition, *, verb: str, address: str, translator: CQTranslator,
                 break
             _check(gql(mutation, **variables), f"{d.name}: {verb}")
         else:
-            raise CQError(f"{d.name}: sensor {name} keeps running after {STOP_ATTEMPTS} stops (the Dagster daemon "
-                          "restores it); try again")
+            raise CQError(
+                f"{d.name}: sensor {name} keeps running after {STOP_ATTEMPTS} stops (the Dagster daemon "
+                "restores it); try again"
+            )
     return kind, name, location
 
 
-def launch_recalculate(d: Definition, *, address: str, translator: CQTranslator, start: str,
-                       end: str | None = None) -> str:
+def launch_recalculate(
+    d: Definition, *, address: str, translator: CQTranslator, start: str, end: str | None = None
+) -> str:
     """Launch ``d``'s recalculate job (its range in the run's tags); the run id."""
     gql = GraphQL(address)
     job = translator.get_recalculate_job_name(d)
     _, _, location, repository = gql.locate([("job", job)])
     tags = [{"key": "cq/recalculate_from", "value": start}] + (
-        [{"key": "cq/recalculate_to", "value": end}] if end else [])
-    params = {"selector": {"repositoryLocationName": location, "repositoryName": repository, "jobName": job},
-              "executionMetadata": {"tags": tags}}
+        [{"key": "cq/recalculate_to", "value": end}] if end else []
+    )
+    params = {
+        "selector": {"repositoryLocationName": location, "repositoryName": repository, "jobName": job},
+        "executionMetadata": {"tags": tags},
+    }
     outcome = _check(gql(_LAUNCH, p=params), f"{d.name}: launching {job}")
     return outcome["run"]["runId"]

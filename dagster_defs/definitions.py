@@ -11,7 +11,7 @@ import dagster as dg
 from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError, ParseError
-from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.times import UTC
 
 from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch_sensor
@@ -24,9 +24,14 @@ from .triggers import build_trigger_sensor
 RUN_MODELS = ("batch", "per_firing")
 
 
-def build_definitions(*, settings: Settings | None = None, translator: CQTranslator | None = None,
-                      now: datetime | None = None, running: bool = True,
-                      run_model: str | None = None) -> dg.Definitions:
+def build_definitions(
+    *,
+    settings: Settings | None = None,
+    translator: CQTranslator | None = None,
+    now: datetime | None = None,
+    running: bool = True,
+    run_model: str | None = None,
+) -> dg.Definitions:
     """Jobs, assets and schedules/sensors for every definition; bad files become placeholder assets
     whose description is the ``file:line:col`` error, so one bad file never takes the location down.
     ``run_model`` (default ``$CQ_RUN_MODEL``, else ``batch``): ``batch`` runs the due firings of every
@@ -43,13 +48,16 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
         errors = list(catalog.errors)
     except CQError as exc:  # the sql directory itself is unusable
         catalog, errors = None, [exc if isinstance(exc, ParseError) else ParseError(str(exc), file=settings.sql_dir)]
+    resources = {"cq_engine": CQEngineResource.from_settings(settings), "pyspark": pyspark_resource(settings)}
+    if catalog is None:
+        return dg.Definitions(assets=[error_placeholder(e) for e in errors], resources=resources)
     schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
     sensor_status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
     assets: list = []
     jobs, schedules, sensors = [], [], []
     sources: set[str] = set()
-    engine = Engine(settings=settings, catalog=catalog) if catalog else None
-    definitions = list(catalog.definitions) if catalog else []
+    engine = Engine(settings=settings, catalog=catalog)
+    definitions = list(catalog.definitions)
     ticked = [d for d in definitions if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger)]
     batched = ticked if run_model == "batch" else []
     in_batch = {d.name for d in batched}
@@ -58,9 +66,15 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
     if batched:
         batch_asset, sink_keys = build_batch_asset(batched, translator)
         assets.append(batch_asset)
-        jobs.append(dg.define_asset_job(
-            translator.get_batch_job_name(), selection=list(sink_keys.values()), tags={"cq/batch": "true"},
-            executor_def=dg.in_process_executor, description="The firings due across definitions, one run per batch."))
+        jobs.append(
+            dg.define_asset_job(
+                translator.get_batch_job_name(),
+                selection=list(sink_keys.values()),
+                tags={"cq/batch": "true"},
+                executor_def=dg.in_process_executor,
+                description="The firings due across definitions, one run per batch.",
+            )
+        )
         ticks = {d.name: build_ticks(engine, d, now=now) for d in batched if isinstance(d, ContinuousQuery)}
 
         def ticks_for(d):
@@ -68,8 +82,17 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
                 ticks[d.name] = engine.ticks(d.name, now=datetime.now(UTC))
             return ticks[d.name]
 
-        sensors.append(build_batch_sensor(batched, jobs[0], translator, ticks_for, sink_keys,
-                                          default_status=sensor_status, interval=batch_interval(batched, ticks)))
+        sensors.append(
+            build_batch_sensor(
+                batched,
+                jobs[0],
+                translator,
+                ticks_for,
+                sink_keys,
+                default_status=sensor_status,
+                interval=batch_interval(batched, ticks),
+            )
+        )
         for definition in batched:
             jobs += build_jobs(definition, [sink_keys[definition.name]], translator)
             sensors.append(build_switch_sensor(definition, translator, default_status=sensor_status))
@@ -80,27 +103,27 @@ def build_definitions(*, settings: Settings | None = None, translator: CQTransla
         firing_job, recalc_job = build_jobs(definition, [asset], translator)
         assets.append(asset)
         jobs += [firing_job, recalc_job]
-        if not any(definition is d for d in ticked):
-            sensors.append(build_stream_sensor(definition, firing_job, translator, engine,
-                                               default_status=sensor_status))
+        if isinstance(definition, Stream) and not isinstance(definition.trigger, PeriodTrigger):
+            sensors.append(
+                build_stream_sensor(definition, firing_job, translator, engine, default_status=sensor_status)
+            )
             continue
         ticks_ = build_ticks(engine, definition, now=now)
         plan = ticks_.cron(now)
         if plan is not None:
-            schedules.append(build_schedule(definition, firing_job, translator, ticks_, plan,
-                                            default_status=schedule_status))
+            schedules.append(
+                build_schedule(definition, firing_job, translator, ticks_, plan, default_status=schedule_status)
+            )
         else:
             sensors.append(build_tick_sensor(definition, firing_job, translator, ticks_, default_status=sensor_status))
     # BEFORE INSERT triggers run in the ingest path; AFTER INSERT ones get a sensor each.
-    sensors += [build_trigger_sensor(t, engine, default_status=sensor_status)
-                for t in (catalog.triggers if catalog else ()) if t.event == "after"]
+    sensors += [
+        build_trigger_sensor(t, engine, default_status=sensor_status) for t in catalog.triggers if t.event == "after"
+    ]
     sinks = {d.sink.lower() for d in definitions if d.sink}
     assets += [translator.get_source_asset_spec(s) for s in sorted(sources) if s.lower() not in sinks]
     assets += [error_placeholder(e) for e in errors]
-    return dg.Definitions(
-        assets=assets, jobs=jobs, schedules=schedules, sensors=sensors,
-        resources={"cq_engine": CQEngineResource.from_settings(settings), "pyspark": pyspark_resource(settings)},
-    )
+    return dg.Definitions(assets=assets, jobs=jobs, schedules=schedules, sensors=sensors, resources=resources)
 
 
 def build_ticks(engine: Engine, definition, *, now: datetime):
@@ -119,7 +142,16 @@ def error_placeholder(error: ParseError) -> dg.AssetSpec:
     """A visible stand-in for a file (or definition) that failed to load: its description is the error."""
     where = f"{error.file}:{','.join(error.names)}" if error.names else error.file
     key = "invalid_" + hashlib.sha1(where.encode()).hexdigest()[:8]
-    return dg.AssetSpec(key=dg.AssetKey(["cq_errors", key]), group_name="cq_errors",
-                        description=f"**This definition file failed to load**\n\n```\n{error}\n```",
-                        metadata={"cq/error": str(error), "cq/file": error.file, "cq/line": error.line,
-                                  "cq/col": error.col, "cq/message": error.detail}, kinds={"sql"})
+    return dg.AssetSpec(
+        key=dg.AssetKey(["cq_errors", key]),
+        group_name="cq_errors",
+        description=f"**This definition file failed to load**\n\n```\n{error}\n```",
+        metadata={
+            "cq/error": str(error),
+            "cq/file": error.file,
+            "cq/line": error.line,
+            "cq/col": error.col,
+            "cq/message": error.detail,
+        },
+        kinds={"sql"},
+    )

@@ -25,13 +25,26 @@ class CQEngineResource(dg.ConfigurableResource):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CQEngineResource:
-        return cls(sql_dir=settings.sql_dir, warehouse=settings.warehouse, timezone=settings.timezone,
-                   min_every=settings.min_every, home=settings.home)
+        return cls(
+            sql_dir=settings.sql_dir,
+            warehouse=settings.warehouse,
+            timezone=settings.timezone,
+            min_every=settings.min_every,
+            home=settings.home,
+        )
 
     def settings(self) -> Settings:
         base = load_settings()
-        return Settings(**{**base.__dict__, "sql_dir": self.sql_dir, "warehouse": self.warehouse,
-                           "timezone": self.timezone, "min_every": self.min_every, "home": self.home})
+        return Settings(
+            **{
+                **base.__dict__,
+                "sql_dir": self.sql_dir,
+                "warehouse": self.warehouse,
+                "timezone": self.timezone,
+                "min_every": self.min_every,
+                "home": self.home,
+            }
+        )
 
     def engine(self, spark) -> Engine:
         settings = self.settings()

@@ -24,16 +24,23 @@ WAITING = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 def work_request(stream: Stream, work: StreamWork, index: int, translator: CQTranslator) -> dg.RunRequest:
     """The run of one ``StreamWork``; history after real time unless FILL_HISTORY_FIRST."""
     lo, hi = work.extent
-    tags = {**translator.get_tags(stream), "cq/work": work.to_json(), "cq/work_kind": work.kind,
-            "cq/version": str(work.version), "cq/range_start": iso(lo), "cq/range_end": iso(hi)}
+    tags = {
+        **translator.get_tags(stream),
+        "cq/work": work.to_json(),
+        "cq/work_kind": work.kind,
+        "cq/version": str(work.version),
+        "cq/range_start": iso(lo),
+        "cq/range_end": iso(hi),
+    }
     if work.kind == "history" and not stream.options.fill_history_first:
         tags[PRIORITY_TAG] = "-1"
     key = f"{stream.name}@v{work.version}:{work.kind}:{iso(work.tick or lo)}#{index}"
     return dg.RunRequest(run_key=key, tags=tags)
 
 
-def build_stream_sensor(stream: Stream, job, translator: CQTranslator, engine: Engine,
-                        *, default_status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
+def build_stream_sensor(
+    stream: Stream, job, translator: CQTranslator, engine: Engine, *, default_status: dg.DefaultSensorStatus
+) -> dg.SensorDefinition:
     # Freshness: a closed window waits on average half this before its run is requested.
     interval = 1 if stream.options.low_latency_calc else 2
 
@@ -64,8 +71,11 @@ def build_stream_sensor(stream: Stream, job, translator: CQTranslator, engine: E
         return [work_request(stream, w, i, translator) for i, w in enumerate(plan.works)]
 
     return dg.SensorDefinition(
-        name=translator.get_sensor_name(stream), job=job, evaluation_fn=evaluate,
-        minimum_interval_seconds=interval, default_status=default_status,
+        name=translator.get_sensor_name(stream),
+        job=job,
+        evaluation_fn=evaluate,
+        minimum_interval_seconds=interval,
+        default_status=default_status,
         description=f"Watches the Delta versions of `{stream.trigger_table}` for {stream.name} "
-                    f"({stream.trigger.kind} windows); cursor = versions seen and watermark.",
+        f"({stream.trigger.kind} windows); cursor = versions seen and watermark.",
     )

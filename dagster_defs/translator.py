@@ -32,8 +32,11 @@ class CQTranslator:
         return f"{definition.name}_recalculate"
 
     def get_tags(self, definition: Definition) -> dict[str, str]:
-        return {"cq/name": definition.name, "cq/kind": definition.kind.replace(" ", "_"),
-                "cq/timeout_policy": definition.timeout_policy}
+        return {
+            "cq/name": definition.name,
+            "cq/kind": definition.kind.replace(" ", "_"),
+            "cq/timeout_policy": definition.timeout_policy,
+        }
 
     def get_code_version(self, definition: Definition) -> str:
         return statement_hash(definition)
@@ -42,21 +45,29 @@ class CQTranslator:
         return f"{definition.kind} `{definition.name}` ({definition.location})\n\n```sql\n{definition.sql}\n```"
 
     def get_source_asset_spec(self, table: str) -> dg.AssetSpec:
-        return dg.AssetSpec(key=self.get_asset_key(table), group_name="sources",
-                            description=f"Delta table `{table}` (a source of continuous queries)")
+        return dg.AssetSpec(
+            key=self.get_asset_key(table),
+            group_name="sources",
+            description=f"Delta table `{table}` (a source of continuous queries)",
+        )
 
     def get_sink_asset_spec(self, definition: Definition) -> dg.AssetSpec:
         """The sink; a stream without INTO (it only notifies) gets the asset ``<name>_notifications``."""
         return dg.AssetSpec(
             key=self.get_asset_key(definition.sink or f"{definition.name}_notifications"),
-            deps=[self.get_asset_key(t) for t in dict.fromkeys(
-                x for x in (getattr(definition, "trigger_table", None), definition.source) if x)],
+            deps=[
+                self.get_asset_key(t)
+                for t in dict.fromkeys(x for x in (getattr(definition, "trigger_table", None), definition.source) if x)
+            ],
             group_name=self.get_group_name(definition),
             description=self.get_description(definition),
             code_version=self.get_code_version(definition),
             tags={k.replace("/", "_"): v for k, v in self.get_tags(definition).items() if k != "cq/kind"},
-            metadata={"cq/definition": definition.name, "cq/source": definition.source,
-                      "cq/location": str(definition.location)},
+            metadata={
+                "cq/definition": definition.name,
+                "cq/source": definition.source,
+                "cq/location": str(definition.location),
+            },
         )
 
     def get_schedule_name(self, definition: Definition) -> str:

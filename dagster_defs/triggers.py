@@ -5,6 +5,7 @@ returned with the result, so Dagster stores it only after every ``fire`` of the 
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 
 import dagster as dg
@@ -19,14 +20,13 @@ from cq_engine.triggers.runtime import load_class, sensor_name
 INTERVAL_SECONDS = 2
 
 
-def build_trigger_sensor(trigger: TriggerDef, engine: Engine, *,
-                         default_status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
+def build_trigger_sensor(
+    trigger: TriggerDef, engine: Engine, *, default_status: dg.DefaultSensorStatus
+) -> dg.SensorDefinition:
     # Import the class now: Dagster puts the location's working_directory on sys.path only while it
     # loads the code, and the module stays imported for the evaluations. A failure shows at the tick.
-    try:
+    with contextlib.suppress(CQError):
         load_class(trigger, settings=engine.settings)
-    except CQError:
-        pass
 
     def evaluate(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         # A trigger that cannot be created (import error, validate() refusing) raises: the tick fails
@@ -42,9 +42,11 @@ def build_trigger_sensor(trigger: TriggerDef, engine: Engine, *,
 
     kind = "STATEFUL" if trigger.stateful else "STATELESS"
     return dg.SensorDefinition(
-        name=sensor_name(trigger), evaluation_fn=evaluate, minimum_interval_seconds=INTERVAL_SECONDS,
+        name=sensor_name(trigger),
+        evaluation_fn=evaluate,
+        minimum_interval_seconds=INTERVAL_SECONDS,
         default_status=default_status,
         description=f"{kind} trigger `{trigger.name}` ({trigger.location}): fires `{trigger.target}` AFTER INSERT "
-                    f"on every new Delta version of the tables matching `{trigger.pattern}`, once each, in order."
-                    f"\n\n```sql\n{trigger.sql}\n```",
+        f"on every new Delta version of the tables matching `{trigger.pattern}`, once each, in order."
+        f"\n\n```sql\n{trigger.sql}\n```",
     )

@@ -14,9 +14,20 @@ import pytest
 
 # Files whose tests start Spark (or a Connect server, or Dagster runs that do) without the ``spark`` fixture.
 SPARK_FILES = {
-    "test_cli.py", "test_dagster_defs.py", "test_delta_log.py", "test_ek_windows.py", "test_ekuiper_rules.py",
-    "test_plan.py", "test_runner.py", "test_seed_cq.py", "test_spark_runtime.py", "test_storage.py",
-    "test_stream_notify.py", "test_stream_outputs.py", "test_streams.py", "test_windows.py",
+    "test_cli.py",
+    "test_dagster_defs.py",
+    "test_delta_log.py",
+    "test_ek_windows.py",
+    "test_ekuiper_rules.py",
+    "test_plan.py",
+    "test_runner.py",
+    "test_seed_cq.py",
+    "test_spark_runtime.py",
+    "test_storage.py",
+    "test_stream_notify.py",
+    "test_stream_outputs.py",
+    "test_streams.py",
+    "test_windows.py",
 }
 DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py", "test_cluster.py"}
 UI_FILES = {"test_dagster_ui.py"}
@@ -41,6 +52,17 @@ def pytest_configure(config):
             raise RuntimeError("this test starts a JVM: it needs the `spark` marker (tests/conftest.py)")
 
         pyspark.java_gateway.launch_gateway = refuse
+
+
+@pytest.fixture(scope="module")
+def dagster_stack(request, tmp_path_factory):
+    """The running Dagster stack of tests/dagster_e2e_util.py (started on first use, shared by later
+    modules); imported here lazily so the quick tests never load it."""
+    from dagster_e2e_util import acquire, release
+
+    stack = acquire(tmp_path_factory)
+    yield stack
+    release(request)
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +92,8 @@ def pytest_collection_finish(session):
     parts = [f"{unit} unit"] + [f"{counts[label]} {label}" for label in ("Spark", "Dagster end-to-end", "browser")]
     session.config.get_terminal_writer().line(
         f"cq-engine: {len(session.items)} tests: {', '.join(parts)} "
-        "(the whole suite takes about 7 min on an idle 2-core machine, much longer on a busy one)")
+        "(the whole suite takes about 7 min on an idle 2-core machine, much longer on a busy one)"
+    )
 
 
 # The storage-sensitive suites run against both storages (Spark's Delta connector, the default, and

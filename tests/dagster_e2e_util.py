@@ -27,24 +27,21 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 import requests
-
-from netutil import free_port, port_open  # noqa: F401
+from netutil import free_port, port_open
 from streams_util import METERS
 
 from cq_engine import spark as cq_spark
-from cq_engine.config import Settings
 from cq_engine.cli.dev import dagster_env, feed_forever, stop_process_group, write_dagster_home
 from cq_engine.cli.feed import floor_time, sensor_rows
+from cq_engine.config import Settings
 from cq_engine.engine import Engine
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-UTC = timezone.utc
 SLOW_SECONDS = 12  # the failpoint's sleep in the slow location; its definitions fire every 5 s
 FEED_EVERY = 2.0  # seconds between appended batches
 READING_EVERY = timedelta(seconds=1)  # one reading per device per second
@@ -68,10 +65,13 @@ END;
 TRANSLATOR = "renamed_translator:Renamed"  # the slow location's CQ_TRANSLATOR
 # A window-triggered stream in the main location, over `meters` (which only the stream test appends to).
 STREAM = "meter_5s"
-STREAM_SQL = METERS + f"""
+STREAM_SQL = (
+    METERS
+    + f"""
 CREATE STREAM {STREAM} INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(1s))
   INTO {STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 """
+)
 SLOW_SQL = """
 CREATE CQ slow_blocked RESAMPLE EVERY 5s RANGE 10s TIMEOUT POLICY BLOCKED BEGIN
   SELECT max_value(temperature) AS m INTO blocked_out FROM sensors GROUP BY (5s), device
@@ -163,8 +163,15 @@ class Feeder(threading.Thread):
 
     def run(self) -> None:
         try:
-            feed_forever(self.engine, every=FEED_EVERY, stop=self.stop_event, start=self.start_at,
-                         reading_every=READING_EVERY, label="e2e feeder", on_batch=self._count)
+            feed_forever(
+                self.engine,
+                every=FEED_EVERY,
+                stop=self.stop_event,
+                start=self.start_at,
+                reading_every=READING_EVERY,
+                label="e2e feeder",
+                on_batch=self._count,
+            )
         except BaseException as exc:  # reported by the tests through Stack.check_feeder
             self.error = exc
 
@@ -199,8 +206,9 @@ class Stack:
 
     # -- GraphQL -----------------------------------------------------------------------------
     def graphql(self, query: str, variables: dict | None = None, *, timeout: float = 60) -> dict:
-        response = requests.post(f"{self.url}/graphql", json={"query": query, "variables": variables or {}},
-                                 timeout=timeout)
+        response = requests.post(
+            f"{self.url}/graphql", json={"query": query, "variables": variables or {}}, timeout=timeout
+        )
         response.raise_for_status()
         body = response.json()
         assert not body.get("errors"), body["errors"]
@@ -229,8 +237,13 @@ class Stack:
         for run in data["results"]:
             config = yaml.safe_load(run["runConfigYaml"] or "{}") or {}
             firings = ((config.get("ops") or {}).get("cq_firings") or {}).get("config", {}).get("firings") or {}
-            runs.append({**run, "tags": {t["key"]: t["value"] for t in run["tags"]},
-                         "firings": {n: [parse_iso(f) for f in fs] for n, fs in firings.items()}})
+            runs.append(
+                {
+                    **run,
+                    "tags": {t["key"]: t["value"] for t in run["tags"]},
+                    "firings": {n: [parse_iso(f) for f in fs] for n, fs in firings.items()},
+                }
+            )
         return sorted(runs, key=lambda r: r["creationTime"])
 
     def firing_runs(self, name: str) -> list[dict]:
@@ -242,9 +255,14 @@ class Stack:
         data = self.graphql(MATERIALIZATIONS_QUERY, {"key": {"path": [asset]}})["assetOrError"]
         if data["__typename"] != "Asset":
             return []
-        mats = [{"runId": m["runId"], "timestamp": float(m["timestamp"]) / 1000,
-                 "metadata": {e["label"]: e.get("text") for e in m["metadataEntries"]}}
-                for m in data["assetMaterializations"]]
+        mats = [
+            {
+                "runId": m["runId"],
+                "timestamp": float(m["timestamp"]) / 1000,
+                "metadata": {e["label"]: e.get("text") for e in m["metadataEntries"]},
+            }
+            for m in data["assetMaterializations"]
+        ]
         return sorted(mats, key=lambda m: m["timestamp"])
 
     def ledger(self, name: str) -> list:
@@ -256,15 +274,20 @@ class Stack:
         done: list = []
         while time.monotonic() < deadline:
             self.check_alive()
-            done = [e for e in self.ledger(name) if e.status == "succeeded" and e.kind == "firing"
-                    and (after is None or e.fire_time > after)]
+            done = [
+                e
+                for e in self.ledger(name)
+                if e.status == "succeeded" and e.kind == "firing" and (after is None or e.fire_time > after)
+            ]
             if len(done) >= count:
                 return done
             time.sleep(3)
         runs = self.firing_runs(name)
-        raise AssertionError(f"{name}: {len(done)} succeeded firings within {timeout:.0f}s (wanted {count}); its "
-                             f"batch runs {[(r['status'], r['tags'].get('cq/attempt')) for r in runs]}\n"
-                             f"{self.diagnostics()}")
+        raise AssertionError(
+            f"{name}: {len(done)} succeeded firings within {timeout:.0f}s (wanted {count}); its "
+            f"batch runs {[(r['status'], r['tags'].get('cq/attempt')) for r in runs]}\n"
+            f"{self.diagnostics()}"
+        )
 
     def fix_flaky_source(self) -> None:
         """Give flaky_src its column v (one reading per device per second of the last two minutes)."""
@@ -273,9 +296,18 @@ class Stack:
 
         now = floor_time(datetime.now(UTC), READING_EVERY)
         times = [now - timedelta(seconds=k) for k in range(120, 0, -1)]
-        write_deltalake(self.settings.table_uri("flaky_src"), pa.table({
-            "ts": pa.array(times * 2, pa.timestamp("us", tz="UTC")), "device": ["a"] * 120 + ["b"] * 120,
-            "v": pa.array([float(k % 7) for k in range(240)])}), mode="overwrite", schema_mode="overwrite")
+        write_deltalake(
+            self.settings.table_uri("flaky_src"),
+            pa.table(
+                {
+                    "ts": pa.array(times * 2, pa.timestamp("us", tz="UTC")),
+                    "device": ["a"] * 120 + ["b"] * 120,
+                    "v": pa.array([float(k % 7) for k in range(240)]),
+                }
+            ),
+            mode="overwrite",
+            schema_mode="overwrite",
+        )
 
     def kill_daemon(self) -> None:
         """SIGKILL dagster-daemon alone (its code server finishes the runs it started)."""
@@ -284,8 +316,11 @@ class Stack:
         proc.wait(30)
 
     def start_daemon(self) -> None:
-        self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(self.root / "workspace.yaml")],
-                    self._env(self.settings))
+        self._spawn(
+            "daemon",
+            [str(BIN / "dagster-daemon"), "run", "-w", str(self.root / "workspace.yaml")],
+            self._env(self.settings),
+        )
         self.wait_until("the daemons", self._daemons_healthy, 180)
 
     def ticks(self, location: str, sensor: str) -> list[dict]:
@@ -315,9 +350,11 @@ class Stack:
             if len(done) >= successes:
                 return runs
             time.sleep(3)
-        raise AssertionError(f"{cq_name}: {sum(r['status'] == 'SUCCESS' for r in runs)} SUCCESS runs of "
-                             f"{len(runs)} within {timeout:.0f}s (wanted {successes}); statuses "
-                             f"{[r['status'] for r in runs]}\n{self.diagnostics()}")
+        raise AssertionError(
+            f"{cq_name}: {sum(r['status'] == 'SUCCESS' for r in runs)} SUCCESS runs of "
+            f"{len(runs)} within {timeout:.0f}s (wanted {successes}); statuses "
+            f"{[r['status'] for r in runs]}\n{self.diagnostics()}"
+        )
 
     # -- health --------------------------------------------------------------------------------
     def check_alive(self) -> None:
@@ -334,11 +371,17 @@ class Stack:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "w")
         # Own session: teardown signals the whole group (code servers and run workers included).
-        proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(self.logs / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=self.root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.procs[name] = proc
         return proc
 
@@ -356,13 +399,23 @@ class Stack:
         import pyarrow as pa
         from deltalake import write_deltalake
 
-        write_deltalake(self.settings.table_uri("flaky_src"), pa.table({  # without v: flaky fails
-            "ts": pa.array([datetime.now(UTC)], pa.timestamp("us", tz="UTC")), "device": ["a"]}))
+        write_deltalake(
+            self.settings.table_uri("flaky_src"),
+            pa.table(
+                {  # without v: flaky fails
+                    "ts": pa.array([datetime.now(UTC)], pa.timestamp("us", tz="UTC")),
+                    "device": ["a"],
+                }
+            ),
+        )
         engine = Engine(settings=self.settings)
         engine.ensure_tables(*(t.name for t in engine.catalog.tables if t.name != "flaky_src"))
         now = floor_time(datetime.now(UTC), READING_EVERY)
-        engine.storage.append("sensors", sensor_rows(start=now - BACKFILL, end=now, every=READING_EVERY),
-                              metadata={"cq.ingest": "e2e backfill"})
+        engine.storage.append(
+            "sensors",
+            sensor_rows(start=now - BACKFILL, end=now, every=READING_EVERY),
+            metadata={"cq.ingest": "e2e backfill"},
+        )
         self.feeder = Feeder(engine, now)
         self.feeder.start()
         # Spark Connect first: the code locations pick Connect at load time only if it is running.
@@ -383,17 +436,38 @@ class Stack:
             f"      port: {slow_port}\n"
             f"      location_name: {SLOW_LOCATION}\n"
         )
-        self._spawn("slow_code_server", [str(BIN / "dagster"), "api", "grpc", "--module-name", "dagster_defs.location",
-                                         "--working-directory", str(REPO), "--host", "127.0.0.1",
-                                         "--port", str(slow_port), "--location-name", SLOW_LOCATION],
-                    self._env(self.slow_settings, CQ_FAILPOINT=f"sleep-before-commit:{SLOW_SECONDS}",
-                              CQ_TRANSLATOR=TRANSLATOR,
-                              PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])))
+        self._spawn(
+            "slow_code_server",
+            [
+                str(BIN / "dagster"),
+                "api",
+                "grpc",
+                "--module-name",
+                "dagster_defs.location",
+                "--working-directory",
+                str(REPO),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(slow_port),
+                "--location-name",
+                SLOW_LOCATION,
+            ],
+            self._env(
+                self.slow_settings,
+                CQ_FAILPOINT=f"sleep-before-commit:{SLOW_SECONDS}",
+                CQ_TRANSLATOR=TRANSLATOR,
+                PYTHONPATH=os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
+            ),
+        )
         self.wait_until("the slow code server's port", lambda: port_open(slow_port), 180)
         env = self._env(self.settings)
         self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)], env)
-        self._spawn("webserver", [str(BIN / "dagster-webserver"), "-w", str(workspace), "-p", str(self.web_port),
-                                  "-h", "127.0.0.1"], env)
+        self._spawn(
+            "webserver",
+            [str(BIN / "dagster-webserver"), "-w", str(workspace), "-p", str(self.web_port), "-h", "127.0.0.1"],
+            env,
+        )
         self.wait_until("the webserver", self._webserver_up, 240)
         self.wait_until("both code locations", self._locations_loaded, 240)
         self.wait_until("the daemons", self._daemons_healthy, 180)
@@ -423,8 +497,14 @@ class Stack:
             if entry["loadStatus"] != "LOADED" or loc is None:
                 return False
             sensors |= {s["name"] for r in loc["repositories"] for s in r["sensors"]}
-        return {"cq_firings", "fast_ticks", "flaky_ticks", f"{STREAM}_ticks", "slow_blocked_switch",
-                "slow_discard_switch"} <= sensors
+        return {
+            "cq_firings",
+            "fast_ticks",
+            "flaky_ticks",
+            f"{STREAM}_ticks",
+            "slow_blocked_switch",
+            "slow_discard_switch",
+        } <= sensors
 
     def _daemons_healthy(self) -> bool:
         statuses = self.graphql(DAEMONS_QUERY)["instance"]["daemonHealth"]["allDaemonStatuses"]
@@ -494,15 +574,24 @@ def acquire(tmp_path_factory) -> Stack:
     global _STACK
     if _STACK is None or _STACK.stopped:
         root = tmp_path_factory.mktemp("dagster_e2e")
-        settings = Settings(sql_dir=str(root / "sql" / "main"), warehouse=str(root / "warehouse"),
-                            home=str(root / "cq_home"), spark_port=free_port())
+        settings = Settings(
+            sql_dir=str(root / "sql" / "main"),
+            warehouse=str(root / "warehouse"),
+            home=str(root / "cq_home"),
+            spark_port=free_port(),
+        )
         for sub, sql in (("main", MAIN_SQL), ("slow", SLOW_SQL)):
             (root / "sql" / sub).mkdir(parents=True)
             (root / "sql" / sub / "sensors.sql").write_text(SENSORS_TABLE)
             (root / "sql" / sub / "cq.sql").write_text(sql)
         (root / "sql" / "main" / "streams.sql").write_text(STREAM_SQL)
-        _STACK = Stack(root=root, settings=settings, slow_settings=replace(settings, sql_dir=str(root / "sql" / "slow")),
-                       dagster_home=root / "dagster_home", web_port=free_port())
+        _STACK = Stack(
+            root=root,
+            settings=settings,
+            slow_settings=replace(settings, sql_dir=str(root / "sql" / "slow")),
+            dagster_home=root / "dagster_home",
+            web_port=free_port(),
+        )
         try:
             _STACK.start()
         except BaseException:
@@ -518,17 +607,9 @@ def release(request) -> None:
         return
     items = request.session.items
     mine = [i for i, item in enumerate(items) if item.module is request.module]
-    later = [item for item in items[max(mine, default=-1) + 1:] if "dagster_stack" in item.fixturenames]
+    later = [item for item in items[max(mine, default=-1) + 1 :] if "dagster_stack" in item.fixturenames]
     if later and not (request.session.shouldstop or request.session.shouldfail):
         return
     stack, _STACK = _STACK, None
     leftovers = stack.stop()
     assert not leftovers, f"processes outlived their process groups (killed): {leftovers}"
-
-
-@pytest.fixture(scope="module")
-def dagster_stack(request, tmp_path_factory) -> Stack:
-    """The running stack (started on first use, shared by later modules)."""
-    stack = acquire(tmp_path_factory)
-    yield stack
-    release(request)

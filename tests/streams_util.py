@@ -16,10 +16,15 @@ T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
 M = timedelta(minutes=1)
-METERS = ("CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) "
-          "TAGS (location STRING);\n")
-TYPES = {"ts": pa.timestamp("us", tz="UTC"), "tbname": pa.string(), "current": pa.float64(),
-         "voltage": pa.int32(), "status": pa.int32(), "location": pa.string()}
+METERS = "CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);\n"
+TYPES = {
+    "ts": pa.timestamp("us", tz="UTC"),
+    "tbname": pa.string(),
+    "current": pa.float64(),
+    "voltage": pa.int32(),
+    "status": pa.int32(),
+    "location": pa.string(),
+}
 
 
 # The storage a Bench's engine uses unless told: delta-rs, the fast one for the many small ticks of the
@@ -32,8 +37,9 @@ class Bench:
         (tmp_path / "sql").mkdir(exist_ok=True)
         (tmp_path / "sql" / "s.sql").write_text(METERS + sql)
         settings.setdefault("storage", STORAGE["kind"])
-        self.settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"),
-                                 home=str(tmp_path / ".cq"), **settings)
+        self.settings = Settings(
+            sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"), **settings
+        )
         self.engine = Engine(settings=self.settings, spark_session=spark)
         assert not self.engine.catalog.errors, self.engine.catalog.errors
         self.engine.ensure_tables()

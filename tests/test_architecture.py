@@ -37,8 +37,9 @@ def _imports(path: Path) -> tuple[set[str], set[str]]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                     for a in node.names]
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            ]
         for name in names:
             if name == "cq_engine" or name.startswith("cq_engine."):
                 ours.add(_resolve(name))
@@ -60,7 +61,7 @@ def _cycle() -> list[str] | None:
         stack.append(m)
         for d in sorted(GRAPH[m]):
             if state.get(d) == 1:
-                return [*stack[stack.index(d):], d]
+                return [*stack[stack.index(d) :], d]
             if d not in state:
                 found = visit(d)
                 if found:
@@ -108,8 +109,12 @@ def _layer(module: str) -> int:
 
 
 def test_lower_layers_never_import_higher_ones():
-    bad = [f"{m} (layer {_layer(m)}) imports {d} (layer {_layer(d)})"
-           for m, deps in sorted(GRAPH.items()) for d in sorted(deps) if _layer(d) > _layer(m)]
+    bad = [
+        f"{m} (layer {_layer(m)}) imports {d} (layer {_layer(d)})"
+        for m, deps in sorted(GRAPH.items())
+        for d in sorted(deps)
+        if _layer(d) > _layer(m)
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -118,7 +123,11 @@ def test_parse_is_pure_and_storage_knows_no_execution_model():
         if _in(m, "parse"):
             assert all(_in(d, "parse", "errors", "names", "times", "durations", "model") for d in deps), (m, deps)
         if _in(m, "storage"):  # storage knows the core only
-            bad = [d for d in deps if not _in(d, "storage", "errors", "names", "times", "durations", "config", "jars", "model")]
+            bad = [
+                d
+                for d in deps
+                if not _in(d, "storage", "errors", "names", "times", "durations", "config", "jars", "model")
+            ]
             assert not bad, f"{m} imports {bad}"
 
 
@@ -128,8 +137,9 @@ def test_only_the_cli_imports_the_engine_facade():
 
 
 def test_the_core_does_not_import_the_dagster_adapter():
-    users = sorted(m for m, ext in EXTERNAL.items() if ext & {"dagster", "dagster_defs", "dagster_graphql"}
-                   and not _in(m, "cli"))
+    users = sorted(
+        m for m, ext in EXTERNAL.items() if ext & {"dagster", "dagster_defs", "dagster_graphql"} and not _in(m, "cli")
+    )
     assert not users, users
 
 
@@ -147,14 +157,15 @@ def test_public_api_is_lazy_and_complete():
     import subprocess
     import sys
 
-    code = ("import sys, cq_engine\n"
-            "heavy = [m for m in ('pyspark', 'deltalake', 'dagster', 'cq_engine.engine') if m in sys.modules]\n"
-            "assert not heavy, heavy\n"
-            "from cq_engine import Trigger, CQError, Settings\n"
-            "assert Trigger.__module__ == 'cq_engine.triggers' and issubclass(CQError, Exception)\n"
-            "print(len(cq_engine.__all__))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
-                         timeout=120)
+    code = (
+        "import sys, cq_engine\n"
+        "heavy = [m for m in ('pyspark', 'deltalake', 'dagster', 'cq_engine.engine') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "from cq_engine import Trigger, CQError, Settings\n"
+        "assert Trigger.__module__ == 'cq_engine.triggers' and issubclass(CQError, Exception)\n"
+        "print(len(cq_engine.__all__))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     import cq_engine
 

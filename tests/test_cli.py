@@ -16,8 +16,12 @@ DATA = Path(__file__).parent / "data"
 def project(tmp_path, monkeypatch, spark):
     (tmp_path / "sql").mkdir()
     shutil.copy(DATA / "seed004.sql", tmp_path / "sql")
-    for var, value in {"CQ_SQL_DIR": tmp_path / "sql", "CQ_WAREHOUSE": tmp_path / "wh", "CQ_HOME": tmp_path / ".cq",
-                       "CQ_TIMEZONE": "Asia/Shanghai"}.items():
+    for var, value in {
+        "CQ_SQL_DIR": tmp_path / "sql",
+        "CQ_WAREHOUSE": tmp_path / "wh",
+        "CQ_HOME": tmp_path / ".cq",
+        "CQ_TIMEZONE": "Asia/Shanghai",
+    }.items():
         monkeypatch.setenv(var, str(value))
     monkeypatch.delenv("CQ_SPARK_REMOTE", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -33,18 +37,31 @@ def cq(capsys, *args) -> tuple[int, str, str]:
 def test_validate_lists_definitions_and_reports_errors(project, capsys):
     code, out, _ = cq(capsys, "validate")
     assert code == 0 and "table  ln" in out and all(f"cq     cq{i}" in out for i in range(1, 6))
-    (project / "sql" / "bad.sql").write_text("CREATE CQ broken\nBEGIN SELECT max(x) AS m INTO o FROM ln GROUP BY ([0, 1), 1s) END;")
+    (project / "sql" / "bad.sql").write_text(
+        "CREATE CQ broken\nBEGIN SELECT max(x) AS m INTO o FROM ln GROUP BY ([0, 1), 1s) END;"
+    )
     code, out, err = cq(capsys, "validate")
     assert code == 1 and "cq     cq1" in out
-    assert err.strip() == f"{project}/sql/bad.sql:2:51: GROUP BY in a continuous query takes no [start, end) range: each firing supplies its own time range"
+    assert (
+        err.strip()
+        == f"{project}/sql/bad.sql:2:51: GROUP BY in a continuous query takes no [start, end) range: each firing supplies its own time range"
+    )
 
 
 def test_plan_json(project, capsys):
     code, out, _ = cq(capsys, "plan", "cq4", "--from", "2021-05-11T22:18:30", "--count", "2", "--json")
     assert code == 0
     assert json.loads(out) == [
-        {"fire_time": "2021-05-11T14:18:40+00:00", "range_start": "2021-05-11T14:18:00+00:00", "range_end": "2021-05-11T14:18:20+00:00"},
-        {"fire_time": "2021-05-11T14:19:00+00:00", "range_start": "2021-05-11T14:18:20+00:00", "range_end": "2021-05-11T14:18:40+00:00"},
+        {
+            "fire_time": "2021-05-11T14:18:40+00:00",
+            "range_start": "2021-05-11T14:18:00+00:00",
+            "range_end": "2021-05-11T14:18:20+00:00",
+        },
+        {
+            "fire_time": "2021-05-11T14:19:00+00:00",
+            "range_start": "2021-05-11T14:18:20+00:00",
+            "range_end": "2021-05-11T14:18:40+00:00",
+        },
     ]
     code, out, _ = cq(capsys, "plan", "cq4", "--from", "1620742710000", "--count", "1")
     assert code == 0 and "2021-05-11T14:18:40+00:00" in out
@@ -55,7 +72,9 @@ def test_ingest_run_query_recalculate_show(project, capsys):
     assert code == 0 and "appended 36 rows" in out
     code, out, _ = cq(capsys, "run", "cq1", "--at", "2021-05-11T22:18:40")
     assert code == 0 and "8 rows -> cq1_out" in out
-    code, out, _ = cq(capsys, "query", "SELECT device, temperature_max FROM cq1_out WHERE device LIKE '%wf01.wt01' ORDER BY time")
+    code, out, _ = cq(
+        capsys, "query", "SELECT device, temperature_max FROM cq1_out WHERE device LIKE '%wf01.wt01' ORDER BY time"
+    )
     assert code == 0 and "181.0" in out and "180.0" in out and "(2 rows)" in out
     code, out, err = cq(capsys, "recalculate", "cq1", "--from", "2021-05-11T22:18:00", "--to", "2021-05-11T22:19:00")
     assert code == 0 and "recalculated" in out and "1/1 chunks" in err
@@ -71,14 +90,17 @@ def test_ingest_run_query_recalculate_show(project, capsys):
     assert "firing" in out and "recalculate" in out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["run", "cq1", "--at", "yesterday"], "--at: 'yesterday' is not a time"),
-    (["run", "cq1", "--at", "2021-05-11T22:18:45"], "is not a firing time of 'cq1'"),
-    (["run", "nope", "--at", "2021-05-11T22:18:40"], "no definition named 'nope'"),
-    (["plan", "cq1", "--from", "2021-13-01"], "--from: '2021-13-01' is not a time"),
-    (["recalculate", "cq1", "--from", "2021-05-11T22:19:00", "--to", "2021-05-11T22:18:00"], "must be after"),
-    (["query", "SELECT nope FROM nowhere"], "query failed"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["run", "cq1", "--at", "yesterday"], "--at: 'yesterday' is not a time"),
+        (["run", "cq1", "--at", "2021-05-11T22:18:45"], "is not a firing time of 'cq1'"),
+        (["run", "nope", "--at", "2021-05-11T22:18:40"], "no definition named 'nope'"),
+        (["plan", "cq1", "--from", "2021-13-01"], "--from: '2021-13-01' is not a time"),
+        (["recalculate", "cq1", "--from", "2021-05-11T22:19:00", "--to", "2021-05-11T22:18:00"], "must be after"),
+        (["query", "SELECT nope FROM nowhere"], "query failed"),
+    ],
+)
 def test_errors_are_one_line_and_exit_non_zero(project, capsys, args, message):
     code, _out, err = cq(capsys, *args)
     assert code == 1 and message in err and err.startswith("cq: error: ") and len(err.strip().splitlines()) == 1
@@ -112,13 +134,16 @@ def own_project(tmp_path, monkeypatch, sql: str):
 def test_tick_over_empty_declared_tables_creates_them(tmp_path, monkeypatch, capsys):
     """A stream's or rule's declared trigger table is created on the first tick, as a continuous
     query's declared source is; a trigger's declared table likewise on its first delivery."""
-    own_project(tmp_path, monkeypatch,
-                "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
-                "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src INTO s_out AS SELECT _twstart, count(*) AS n "
-                "FROM %%trows;\n"
-                'CREATE STREAM demo (ID STRING, v DOUBLE, ts BIGINT) WITH (DATASOURCE="demo", FORMAT="json", '
-                'KEY="ts", TIMESTAMP="ts");\n'
-                "CREATE RULE r INTO r_out AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n")
+    own_project(
+        tmp_path,
+        monkeypatch,
+        "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+        "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src INTO s_out AS SELECT _twstart, count(*) AS n "
+        "FROM %%trows;\n"
+        'CREATE STREAM demo (ID STRING, v DOUBLE, ts BIGINT) WITH (DATASOURCE="demo", FORMAT="json", '
+        'KEY="ts", TIMESTAMP="ts");\n'
+        "CREATE RULE r INTO r_out AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n",
+    )
     for name, table in (("s", "src"), ("r", "demo")):
         code, out, err = cq(capsys, "tick", name)
         assert code == 0 and out.startswith(f"{name}: ") and not err, (out, err)
@@ -133,10 +158,15 @@ def test_trigger_creates_its_declared_table(tmp_path, monkeypatch):
     from cq_engine.engine import Engine
     from cq_engine.triggers.after import deliver_after
 
-    engine = Engine(settings=own_project(
-        tmp_path, monkeypatch, "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
-        "CREATE STATEFUL TRIGGER t AFTER INSERT ON src AS 'examples.triggers.journal:Journal' "
-        f"WITH (\"path\" = \"{tmp_path / 'journal.jsonl'}\");\n"))
+    engine = Engine(
+        settings=own_project(
+            tmp_path,
+            monkeypatch,
+            "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+            "CREATE STATEFUL TRIGGER t AFTER INSERT ON src AS 'examples.triggers.journal:Journal' "
+            f'WITH ("path" = "{tmp_path / "journal.jsonl"}");\n',
+        )
+    )
     (trigger,) = engine.catalog.triggers
     delivery = deliver_after(trigger, ctx=engine.ctx, cursor=None, now=datetime.now(UTC))
     assert "watching src from src@v0" in delivery.reason
@@ -151,17 +181,28 @@ def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypat
 
     from cq_engine.engine import Engine
 
-    engine = Engine(settings=own_project(
-        tmp_path, monkeypatch, "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
-        "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src OPTIONS(IGNORE_DISORDER) INTO s_out AS "
-        "SELECT _twstart, count(*) AS n FROM %%trows;\n"))
+    engine = Engine(
+        settings=own_project(
+            tmp_path,
+            monkeypatch,
+            "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+            "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src OPTIONS(IGNORE_DISORDER) INTO s_out AS "
+            "SELECT _twstart, count(*) AS n FROM %%trows;\n",
+        )
+    )
     engine.ensure_tables()
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
 
     def append(*seconds):
-        engine.storage.append("src", pa.table({
-            "ts": pa.array([t0 + timedelta(seconds=x) for x in seconds], pa.timestamp("us", tz="UTC")),
-            "v": pa.array([1.0] * len(seconds))}))
+        engine.storage.append(
+            "src",
+            pa.table(
+                {
+                    "ts": pa.array([t0 + timedelta(seconds=x) for x in seconds], pa.timestamp("us", tz="UTC")),
+                    "v": pa.array([1.0] * len(seconds)),
+                }
+            ),
+        )
 
     append(0, 10, 70)
     code, out, _ = cq(capsys, "tick", "s")

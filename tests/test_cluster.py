@@ -35,7 +35,6 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-UTC = UTC
 BUCKET = "cq-warehouse"
 PG_BIN = max(
     Path("/usr/lib/postgresql").glob("*/bin"),

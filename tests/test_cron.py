@@ -96,8 +96,9 @@ def test_resample_ticks_boundary_before_start():
 
 def test_resample_ticks_boundary_after_start_is_the_first_tick():
     boundary = SEED_BOUNDARY
-    got = resample_ticks(every=d("20s"), boundary=boundary, start=boundary - timedelta(hours=1),
-                         end=boundary + timedelta(seconds=60))
+    got = resample_ticks(
+        every=d("20s"), boundary=boundary, start=boundary - timedelta(hours=1), end=boundary + timedelta(seconds=60)
+    )
     assert got == [boundary + timedelta(seconds=s) for s in (0, 20, 40)]
     assert all(t.tzinfo == UTC for t in got)
 
@@ -123,43 +124,87 @@ def test_ticks_reject_naive_times_and_bad_durations():
 
 def test_period_ticks_seed_5h30m():
     day = local(SH, 2025, 5, 2)
-    got = period_ticks(interval=d("5h30m"), offset=d("0s"), timezone=SH, created=local(SH, 2025, 5, 1),
-                       start=day, end=day + timedelta(days=1))
+    got = period_ticks(
+        interval=d("5h30m"),
+        offset=d("0s"),
+        timezone=SH,
+        created=local(SH, 2025, 5, 1),
+        start=day,
+        end=day + timedelta(days=1),
+    )
     assert walls(got, SH, "%H:%M:%S") == ["00:00:00", "05:30:00", "11:00:00", "16:30:00", "22:00:00"]
 
 
 def test_period_ticks_offset_is_added_exactly():
     day = local(SH, 2025, 5, 2)
-    got = period_ticks(interval=d("5h30m"), offset=d("1s"), timezone=SH, created=local(SH, 2025, 5, 1),
-                       start=day, end=day + timedelta(days=1))
+    got = period_ticks(
+        interval=d("5h30m"),
+        offset=d("1s"),
+        timezone=SH,
+        created=local(SH, 2025, 5, 1),
+        start=day,
+        end=day + timedelta(days=1),
+    )
     assert walls(got, SH, "%H:%M:%S") == ["00:00:01", "05:30:01", "11:00:01", "16:30:01", "22:00:01"]
 
 
 def test_period_ticks_none_before_creation():
     created = local(SH, 2025, 5, 1, 12)
-    got = period_ticks(interval=d("5h30m"), offset=d("0s"), timezone=SH, created=created,
-                       start=created - timedelta(days=2), end=local(SH, 2025, 5, 2, 6))
+    got = period_ticks(
+        interval=d("5h30m"),
+        offset=d("0s"),
+        timezone=SH,
+        created=created,
+        start=created - timedelta(days=2),
+        end=local(SH, 2025, 5, 2, 6),
+    )
     assert walls(got, SH) == ["05-01 16:30:00", "05-01 22:00:00", "05-02 00:00:00", "05-02 05:30:00"]
 
 
 def test_period_ticks_seed_1d1h_never_resets():
     created = local(SH, 2025, 5, 1, 12)
-    got = period_ticks(interval=d("1d1h"), offset=d("0s"), timezone=SH, created=created,
-                       start=created - timedelta(days=3), end=local(SH, 2025, 5, 5))
+    got = period_ticks(
+        interval=d("1d1h"),
+        offset=d("0s"),
+        timezone=SH,
+        created=created,
+        start=created - timedelta(days=3),
+        end=local(SH, 2025, 5, 5),
+    )
     assert walls(got, SH) == ["05-02 01:00:00", "05-03 02:00:00", "05-04 03:00:00"]
 
 
 def test_period_ticks_dst_days_keep_exact_spacing_from_local_midnight():
     created = local(NY, 2025, 1, 1)
-    spring = period_ticks(interval=d("5h30m"), offset=d("0s"), timezone=NY, created=created,
-                          start=local(NY, 2025, 3, 9), end=local(NY, 2025, 3, 10))
+    spring = period_ticks(
+        interval=d("5h30m"),
+        offset=d("0s"),
+        timezone=NY,
+        created=created,
+        start=local(NY, 2025, 3, 9),
+        end=local(NY, 2025, 3, 10),
+    )
     assert walls(spring, NY, "%H:%M %Z") == ["00:00 EST", "06:30 EDT", "12:00 EDT", "17:30 EDT", "23:00 EDT"]
-    fall = period_ticks(interval=d("5h30m"), offset=d("0s"), timezone=NY, created=created,
-                        start=local(NY, 2025, 11, 2), end=local(NY, 2025, 11, 3))
+    fall = period_ticks(
+        interval=d("5h30m"),
+        offset=d("0s"),
+        timezone=NY,
+        created=created,
+        start=local(NY, 2025, 11, 2),
+        end=local(NY, 2025, 11, 3),
+    )
     assert walls(fall, NY, "%H:%M %Z") == ["00:00 EDT", "04:30 EST", "10:00 EST", "15:30 EST", "21:00 EST"]
-    hourly = [period_ticks(interval=d("1h"), offset=d("0s"), timezone=NY, created=created,
-                           start=local(NY, 2025, m, day), end=local(NY, 2025, m, day + 1))
-              for m, day in ((3, 9), (11, 2), (11, 3))]
+    hourly = [
+        period_ticks(
+            interval=d("1h"),
+            offset=d("0s"),
+            timezone=NY,
+            created=created,
+            start=local(NY, 2025, m, day),
+            end=local(NY, 2025, m, day + 1),
+        )
+        for m, day in ((3, 9), (11, 2), (11, 3))
+    ]
     assert [len(h) for h in hourly] == [23, 25, 24]
     assert all(b - a == timedelta(hours=1) for h in hourly for a, b in itertools.pairwise(h))
 
@@ -197,8 +242,11 @@ RESAMPLE_CASES = [
 ] + [(zone, every, SEED_BOUNDARY, None) for zone in (SH, NY) for every in ("1m", "5m", "90m", "1d")]
 
 
-@pytest.mark.parametrize("zone,every,boundary,expected", RESAMPLE_CASES,
-                         ids=[f"{z.split('/')[1]}-{e}-{b:%Y%m%d%H%M%S}" for z, e, b, _ in RESAMPLE_CASES])
+@pytest.mark.parametrize(
+    "zone,every,boundary,expected",
+    RESAMPLE_CASES,
+    ids=[f"{z.split('/')[1]}-{e}-{b:%Y%m%d%H%M%S}" for z, e, b, _ in RESAMPLE_CASES],
+)
 def test_resample_cron(zone, every, boundary, expected):
     plan = resample_cron(every=d(every), boundary=boundary, timezone=zone, verify_from=RESAMPLE_FROM)
     assert plan == expected
@@ -229,31 +277,38 @@ PERIOD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("zone,interval,offset,expected", PERIOD_CASES,
-                         ids=[f"{z.split('/')[1]}-{i}-{o}" for z, i, o, _ in PERIOD_CASES])
+@pytest.mark.parametrize(
+    "zone,interval,offset,expected", PERIOD_CASES, ids=[f"{z.split('/')[1]}-{i}-{o}" for z, i, o, _ in PERIOD_CASES]
+)
 def test_period_cron(zone, interval, offset, expected):
     created = local(zone, 2025, 5, 1, 12)
-    plan = period_cron(interval=d(interval), offset=d(offset), timezone=zone, created=created,
-                       verify_from=created)
+    plan = period_cron(interval=d(interval), offset=d(offset), timezone=zone, created=created, verify_from=created)
     assert plan == expected
     if plan is not None:
         end = created + YEAR
-        ticks = period_ticks(interval=d(interval), offset=d(offset), timezone=zone, created=created,
-                             start=created, end=end)
+        ticks = period_ticks(
+            interval=d(interval), offset=d(offset), timezone=zone, created=created, start=created, end=end
+        )
         assert_plan_reproduces(plan, ticks, created, end, zone)
 
 
 def test_period_cron_ticks_before_verify_window_start_are_not_required():
     created = local(SH, 2025, 5, 1, 12)
-    plan = period_cron(interval=d("5h30m"), offset=d("0s"), timezone=SH, created=created,
-                       verify_from=created + timedelta(days=30, hours=3))
+    plan = period_cron(
+        interval=d("5h30m"),
+        offset=d("0s"),
+        timezone=SH,
+        created=created,
+        verify_from=created + timedelta(days=30, hours=3),
+    )
     assert plan == CronPlan(("0 0,11,22 * * *", "30 5,16 * * *"), SH)
 
 
 def test_resample_boundary_after_verify_from_is_not_cron():
     # a cron schedule cannot start later: it would fire before the boundary
-    plan = resample_cron(every=d("5m"), boundary=datetime(2025, 6, 1, tzinfo=UTC), timezone=SH,
-                         verify_from=RESAMPLE_FROM)
+    plan = resample_cron(
+        every=d("5m"), boundary=datetime(2025, 6, 1, tzinfo=UTC), timezone=SH, verify_from=RESAMPLE_FROM
+    )
     assert plan is None
 
 
@@ -292,8 +347,7 @@ def test_local_plan_touching_a_dst_gap_is_refused_because_dagster_moves_it():
     assert plan is None
     # Dagster would fire "30 2 * * *" at 03:00 EDT that day, which is no tick.
     fired = dagster_instants(CronPlan(("30 2 * * *",), NY), local(NY, 2025, 3, 8), local(NY, 2025, 3, 11))
-    assert walls(sorted(fired), NY, "%m-%d %H:%M %Z") == [
-        "03-08 02:30 EST", "03-09 03:00 EDT", "03-10 02:30 EDT"]
+    assert walls(sorted(fired), NY, "%m-%d %H:%M %Z") == ["03-08 02:30 EST", "03-09 03:00 EDT", "03-10 02:30 EDT"]
 
 
 def test_hourly_local_plan_in_dst_zone_falls_back_to_utc():
@@ -304,10 +358,18 @@ def test_hourly_local_plan_in_dst_zone_falls_back_to_utc():
 
 def test_long_weekly_cycles_are_refused():
     ticks = lambda a, b: resample_ticks(every=d("7m"), boundary=EPOCH, start=a, end=b)
-    assert compile_cron(ticks=ticks, every=d("7m"), anchor=EPOCH, timezone="UTC",
-                        verify_from=RESAMPLE_FROM) is None  # 49 weekday-specific strings
-    plan = compile_cron(ticks=ticks, every=d("7m"), anchor=EPOCH, timezone="UTC",
-                        verify_from=RESAMPLE_FROM, horizon=timedelta(days=15), max_strings=49)
+    assert (
+        compile_cron(ticks=ticks, every=d("7m"), anchor=EPOCH, timezone="UTC", verify_from=RESAMPLE_FROM) is None
+    )  # 49 weekday-specific strings
+    plan = compile_cron(
+        ticks=ticks,
+        every=d("7m"),
+        anchor=EPOCH,
+        timezone="UTC",
+        verify_from=RESAMPLE_FROM,
+        horizon=timedelta(days=15),
+        max_strings=49,
+    )
     assert plan is not None and len(plan.cron_strings) == 49
     end = RESAMPLE_FROM + timedelta(days=15)
     assert croniter_instants(plan, RESAMPLE_FROM, end) == set(ticks(RESAMPLE_FROM, end))

@@ -16,7 +16,6 @@ from cq_engine.schedule.ticks import ticks_of
 from dagster_defs import build_definitions
 from dagster_defs.batch import load_cursor, plan_batch
 
-UTC = UTC
 DATA = Path(__file__).parent / "data"
 T0 = datetime(2021, 5, 11, 14, 30, tzinfo=UTC)
 
@@ -42,12 +41,31 @@ def project(tmp_path_factory):
     return settings, catalog
 
 
-def _plan(catalog, *, cursor=None, now=T0, status=None, busy=(), paused=(), names=("b", "d"), failed=None,
-          finished=frozenset()):
+def _plan(
+    catalog,
+    *,
+    cursor=None,
+    now=T0,
+    status=None,
+    busy=(),
+    paused=(),
+    names=("b", "d"),
+    failed=None,
+    finished=frozenset(),
+):
     defs = [catalog.definition(n) for n in names]
     ticks = {d.name: ticks_of(d, timezone="UTC") for d in defs}
-    return plan_batch(defs, ticks=ticks, cursor=cursor, now=now, run_status=status or {}, busy=set(busy),
-                      paused=set(paused), failed=failed, finished=frozenset(finished))
+    return plan_batch(
+        defs,
+        ticks=ticks,
+        cursor=cursor,
+        now=now,
+        run_status=status or {},
+        busy=set(busy),
+        paused=set(paused),
+        failed=failed,
+        finished=frozenset(finished),
+    )
 
 
 def _s(seconds: int) -> datetime:
@@ -112,7 +130,9 @@ def test_a_stopped_switch_leaves_the_definition_out(project):
     assert first.firings == {"d": [T0]}
     # Started again: it continues from where it was (first evaluation: the latest only).
     assert _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"}).firings == {
-        "b": [_s(20)], "d": [_s(20)]}
+        "b": [_s(20)],
+        "d": [_s(20)],
+    }
 
 
 def test_a_long_outage_is_caught_up_in_bounded_batches(project):
@@ -137,8 +157,10 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
 
     engine = Engine(settings=settings, spark_session=spark)
     # On disk without the column broken_src reads: its firings fail at run time.
-    write_deltalake(settings.table_uri("never_written"), pa.table({
-        "time": pa.array([T0], pa.timestamp("us", tz="UTC")), "device": ["x"]}))
+    write_deltalake(
+        settings.table_uri("never_written"),
+        pa.table({"time": pa.array([T0], pa.timestamp("us", tz="UTC")), "device": ["x"]}),
+    )
     engine.ingest("ln", str(DATA / "ln.csv"))
     defs = build_definitions(settings=settings, now=T0, run_model="batch")
     assert {"cq_firings_job", "b_job", "b_recalculate"} <= {j.name for j in defs.jobs}
@@ -153,36 +175,53 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     assert request.run_key.startswith("cq_firings:") and request.tags["cq/attempt"] == "0"
 
     # The job, on the seed's data (ln.csv: 2021-05-11 14:18 UTC): b has two firings, d one, broken_src fails.
-    firings = {"broken_src": ["2021-05-11T14:18:40+00:00"], "b": ["2021-05-11T14:18:40+00:00",
-                                                                 "2021-05-11T14:19:00+00:00"],
-               "d": ["2021-05-11T14:19:00+00:00"]}
+    firings = {
+        "broken_src": ["2021-05-11T14:18:40+00:00"],
+        "b": ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"],
+        "d": ["2021-05-11T14:19:00+00:00"],
+    }
     job = defs.resolve_job_def("cq_firings_job")
     config = {"ops": {"cq_firings": {"config": {"firings": firings}}}}
-    result = job.execute_in_process(instance=instance, run_config=config, raise_on_error=False,
-                                    asset_selection=[dg.AssetKey(k) for k in ("b_out", "d_out", "x_out")])
+    result = job.execute_in_process(
+        instance=instance,
+        run_config=config,
+        raise_on_error=False,
+        asset_selection=[dg.AssetKey(k) for k in ("b_out", "d_out", "x_out")],
+    )
     assert not result.success
     mats = result.asset_materializations_for_node("cq_firings")
     by_sink = {}
     for m in mats:
         by_sink.setdefault(m.asset_key.to_user_string(), []).append(m.metadata["cq/range_end"].value)
-    assert by_sink == {"b_out": ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"],
-                       "d_out": ["2021-05-11T14:19:00+00:00"]}
+    assert by_sink == {
+        "b_out": ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"],
+        "d_out": ["2021-05-11T14:19:00+00:00"],
+    }
     assert instance.get_run_by_id(result.run_id).tags["cq/failed"] == "broken_src"
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
     ledger = Engine(settings=settings).ledger.entries()
     assert sorted((e.definition, e.status) for e in ledger) == [
-        ("b", "succeeded"), ("b", "succeeded"), ("broken_src", "failed"), ("d", "succeeded")]
+        ("b", "succeeded"),
+        ("b", "succeeded"),
+        ("broken_src", "failed"),
+        ("d", "succeeded"),
+    ]
 
     # A retry (cq/attempt > 0) skips what the ledger holds as succeeded.
-    again = job.execute_in_process(instance=instance, run_config={"ops": {"cq_firings": {"config": {"firings": {
-        "b": firings["b"]}}}}}, tags={"cq/attempt": "1"}, asset_selection=[dg.AssetKey("b_out")])
+    again = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"b": firings["b"]}}}}},
+        tags={"cq/attempt": "1"},
+        asset_selection=[dg.AssetKey("b_out")],
+    )
     assert again.success and again.asset_materializations_for_node("cq_firings") == []
     assert len(Engine(settings=settings).ledger.entries("b")) == 2
 
     # A definition's own job still runs one firing of it alone.
     one = defs.resolve_job_def("d_job").execute_in_process(
-        instance=instance, tags={"cq/name": "d", "cq/fire_time": "2021-05-11T14:18:40+00:00"})
+        instance=instance, tags={"cq/name": "d", "cq/fire_time": "2021-05-11T14:18:40+00:00"}
+    )
     assert one.success
     (mat,) = one.asset_materializations_for_node("cq_firings")
     assert mat.asset_key == dg.AssetKey("d_out") and mat.metadata["cq/rows_written"].value > 0
@@ -198,8 +237,9 @@ def test_a_failed_run_retries_only_the_definitions_that_failed_in_it(project):
     _, catalog = project
     first = _plan(catalog, now=_s(5))
     both = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"})
-    retry = _plan(catalog, cursor=both.cursor, now=_s(45), status={both.run_key: "FAILURE"},
-                  failed={both.run_key: {"b"}})
+    retry = _plan(
+        catalog, cursor=both.cursor, now=_s(45), status={both.run_key: "FAILURE"}, failed={both.run_key: {"b"}}
+    )
     assert retry.firings == {"b": [_s(20), _s(40)], "d": [_s(40)]}
     assert load_cursor(retry.cursor)["d"].attempt == 0 and load_cursor(retry.cursor)["b"].attempt == 1
 

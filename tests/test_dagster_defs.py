@@ -1,7 +1,7 @@
 """The Dagster code location on a real ephemeral instance: schedules, tick sensors, DISCARD, runs."""
 
 import shutil
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import dagster as dg
@@ -14,7 +14,6 @@ from cq_engine.schedule.ticks import parse_tick_cursor
 from cq_engine.times import iso
 from dagster_defs import CQTranslator, build_definitions, due_firings
 
-UTC = timezone.utc
 DATA = Path(__file__).parent / "data"
 NOW = datetime(2021, 5, 11, 14, 30, tzinfo=UTC)
 
@@ -33,8 +32,12 @@ def project(tmp_path_factory):
     (root / "sql").mkdir()
     shutil.copy(DATA / "seed004.sql", root / "sql" / "seed004.sql")
     (root / "sql" / "more.sql").write_text(SQL)
-    (root / "sql" / "broken.sql").write_text("CREATE CQ broken RESAMPLE EVERY 1s\nBEGIN SELECT x AS y INTO z FROM ln WHERE time > 1 END;")
-    settings = Settings(sql_dir=str(root / "sql"), warehouse=str(root / "wh"), home=str(root / ".cq"), timezone="Asia/Shanghai")
+    (root / "sql" / "broken.sql").write_text(
+        "CREATE CQ broken RESAMPLE EVERY 1s\nBEGIN SELECT x AS y INTO z FROM ln WHERE time > 1 END;"
+    )
+    settings = Settings(
+        sql_dir=str(root / "sql"), warehouse=str(root / "wh"), home=str(root / ".cq"), timezone="Asia/Shanghai"
+    )
     return settings, build_definitions(settings=settings, now=NOW, run_model="per_firing")
 
 
@@ -72,14 +75,18 @@ def test_schedule_tick_tags_and_run_key(project, instance):
     assert request.run_key == "every_minute@2021-05-11T14:20:00+00:00"
     assert request.tags["cq/name"] == "every_minute"
     assert (request.tags["cq/fire_time"], request.tags["cq/range_start"], request.tags["cq/range_end"]) == (
-        "2021-05-11T14:20:00+00:00", "2021-05-11T14:19:00+00:00", "2021-05-11T14:20:00+00:00")
+        "2021-05-11T14:20:00+00:00",
+        "2021-05-11T14:19:00+00:00",
+        "2021-05-11T14:20:00+00:00",
+    )
 
 
 def test_discard_schedule_skips_while_a_run_is_in_flight(project, instance):
     _, defs = project
     schedule = defs.resolve_schedule_def("every_minute_schedule")
-    create_run_for_test(instance, job_name="every_minute_job", status=dg.DagsterRunStatus.STARTED,
-                        tags={"cq/name": "every_minute"})
+    create_run_for_test(
+        instance, job_name="every_minute_job", status=dg.DagsterRunStatus.STARTED, tags={"cq/name": "every_minute"}
+    )
     with dg.build_schedule_context(instance=instance, scheduled_execution_time=NOW) as ctx:
         result = schedule.evaluate_tick(ctx)
     assert not result.run_requests and "DISCARD" in result.skip_message
@@ -107,8 +114,9 @@ def test_tick_sensor_discard_skips_and_catches_up_with_the_latest(project, insta
     cursor = (datetime.now(UTC) - timedelta(seconds=61)).isoformat()
     with dg.build_sensor_context(instance=instance, cursor=cursor) as ctx:
         (only,) = sensor.evaluate_tick(ctx).run_requests  # behind by 3 firings: runs just the latest
-    create_run_for_test(instance, job_name="fast_discard_job", status=dg.DagsterRunStatus.STARTING,
-                        tags={"cq/name": "fast_discard"})
+    create_run_for_test(
+        instance, job_name="fast_discard_job", status=dg.DagsterRunStatus.STARTING, tags={"cq/name": "fast_discard"}
+    )
     with dg.build_sensor_context(instance=instance, cursor=cursor) as ctx:
         result = sensor.evaluate_tick(ctx)
     assert not result.run_requests and "DISCARD" in result.skip_message
@@ -134,8 +142,15 @@ def test_firing_job_runs_on_spark_and_reports_the_materialization(project, insta
     assert node.retry_policy is not None and node.retry_policy.max_retries >= 1
     assert DeltaTable(settings.table_uri("cq1_out")).version() == mat.metadata["cq/sink_version"].value
     recalc = defs.resolve_job_def("cq1_recalculate").execute_in_process(
-        instance=instance, run_config={"ops": {"cq_cq1": {"config": {
-            "recalculate_from": "2021-05-11T22:18:00", "recalculate_to": "2021-05-11T22:19:00"}}}})
+        instance=instance,
+        run_config={
+            "ops": {
+                "cq_cq1": {
+                    "config": {"recalculate_from": "2021-05-11T22:18:00", "recalculate_to": "2021-05-11T22:19:00"}
+                }
+            }
+        },
+    )
     assert recalc.success
     (mat,) = recalc.asset_materializations_for_node("cq_cq1")
     assert mat.metadata["cq/kind"].value == "recalculate" and mat.metadata["cq/rows_written"].value == 20
@@ -232,7 +247,10 @@ def test_streams_get_a_sensor_or_a_schedule_with_their_job(streams):
     assert "s_per_ticks" not in {s.name for s in defs.sensors}
     keys = {k.to_user_string() for a in defs.assets if isinstance(a, dg.AssetsDefinition) for k in a.keys}
     sources = {a.key.to_user_string() for a in defs.assets if isinstance(a, dg.AssetSpec)}
-    assert {"s_int_out", "s_cnt_out", "s_per_out", "s_notify_notifications"} <= keys and {"meters", "nowhere"} <= sources
+    assert {"s_int_out", "s_cnt_out", "s_per_out", "s_notify_notifications"} <= keys and {
+        "meters",
+        "nowhere",
+    } <= sources
     assert defs.resolve_sensor_def("s_notify_ticks").job_name == "s_notify_job"
 
 
@@ -240,14 +258,16 @@ def test_stream_sensor_skips_while_its_trigger_table_is_missing(streams, instanc
     _, defs = streams
     result = _tick_sensor(defs, instance, "s_missing", None)
     assert not result.run_requests and result.cursor is None
-    assert result.skip_message.startswith("s_missing: trigger table 'nowhere' does not exist (declare it with CREATE "
-                                          "TABLE in ")
+    assert result.skip_message.startswith(
+        "s_missing: trigger table 'nowhere' does not exist (declare it with CREATE TABLE in "
+    )
 
 
 def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
+    from streams_util import T0
+
     from cq_engine.streams.timing import StreamCursor, StreamWork
     from cq_engine.times import iso
-    from streams_util import T0
 
     bench, defs = streams
     first = _tick_sensor(defs, instance, "s_int", None)  # created on the empty table
@@ -258,13 +278,20 @@ def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
     result = _tick_sensor(defs, instance, "s_int", first.cursor)
     (request,) = result.run_requests
     cursor = StreamCursor.from_json(result.cursor)
-    assert (cursor.version, cursor.max_event, cursor.closed_until) == (version, T0 + timedelta(seconds=24),
-                                                                      T0 + timedelta(seconds=22))
+    assert (cursor.version, cursor.max_event, cursor.closed_until) == (
+        version,
+        T0 + timedelta(seconds=24),
+        T0 + timedelta(seconds=22),
+    )
     tags = request.tags
     work = StreamWork.from_json(tags["cq/work"])
     assert work.windows == ((T0, T0 + timedelta(seconds=20)),) and work.version == version  # [0, 10s), [10s, 20s)
     assert (tags["cq/name"], tags["cq/kind"], tags["cq/work_kind"], tags["cq/version"]) == (
-        "s_int", "stream", "realtime", str(version))
+        "s_int",
+        "stream",
+        "realtime",
+        str(version),
+    )
     assert (tags["cq/range_start"], tags["cq/range_end"]) == ("2026-11-21T10:00:00+00:00", "2026-11-21T10:00:20+00:00")
     assert "dagster/priority" not in tags
     assert request.run_key == f"s_int@v{version}:realtime:{iso(work.tick)}#0"
@@ -275,7 +302,11 @@ def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
     expected = _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=22))
     assert _summary(bench.sink("s_int_out")) == expected
     assert expected[0] == ("d1", T0, 5, 2.0) and len(expected) == 4  # [0, 10s), [10s, 20s) per meter
-    assert (meta["cq/kind"], meta["cq/rows_written"], meta["cq/source_versions"]) == ("realtime", 4, {"meters": version})
+    assert (meta["cq/kind"], meta["cq/rows_written"], meta["cq/source_versions"]) == (
+        "realtime",
+        4,
+        {"meters": version},
+    )
     assert (meta["cq/range_start"], meta["cq/range_end"]) == (tags["cq/range_start"], tags["cq/range_end"])
     assert DeltaTable(bench.settings.table_uri("s_int_out")).version() == meta["cq/sink_version"]
     ledger = bench.engine.ledger.entries("s_int")
@@ -285,14 +316,17 @@ def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
     version = bench.append([(s, "d1", 1.0) for s in range(26, 36, 2)])
     result = _tick_sensor(defs, instance, "s_int", result.cursor)
     (request,) = result.run_requests
-    assert StreamWork.from_json(request.tags["cq/work"]).windows == ((T0 + timedelta(seconds=20), T0 + timedelta(seconds=30)),)
+    assert StreamWork.from_json(request.tags["cq/work"]).windows == (
+        (T0 + timedelta(seconds=20), T0 + timedelta(seconds=30)),
+    )
     _run(defs, instance, "s_int", request)
     assert _summary(bench.sink("s_int_out")) == _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=32))
 
 
 def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instance):
-    from cq_engine.streams.timing import StreamWork
     from streams_util import T0
+
+    from cq_engine.streams.timing import StreamWork
 
     bench, defs = streams
     cursor = _tick_sensor(defs, instance, "s_cnt", None).cursor
@@ -304,20 +338,24 @@ def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instan
     assert request.tags["cq/work_kind"] == "realtime" and request.tags["cq/range_end"] == "2026-11-21T10:00:06+00:00"
     meta = _run(defs, instance, "s_cnt", request)
     # Windows of 3 rows per meter: [0, 1, 2] and [3, 4, 5] closed; [6] stays open.
-    assert _summary(bench.sink("s_cnt_out")) == [(d, T0 + timedelta(seconds=k), 3, float(k + 1))
-                                                 for d in ("d1", "d2") for k in (0, 3)]
+    assert _summary(bench.sink("s_cnt_out")) == [
+        (d, T0 + timedelta(seconds=k), 3, float(k + 1)) for d in ("d1", "d2") for k in (0, 3)
+    ]
     assert meta["cq/rows_written"] == 4
     assert not _tick_sensor(defs, instance, "s_cnt", result.cursor).run_requests
     bench.append([(s, "d1", float(s)) for s in (7, 8, 9)])
     (request,) = _tick_sensor(defs, instance, "s_cnt", result.cursor).run_requests
     meta = _run(defs, instance, "s_cnt", request)
     assert meta["cq/rows_written"] == 1  # [6, 7, 8] of d1, from the frontier the first run left
-    assert _summary(bench.sink("s_cnt_out"))[:3] == [("d1", T0 + timedelta(seconds=k), 3, float(k + 1)) for k in (0, 3, 6)]
+    assert _summary(bench.sink("s_cnt_out"))[:3] == [
+        ("d1", T0 + timedelta(seconds=k), 3, float(k + 1)) for k in (0, 3, 6)
+    ]
 
 
 def test_fill_history_requests_carry_the_priority_tag_unless_history_first(streams, instance, monkeypatch):
-    from cq_engine.streams import sensor as stream_sensor
     from streams_util import T0
+
+    from cq_engine.streams import sensor as stream_sensor
 
     monkeypatch.setattr(stream_sensor, "HISTORY_CHUNK_ROWS", 20)
     bench, defs = streams
@@ -358,15 +396,19 @@ def test_period_stream_schedule_tick_runs_its_period(streams, instance):
     bench.append([(20 + s, "d3", 1.0) for s in range(2)])
     meta = _run(defs, instance, "s_per", requests[1])
     assert (meta["cq/rows_written"], meta["cq/range_start"], meta["cq/range_end"]) == (
-        1, "2026-11-21T12:01:00+00:00", "2026-11-21T12:02:00+00:00")
+        1,
+        "2026-11-21T12:01:00+00:00",
+        "2026-11-21T12:02:00+00:00",
+    )
     assert [(r["_tlocaltime"], r["n"]) for r in bench.sink("s_per_out")] == [(ticks[1], 7)]
 
 
 def test_ignore_untreated_cursor_never_requests_the_windows_written_while_stopped(streams, instance):
     """What `cq start NAME --ignore-untreated` does to the sensor's cursor (see cli_streams._control)."""
+    from streams_util import T0
+
     from cq_engine.streams.sensor import skip_untreated
     from cq_engine.streams.timing import StreamWork
-    from streams_util import T0
 
     bench, defs = streams
     cursor = _tick_sensor(defs, instance, "s_int", None).cursor
@@ -387,8 +429,11 @@ def test_cq_stop_names_an_unreachable_dagster(streams, monkeypatch, capsys):
     from cq_engine.cli.main import main
 
     bench, _ = streams
-    for var, value in {"CQ_SQL_DIR": bench.settings.sql_dir, "CQ_WAREHOUSE": bench.settings.warehouse,
-                       "CQ_HOME": bench.settings.home}.items():
+    for var, value in {
+        "CQ_SQL_DIR": bench.settings.sql_dir,
+        "CQ_WAREHOUSE": bench.settings.warehouse,
+        "CQ_HOME": bench.settings.home,
+    }.items():
         monkeypatch.setenv(var, value)
     port = free_port()
     assert main(["stop", "s_int", "--dagster", f"127.0.0.1:{port}"]) == 1
@@ -404,9 +449,13 @@ def test_stream_sensor_holds_its_cursor_while_pause_notifications_fail(tmp_path,
     from cq_engine.streams.timing import StreamCursor
 
     with Recorder() as recorder:
-        bench = Bench(tmp_path, spark, f"""CREATE STREAM s_note INTERVAL(10s) SLIDING(10s) FROM meters
+        bench = Bench(
+            tmp_path,
+            spark,
+            f"""CREATE STREAM s_note INTERVAL(10s) SLIDING(10s) FROM meters
             NOTIFY('{recorder.url()}') ON (WINDOW_CLOSE) NOTIFY_OPTIONS(ON_FAILURE_PAUSE)
-            INTO s_note_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+            INTO s_note_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+        )
         defs = build_definitions(settings=bench.settings, now=STREAM_NOW)
         cursor = _tick_sensor(defs, instance, "s_note", None).cursor
         recorder.stop()
@@ -445,18 +494,29 @@ def test_importing_and_loading_the_location_writes_nothing(tmp_path):
     sql = tmp_path / "sql"
     sql.mkdir()
     shutil.copy(DATA / "seed004.sql", sql / "seed004.sql")
-    (sql / "streams.sql").write_text("CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, tbname STRING);\n"
-                                     "CREATE STREAM s_per PERIOD(1m) FROM meters INTO s_per_out AS "
-                                     "SELECT _tlocaltime, count(*) AS n FROM %%trows;\n")
+    (sql / "streams.sql").write_text(
+        "CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, tbname STRING);\n"
+        "CREATE STREAM s_per PERIOD(1m) FROM meters INTO s_per_out AS "
+        "SELECT _tlocaltime, count(*) AS n FROM %%trows;\n"
+    )
     wh, home = tmp_path / "wh", tmp_path / "home"
     wh.mkdir()
-    env = {**os.environ, "CQ_SQL_DIR": str(sql), "CQ_WAREHOUSE": str(wh), "CQ_HOME": str(home),
-           "CQ_CONFIG": str(tmp_path / "none.toml"), "CQ_SPARK_MASTER": "local[1]"}
-    code = ("import dagster_defs, dagster_defs.location as loc\n"
-            "d = loc.defs()\n"
-            "assert d.resolve_job_def('s_per_job') and d.resolve_job_def('cq1_job')\n"
-            "print('loaded')\n")
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=300)
+    env = {
+        **os.environ,
+        "CQ_SQL_DIR": str(sql),
+        "CQ_WAREHOUSE": str(wh),
+        "CQ_HOME": str(home),
+        "CQ_CONFIG": str(tmp_path / "none.toml"),
+        "CQ_SPARK_MASTER": "local[1]",
+    }
+    code = (
+        "import dagster_defs, dagster_defs.location as loc\n"
+        "d = loc.defs()\n"
+        "assert d.resolve_job_def('s_per_job') and d.resolve_job_def('cq1_job')\n"
+        "print('loaded')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-3000:]
     assert _files(wh, home) == set(), sorted(_files(wh, home))

@@ -7,17 +7,23 @@ from __future__ import annotations
 import math
 import time
 from datetime import datetime, timedelta
+from itertools import pairwise
 
 import pyarrow as pa
 import pytest
+from dagster_e2e_util import (
+    MAIN_LOCATION,
+    SLOW_LOCATION,
+    SLOW_SECONDS,
+    STREAM,
+    UTC,
+    parse_iso,
+)
 from deltalake import DeltaTable
+from streams_util import TYPES
 
 from cq_engine.engine import Engine
 from cq_engine.streams.timing import StreamCursor
-
-from dagster_e2e_util import (MAIN_LOCATION, SLOW_LOCATION, SLOW_SECONDS, STREAM, UTC, dagster_stack,  # noqa: F401
-                              parse_iso)
-from streams_util import TYPES
 
 EVERY = timedelta(seconds=5)
 RANGE = timedelta(seconds=10)
@@ -32,14 +38,15 @@ def floor5(ts: float) -> datetime:
 def check_no_overlap(runs: list[dict]) -> None:
     """At most one of ``runs`` executes at any moment (started runs, by start time)."""
     started = sorted((r for r in runs if r["startTime"]), key=lambda r: r["startTime"])
-    for a, b in zip(started, started[1:]):
+    for a, b in pairwise(started):
         assert a["endTime"] is not None, f"{a['runId']} ({a['status']}) has not ended but {b['runId']} started"
-        assert b["startTime"] >= a["endTime"], (f"{b['runId']} started at {b['startTime']} before "
-                                                f"{a['runId']} ended at {a['endTime']}")
+        assert b["startTime"] >= a["endTime"], (
+            f"{b['runId']} started at {b['startTime']} before {a['runId']} ended at {a['endTime']}"
+        )
 
 
 def consecutive(fires: list[datetime]) -> bool:
-    return all(b - a == EVERY for a, b in zip(fires, fires[1:]))
+    return all(b - a == EVERY for a, b in pairwise(fires))
 
 
 def check_batches(stack, name: str) -> list[dict]:
@@ -69,12 +76,12 @@ def check_exactly_once(stack, name: str, sink: str | None = None) -> list[dateti
         done = sorted(e.fire_time for e in stack.ledger(name) if e.status == "succeeded" and e.kind == "firing")
         mats = [m for m in stack.materializations(sink or f"{name}_out") if m["metadata"].get("cq/kind") == "firing"]
         ends = sorted(parse_iso(m["metadata"]["cq/range_end"]) for m in mats)
-        if ends[:len(done)] == done or time.monotonic() > deadline:
+        if ends[: len(done)] == done or time.monotonic() > deadline:
             break
         time.sleep(2)
     assert len(set(done)) == len(done), f"{name}: firings committed twice: {done}"
     assert consecutive(done), f"{name}: firings missing between {done[0]} and {done[-1]}: {done}"
-    assert ends[:len(done)] == done and len(set(ends)) == len(ends), (ends, done)
+    assert ends[: len(done)] == done and len(set(ends)) == len(ends), (ends, done)
     return done
 
 
@@ -82,12 +89,13 @@ def check_exactly_once(stack, name: str, sink: str | None = None) -> list[dateti
 def test_fast_fires_every_5s_in_batches_with_one_materialization_per_firing(dagster_stack):
     dagster_stack.wait_for_firings("fast", count=3, timeout=WAIT)
     runs = check_batches(dagster_stack, "fast")
-    done = check_exactly_once(dagster_stack, "fast")
+    check_exactly_once(dagster_stack, "fast")
     ticks = dagster_stack.ticks(MAIN_LOCATION, "cq_firings")
     assert ticks and max(t["timestamp"] for t in ticks) >= time.time() - 120, "the cq_firings sensor stopped"
     for run in runs:
-        assert run["jobName"] == "cq_firings_job" and {"fast_out"} <= {"/".join(a["path"]) for a in
-                                                                        run["assetSelection"]}
+        assert run["jobName"] == "cq_firings_job" and {"fast_out"} <= {
+            "/".join(a["path"]) for a in run["assetSelection"]
+        }
 
 
 def test_fast_sink_holds_the_windows_computed_from_the_source(dagster_stack):
@@ -111,14 +119,20 @@ def test_fast_sink_holds_the_windows_computed_from_the_source(dagster_stack):
         last = [e for e in committed if e.range_start <= start < e.range_end][-1]
         source_version = last.source_versions["sensors"]
         if source_version not in sources:
-            sources[source_version] = pa.table(DeltaTable(settings.table_uri("sensors"), version=source_version)
-                                               .scan(columns=["ts", "device", "temperature"])).to_pylist()
+            sources[source_version] = pa.table(
+                DeltaTable(settings.table_uri("sensors"), version=source_version).scan(
+                    columns=["ts", "device", "temperature"]
+                )
+            ).to_pylist()
         rows = sources[source_version]
         # Groups: the devices present in that firing's range (IoTDB: empty windows are rows too).
         devices = {r["device"] for r in rows if last.range_start <= r["ts"] < last.range_end}
         for device in devices:
-            values = [r["temperature"] for r in rows if r["device"] == device and start <= r["ts"] < start + EVERY
-                      and r["temperature"] is not None]
+            values = [
+                r["temperature"]
+                for r in rows
+                if r["device"] == device and start <= r["ts"] < start + EVERY and r["temperature"] is not None
+            ]
             expected[(start, device)] = (max(values) if values else None, len(values))
     actual = {(r["ts"], r["device"]): (r["m"], r["n"]) for r in sink if r["ts"] in set(windows)}
     assert len(expected) >= 3 * len(windows) and any(m is not None for m, _ in expected.values())
@@ -129,8 +143,13 @@ def test_fast_sink_holds_the_windows_computed_from_the_source(dagster_stack):
 
 def test_a_failing_firing_leaves_its_batch_neighbours_committed_and_is_retried(dagster_stack):
     stack = dagster_stack
-    stack.wait_until("a batch run failing on flaky", lambda: any(
-        r["status"] == "FAILURE" and r["tags"].get("cq/failed") == "flaky" for r in stack.firing_runs("flaky")), WAIT)
+    stack.wait_until(
+        "a batch run failing on flaky",
+        lambda: any(
+            r["status"] == "FAILURE" and r["tags"].get("cq/failed") == "flaky" for r in stack.firing_runs("flaky")
+        ),
+        WAIT,
+    )
     failed = [r for r in stack.firing_runs("flaky") if r["status"] == "FAILURE"]
     # fast's firings in those failed runs were committed by them, and never requested again.
     ledger = {e.fire_time: e for e in stack.ledger("fast") if e.status == "succeeded"}
@@ -138,8 +157,9 @@ def test_a_failing_firing_leaves_its_batch_neighbours_committed_and_is_retried(d
     assert shared, "flaky and fast never shared a batch"
     for run, fire_time in shared:
         assert fire_time in ledger, f"fast's firing {fire_time} in failed run {run['runId']} was not committed"
-        again = [r for r in stack.firing_runs("fast") if r["runId"] != run["runId"]
-                 and fire_time in r["firings"]["fast"]]
+        again = [
+            r for r in stack.firing_runs("fast") if r["runId"] != run["runId"] and fire_time in r["firings"]["fast"]
+        ]
         assert not again, f"fast's firing {fire_time} was requested again by {[r['runId'] for r in again]}"
     first_failed = min(f for r in failed for f in r["firings"]["flaky"])
     # The operator fixes the table: flaky's firings from the first failed one on are retried, in order.
@@ -152,8 +172,10 @@ def test_a_failing_firing_leaves_its_batch_neighbours_committed_and_is_retried(d
             break
         time.sleep(3)
     else:
-        raise AssertionError(f"flaky never recovered: {[(r['status'], r['tags'].get('cq/attempt')) for r in stack.firing_runs('flaky')]}"
-                             f"\n{stack.diagnostics()}")
+        raise AssertionError(
+            f"flaky never recovered: {[(r['status'], r['tags'].get('cq/attempt')) for r in stack.firing_runs('flaky')]}"
+            f"\n{stack.diagnostics()}"
+        )
     assert done[0] == first_failed and consecutive(done), done
     assert len(set(done)) == len(done)
     retried = [r for r in stack.firing_runs("flaky") if r["tags"]["cq/attempt"] != "0"]
@@ -175,8 +197,9 @@ def test_blocked_firings_wait_for_their_run_and_all_run_in_order(dagster_stack):
         if run["status"] == "SUCCESS":
             assert run["endTime"] - run["startTime"] >= SLOW_SECONDS * len(run["firings"]["slow_blocked"])
     ticks = stack.ticks(SLOW_LOCATION, "cq_firings")
-    assert [t for t in ticks if "slow_blocked: BLOCKED holds" in (t["skipReason"] or "")] or \
-        any(len(r["firings"]["slow_blocked"]) > 1 for r in runs)
+    assert [t for t in ticks if "slow_blocked: BLOCKED holds" in (t["skipReason"] or "")] or any(
+        len(r["firings"]["slow_blocked"]) > 1 for r in runs
+    )
     assert not [t for t in ticks if t["status"] == "FAILURE"], [t["error"] for t in ticks if t["error"]]
     assert done[0] == runs[0]["firings"]["slow_blocked"][0]
 
@@ -188,7 +211,7 @@ def test_discard_skips_while_its_run_is_in_flight_and_catches_up(dagster_stack):
     assert all(len(r["firings"]["slow_discard"]) == 1 for r in runs), [r["firings"] for r in runs]
     assert sum(r["status"] in IN_FLIGHT for r in runs) <= 1, [r["status"] for r in runs]
     done = [r for r in runs if r["status"] == "SUCCESS"]
-    for a, b in zip(done, done[1:]):
+    for a, b in pairwise(done):
         fa, fb = a["firings"]["slow_discard"][0], b["firings"]["slow_discard"][0]
         assert b["creationTime"] >= a["endTime"] - 0.5, "a DISCARD run was created while another was in flight"
         # The firings due while `a` ran were dropped, not queued...
@@ -208,8 +231,12 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
 
     stack = dagster_stack
     settings = stack.slow_settings
-    for var, value in {"CQ_SQL_DIR": settings.sql_dir, "CQ_WAREHOUSE": settings.warehouse, "CQ_HOME": settings.home,
-                       "CQ_TRANSLATOR": "renamed_translator:Renamed"}.items():
+    for var, value in {
+        "CQ_SQL_DIR": settings.sql_dir,
+        "CQ_WAREHOUSE": settings.warehouse,
+        "CQ_HOME": settings.home,
+        "CQ_TRANSLATOR": "renamed_translator:Renamed",
+    }.items():
         monkeypatch.setenv(var, value)
     address = f"127.0.0.1:{stack.web_port}"
     assert main(["stop", "slow_discard", "--dagster", address]) == 0
@@ -217,25 +244,47 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
     assert f"slow_discard: sensor slow_discard_switch in {SLOW_LOCATION} stopped" in out, out
     # Its last requested firing committed (the batch run may go on with slow_blocked's catch-up).
     last = stack.firing_runs("slow_discard")[-1]["firings"]["slow_discard"][-1]
-    stack.wait_until("slow_discard's last firing", lambda: [
-        e for e in stack.ledger("slow_discard") if e.fire_time == last and e.status == "succeeded"], WAIT)
+    stack.wait_until(
+        "slow_discard's last firing",
+        lambda: [e for e in stack.ledger("slow_discard") if e.fire_time == last and e.status == "succeeded"],
+        WAIT,
+    )
     stopped_at = time.time()
     time.sleep(4 * EVERY.total_seconds())
-    assert not [r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 1], \
+    assert not [r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 1], (
         "a stopped definition got a batch"
+    )
     assert main(["start", "slow_discard", "--dagster", address]) == 0
     assert "slow_discard_switch" in capsys.readouterr().out
-    stack.wait_until("a batch after the start", lambda: [
-        r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 4 * EVERY.total_seconds()], WAIT)
+    stack.wait_until(
+        "a batch after the start",
+        lambda: [
+            r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 4 * EVERY.total_seconds()
+        ],
+        WAIT,
+    )
 
     end = floor5(time.time() - 60)
-    code = main(["recalculate", "slow_discard", "--from", (end - timedelta(seconds=10)).isoformat(),
-                 "--to", end.isoformat(), "--via-dagster", address])
+    code = main(
+        [
+            "recalculate",
+            "slow_discard",
+            "--from",
+            (end - timedelta(seconds=10)).isoformat(),
+            "--to",
+            end.isoformat(),
+            "--via-dagster",
+            address,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "recalculate run" in out, out
     run_id = out.split("recalculate run ")[1].split()[0]
-    stack.wait_until("the recalculation", lambda: [r for r in stack.runs("slow_discard") if r["runId"] == run_id
-                                                   and r["status"] == "SUCCESS"], WAIT)
+    stack.wait_until(
+        "the recalculation",
+        lambda: [r for r in stack.runs("slow_discard") if r["runId"] == run_id and r["status"] == "SUCCESS"],
+        WAIT,
+    )
     (run,) = [r for r in stack.runs("slow_discard") if r["runId"] == run_id]
     assert run["jobName"] == "recalc_slow_discard"
 
@@ -245,13 +294,27 @@ def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, 
     from cq_engine.cli.main import main
 
     settings = dagster_stack.settings
-    for var, value in {"CQ_SQL_DIR": settings.sql_dir, "CQ_WAREHOUSE": settings.warehouse, "CQ_HOME": settings.home}.items():
+    for var, value in {
+        "CQ_SQL_DIR": settings.sql_dir,
+        "CQ_WAREHOUSE": settings.warehouse,
+        "CQ_HOME": settings.home,
+    }.items():
         monkeypatch.setenv(var, value)
     monkeypatch.delenv("CQ_TRANSLATOR", raising=False)
     end = floor5(time.time() - 60)
     start = end - timedelta(seconds=30)
-    code = main(["recalculate", "fast", "--from", start.isoformat(), "--to", end.isoformat(),
-                 "--via-dagster", f"127.0.0.1:{dagster_stack.web_port}"])
+    code = main(
+        [
+            "recalculate",
+            "fast",
+            "--from",
+            start.isoformat(),
+            "--to",
+            end.isoformat(),
+            "--via-dagster",
+            f"127.0.0.1:{dagster_stack.web_port}",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "recalculate run" in out, out
     run_id = out.split("recalculate run ")[1].split()[0]
@@ -283,8 +346,14 @@ def append_meters(engine: Engine, seconds: range) -> int:
     """One reading per meter per second in ``seconds`` (event time), in one commit; its version."""
     rows = [(at(s), m, round(s % 7 + 0.5 * i, 2)) for s in seconds for i, m in enumerate(METER_IDS)]
     n = len(rows)
-    data = {"ts": [r[0] for r in rows], "tbname": [r[1] for r in rows], "current": [r[2] for r in rows],
-            "voltage": [220] * n, "status": [0] * n, "location": ["e2e"] * n}
+    data = {
+        "ts": [r[0] for r in rows],
+        "tbname": [r[1] for r in rows],
+        "current": [r[2] for r in rows],
+        "voltage": [220] * n,
+        "status": [0] * n,
+        "location": ["e2e"] * n,
+    }
     return engine.storage.append("meters", pa.table({k: pa.array(v, TYPES[k]) for k, v in data.items()}))
 
 
@@ -304,7 +373,9 @@ def stream_sink(settings) -> dict[tuple, tuple]:
     uri = settings.table_uri(f"{STREAM}_out")
     if not DeltaTable.is_deltatable(uri):
         return {}
-    return {(r["tbname"], r["_twstart"]): (r["n"], round(r["c"], 6)) for r in pa.table(DeltaTable(uri).scan()).to_pylist()}
+    return {
+        (r["tbname"], r["_twstart"]): (r["n"], round(r["c"], 6)) for r in pa.table(DeltaTable(uri).scan()).to_pylist()
+    }
 
 
 def wait_stream(stack, required: set, *, timeout: float = STREAM_WAIT) -> tuple[list[dict], dict]:
@@ -320,8 +391,10 @@ def wait_stream(stack, required: set, *, timeout: float = STREAM_WAIT) -> tuple[
         if required <= sink.keys() and runs and all(r["status"] == "SUCCESS" for r in runs):
             return runs, sink
         time.sleep(2)
-    raise AssertionError(f"{STREAM}: missing windows {sorted(required - sink.keys())} after {timeout:.0f}s; runs "
-                         f"{[(r['status'], r['tags'].get('cq/version')) for r in runs]}\n{stack.diagnostics()}")
+    raise AssertionError(
+        f"{STREAM}: missing windows {sorted(required - sink.keys())} after {timeout:.0f}s; runs "
+        f"{[(r['status'], r['tags'].get('cq/version')) for r in runs]}\n{stack.diagnostics()}"
+    )
 
 
 def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkeypatch, capsys):
@@ -329,7 +402,11 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
 
     stack, settings = dagster_stack, dagster_stack.settings
     engine, sensor = Engine(settings=settings), f"{STREAM}_ticks"
-    for var, value in {"CQ_SQL_DIR": settings.sql_dir, "CQ_WAREHOUSE": settings.warehouse, "CQ_HOME": settings.home}.items():
+    for var, value in {
+        "CQ_SQL_DIR": settings.sql_dir,
+        "CQ_WAREHOUSE": settings.warehouse,
+        "CQ_HOME": settings.home,
+    }.items():
         monkeypatch.setenv(var, value)
 
     def cq(*argv: str) -> str:
@@ -417,6 +494,9 @@ def test_every_firing_due_while_the_daemon_was_down_runs_exactly_once_after_its_
     assert len(missed) >= 3, (killed_at, restarted, done)
     check_batches(stack, "fast")
     # DISCARD after the restart: only the latest due firing, never the backlog.
-    stack.wait_until("slow_discard after the restart", lambda: [
-        r for r in stack.firing_runs("slow_discard") if r["creationTime"] > restarted.timestamp()], WAIT)
+    stack.wait_until(
+        "slow_discard after the restart",
+        lambda: [r for r in stack.firing_runs("slow_discard") if r["creationTime"] > restarted.timestamp()],
+        WAIT,
+    )
     assert all(len(r["firings"]["slow_discard"]) == 1 for r in stack.firing_runs("slow_discard"))

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from dagster_e2e_util import MAIN_LOCATION, SLOW_LOCATION, dagster_stack  # noqa: F401
+from dagster_e2e_util import MAIN_LOCATION, SLOW_LOCATION
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM, CHROMEDRIVER = "chromium", "chromedriver"
@@ -28,8 +27,10 @@ def ensure_chromium() -> tuple[str, str]:
     if browser and driver:
         return browser, driver
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("chromium/chromium-driver missing and cannot be installed here (needs root and apt-get): "
-                    "apt-get install chromium chromium-driver")
+        pytest.skip(
+            "chromium/chromium-driver missing and cannot be installed here (needs root and apt-get): "
+            "apt-get install chromium chromium-driver"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     cmd = ["apt-get", "install", "-y", "--no-install-recommends", "chromium", "chromium-driver"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -38,24 +39,36 @@ def ensure_chromium() -> tuple[str, str]:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     browser, driver = _browser_paths()
     if not (browser and driver):
-        pytest.skip(f"could not install chromium and chromium-driver with apt-get (exit {out.returncode}): "
-                    f"{(out.stderr or out.stdout).strip()[-500:]}")
+        pytest.skip(
+            f"could not install chromium and chromium-driver with apt-get (exit {out.returncode}): "
+            f"{(out.stderr or out.stdout).strip()[-500:]}"
+        )
     return browser, driver
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     webdriver = pytest.importorskip(
-        "selenium.webdriver", reason="selenium is not installed: pip install selenium (in the test extras)")
+        "selenium.webdriver", reason="selenium is not installed: pip install selenium (in the test extras)"
+    )
     from selenium.webdriver.chrome.service import Service
 
     chromium, chromedriver = ensure_chromium()
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1600,1000",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1600,1000",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
         options.add_argument(flag)
     # An explicit driver path: Selenium Manager (which would download drivers) is never consulted.
     driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
@@ -105,28 +118,75 @@ def open_page(driver, url: str, *texts: str, shot: str) -> str:
 def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser):
     stack = dagster_stack
     stack.fix_flaky_source()  # flaky's failures would fail the batches fast shares with it
-    stack.wait_until("a successful batch with fast", lambda: [
-        r for r in stack.firing_runs("fast") if r["status"] == "SUCCESS"], 240)
+    stack.wait_until(
+        "a successful batch with fast", lambda: [r for r in stack.firing_runs("fast") if r["status"] == "SUCCESS"], 240
+    )
     run = [r for r in stack.firing_runs("fast") if r["status"] == "SUCCESS"][-1]  # the newest
     last = run["firings"]["fast"][-1].isoformat()
     base = stack.url
     browser.get(base)
     skip_dialogs(browser, wait=15)  # shown once, a moment after the first page loads
 
-    open_page(browser, f"{base}/overview/jobs", MAIN_LOCATION, "cq_firings_job", "fast_job", "fast_recalculate",
-              SLOW_LOCATION, "run_slow_blocked", "recalc_slow_discard", shot="1_jobs")
-    open_page(browser, f"{base}/locations/{MAIN_LOCATION}/jobs/fast_job", "fast_job", "Job in", "fast_out",
-              "cq/name: fast", "cq/timeout_policy: BLOCKED", shot="2_job_fast_job")
-    open_page(browser, f"{base}/automation", "cq_firings", "fast_ticks", "slow_blocked_switch",
-              "slow_discard_switch", shot="3_automation")
-    open_page(browser, f"{base}/locations/{MAIN_LOCATION}/sensors/cq_firings", "cq_firings", "Sensor in",
-              "cq_firings_job", "Running", shot="4_sensor_cq_firings")
-    runs_page = open_page(browser, f"{base}/runs?q[]=job:cq_firings_job&q[]=status:SUCCESS", "cq_firings_job",
-                          "Success", shot="5_runs_cq_firings_success")
+    open_page(
+        browser,
+        f"{base}/overview/jobs",
+        MAIN_LOCATION,
+        "cq_firings_job",
+        "fast_job",
+        "fast_recalculate",
+        SLOW_LOCATION,
+        "run_slow_blocked",
+        "recalc_slow_discard",
+        shot="1_jobs",
+    )
+    open_page(
+        browser,
+        f"{base}/locations/{MAIN_LOCATION}/jobs/fast_job",
+        "fast_job",
+        "Job in",
+        "fast_out",
+        "cq/name: fast",
+        "cq/timeout_policy: BLOCKED",
+        shot="2_job_fast_job",
+    )
+    open_page(
+        browser,
+        f"{base}/automation",
+        "cq_firings",
+        "fast_ticks",
+        "slow_blocked_switch",
+        "slow_discard_switch",
+        shot="3_automation",
+    )
+    open_page(
+        browser,
+        f"{base}/locations/{MAIN_LOCATION}/sensors/cq_firings",
+        "cq_firings",
+        "Sensor in",
+        "cq_firings_job",
+        "Running",
+        shot="4_sensor_cq_firings",
+    )
+    runs_page = open_page(
+        browser,
+        f"{base}/runs?q[]=job:cq_firings_job&q[]=status:SUCCESS",
+        "cq_firings_job",
+        "Success",
+        shot="5_runs_cq_firings_success",
+    )
     # New batches keep succeeding while the page loads: any successful batch with fast will do.
     succeeded = [r["runId"][:8] for r in stack.firing_runs("fast") if r["status"] == "SUCCESS"]
     assert any(run_id in runs_page for run_id in succeeded), runs_page[:1500]
-    open_page(browser, f"{base}/runs/{run['runId']}", run["runId"][:8], "Success", "cq_firings_job",
-              "Launched by", "cq_firings", "RUN_SUCCESS", f"fast: firing {last} committed",
-              shot="6_run_cq_firings")
+    open_page(
+        browser,
+        f"{base}/runs/{run['runId']}",
+        run["runId"][:8],
+        "Success",
+        "cq_firings_job",
+        "Launched by",
+        "cq_firings",
+        "RUN_SUCCESS",
+        f"fast: firing {last} committed",
+        shot="6_run_cq_firings",
+    )
     open_page(browser, f"{base}/assets/fast_out", "fast_out", shot="7_asset_fast_out")

@@ -27,8 +27,13 @@ M = timedelta(minutes=1)
 
 def rows(times: list[datetime], values: list[float] | None = None, device: str | None = "d1") -> pa.Table:
     values = values if values is not None else [float(i) for i in range(len(times))]
-    return pa.table({"ts": pa.array(times, TS), "device": pa.array([device] * len(times), pa.string()),
-                     "v": pa.array(values, pa.float64())})
+    return pa.table(
+        {
+            "ts": pa.array(times, TS),
+            "device": pa.array([device] * len(times), pa.string()),
+            "v": pa.array(values, pa.float64()),
+        }
+    )
 
 
 def append(uri: str, times: list[datetime], **kw) -> None:
@@ -37,8 +42,9 @@ def append(uri: str, times: list[datetime], **kw) -> None:
 
 def all_rows(uri: str) -> list[tuple]:
     data = pa.table(DeltaTable(uri).scan())
-    return sorted(zip(*(data.column(n).to_pylist() for n in data.column_names)),
-                  key=lambda r: tuple((x is None, x) for x in r))
+    return sorted(
+        zip(*(data.column(n).to_pylist() for n in data.column_names)), key=lambda r: tuple((x is None, x) for x in r)
+    )
 
 
 def delete_log_file(uri: str, version: int) -> None:
@@ -70,6 +76,7 @@ def probes(monkeypatch) -> list[str]:
 
 
 # -- latest_version ------------------------------------------------------------------------------
+
 
 def test_latest_version_not_a_table(tmp_path):
     assert latest_version(str(tmp_path / "missing")) is None
@@ -141,6 +148,7 @@ def test_latest_version_relative_path(tmp_path, monkeypatch):
 
 # -- read_commits --------------------------------------------------------------------------------
 
+
 def test_read_commits_appends_stats_and_paths(uri):
     DeltaTable.create(uri, rows([]).schema)
     append(uri, [T0 + S + timedelta(microseconds=234567), T0 + 5 * S])  # v1
@@ -172,8 +180,9 @@ def test_read_commits_delete_update_compact_checkpoint(uri, monkeypatch):
     files = {c.version: c.added[0] for c in read_commits(uri, after=-1, until=3, time_column="ts")}
     DeltaTable(uri).delete("v >= 20 AND v < 30")  # v4: removes minute 2's file wholly
     # v5: an update, replacing minute 1's rows (the file is removed, a new one added).
-    write_deltalake(uri, rows([T0 + M + 5 * S], [-1.0]), mode="overwrite",
-                    predicate=range_predicate("ts", (T0 + M, T0 + 2 * M)))
+    write_deltalake(
+        uri, rows([T0 + M + 5 * S], [-1.0]), mode="overwrite", predicate=range_predicate("ts", (T0 + M, T0 + 2 * M))
+    )
     DeltaTable(uri).optimize.compact()  # v6: a rewrite without data change
     DeltaTable(uri).create_checkpoint()  # not a commit
     assert latest_version(uri) == 6
@@ -268,12 +277,14 @@ def test_file_change_is_hashable_and_frozen():
 
 # -- predicate builders --------------------------------------------------------------------------
 
+
 def test_ranges_predicate_merges():
     r = lambda a, b: (T0 + a * M, T0 + b * M)
     assert merge_ranges([r(5, 6), r(0, 1), r(1, 2), r(3, 5), r(4, 4.5)]) == [r(0, 2), r(3, 6)]
     assert ranges_predicate("ts", [r(1, 2), r(0, 1)]) == range_predicate("ts", r(0, 2))
     assert ranges_predicate("ts", [r(0, 1), r(3, 4)]) == (
-        f"({range_predicate('ts', r(0, 1))}) OR ({range_predicate('ts', r(3, 4))})")
+        f"({range_predicate('ts', r(0, 1))}) OR ({range_predicate('ts', r(3, 4))})"
+    )
     assert ranges_predicate("ts", []) == FALSE == "false"
     with pytest.raises(CQError, match="empty time range"):
         ranges_predicate("ts", [r(2, 1)])
@@ -285,17 +296,22 @@ def test_groups_predicate_text():
     b1, b2 = T0 + M, T0 + 2 * M
     lit = lambda t: sql_literal(t)
     assert groups_predicate("ts", ["device"], []) == "false"
-    assert groups_predicate("ts", ["device"], [(("a",), b1)]) == f"(\"device\" = 'a') AND \"ts\" >= {lit(b1)}"
+    assert groups_predicate("ts", ["device"], [(("a",), b1)]) == f'("device" = \'a\') AND "ts" >= {lit(b1)}'
     # Groups sharing a bound go into one IN; a NULL key is IS NULL; quotes are doubled; a repeated
     # group keeps its earliest bound.
-    text = groups_predicate("ts", ["device"], [(("a",), b1), (("o'b",), b1), ((None,), b1), (("c",), b2),
-                                               (("c",), b1 + 3 * M)])
-    assert text == (f"((\"device\" IN ('a', 'o''b') OR \"device\" IS NULL) AND \"ts\" >= {lit(b1)}) OR "
-                    f"((\"device\" = 'c') AND \"ts\" >= {lit(b2)})")
+    text = groups_predicate(
+        "ts", ["device"], [(("a",), b1), (("o'b",), b1), ((None,), b1), (("c",), b2), (("c",), b1 + 3 * M)]
+    )
+    assert text == (
+        f"((\"device\" IN ('a', 'o''b') OR \"device\" IS NULL) AND \"ts\" >= {lit(b1)}) OR "
+        f'(("device" = \'c\') AND "ts" >= {lit(b2)})'
+    )
     text = groups_predicate("Time", ["k", "s"], [((1, "x"), b2), ((None, "y"), b1), ((2, None), b2)])
-    assert text == (f"((\"k\" IS NULL AND \"s\" = 'y') AND \"Time\" >= {lit(b1)}) OR "
-                    f"(((\"k\" = 1 AND \"s\" = 'x') OR (\"k\" = 2 AND \"s\" IS NULL)) AND \"Time\" >= {lit(b2)})")
-    assert groups_predicate("ts", [], [((), b2), ((), b1)]) == f"\"ts\" >= {lit(b1)}"
+    assert text == (
+        f'(("k" IS NULL AND "s" = \'y\') AND "Time" >= {lit(b1)}) OR '
+        f'((("k" = 1 AND "s" = \'x\') OR ("k" = 2 AND "s" IS NULL)) AND "Time" >= {lit(b2)})'
+    )
+    assert groups_predicate("ts", [], [((), b2), ((), b1)]) == f'"ts" >= {lit(b1)}'
     assert sql_literal(True) == "true" and sql_literal(-3) == "-3" and sql_literal(0.5) == "0.5"
     with pytest.raises(CQError, match="2 key column"):
         groups_predicate("ts", ["a", "b"], [((1,), b1)])
@@ -333,10 +349,19 @@ def test_groups_predicate_deletes_exactly_the_groups(tmp_path, keys):
     bound: dict[tuple, datetime] = {}
     for g, lower in groups:
         bound[g] = min(lower, bound.get(g, lower))
-    version = storage.replace_where("g", KEYED.empty_table(), predicate=groups_predicate("ts", keys, groups),
-                                    time_column="ts", app_id="grp", app_version=1)
-    expected = {r for r in before
-                if not (tuple(r[index[c]] for c in keys) in bound and r[0] >= bound[tuple(r[index[c]] for c in keys)])}
+    version = storage.replace_where(
+        "g",
+        KEYED.empty_table(),
+        predicate=groups_predicate("ts", keys, groups),
+        time_column="ts",
+        app_id="grp",
+        app_version=1,
+    )
+    expected = {
+        r
+        for r in before
+        if not (tuple(r[index[c]] for c in keys) in bound and r[0] >= bound[tuple(r[index[c]] for c in keys)])
+    }
     assert row_set(uri) == expected and len(expected) < len(before)
     assert version == storage.version("g") and storage.transaction_version("g", "grp") == 1
 
@@ -346,13 +371,15 @@ def test_replace_where_false_and_ranges(tmp_path):
     storage.append("g", keyed_rows())
     before = row_set(storage.uri("g"))
     # "false" matches nothing: a commit that only records the transaction.
-    version = storage.replace_where("g", KEYED.empty_table(), predicate=ranges_predicate("ts", []),
-                                    time_column="ts", app_id="none", app_version=3)
+    version = storage.replace_where(
+        "g", KEYED.empty_table(), predicate=ranges_predicate("ts", []), time_column="ts", app_id="none", app_version=3
+    )
     assert version == 1 and row_set(storage.uri("g")) == before
     assert storage.transaction_version("g", "none") == 3
     ranges = [(T0, T0 + M), (T0 + 3 * M, T0 + 4 * M)]
-    storage.replace_where("g", KEYED.empty_table(), predicate=ranges_predicate("ts", ranges),
-                          time_column="ts", app_id="r", app_version=1)
+    storage.replace_where(
+        "g", KEYED.empty_table(), predicate=ranges_predicate("ts", ranges), time_column="ts", app_id="r", app_version=1
+    )
     assert row_set(storage.uri("g")) == {r for r in before if T0 + M <= r[0] < T0 + 3 * M}
 
 
@@ -364,10 +391,22 @@ def test_replace_where_with_data_check_and_reader(tmp_path):
     groups = [(("a",), T0 + 2 * M), ((None,), T0 + 3 * M)]
     predicate = groups_predicate("ts", ["device"], groups)
     seen: list[int] = []
-    new = pa.table({"v": [100.0, 101.0], "ts": pa.array([T0 + 2 * M, T0 + 9 * M], TS),
-                    "device": pa.array(["a", None], pa.large_string())})  # other order, other types
-    storage.replace_where("g", new, predicate=predicate, time_column="ts", app_id="w", app_version=1,
-                          check=lambda part: seen.append(part.num_rows))
+    new = pa.table(
+        {
+            "v": [100.0, 101.0],
+            "ts": pa.array([T0 + 2 * M, T0 + 9 * M], TS),
+            "device": pa.array(["a", None], pa.large_string()),
+        }
+    )  # other order, other types
+    storage.replace_where(
+        "g",
+        new,
+        predicate=predicate,
+        time_column="ts",
+        app_id="w",
+        app_version=1,
+        check=lambda part: seen.append(part.num_rows),
+    )
     assert seen == [2]
     kept = {r for r in before if not ((r[1] == "a" and r[0] >= T0 + 2 * M) or (r[1] is None and r[0] >= T0 + 3 * M))}
     assert row_set(uri) == kept | {(T0 + 2 * M, "a", None, 100.0), (T0 + 9 * M, None, None, 101.0)}
@@ -382,32 +421,38 @@ def test_replace_where_with_data_check_and_reader(tmp_path):
 
     bad = pa.table({"ts": pa.array([T0 + 5 * M], TS), "device": ["zz"], "k": [1], "v": [0.0]})
     with pytest.raises(CQError, match="outside its group"):
-        storage.replace_where("g", bad, predicate=predicate, time_column="ts", app_id="w", app_version=2,
-                              check=refuse)
+        storage.replace_where("g", bad, predicate=predicate, time_column="ts", app_id="w", app_version=2, check=refuse)
     good = pa.table({"ts": pa.array([T0 + 5 * M], TS), "device": ["a"], "k": [7], "v": [1.0]})
     reader = pa.RecordBatchReader.from_batches(good.schema, iter(good.to_batches() + bad.to_batches()))
     with pytest.raises(CQError, match="outside its group"):
-        storage.replace_where("g", reader, predicate=predicate, time_column="ts", app_id="w", app_version=2,
-                              check=refuse)
+        storage.replace_where(
+            "g", reader, predicate=predicate, time_column="ts", app_id="w", app_version=2, check=refuse
+        )
     assert storage.version("g") == version and row_set(uri) == after_first
     assert storage.transaction_version("g", "w") == 1
     # A streamed write that passes.
     reader = pa.RecordBatchReader.from_batches(good.schema, iter(good.to_batches()))
-    storage.replace_where("g", reader, predicate=predicate, time_column="ts", app_id="w", app_version=2,
-                          check=refuse)
+    storage.replace_where("g", reader, predicate=predicate, time_column="ts", app_id="w", app_version=2, check=refuse)
     assert (T0 + 5 * M, "a", 7, 1.0) in row_set(uri) and storage.transaction_version("g", "w") == 2
 
 
 def test_replace_where_creates_missing_table(tmp_path):
     storage = DeltaRsStorage(warehouse=str(tmp_path))
-    version = storage.replace_where("new", rows([T0]), predicate=groups_predicate("ts", ["device"], [(("d1",), T0)]),
-                                    time_column="ts", app_id="c", app_version=1)
+    version = storage.replace_where(
+        "new",
+        rows([T0]),
+        predicate=groups_predicate("ts", ["device"], [(("d1",), T0)]),
+        time_column="ts",
+        app_id="c",
+        app_version=1,
+    )
     assert version == storage.version("new") and all_rows(storage.uri("new")) == [(T0, "d1", 0.0)]
     assert storage.latest_version("new") == version
     assert storage.latest_version("absent") is None
 
 
 # -- read_added (Spark) --------------------------------------------------------------------------
+
 
 def spark_rows(df) -> list[tuple]:
     data = df.toArrow()
@@ -419,13 +464,23 @@ def test_read_added_reads_the_new_versions_files(spark, tmp_path):
     for i in range(3):  # v0..v2
         storage.append("s", rows([T0 + i * M, T0 + i * M + S], [float(i), float(i) + 0.5]))
     df, scan = storage.read_added(spark, "s", after=0, until=2, time_column="ts")
-    assert spark_rows(df) == [(T0 + M, "d1", 1.0), (T0 + M + S, "d1", 1.5),
-                              (T0 + 2 * M, "d1", 2.0), (T0 + 2 * M + S, "d1", 2.5)]
+    assert spark_rows(df) == [
+        (T0 + M, "d1", 1.0),
+        (T0 + M + S, "d1", 1.5),
+        (T0 + 2 * M, "d1", 2.0),
+        (T0 + 2 * M + S, "d1", 2.5),
+    ]
     assert (scan.table, scan.version, scan.files_read, scan.files_total) == ("s", 2, 2, 2)
 
     DeltaTable(storage.uri("s")).optimize.compact()  # v3: no data change
-    storage.replace_range("s", rows([T0 + 5 * M], [9.0], device="r"), time_column="ts",
-                          time_range=(T0 + 5 * M, T0 + 6 * M), app_id="x", app_version=1)  # v4
+    storage.replace_range(
+        "s",
+        rows([T0 + 5 * M], [9.0], device="r"),
+        time_column="ts",
+        time_range=(T0 + 5 * M, T0 + 6 * M),
+        app_id="x",
+        app_version=1,
+    )  # v4
     DeltaTable(storage.uri("s")).delete("v = 0.5")  # v5: rewrites the compacted file, survivors "added"
     assert storage.read_commits("s", after=2, until=3, time_column="ts")[0].operation == "OPTIMIZE"
     df, scan = storage.read_added(spark, "s", after=2, until=4, time_column="ts")

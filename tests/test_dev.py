@@ -132,14 +132,24 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
     holder = _hold(DEFAULT_SPARK_PORT)
     ui = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
-    env.update(CQ_SQL_DIR=settings.sql_dir, CQ_WAREHOUSE=settings.warehouse, CQ_HOME=settings.home,
-               DAGSTER_HOME=str(tmp_path / "dagster"),
-               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    env.update(
+        CQ_SQL_DIR=settings.sql_dir,
+        CQ_WAREHOUSE=settings.warehouse,
+        CQ_HOME=settings.home,
+        DAGSTER_HOME=str(tmp_path / "dagster"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
+    )
     out = tmp_path / "dev.out"
     cq = [sys.executable, "-m", "cq_engine.cli.main"]
     with open(out, "wb") as sink:
-        proc = subprocess.Popen([*cq, "dev", "--port", str(ui), "--feed-every", "2"], cwd=REPO, env=env,
-                                stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*cq, "dev", "--port", str(ui), "--feed-every", "2"],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
         text = out.read_text()
@@ -147,22 +157,33 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         # A later command without CQ_SPARK_PORT finds the server on the port cq dev recorded.
         recorded = int((Path(settings.home) / "spark" / "port").read_text())
         assert recorded != DEFAULT_SPARK_PORT
-        status = subprocess.run([*cq, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                                timeout=120)
+        status = subprocess.run(
+            [*cq, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
         assert f"running at sc://localhost:{recorded}" in status.stdout, status.stdout + status.stderr
         _wait(lambda: _ui_up(ui), 400, "the Dagster UI", proc, out)
         with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
-            _wait(lambda: instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]), limit=1),
-                  400, "a firing to succeed", proc, out)
+            _wait(
+                lambda: instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS]), limit=1),
+                400,
+                "a firing to succeed",
+                proc,
+                out,
+            )
             before = len(out.read_text())
             proc.send_signal(signal.SIGINT)
             assert proc.wait(400) == 0
             after = out.read_text()[before:]
-            failed = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE,
-                                                                      dg.DagsterRunStatus.CANCELED]))
+            failed = instance.get_run_records(
+                dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED])
+            )
         assert "Traceback" not in after and "KeyboardInterrupt" not in after, after
-        for line in ("cq dev: feed stopped (sensors)", "cq dev: Dagster webserver and daemon stopped",
-                     "cq dev: Spark Connect server stopped", "cq dev: stopped at"):
+        for line in (
+            "cq dev: feed stopped (sensors)",
+            "cq dev: Dagster webserver and daemon stopped",
+            "cq dev: Spark Connect server stopped",
+            "cq dev: stopped at",
+        ):
             assert line in after, after
         assert len(after.strip().splitlines()) <= 8, after  # one line per component (and a wait notice)
         assert failed == [], [(r.dagster_run.run_id, r.dagster_run.tags) for r in failed]
@@ -174,8 +195,14 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         newest = max(_sensor_keys(settings))[0]
         out2 = tmp_path / "dev2.out"
         with open(out2, "wb") as sink:
-            proc = subprocess.Popen([*cq, "dev", "--port", str(ui), "--feed-every", "2"], cwd=REPO, env=env,
-                                    stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [*cq, "dev", "--port", str(ui), "--feed-every", "2"],
+                cwd=REPO,
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         _wait(lambda: "Dagster UI on" in out2.read_text(), 400, "cq dev to restart", proc, out2)
         resumed = re.search(r"sensors fed from (\S+)", out2.read_text()).group(1)
         assert datetime.fromisoformat(resumed) > newest

@@ -22,8 +22,9 @@ from cq_engine.times import EPOCH, UTC
 
 S = 1_000_000
 M = 60 * S
-SCHEMA = pa.schema([("case", pa.int32()), ("g", pa.string()), ("tm", pa.int64()), ("v", pa.float64()),
-                    ("ph", pa.int32())])
+SCHEMA = pa.schema(
+    [("case", pa.int32()), ("g", pa.string()), ("tm", pa.int64()), ("v", pa.float64()), ("ph", pa.int32())]
+)
 COLS = SCHEMA.names
 BASE = (datetime(2024, 3, 1, 10, 0, tzinfo=UTC) - EPOCH) // timedelta(microseconds=1)  # a whole hour
 
@@ -51,7 +52,7 @@ def windows_of(out, *, key=("case", "g"), origin=0, unit=1):
     got = {}
     for w, ts in members.items():
         assert len(info[w]) == 1, f"window {w}: rows disagree on its bounds {info[w]}"
-        (we, last, n, closed), = info[w]
+        ((we, last, n, closed),) = info[w]
         assert len(set(ts)) == len(ts) == n and max(ts) == last, f"window {w}: rows {sorted(ts)} vs {n}, {last}"
         got[w] = (we, frozenset(ts), closed)
     return got
@@ -65,16 +66,23 @@ def _hand(spark, times, trigger, until, *, vs=None, ph=None, count_phase_column=
     (start, end, sorted members, closed) in seconds after BASE."""
     vs = vs or [0.0] * len(times)
     df = frame(spark, [(0, "g", BASE + round(t * S), v, ph) for t, v in zip(times, vs)])
-    out = assign_windows(df, trigger, time_column="ts", keys=["g"], close_until=at(BASE + round(until * S)),
-                         count_phase_column=count_phase_column)
+    out = assign_windows(
+        df,
+        trigger,
+        time_column="ts",
+        keys=["g"],
+        close_until=at(BASE + round(until * S)),
+        count_phase_column=count_phase_column,
+    )
     got = windows_of(out, key=("g",), origin=BASE, unit=S)
     return sorted((ws, we, sorted(ts), closed) for (_, ws), (we, ts, closed) in got.items())
 
 
 def test_sliding_with_delay_seed(spark):
     # SLIDINGWINDOW(ss, 5, 5): each event at t opens (t - 5 s, t + 5 s]
-    got = _hand(spark, [0, 2, 4, 7, 12, 13], EkSlidingTrigger(size=timedelta(seconds=5), delay=timedelta(seconds=5)),
-                until=12)
+    got = _hand(
+        spark, [0, 2, 4, 7, 12, 13], EkSlidingTrigger(size=timedelta(seconds=5), delay=timedelta(seconds=5)), until=12
+    )
     assert got == [
         (-5, 5, [0, 2, 4], True),
         (-3, 7, [0, 2, 4, 7], True),
@@ -103,8 +111,12 @@ def test_session_seed_cuts_at_aligned_minutes(spark):
     trig = EkSessionTrigger(timeout=timedelta(minutes=2), max_duration=timedelta(minutes=1))
     # events every 30 s from a whole minute: the 1-minute checks cut at each minute
     got = _hand(spark, list(range(0, 181, 30)), trig, until=180)
-    assert got == [(0, 60, [0, 30], True), (60, 120, [60, 90], True), (120, 180, [120, 150], True),
-                   (180, 240, [180], False)]
+    assert got == [
+        (0, 60, [0, 30], True),
+        (60, 120, [60, 90], True),
+        (120, 180, [120, 150], True),
+        (180, 240, [180], False),
+    ]
     # from 15 s past: at 60 the window is 45 s old (not over a minute), at 120 it is: cut there
     got = _hand(spark, list(range(15, 181, 30)), trig, until=200)
     assert got == [(15, 120, [15, 45, 75, 105], True), (135, 240, [135, 165], False)]
@@ -142,15 +154,25 @@ def test_countwindow_5_2_seed(spark):
         (6, 9, [6, 7, 8, 9], False),  # event 10 would fire it
         (8, 9, [8, 9], False),
     ]
-    assert [w[3] for w in _hand(spark, times, CountTrigger(count=5, slide=2, ekuiper=True), until=7)] == \
-        [True, False, False, False]
+    assert [w[3] for w in _hand(spark, times, CountTrigger(count=5, slide=2, ekuiper=True), until=7)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_countwindow_5_1_and_tumbling(spark):
     got = _hand(spark, list(range(1, 8)), CountTrigger(count=5, slide=1, ekuiper=True), until=100)
-    assert got == [(1, 5, [1, 2, 3, 4, 5], True), (2, 6, [2, 3, 4, 5, 6], True), (3, 7, [3, 4, 5, 6, 7], True),
-                   (4, 7, [4, 5, 6, 7], False), (5, 7, [5, 6, 7], False), (6, 7, [6, 7], False),
-                   (7, 7, [7], False)]
+    assert got == [
+        (1, 5, [1, 2, 3, 4, 5], True),
+        (2, 6, [2, 3, 4, 5, 6], True),
+        (3, 7, [3, 4, 5, 6, 7], True),
+        (4, 7, [4, 5, 6, 7], False),
+        (5, 7, [5, 6, 7], False),
+        (6, 7, [6, 7], False),
+        (7, 7, [7], False),
+    ]
     got = _hand(spark, list(range(1, 13)), CountTrigger(count=5, slide=5, ekuiper=True), until=100)
     assert got == [(1, 5, [1, 2, 3, 4, 5], True), (6, 10, [6, 7, 8, 9, 10], True), (11, 12, [11, 12], False)]
 
@@ -159,8 +181,13 @@ def test_count_phase_column(spark):
     trig = CountTrigger(count=5, slide=2, ekuiper=True)
     # resumed at a window start: phase 0
     got = _hand(spark, list(range(1, 10)), trig, until=100, ph=0, count_phase_column="ph")
-    assert got == [(1, 5, [1, 2, 3, 4, 5], True), (3, 7, [3, 4, 5, 6, 7], True), (5, 9, [5, 6, 7, 8, 9], True),
-                   (7, 9, [7, 8, 9], False), (9, 9, [9], False)]
+    assert got == [
+        (1, 5, [1, 2, 3, 4, 5], True),
+        (3, 7, [3, 4, 5, 6, 7], True),
+        (5, 9, [5, 6, 7, 8, 9], True),
+        (7, 9, [7, 8, 9], False),
+        (9, 9, [9], False),
+    ]
     # NULL: the default phase (ceil(5/2)*2 - 5 = 1)
     got = _hand(spark, list(range(1, 10)), trig, until=100, ph=None, count_phase_column="ph")
     assert [w[0] for w in got] == [2, 4, 6, 8]
@@ -172,20 +199,29 @@ def test_count_phase_column(spark):
 def test_empty_input_and_bad_arguments(spark):
     df = frame(spark, [(0, "g", BASE, 1.0, None)])
     empty = df.filter(F.col("case") < 0)
-    for trig in (EkSlidingTrigger(size=timedelta(seconds=1), over="v > 0"),
-                 EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(seconds=5)),
-                 CountTrigger(count=3, slide=2, ekuiper=True)):
+    for trig in (
+        EkSlidingTrigger(size=timedelta(seconds=1), over="v > 0"),
+        EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(seconds=5)),
+        CountTrigger(count=3, slide=2, ekuiper=True),
+    ):
         out = assign_windows(empty, trig, time_column="ts", keys=["g"], close_until=at(BASE))
         assert out.columns == [*COLS, "ts", WSTART, WEND, WLAST, WROWS, WCLOSED]
         assert out.count() == 0
     with_null_time = frame(spark, [(0, "g", BASE, 1.0, None), (0, "g", None, 1.0, None)])
-    out = assign_windows(with_null_time, EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(seconds=5)),
-                         time_column="ts", keys=["g"], close_until=at(BASE))
+    out = assign_windows(
+        with_null_time,
+        EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(seconds=5)),
+        time_column="ts",
+        keys=["g"],
+        close_until=at(BASE),
+    )
     assert out.count() == 1
-    for trig, msg in [(EkSlidingTrigger(size=timedelta(0)), "size"),
-                      (EkSlidingTrigger(size=timedelta(seconds=1), delay=timedelta(seconds=-1)), "delay"),
-                      (EkSessionTrigger(timeout=timedelta(0), max_duration=timedelta(seconds=1)), "timeout"),
-                      (EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(0)), "max_duration")]:
+    for trig, msg in [
+        (EkSlidingTrigger(size=timedelta(0)), "size"),
+        (EkSlidingTrigger(size=timedelta(seconds=1), delay=timedelta(seconds=-1)), "delay"),
+        (EkSessionTrigger(timeout=timedelta(0), max_duration=timedelta(seconds=1)), "timeout"),
+        (EkSessionTrigger(timeout=timedelta(seconds=1), max_duration=timedelta(0)), "max_duration"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             assign_windows(df, trig, time_column="ts", keys=["g"], close_until=at(BASE))
 
@@ -230,8 +266,14 @@ def run_random(spark, cases, *, phase=False, untils=3):
     df = frame(spark, data)
     out = None
     for ri, (ci, trigger, until) in enumerate(runs):
-        o = assign_windows(df.filter(F.col("case") == ci), trigger, time_column="ts", keys=["case", "g"],
-                           close_until=at(until), count_phase_column="ph" if phase else None)
+        o = assign_windows(
+            df.filter(F.col("case") == ci),
+            trigger,
+            time_column="ts",
+            keys=["case", "g"],
+            close_until=at(until),
+            count_phase_column="ph" if phase else None,
+        )
         o = o.withColumn("run", F.lit(ri))
         out = o if out is None else out.unionByName(o)
     got = windows_of(out, key=("run", "case", "g"))
@@ -239,18 +281,19 @@ def run_random(spark, cases, *, phase=False, untils=3):
     extra = sorted(set(got) - set(expected), key=str)
     wrong = sorted((k for k in set(got) & set(expected) if got[k] != expected[k]), key=str)
     if missing or extra or wrong:
-        pytest.fail(f"{len(missing)} windows missing, e.g. {missing[:3]}; {len(extra)} unexpected, e.g. "
-                    f"{extra[:3]}; {len(wrong)} differ, e.g. "
-                    f"{[(k, got[k], expected[k]) for k in wrong[:2]]}")
+        pytest.fail(
+            f"{len(missing)} windows missing, e.g. {missing[:3]}; {len(extra)} unexpected, e.g. "
+            f"{extra[:3]}; {len(wrong)} differ, e.g. "
+            f"{[(k, got[k], expected[k]) for k in wrong[:2]]}"
+        )
     assert any(c for _, _, c in expected.values()) and not all(c for _, _, c in expected.values())
 
 
 def _groups(rng, *, base, gaps):
-    names = ["g0", "g1", None][:rng.choice([2, 3])]  # a NULL key is a group too
+    names = ["g0", "g1", None][: rng.choice([2, 3])]  # a NULL key is a group too
     out = {}
     for g in names:
-        times = gen_times(rng, base=base + rng.randrange(0, 3) * rng.choice(gaps), gaps=gaps,
-                          n=rng.randrange(40, 120))
+        times = gen_times(rng, base=base + rng.randrange(0, 3) * rng.choice(gaps), gaps=gaps, n=rng.randrange(40, 120))
         vs = [None if rng.random() < 0.15 else round(rng.uniform(0, 10), 1) for _ in times]
         out[g] = (times, vs, None)
     return out
@@ -274,8 +317,9 @@ def test_sliding_random(spark):
             trig = None if over is None else {t for t, v in zip(times, vs) if over[1](v)}
             return ref.sliding_windows(times, size=size, delay=delay, triggers=trig, until=until)
 
-        trigger = EkSlidingTrigger(size=timedelta(microseconds=size), delay=timedelta(microseconds=delay),
-                                   over=over and over[0])
+        trigger = EkSlidingTrigger(
+            size=timedelta(microseconds=size), delay=timedelta(microseconds=delay), over=over and over[0]
+        )
         cases.append((trigger, groups, reference, seed))
     run_random(spark, cases)
 
@@ -297,8 +341,14 @@ def test_session_random(spark):
         def reference(times, vs, ph, until, timeout=timeout, d=d):
             return ref.session_windows(times, timeout=timeout, max_duration=d, until=until)
 
-        cases.append((EkSessionTrigger(timeout=timedelta(microseconds=timeout), max_duration=timedelta(microseconds=d)),
-                      groups, reference, seed))
+        cases.append(
+            (
+                EkSessionTrigger(timeout=timedelta(microseconds=timeout), max_duration=timedelta(microseconds=d)),
+                groups,
+                reference,
+                seed,
+            )
+        )
     run_random(spark, cases)
 
 

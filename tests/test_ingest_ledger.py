@@ -18,8 +18,14 @@ from cq_engine.storage.ledger import Ledger, LedgerEntry
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 TS = pa.timestamp("us", tz="UTC")
-SCHEMA = pa.schema([pa.field("ts", TS), pa.field("device", pa.string()), pa.field("temperature", pa.float64()),
-                    pa.field("status", pa.bool_())])
+SCHEMA = pa.schema(
+    [
+        pa.field("ts", TS),
+        pa.field("device", pa.string()),
+        pa.field("temperature", pa.float64()),
+        pa.field("status", pa.bool_()),
+    ]
+)
 T = datetime(2021, 5, 11, 14, 18, 40, tzinfo=UTC)  # 2021-05-11T22:18:40+08:00
 
 
@@ -34,16 +40,23 @@ def write(tmp_path, name: str, text: str) -> str:
 
 
 def test_csv_time_formats_and_types(tmp_path):
-    path = write(tmp_path, "ln.csv",
-                 "TS,Device,temperature\n"
-                 "2021-05-11T22:18:40+08:00,001,36.5\n"   # offset
-                 "2021-05-11 22:18:41,002,\n"             # naive: Asia/Shanghai
-                 "1620742722000,003,37\n"                 # epoch milliseconds
-                 "2021-05-11T14:18:43.250Z,004,-1e1\n")
+    path = write(
+        tmp_path,
+        "ln.csv",
+        "TS,Device,temperature\n"
+        "2021-05-11T22:18:40+08:00,001,36.5\n"  # offset
+        "2021-05-11 22:18:41,002,\n"  # naive: Asia/Shanghai
+        "1620742722000,003,37\n"  # epoch milliseconds
+        "2021-05-11T14:18:43.250Z,004,-1e1\n",
+    )
     out = ln(read_input(path))
     assert out.schema == SCHEMA
-    assert out.column("ts").to_pylist() == [T, T + timedelta(seconds=1), T + timedelta(seconds=2),
-                                            T + timedelta(seconds=3, milliseconds=250)]
+    assert out.column("ts").to_pylist() == [
+        T,
+        T + timedelta(seconds=1),
+        T + timedelta(seconds=2),
+        T + timedelta(seconds=3, milliseconds=250),
+    ]
     # CSV values are read as text, so leading zeros survive into a string column.
     assert out.column("device").to_pylist() == ["001", "002", "003", "004"]
     assert out.column("temperature").to_pylist() == [36.5, None, 37.0, -10.0]
@@ -51,14 +64,15 @@ def test_csv_time_formats_and_types(tmp_path):
 
 
 def test_jsonl_time_formats(tmp_path):
-    lines = [{"ts": "2021-05-11T22:18:40+08:00", "device": "a", "temperature": 1, "status": True},
-             {"ts": "2021-05-11T22:18:41", "device": "b", "temperature": 2.5},
-             {"ts": "2021-05-11T14:18:42.5Z", "device": "c"}]
+    lines = [
+        {"ts": "2021-05-11T22:18:40+08:00", "device": "a", "temperature": 1, "status": True},
+        {"ts": "2021-05-11T22:18:41", "device": "b", "temperature": 2.5},
+        {"ts": "2021-05-11T14:18:42.5Z", "device": "c"},
+    ]
     for ext in (".jsonl", ".json", ".ndjson"):
         path = write(tmp_path, "ln" + ext, "\n".join(json.dumps(line) for line in lines) + "\n")
         out = ln(read_input(path))
-        assert out.column("ts").to_pylist() == [T, T + timedelta(seconds=1),
-                                                T + timedelta(seconds=2, milliseconds=500)]
+        assert out.column("ts").to_pylist() == [T, T + timedelta(seconds=1), T + timedelta(seconds=2, milliseconds=500)]
         assert out.column("temperature").to_pylist() == [1.0, 2.5, None]
         assert out.column("status").to_pylist() == [True, None, None]
     path = write(tmp_path, "ms.jsonl", '{"ts": 1620742720000, "temperature": 3}\n')
@@ -66,14 +80,17 @@ def test_jsonl_time_formats(tmp_path):
 
 
 def test_parquet_timestamps(tmp_path):
-    naive = pa.table({"ts": pa.array([datetime(2021, 5, 11, 22, 18, 40)], pa.timestamp("ms")),
-                      "temperature": pa.array([1.0], pa.float32())})
+    naive = pa.table(
+        {
+            "ts": pa.array([datetime(2021, 5, 11, 22, 18, 40)], pa.timestamp("ms")),
+            "temperature": pa.array([1.0], pa.float32()),
+        }
+    )
     aware = pa.table({"ts": pa.array([T], pa.timestamp("ns", tz="Asia/Shanghai")), "device": ["x"]})
     pq.write_table(naive, tmp_path / "naive.parquet")
     pq.write_table(aware, tmp_path / "aware.parquet")
     assert ln(read_input(str(tmp_path / "naive.parquet"))).column("ts").to_pylist() == [T]
-    assert ln(read_input(str(tmp_path / "naive.parquet")), tz=UTC).column("ts").to_pylist() == [
-        T + timedelta(hours=8)]
+    assert ln(read_input(str(tmp_path / "naive.parquet")), tz=UTC).column("ts").to_pylist() == [T + timedelta(hours=8)]
     out = ln(read_input(str(tmp_path / "aware.parquet")))
     assert out.column("ts").to_pylist() == [T] and out.schema == SCHEMA
 
@@ -97,8 +114,13 @@ def test_bad_values_and_columns(tmp_path):
     with pytest.raises(TableError, match="cannot read 'maybe' as boolean"):
         ln(pa.table({"ts": ["2021-05-11T22:18:40"], "status": ["maybe"]}))
     with pytest.raises(TableError, match="cannot read 300 as tinyint"):
-        conform(pa.table({"ts": [1620742720000], "n": [300]}),
-                pa.schema([("ts", TS), ("n", pa.int8())]), table="t", time_column="ts", tz=UTC)
+        conform(
+            pa.table({"ts": [1620742720000], "n": [300]}),
+            pa.schema([("ts", TS), ("n", pa.int8())]),
+            table="t",
+            time_column="ts",
+            tz=UTC,
+        )
 
 
 def test_non_finite_numbers_and_far_epochs_are_refused(tmp_path):
@@ -116,8 +138,10 @@ def test_non_finite_numbers_and_far_epochs_are_refused(tmp_path):
     now = datetime(2026, 11, 23, tzinfo=UTC)
     for value, unit in ((1620742720, "seconds"), (1620742720000000, "microseconds")):
         path = write(tmp_path, "epoch.csv", f"ts,temperature\n1620742720000,1\n{value},2\n")
-        message = (rf"column 'ts': row 2 holds {value}, which as epoch milliseconds is "
-                   rf".*more than 30 years from now \(as epoch {unit} it would be 2021-05-11")
+        message = (
+            rf"column 'ts': row 2 holds {value}, which as epoch milliseconds is "
+            rf".*more than 30 years from now \(as epoch {unit} it would be 2021-05-11"
+        )
         with pytest.raises(TableError, match=message):
             conform(read_input(path), SCHEMA, table="ln", time_column="ts", tz=UTC, now=now)
     assert ln(pa.table({"ts": [1620742720000]})).column("ts").to_pylist() == [T]
@@ -131,9 +155,16 @@ def test_ingest_refuses_an_empty_file_and_names_it(tmp_path):
     sql.mkdir()
     (sql / "t.sql").write_text("CREATE TABLE ln (ts TIMESTAMP, temperature DOUBLE);")
     engine = Engine(settings=Settings(sql_dir=str(sql), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq")))
-    for name, text, message in (("header.csv", "ts,temperature\n", r"the file holds no rows \(a header only\?\); "
-                                 "nothing was written to 'ln'"), ("empty.jsonl", "", "Empty JSON file"),
-                                ("empty.csv", "", "no header row")):
+    for name, text, message in (
+        (
+            "header.csv",
+            "ts,temperature\n",
+            r"the file holds no rows \(a header only\?\); "
+            "nothing was written to 'ln'",
+        ),
+        ("empty.jsonl", "", "Empty JSON file"),
+        ("empty.csv", "", "no header row"),
+    ):
         path = write(tmp_path, name, text)
         with pytest.raises(CQError, match=rf"{name}: .*{message}"):
             ingest(table="ln", data=path, engine=engine)
@@ -141,8 +172,12 @@ def test_ingest_refuses_an_empty_file_and_names_it(tmp_path):
     bad = write(tmp_path, "bad.csv", "ts,temperature\n2021-05-11T22:18:40,1e999\n")
     with pytest.raises(TableError, match=rf"^{bad}: table 'ln', column 'temperature': row 1 holds '1e999'"):
         ingest(table="ln", data=bad, engine=engine)
-    assert ingest(table="ln", data=write(tmp_path, "ok.csv", "ts,temperature\n2021-05-11T22:18:40,1\n"),
-                  engine=engine).rows == 1
+    assert (
+        ingest(
+            table="ln", data=write(tmp_path, "ok.csv", "ts,temperature\n2021-05-11T22:18:40,1\n"), engine=engine
+        ).rows
+        == 1
+    )
 
 
 def test_read_input_errors(tmp_path):
@@ -168,10 +203,19 @@ def test_ingested_data_appends_to_a_declared_table(tmp_path):
 
 def entry(definition: str, minute: int, *, status: str = "succeeded", **changes) -> LedgerEntry:
     start = T + timedelta(minutes=minute)
-    values = dict(definition=definition, kind="firing", fire_time=start + timedelta(seconds=20),
-                  range_start=start - timedelta(seconds=40), range_end=start, source_versions={"ln": minute},
-                  rows_written=minute * 2, sink_version=minute, status=status, started_at=start,
-                  finished_at=start + timedelta(seconds=1))
+    values = dict(
+        definition=definition,
+        kind="firing",
+        fire_time=start + timedelta(seconds=20),
+        range_start=start - timedelta(seconds=40),
+        range_end=start,
+        source_versions={"ln": minute},
+        rows_written=minute * 2,
+        sink_version=minute,
+        status=status,
+        started_at=start,
+        finished_at=start + timedelta(seconds=1),
+    )
     values.update(changes)
     return LedgerEntry(**values)
 
@@ -189,8 +233,11 @@ def test_ledger_record_and_read(tmp_path):
     ledger.record(entry("cq2", 3, kind="recalculate", fire_time=None, started_at=shanghai_start))
     assert (tmp_path / "wh" / "_cq" / "firings" / "_delta_log").is_dir()
     assert [(e.definition, e.started_at) for e in ledger.entries()] == [
-        ("cq2", T), ("cq1", T + timedelta(minutes=1)), ("cq1", T + timedelta(minutes=2)),
-        ("cq2", T + timedelta(minutes=3))]
+        ("cq2", T),
+        ("cq1", T + timedelta(minutes=1)),
+        ("cq1", T + timedelta(minutes=2)),
+        ("cq2", T + timedelta(minutes=3)),
+    ]
     assert ledger.entries("cq1") == [entry("cq1", 1), entry("cq1", 2)]
     assert ledger.last("cq1") == entry("cq1", 2)
     last = ledger.last_by_definition()

@@ -20,14 +20,31 @@ NOW = 1733284887203
 
 
 def open_event(win: str, **extra) -> dict:
-    return {"tableName": "t_1", "eventType": "WINDOW_OPEN", "eventTime": NOW - 100, "windowId": win,
-            "windowType": "Time", "groupId": "42", "windowStart": 1733284800000, **extra}
+    return {
+        "tableName": "t_1",
+        "eventType": "WINDOW_OPEN",
+        "eventTime": NOW - 100,
+        "windowId": win,
+        "windowType": "Time",
+        "groupId": "42",
+        "windowStart": 1733284800000,
+        **extra,
+    }
 
 
 def close_event(win: str, **extra) -> dict:
-    return {"tableName": "t_1", "eventType": "WINDOW_CLOSE", "eventTime": NOW - 50, "windowId": win,
-            "windowType": "Time", "groupId": "42", "windowStart": 1733284800000, "windowEnd": 1733284860000,
-            "result": {"_wstart": 1733284800000, "avg(current)": 1.3}, **extra}
+    return {
+        "tableName": "t_1",
+        "eventType": "WINDOW_CLOSE",
+        "eventTime": NOW - 50,
+        "windowId": win,
+        "windowType": "Time",
+        "groupId": "42",
+        "windowStart": 1733284800000,
+        "windowEnd": 1733284860000,
+        "result": {"_wstart": 1733284800000, "avg(current)": 1.3},
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -41,8 +58,7 @@ def rec():
 
 def test_message_has_seed_fields_and_passes_events_through():
     ev_open, ev_close = open_event("w1"), close_event("w1")
-    msg = message({"avg_current_stream": [ev_open, ev_close], "empty": [], "max_v": [open_event("w2")]},
-                  now_ms=NOW)
+    msg = message({"avg_current_stream": [ev_open, ev_close], "empty": [], "max_v": [open_event("w2")]}, now_ms=NOW)
     assert set(msg) == {"messageId", "timestamp", "streams"}
     assert isinstance(msg["messageId"], str) and msg["messageId"]
     assert msg["timestamp"] == NOW
@@ -94,20 +110,21 @@ def test_notify_error_is_a_cq_error():
 
 
 def test_deliver_sends_exact_json(rec):
-    events = {"avg_current_stream": [open_event("w1"), close_event("w1", _key="k1")],
-              "max_v": [open_event("w2")]}
+    events = {"avg_current_stream": [open_event("w1"), close_event("w1", _key="k1")], "max_v": [open_event("w2")]}
     sent = deliver([rec.url("/notify?key=foo")], events, now_ms=NOW)
     assert len(sent) == 1  # several streams share one message
     got = rec.wait_for(1)
     assert got == sent
-    assert got == [{
-        "messageId": sent[0]["messageId"],
-        "timestamp": NOW,
-        "streams": [
-            {"streamName": "avg_current_stream", "events": [open_event("w1"), close_event("w1")]},
-            {"streamName": "max_v", "events": [open_event("w2")]},
-        ],
-    }]
+    assert got == [
+        {
+            "messageId": sent[0]["messageId"],
+            "timestamp": NOW,
+            "streams": [
+                {"streamName": "avg_current_stream", "events": [open_event("w1"), close_event("w1")]},
+                {"streamName": "max_v", "events": [open_event("w2")]},
+            ],
+        }
+    ]
     assert rec.paths == ["/notify?key=foo"]
     assert [e["streamName"] for e in rec.events()] == ["avg_current_stream"] * 2 + ["max_v"]
     assert rec.events()[1]["result"] == {"_wstart": 1733284800000, "avg(current)": 1.3}
@@ -183,12 +200,20 @@ def _closing_server(code: int):
             data = b""
             while b"\r\n\r\n" not in data:
                 data += conn.recv(4096)
-            key = next(line.split(":", 1)[1].strip() for line in data.decode().split("\r\n")
-                       if line.lower().startswith("sec-websocket-key:"))
-            accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode())
-                                      .digest()).decode()
-            conn.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          f"Sec-WebSocket-Accept: {accept}\r\n\r\n").encode())
+            key = next(
+                line.split(":", 1)[1].strip()
+                for line in data.decode().split("\r\n")
+                if line.lower().startswith("sec-websocket-key:")
+            )
+            accept = base64.b64encode(
+                hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+            ).decode()
+            conn.sendall(
+                (
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    f"Sec-WebSocket-Accept: {accept}\r\n\r\n"
+                ).encode()
+            )
             body = code.to_bytes(2, "big") + b"bye"
             conn.sendall(bytes([0x88, len(body)]) + body)
 
@@ -210,8 +235,16 @@ def test_receiver_that_stops_reading_cannot_stall_send():
     # The handler never reads and the server queues at most one message, so the
     # kernel buffers fill and the sender's socket write blocks: the watchdog must cut it.
     release = threading.Event()
-    server = serve(lambda ws: release.wait(10), "127.0.0.1", 0, ping_interval=None,
-                   max_size=None, max_queue=1, compression=None, close_timeout=0.5)
+    server = serve(
+        lambda ws: release.wait(10),
+        "127.0.0.1",
+        0,
+        ping_interval=None,
+        max_size=None,
+        max_queue=1,
+        compression=None,
+        close_timeout=0.5,
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}/notify"

@@ -76,40 +76,63 @@ def test_defaults_follow_seed_004():
 
 
 def test_into_column_list_names_items_and_row_wise_query():
-    q = cq("CREATE CQ cq5 RESAMPLE EVERY 20s BEGIN SELECT temperature + 1 INTO p(temperature) FROM ln align by device END")
+    q = cq(
+        "CREATE CQ cq5 RESAMPLE EVERY 20s BEGIN SELECT temperature + 1 INTO p(temperature) FROM ln align by device END"
+    )
     assert [(i.name, i.expression, i.is_aggregate) for i in q.select] == [("temperature", "temperature + 1", False)]
     assert q.align_by_device and q.time_grouping is None
 
 
-@pytest.mark.parametrize("fill,expected", [
-    ("PREVIOUS", Fill("previous")), ("linear", Fill("linear")), ("100", Fill("constant", 100)),
-    ("'n/a'", Fill("constant", "n/a")), ("true", Fill("constant", True)), ("-1.5", Fill("constant", -1.5)),
-])
+@pytest.mark.parametrize(
+    "fill,expected",
+    [
+        ("PREVIOUS", Fill("previous")),
+        ("linear", Fill("linear")),
+        ("100", Fill("constant", 100)),
+        ("'n/a'", Fill("constant", "n/a")),
+        ("true", Fill("constant", True)),
+        ("-1.5", Fill("constant", -1.5)),
+    ],
+)
 def test_fill_forms(fill, expected):
     assert cq(f"CREATE CQ c BEGIN SELECT max(t) AS m INTO o FROM s GROUP BY(10s) FILL({fill}) END").fill == expected
 
 
 def test_durations_units_and_boundary_forms():
-    q = cq("CREATE CQ c RESAMPLE EVERY 1h30m RANGE 2h BOUNDARY 2024-01-01T00:00:00 BEGIN SELECT max(t) AS m INTO o FROM s GROUP BY(1500ms) END",
-           tz=ZoneInfo("Asia/Shanghai"))
+    q = cq(
+        "CREATE CQ c RESAMPLE EVERY 1h30m RANGE 2h BOUNDARY 2024-01-01T00:00:00 BEGIN SELECT max(t) AS m INTO o FROM s GROUP BY(1500ms) END",
+        tz=ZoneInfo("Asia/Shanghai"),
+    )
     assert q.resample.every == timedelta(minutes=90) and q.time_grouping.interval == timedelta(milliseconds=1500)
     assert q.resample.boundary == datetime(2023, 12, 31, 16, tzinfo=UTC)  # naive → CQ_TIMEZONE
-    q = cq("CREATE CQ c RESAMPLE EVERY 1w BOUNDARY 1620742720000 BEGIN SELECT max(t) AS m INTO o FROM s GROUP BY(1d) END")
+    q = cq(
+        "CREATE CQ c RESAMPLE EVERY 1w BOUNDARY 1620742720000 BEGIN SELECT max(t) AS m INTO o FROM s GROUP BY(1d) END"
+    )
     assert q.resample.boundary == datetime(2021, 5, 11, 14, 18, 40, tzinfo=UTC)
-    assert cq("CREATE CQ c RESAMPLE EVERY 2000000ns BEGIN SELECT t AS m INTO o FROM s END", min_every=timedelta(0)).resample.every == timedelta(milliseconds=2)
+    assert cq(
+        "CREATE CQ c RESAMPLE EVERY 2000000ns BEGIN SELECT t AS m INTO o FROM s END", min_every=timedelta(0)
+    ).resample.every == timedelta(milliseconds=2)
 
 
 def test_several_statements_and_table_declaration():
-    stmts = parse_text("""
+    stmts = parse_text(
+        """
         CREATE TABLE IF NOT EXISTS meters (ts TIMESTAMP, current FLOAT, voltage INT UNSIGNED) TAGS (location VARCHAR(64), groupId INT);
         CREATE TABLE t2 (a TIMESTAMP, b TIMESTAMP TIMESTAMP KEY, v DOUBLE);
         CREATE CQ c BEGIN SELECT max(current) AS m INTO o FROM meters GROUP BY(10s) END;
-    """, file="t.sql")
+    """,
+        file="t.sql",
+    )
     meters, t2, c = stmts
     assert isinstance(meters, TableDecl) and meters.if_not_exists and meters.time_column == "ts"
     assert [(x.name, x.type, x.is_tag) for x in meters.columns] == [
-        ("ts", "timestamp", False), ("current", "float", False), ("voltage", "bigint", False),
-        ("tbname", "string", True), ("location", "string", True), ("groupId", "int", True)]  # a super table
+        ("ts", "timestamp", False),
+        ("current", "float", False),
+        ("voltage", "bigint", False),
+        ("tbname", "string", True),
+        ("location", "string", True),
+        ("groupId", "int", True),
+    ]  # a super table
     assert t2.time_column == "b"
     assert c.location.line == 4
 
@@ -120,11 +143,27 @@ REJECTIONS = [
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY([0, 10), 10s) END", "1:61", "[start, end)"),
     ("CREATE CQ a BEGIN SELECT t AS m INTO b FROM c END", "1:11", "GROUP BY (interval) or RESAMPLE EVERY"),
     ("CREATE CQ a RESAMPLE EVERY 500ms BEGIN SELECT t AS m INTO b FROM c END", "1:28", "below the minimum"),
-    ("CREATE CQ a RESAMPLE RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END", "1:80", "larger than the RANGE start offset"),
-    ("CREATE CQ a RESAMPLE RANGE 5s, 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END", "1:22", "greater than the end offset"),
-    ("CREATE CQ a RESAMPLE RANGE 5s, 10s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END", "1:22", "greater than the end offset"),
+    (
+        "CREATE CQ a RESAMPLE RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END",
+        "1:80",
+        "larger than the RANGE start offset",
+    ),
+    (
+        "CREATE CQ a RESAMPLE RANGE 5s, 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END",
+        "1:22",
+        "greater than the end offset",
+    ),
+    (
+        "CREATE CQ a RESAMPLE RANGE 5s, 10s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END",
+        "1:22",
+        "greater than the end offset",
+    ),
     ("CREATE CQ a RESAMPLE EVERY 0s BEGIN SELECT t AS m INTO b FROM c END", "1:28", "greater than 0"),
-    ("CREATE CQ a RESAMPLE RANGE 0s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END", "1:28", "greater than 0"),
+    (
+        "CREATE CQ a RESAMPLE RANGE 0s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END",
+        "1:28",
+        "greater than 0",
+    ),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (0s) END", "1:62", "greater than 0"),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s, 0ms) END", "1:67", "greater than 0"),
     ("CREATE CQ a RESAMPLE EVERY 10x BEGIN SELECT t AS m INTO b FROM c END", "1:28", "unknown unit 'x'"),
@@ -136,9 +175,17 @@ REJECTIONS = [
     ("CREATE CQ a BEGIN SELECT max(t) AS m FROM c GROUP BY (10s) END", "1:19", "needs a INTO clause"),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b(x, y) FROM c GROUP BY (10s) END", "1:38", "INTO lists 2 columns"),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s), level = 1 END", "1:68", "GROUP BY LEVEL"),
-    ("CREATE CQ a TIMEOUT POLICY LATER BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END", "1:28", "BLOCKED or DISCARD"),
+    (
+        "CREATE CQ a TIMEOUT POLICY LATER BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END",
+        "1:28",
+        "BLOCKED or DISCARD",
+    ),
     ("CREATE CQ a RESAMPLE EVERY 1s EVERY 2s BEGIN SELECT t AS m INTO b FROM c END", "1:31", "given twice"),
-    ("CREATE CQ a RESAMPLE BOUNDARY yesterday BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END", "1:31", "not a time"),
+    (
+        "CREATE CQ a RESAMPLE BOUNDARY yesterday BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END",
+        "1:31",
+        "not a time",
+    ),
     ("CREATE CQ a BEGIN SELECT * INTO b FROM c GROUP BY (1s) END", "1:26", "SELECT *"),
     ("CREATE CQ a BEGIN SELECT max(t) + AS m INTO b FROM c GROUP BY (1s) END", "1:35", "near"),
     ("CREATE CQ a BEGIN SELECT t AS m INTO b FROM c WHERE count(t) > 1 GROUP BY (1s) END", "1:59", "HAVING"),
@@ -164,12 +211,20 @@ def test_errors_on_later_lines_point_there():
 
 
 def test_catalog_loads_good_files_and_reports_bad_ones(tmp_path):
-    (tmp_path / "a.sql").write_text("CREATE TABLE ln (time TIMESTAMP, device STRING, temperature DOUBLE);\n"
-                                    "CREATE CQ good BEGIN SELECT max(temperature) AS m INTO o1 FROM ln GROUP BY (1s), device END;")
+    (tmp_path / "a.sql").write_text(
+        "CREATE TABLE ln (time TIMESTAMP, device STRING, temperature DOUBLE);\n"
+        "CREATE CQ good BEGIN SELECT max(temperature) AS m INTO o1 FROM ln GROUP BY (1s), device END;"
+    )
     (tmp_path / "b.sql").write_text("CREATE CQ bad BEGIN SELECT max(t) AS m INTO o2 FROM ln GROUP BY ([0,1), 1s) END;")
-    (tmp_path / "c.sql").write_text("CREATE CQ unknown_col BEGIN SELECT max(humidity) AS m INTO o3 FROM ln GROUP BY (1s) END;")
-    (tmp_path / "d.sql").write_text("CREATE CQ same_sink BEGIN SELECT max(temperature) AS m INTO o1 FROM ln GROUP BY (1s) END;")
-    (tmp_path / "e.sql").write_text("CREATE CQ ts_filter BEGIN SELECT max(temperature) AS m INTO o5 FROM ln WHERE time > 3 GROUP BY (1s) END;")
+    (tmp_path / "c.sql").write_text(
+        "CREATE CQ unknown_col BEGIN SELECT max(humidity) AS m INTO o3 FROM ln GROUP BY (1s) END;"
+    )
+    (tmp_path / "d.sql").write_text(
+        "CREATE CQ same_sink BEGIN SELECT max(temperature) AS m INTO o1 FROM ln GROUP BY (1s) END;"
+    )
+    (tmp_path / "e.sql").write_text(
+        "CREATE CQ ts_filter BEGIN SELECT max(temperature) AS m INTO o5 FROM ln WHERE time > 3 GROUP BY (1s) END;"
+    )
     catalog = load_catalog(tmp_path)
     assert [d.name for d in catalog.definitions] == ["good"]
     errors = "\n".join(map(str, catalog.errors))

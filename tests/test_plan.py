@@ -20,18 +20,39 @@ def at(seconds: float) -> datetime:
 @pytest.fixture(scope="module")
 def data(spark):
     # device a: values at 1s, 2s, 12s, 31s; device b: at 5s and 25s (nothing in [10, 20))
-    rows = [(at(1), "a", 1.0), (at(2), "a", 3.0), (at(12), "a", 5.0), (at(31), "a", -7.0),
-            (at(5), "b", 10.0), (at(25), "b", 20.0), (at(26), "b", None)]
-    table = pa.table({"ts": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
-                      "device": [r[1] for r in rows], "v": pa.array([r[2] for r in rows], pa.float64())})
+    rows = [
+        (at(1), "a", 1.0),
+        (at(2), "a", 3.0),
+        (at(12), "a", 5.0),
+        (at(31), "a", -7.0),
+        (at(5), "b", 10.0),
+        (at(25), "b", 20.0),
+        (at(26), "b", None),
+    ]
+    table = pa.table(
+        {
+            "ts": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
+            "device": [r[1] for r in rows],
+            "v": pa.array([r[2] for r in rows], pa.float64()),
+        }
+    )
     return spark.createDataFrame(table)
 
 
 def run(spark, data, body: str, *, fire: float = 40, every="40s", range_="40s") -> list[tuple]:
     sql = f"CREATE CQ q RESAMPLE EVERY {every} RANGE {range_} BEGIN {body} END"
     (cq,) = parse_text(sql, options=ParseOptions(min_every=timedelta(0)))
-    cq = type(cq)(**{**cq.__dict__, "resample": type(cq.resample)(
-        every=cq.resample.every, start_offset=cq.resample.start_offset, end_offset=cq.resample.end_offset, boundary=T0)})
+    cq = type(cq)(
+        **{
+            **cq.__dict__,
+            "resample": type(cq.resample)(
+                every=cq.resample.every,
+                start_offset=cq.resample.start_offset,
+                end_offset=cq.resample.end_offset,
+                boundary=T0,
+            ),
+        }
+    )
     cov = timing.coverage_of(cq.resample, [at(fire)])
     out = plan_query(spark, cq, data, time_column="ts", coverage=cov).to_arrow().to_pylist()
     return sorted(tuple(r.values()) for r in out)
@@ -48,8 +69,16 @@ def test_group_by_time_and_device_skips_all_null_rows(spark, data):
 
 def test_count_reports_zero_for_empty_windows(spark, data):
     rows = secs(run(spark, data, "SELECT count(v) AS c INTO o FROM t GROUP BY (10s), device"))
-    assert rows == [(0, "a", 2), (0, "b", 1), (10, "a", 1), (10, "b", 0), (20, "a", 0), (20, "b", 1),
-                    (30, "a", 1), (30, "b", 0)]
+    assert rows == [
+        (0, "a", 2),
+        (0, "b", 1),
+        (10, "a", 1),
+        (10, "b", 0),
+        (20, "a", 0),
+        (20, "b", 1),
+        (30, "a", 1),
+        (30, "b", 0),
+    ]
 
 
 def test_fill_previous_linear_constant(spark, data):
@@ -71,16 +100,22 @@ def test_sliding_step_windows_overlap(spark, data):
 
 
 def test_where_having_limit_offset(spark, data):
-    rows = secs(run(spark, data, "SELECT sum(v) AS s INTO o FROM t WHERE v > 2 GROUP BY (10s), device HAVING sum(v) > 4"))
+    rows = secs(
+        run(spark, data, "SELECT sum(v) AS s INTO o FROM t WHERE v > 2 GROUP BY (10s), device HAVING sum(v) > 4")
+    )
     assert rows == [(0, "b", 10.0), (10, "a", 5.0), (20, "b", 20.0)]
     rows = secs(run(spark, data, "SELECT max(v) AS m INTO o FROM t GROUP BY (10s), device LIMIT 2 OFFSET 1"))
     assert rows == [(0, "b", 10.0), (10, "a", 5.0)]  # ordered by time then device: skip (0,a), keep 2
 
 
 def test_iotdb_aggregates(spark, data):
-    rows = run(spark, data, "SELECT first_value(v) AS f, last_value(v) AS l, extreme(v) AS e, "
-                            "max_time(v) AS mt, min_time(v) AS nt, avg(v) AS a INTO o FROM t "
-                            "WHERE device = 'a' GROUP BY (40s)")
+    rows = run(
+        spark,
+        data,
+        "SELECT first_value(v) AS f, last_value(v) AS l, extreme(v) AS e, "
+        "max_time(v) AS mt, min_time(v) AS nt, avg(v) AS a INTO o FROM t "
+        "WHERE device = 'a' GROUP BY (40s)",
+    )
     assert rows == [(T0, 1.0, -7.0, -7.0, at(31), at(1), 0.5)]
 
 

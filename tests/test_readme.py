@@ -35,8 +35,16 @@ def test_the_readme_has_blocks_and_marks_the_long_ones():
 def fresh_copy(dest: Path) -> Path:
     """The repository's files as a fresh clone has them (tracked plus new, unignored ones), with
     ``.venv`` pointing at the virtualenv running the tests (what ``make setup`` would create)."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, files):
         src = REPO / name
         if src.is_file():
@@ -47,9 +55,14 @@ def fresh_copy(dest: Path) -> Path:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("line,body", [pytest.param(line, body, id=f"README.md:{line}")
-                                       for line, body in shell_blocks((REPO / "README.md").read_text())
-                                       if not SKIP_MARKER.search(body)])
+@pytest.mark.parametrize(
+    "line,body",
+    [
+        pytest.param(line, body, id=f"README.md:{line}")
+        for line, body in shell_blocks((REPO / "README.md").read_text())
+        if not SKIP_MARKER.search(body)
+    ],
+)
 def test_readme_shell_block_runs_verbatim(tmp_path, line, body):
     if not (Path(sys.prefix) / "bin" / "activate").is_file():
         pytest.skip("the tests do not run from a virtualenv that `. .venv/bin/activate` could stand for")
@@ -59,12 +72,22 @@ def test_readme_shell_block_runs_verbatim(tmp_path, line, body):
     # so a `cq dev` running on this machine is left alone.
     env.update(PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]), CQ_SPARK_PORT=str(free_port()))
     try:
-        out = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", body], cwd=root, env=env, capture_output=True,
-                             text=True, timeout=900, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", body],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
     finally:  # a block that started the local server and then failed must not leave it running
-        subprocess.run([str(Path(sys.prefix) / "bin" / "cq"), "spark", "stop"], cwd=root, env=env,
-                       capture_output=True, timeout=120)
-    shown = (f"README.md:{line} failed ({out.returncode}):\n{body}\n--- stdout\n{out.stdout[-3000:]}\n"
-             f"--- stderr\n{out.stderr[-3000:]}")
+        subprocess.run(
+            [str(Path(sys.prefix) / "bin" / "cq"), "spark", "stop"], cwd=root, env=env, capture_output=True, timeout=120
+        )
+    shown = (
+        f"README.md:{line} failed ({out.returncode}):\n{body}\n--- stdout\n{out.stdout[-3000:]}\n"
+        f"--- stderr\n{out.stderr[-3000:]}"
+    )
     assert out.returncode == 0, shown
     assert "Traceback" not in out.stdout + out.stderr, shown

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import STORAGES
 from deltalake import DeltaTable
 
 from cq_engine.cli.feed import sensor_rows
 from cq_engine.config import Settings
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError, TableError, TimeError
-from conftest import STORAGES
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -95,10 +95,21 @@ def test_crash_between_compute_and_commit_leaves_sink_unchanged(engine):
     engine.run_firing("per_minute", T0 + timedelta(minutes=24))
     before_version = DeltaTable(engine.settings.table_uri("per_minute_out")).version()
     before = rows(engine, "per_minute_out")
-    env = {**os.environ, "CQ_SQL_DIR": engine.settings.sql_dir, "CQ_WAREHOUSE": engine.settings.warehouse,
-           "CQ_HOME": engine.settings.home, "CQ_FAILPOINT": "before-commit"}
-    proc = subprocess.run([sys.executable, "-m", "cq_engine.cli.main", "run", "per_minute", "--at", fire.isoformat()],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    env = {
+        **os.environ,
+        "CQ_SQL_DIR": engine.settings.sql_dir,
+        "CQ_WAREHOUSE": engine.settings.warehouse,
+        "CQ_HOME": engine.settings.home,
+        "CQ_FAILPOINT": "before-commit",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "cq_engine.cli.main", "run", "per_minute", "--at", fire.isoformat()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 75, proc.stderr[-2000:]  # killed just before the commit
     assert DeltaTable(engine.settings.table_uri("per_minute_out")).version() == before_version
     assert rows(engine, "per_minute_out") == before
@@ -112,9 +123,14 @@ def test_recalculate_in_chunks_equals_the_firings(engine, spark, tmp_path):
     fires = [T0 + timedelta(minutes=m) for m in range(3, 11)]
     for f in fires:
         engine.run_firing("sliding", f)
-    by_firings = [r for r in rows(engine, "sliding_out") if T0 + timedelta(minutes=0) <= r["ts"] < T0 + timedelta(minutes=10)]
-    small = Engine(settings=Settings(**{**engine.settings.__dict__, "recalculate_chunk_windows": 13}),
-                   storage=engine.storage, spark_session=spark)
+    by_firings = [
+        r for r in rows(engine, "sliding_out") if T0 + timedelta(minutes=0) <= r["ts"] < T0 + timedelta(minutes=10)
+    ]
+    small = Engine(
+        settings=Settings(**{**engine.settings.__dict__, "recalculate_chunk_windows": 13}),
+        storage=engine.storage,
+        spark_session=spark,
+    )
     before = DeltaTable(engine.settings.table_uri("sliding_out")).version()
     r = small.recalculate("sliding", start=T0, end=T0 + timedelta(minutes=10))
     assert r.chunks > 1 and r.time_range == (T0, T0 + timedelta(minutes=10))
@@ -139,7 +155,11 @@ def test_bad_times_and_names(engine):
 
 
 def test_missing_source_and_missing_time_column(spark, tmp_path):
-    eng = make_engine(tmp_path, spark, sql="CREATE CQ q RESAMPLE EVERY 1m BEGIN SELECT max(v) AS m INTO out_q FROM ghost GROUP BY (1m) END;")
+    eng = make_engine(
+        tmp_path,
+        spark,
+        sql="CREATE CQ q RESAMPLE EVERY 1m BEGIN SELECT max(v) AS m INTO out_q FROM ghost GROUP BY (1m) END;",
+    )
     with pytest.raises(TableError, match="'ghost' does not exist"):
         eng.run_firing("q", T0)
     eng.storage.append("ghost", pa.table({"v": [1.0], "label": ["x"]}))

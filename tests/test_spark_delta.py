@@ -18,7 +18,6 @@ from cq_engine.storage.factory import make_storage
 from cq_engine.storage.predicates import groups_predicate, range_predicate
 from cq_engine.storage.spark_delta import SparkDeltaStorage, spark_predicate
 
-UTC = UTC
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 M = timedelta(minutes=1)
 

@@ -17,9 +17,6 @@ from cq_engine.spark import _alive, server_status, start_server, stop_server
 REPO = Path(__file__).resolve().parent.parent
 
 
-
-
-
 def proc_state(pid: int) -> str | None:
     """None once the pid is gone. "Z" is dead too: the orphaned JVM's parent is pid 1, and some
     container inits reap orphans only every few seconds."""
@@ -98,14 +95,17 @@ def test_server_listens_on_loopback_only_and_requires_its_token(server):
     assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) >= 32
     assert token.read_text().strip() not in Path(f"/proc/{status.pid}/cmdline").read_text()
     assert token.read_text().strip() not in status.describe()
-    code = ("import sys\nfrom pyspark.sql import SparkSession\n"
-            "try:\n    SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(3).count()\n"
-            "except Exception as exc:\n    print('refused', type(exc).__name__, str(exc)[:300]); sys.exit(3)\n"
-            "print('answered')\n")
+    code = (
+        "import sys\nfrom pyspark.sql import SparkSession\n"
+        "try:\n    SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(3).count()\n"
+        "except Exception as exc:\n    print('refused', type(exc).__name__, str(exc)[:300]); sys.exit(3)\n"
+        "print('answered')\n"
+    )
     for url in (f"sc://localhost:{settings.spark_port}", f"sc://localhost:{settings.spark_port}/;token=wrong"):
         env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
-        out = subprocess.run([sys.executable, "-c", code, url], cwd=REPO, capture_output=True, text=True,
-                             timeout=180, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", code, url], cwd=REPO, capture_output=True, text=True, timeout=180, env=env
+        )
         assert out.returncode == 3 and "refused" in out.stdout, (url, out.stdout, out.stderr[-2000:])
         assert "UNAUTHENTICATED" in out.stdout or "auth" in out.stdout.lower(), out.stdout
 
@@ -174,12 +174,20 @@ def test_streams_run_over_spark_connect(server, tmp_path):
 
     settings, _ = server
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
-    out = subprocess.run([sys.executable, "-c", STREAMS_OVER_CONNECT, settings.home, str(settings.spark_port),
-                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", STREAMS_OVER_CONNECT, settings.home, str(settings.spark_port), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"j": [["2026-11-21T10:00:00+00:00", 1, 5.0], ["2026-11-21T10:01:00+00:00", None, None]],
-                      "pe": [1]}  # the first tick only sets the %%trows baseline (no rows, no group)
+    assert result == {
+        "j": [["2026-11-21T10:00:00+00:00", 1, 5.0], ["2026-11-21T10:01:00+00:00", None, None]],
+        "pe": [1],
+    }  # the first tick only sets the %%trows baseline (no rows, no group)
 
 
 def test_stop(server):
@@ -191,4 +199,3 @@ def test_stop(server):
     assert not server_status(settings).running
     assert not list(Path(settings.home, "spark").glob("*.pid"))
     assert stop_server(settings) is False
-

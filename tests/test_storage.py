@@ -20,8 +20,13 @@ US = timedelta(microseconds=1)
 
 
 def decl(name: str, *columns: tuple[str, str]) -> TableDecl:
-    return TableDecl(name=name, columns=tuple(Column(n, t) for n, t in columns), time_column="ts",
-                     if_not_exists=True, location=SourceLocation("t.sql", 1, 1))
+    return TableDecl(
+        name=name,
+        columns=tuple(Column(n, t) for n, t in columns),
+        time_column="ts",
+        if_not_exists=True,
+        location=SourceLocation("t.sql", 1, 1),
+    )
 
 
 def rows(times: list[datetime], values: list[float] | None = None, device: str = "d1") -> pa.Table:
@@ -49,8 +54,10 @@ def storage(tmp_path) -> DeltaRsStorage:
 def minutes(storage) -> DeltaRsStorage:
     """Table 'm': 30 appends, append i holding 6 rows in minute i (every 10 s)."""
     for i in range(30):
-        storage.append("m", rows([T0 + timedelta(minutes=i, seconds=10 * k) for k in range(6)],
-                                 [float(i * 10 + k) for k in range(6)]))
+        storage.append(
+            "m",
+            rows([T0 + timedelta(minutes=i, seconds=10 * k) for k in range(6)], [float(i * 10 + k) for k in range(6)]),
+        )
     return storage
 
 
@@ -75,8 +82,9 @@ def test_storage_interface_and_paths(storage):
 
 
 def test_create_append_version_schema(storage):
-    d = decl("ln", ("ts", "timestamp"), ("device", "string"), ("v", "double"), ("n", "bigint"),
-             ("price", "decimal(10,2)"))
+    d = decl(
+        "ln", ("ts", "timestamp"), ("device", "string"), ("v", "double"), ("n", "bigint"), ("price", "decimal(10,2)")
+    )
     assert not storage.exists("ln")
     assert storage.create_table(d) is True
     assert storage.exists("ln") and storage.version("ln") == 0
@@ -89,7 +97,8 @@ def test_create_append_version_schema(storage):
     assert storage.version("ln") == 1
     assert DeltaTable(storage.uri("ln")).history(1)[0]["source"] == "test"
     assert pa.table(DeltaTable(storage.uri("ln")).scan()).to_pylist() == [
-        {"ts": T0, "device": "a", "v": 1.5, "n": 3, "price": None}]
+        {"ts": T0, "device": "a", "v": 1.5, "n": 3, "price": None}
+    ]
 
 
 def test_append_creates_missing_table(storage):
@@ -115,8 +124,7 @@ def test_create_table_idempotent_and_mismatch(storage):
 def test_read_range_edges_half_open(spark, storage):
     lo, hi = T0 + timedelta(minutes=1), T0 + timedelta(minutes=2)
     # One file per row, so the millisecond-truncated statistics are exercised at both edges.
-    edge_times = [lo - US, lo - timedelta(microseconds=500), lo, lo + timedelta(microseconds=500),
-                  hi - US, hi, hi + US]
+    edge_times = [lo - US, lo - timedelta(microseconds=500), lo, lo + timedelta(microseconds=500), hi - US, hi, hi + US]
     for i, t in enumerate(edge_times):
         storage.append("e", rows([t], [float(i)]))
     df, scan = storage.read_range(spark, "e", time_column="ts", time_range=(lo, hi))
@@ -167,21 +175,23 @@ def test_read_range_errors(spark, storage):
 
 def test_range_predicate_syntax():
     predicate = range_predicate("ts", (T0, T0 + timedelta(seconds=1, microseconds=5)))
-    assert predicate == ("\"ts\" >= '2024-01-01T00:00:00.000000Z' AND "
-                         "\"ts\" < '2024-01-01T00:00:01.000005Z'")
+    assert predicate == ("\"ts\" >= '2024-01-01T00:00:00.000000Z' AND \"ts\" < '2024-01-01T00:00:01.000005Z'")
 
 
 def test_replace_range_replaces_exactly_and_records_transaction(spark, minutes):
     lo, hi = T0 + timedelta(minutes=5, seconds=10), T0 + timedelta(minutes=7, seconds=20)
     before = table_rows(minutes, "m")
     new = rows([lo, lo + timedelta(seconds=1), hi - US], [-1.0, -2.0, -3.0], device="new")
-    version = minutes.replace_range("m", new, time_column="ts", time_range=(lo, hi),
-                                    app_id="cq:m", app_version=42, metadata={"range": "x"})
+    version = minutes.replace_range(
+        "m", new, time_column="ts", time_range=(lo, hi), app_id="cq:m", app_version=42, metadata={"range": "x"}
+    )
     assert version == 30 == minutes.version("m")
     assert minutes.transaction_version("m", "cq:m") == 42
     assert minutes.transaction_version("m", "other") is None
     kept = [r for r in before if not lo <= r[0] < hi]
-    assert table_rows(minutes, "m") == sorted([*kept, (lo, "new", -1.0), (lo + timedelta(seconds=1), "new", -2.0), (hi - US, "new", -3.0)])
+    assert table_rows(minutes, "m") == sorted(
+        [*kept, (lo, "new", -1.0), (lo + timedelta(seconds=1), "new", -2.0), (hi - US, "new", -3.0)]
+    )
     assert len(kept) == 180 - 13
     assert DeltaTable(minutes.uri("m")).history(1)[0]["range"] == "x"
     # Running the same replace again leaves the same rows (idempotent firing) and a newer transaction.
@@ -203,16 +213,26 @@ def test_replace_range_rejects_rows_outside(minutes):
     before = table_rows(minutes, "m")
     for bad in (hi, lo - US):
         with pytest.raises(CQError, match="outside the replaced range"):
-            minutes.replace_range("m", rows([lo, bad]), time_column="ts", time_range=(lo, hi),
-                                  app_id="a", app_version=1)
+            minutes.replace_range(
+                "m", rows([lo, bad]), time_column="ts", time_range=(lo, hi), app_id="a", app_version=1
+            )
     assert minutes.version("m") == 29 and table_rows(minutes, "m") == before
 
 
 def test_replace_range_streams_reader_and_casts(minutes):
     lo, hi = T0 + timedelta(minutes=3), T0 + timedelta(minutes=4)
     schema = pa.schema([("ts", TS), ("device", pa.large_string()), ("v", pa.float32())])
-    batches = [pa.record_batch([pa.array([lo + timedelta(seconds=i)], TS), pa.array(["r"], pa.large_string()),
-                                pa.array([float(i)], pa.float32())], schema=schema) for i in range(3)]
+    batches = [
+        pa.record_batch(
+            [
+                pa.array([lo + timedelta(seconds=i)], TS),
+                pa.array(["r"], pa.large_string()),
+                pa.array([float(i)], pa.float32()),
+            ],
+            schema=schema,
+        )
+        for i in range(3)
+    ]
     reader = pa.RecordBatchReader.from_batches(schema, iter(batches))
     minutes.replace_range("m", reader, time_column="ts", time_range=(lo, hi), app_id="r", app_version=1)
     got = [r for r in table_rows(minutes, "m") if lo <= r[0] < hi]
@@ -248,13 +268,13 @@ def test_replace_range_reader_failure_leaves_table_unchanged(minutes):
 
 def test_replace_range_creates_missing_table(storage):
     lo, hi = T0, T0 + timedelta(minutes=1)
-    version = storage.replace_range("sink", rows([T0]), time_column="ts", time_range=(lo, hi),
-                                    app_id="s", app_version=7)
+    version = storage.replace_range(
+        "sink", rows([T0]), time_column="ts", time_range=(lo, hi), app_id="s", app_version=7
+    )
     assert storage.exists("sink") and storage.transaction_version("sink", "s") == 7
     assert version == storage.version("sink") and table_rows(storage, "sink") == [(T0, "d1", 0.0)]
     with pytest.raises(TableError, match="no timestamp column 'time'"):
-        storage.replace_range("sink2", rows([T0]), time_column="time", time_range=(lo, hi),
-                              app_id="s", app_version=7)
+        storage.replace_range("sink2", rows([T0]), time_column="time", time_range=(lo, hi), app_id="s", app_version=7)
     assert not storage.exists("sink2")
 
 
@@ -265,8 +285,16 @@ def test_replace_range_concurrent_writers_retry(minutes):
 
     def writer(n: int) -> None:
         try:
-            versions.append(minutes.replace_range("m", rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
-                                  time_column="ts", time_range=(lo, hi), app_id=f"w{n}", app_version=1))
+            versions.append(
+                minutes.replace_range(
+                    "m",
+                    rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
+                    time_column="ts",
+                    time_range=(lo, hi),
+                    app_id=f"w{n}",
+                    app_version=1,
+                )
+            )
         except BaseException as exc:
             errors.append(exc)
 
@@ -299,13 +327,20 @@ def test_concurrent_streamed_replaces_on_disjoint_ranges_all_land(minutes):
         try:
             data = reader(minute, 1000.0 + minute)
             barrier.wait()
-            minutes.replace_range("m", data, time_column="ts", app_id=f"f{minute}", app_version=1,
-                                  time_range=(T0 + timedelta(minutes=minute), T0 + timedelta(minutes=minute + 1)))
+            minutes.replace_range(
+                "m",
+                data,
+                time_column="ts",
+                app_id=f"f{minute}",
+                app_version=1,
+                time_range=(T0 + timedelta(minutes=minute), T0 + timedelta(minutes=minute + 1)),
+            )
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(m,)) for m in range(n)] + \
-              [threading.Thread(target=writer, args=(3,)) for _ in range(2)]  # the same firing twice more
+    threads = [threading.Thread(target=writer, args=(m,)) for m in range(n)] + [
+        threading.Thread(target=writer, args=(3,)) for _ in range(2)
+    ]  # the same firing twice more
     for t in threads:
         t.start()
     for t in threads:

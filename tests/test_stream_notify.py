@@ -42,9 +42,14 @@ def _meters(b: Bench, seconds, *, meters=("d1001",), current=lambda s: float(s))
 
 
 def test_time_window_open_and_close_events_carry_the_seed_fields(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM avg_current_stream INTERVAL(1m) SLIDING(1m) FROM meters
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM avg_current_stream INTERVAL(1m) SLIDING(1m) FROM meters
         PARTITION BY tbname NOTIFY('URL') ON (WINDOW_OPEN|WINDOW_CLOSE)
-        INTO avg_current AS SELECT _twstart, _twend, avg(current) AS c FROM %%trows;""")
+        INTO avg_current AS SELECT _twstart, _twend, avg(current) AS c FROM %%trows;""",
+    )
     b.tick("avg_current_stream")
     _meters(b, range(0, 30, 10))
     b.tick("avg_current_stream")  # the first window opens
@@ -58,27 +63,50 @@ def test_time_window_open_and_close_events_carry_the_seed_fields(tmp_path, spark
     assert first["streamName"] == "avg_current_stream" and set(msgs[0]) == {"messageId", "timestamp", "streams"}
     (opened,) = first["events"]
     assert {k: v for k, v in opened.items() if k != "eventTime"} == {
-        "tableName": opened["tableName"], "eventType": "WINDOW_OPEN", "windowId": wid, "windowType": "Time",
-        "groupId": str(gid), "windowStart": ms(T0)}
+        "tableName": opened["tableName"],
+        "eventType": "WINDOW_OPEN",
+        "windowId": wid,
+        "windowType": "Time",
+        "groupId": str(gid),
+        "windowStart": ms(T0),
+    }
     assert opened["tableName"].startswith("t_") and len(opened["tableName"]) == 34
     closed, opened2 = second["events"]
     assert {k: v for k, v in closed.items() if k != "eventTime"} == {
-        "tableName": opened["tableName"], "eventType": "WINDOW_CLOSE", "windowId": wid, "windowType": "Time",
-        "groupId": str(gid), "windowStart": ms(T0), "windowEnd": ms(T0 + M),
-        "result": {"_twstart": ms(T0), "_twend": ms(T0 + M), "c": 25.0}}
+        "tableName": opened["tableName"],
+        "eventType": "WINDOW_CLOSE",
+        "windowId": wid,
+        "windowType": "Time",
+        "groupId": str(gid),
+        "windowStart": ms(T0),
+        "windowEnd": ms(T0 + M),
+        "result": {"_twstart": ms(T0), "_twend": ms(T0 + M), "c": 25.0},
+    }
     assert (opened2["eventType"], opened2["windowStart"]) == ("WINDOW_OPEN", ms(T0 + M))
     assert stream.notify.on_failure == "drop"
 
 
 @pytest.mark.parametrize("kind", ["state", "event", "session", "count"])
 def test_each_window_type_reports_its_fields(tmp_path, spark, recorder, kind):
-    trigger = {"state": "STATE_WINDOW(status)", "event": "EVENT_WINDOW(START WITH current > 5 END WITH current > 8)",
-               "session": "SESSION(ts, 15s)", "count": "COUNT_WINDOW(3)"}[kind]
-    b = _bench(tmp_path, spark, recorder, f"""CREATE STREAM w {trigger} FROM meters PARTITION BY tbname
-        NOTIFY('URL') ON (WINDOW_OPEN|WINDOW_CLOSE) INTO w_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+    trigger = {
+        "state": "STATE_WINDOW(status)",
+        "event": "EVENT_WINDOW(START WITH current > 5 END WITH current > 8)",
+        "session": "SESSION(ts, 15s)",
+        "count": "COUNT_WINDOW(3)",
+    }[kind]
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        f"""CREATE STREAM w {trigger} FROM meters PARTITION BY tbname
+        NOTIFY('URL') ON (WINDOW_OPEN|WINDOW_CLOSE) INTO w_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("w")
     # status 1 for 0..20 s, then 2; currents 0, 1, ... 9; a 30 s gap before the last row
-    b.append([(s, "d1001", float(s // 10), 220, 1 if s < 30 else 2) for s in range(0, 100, 10)] + [(130, "d1001", 0.0, 220, 3)])
+    b.append(
+        [(s, "d1001", float(s // 10), 220, 1 if s < 30 else 2) for s in range(0, 100, 10)]
+        + [(130, "d1001", 0.0, 220, 3)]
+    )
     b.tick("w")
     events = recorder.wait_for(1) and recorder.events()
     by_type = Counter(e["eventType"] for e in events)
@@ -98,18 +126,29 @@ def test_each_window_type_reports_its_fields(tmp_path, spark, recorder, kind):
         assert (first_close["windowStart"], first_close["windowEnd"]) == (ms(T0 + M), ms(T0 + 90 * M / 60))
     if kind == "session":  # 0..90 s, then 130 s opens the next (15 s gap)
         assert (first_close["windowStart"], first_close["windowEnd"], first_close["result"]["n"]) == (
-            ms(T0), ms(T0 + 105 * M / 60), 10)
+            ms(T0),
+            ms(T0 + 105 * M / 60),
+            10,
+        )
     if kind == "count":
         assert [(e["windowStart"], e["result"]["n"]) for e in closes] == [
-            (ms(T0), 3), (ms(T0 + 30 * M / 60), 3), (ms(T0 + 60 * M / 60), 3)]
+            (ms(T0), 3),
+            (ms(T0 + 30 * M / 60), 3),
+            (ms(T0 + 60 * M / 60), 3),
+        ]
     for e in events:
         assert set(e) >= {"tableName", "eventType", "eventTime", "windowId", "windowType", "groupId", "windowStart"}
 
 
 def test_where_filters_and_events_batch_into_one_message(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM hot INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM hot INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
         NOTIFY('URL') ON (WINDOW_CLOSE) WHERE c > 30
-        INTO hot_out AS SELECT _twstart, avg(current) AS c FROM %%trows;""")
+        INTO hot_out AS SELECT _twstart, avg(current) AS c FROM %%trows;""",
+    )
     b.tick("hot")
     _meters(b, range(0, 250, 10), meters=("d1001", "d1002", "d1003"))
     b.tick("hot")  # 4 windows per meter close; the first (avg 25) is filtered out
@@ -121,8 +160,13 @@ def test_where_filters_and_events_batch_into_one_message(tmp_path, spark, record
 
 
 def test_recomputation_invalidates_a_reported_window_once(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM late INTERVAL(1m) SLIDING(1m) FROM meters
-        NOTIFY('URL') ON (WINDOW_CLOSE) INTO late_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM late INTERVAL(1m) SLIDING(1m) FROM meters
+        NOTIFY('URL') ON (WINDOW_CLOSE) INTO late_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("late")
     _meters(b, range(0, 130, 10))
     b.tick("late")
@@ -135,17 +179,25 @@ def test_recomputation_invalidates_a_reported_window_once(tmp_path, spark, recor
     events = recorder.events()
     first = window_id(b.engine.stream("late"), 0, T0)
     assert [(e["eventType"], e["windowId"] == first, e.get("result", {}).get("n")) for e in events] == [
-        ("WINDOW_CLOSE", True, 6), ("WINDOW_CLOSE", False, 6),
-        ("WINDOW_INVALIDATION", True, None), ("WINDOW_CLOSE", True, 7),
-        ("WINDOW_CLOSE", False, 1)]
+        ("WINDOW_CLOSE", True, 6),
+        ("WINDOW_CLOSE", False, 6),
+        ("WINDOW_INVALIDATION", True, None),
+        ("WINDOW_CLOSE", True, 7),
+        ("WINDOW_CLOSE", False, 1),
+    ]
     inv = events[2]
     assert (inv["windowStart"], inv["windowEnd"], inv["windowType"]) == (ms(T0), ms(T0 + M), "Time")
 
 
 def test_pause_holds_the_stream_until_the_server_is_back_and_loses_nothing(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM p INTERVAL(1m) SLIDING(1m) FROM meters
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM p INTERVAL(1m) SLIDING(1m) FROM meters
         NOTIFY('URL') ON (WINDOW_OPEN|WINDOW_CLOSE) NOTIFY_OPTIONS(ON_FAILURE_PAUSE)
-        INTO p_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+        INTO p_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     gated_tick(b, "p")
     _meters(b, range(0, 70, 10))
     gated_tick(b, "p")
@@ -175,8 +227,13 @@ def test_pause_holds_the_stream_until_the_server_is_back_and_loses_nothing(tmp_p
 
 
 def test_drop_loses_events_while_down_and_continues(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM d INTERVAL(1m) SLIDING(1m) FROM meters
-        NOTIFY('URL') ON (WINDOW_CLOSE) INTO d_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM d INTERVAL(1m) SLIDING(1m) FROM meters
+        NOTIFY('URL') ON (WINDOW_CLOSE) INTO d_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("d")
     _meters(b, range(0, 70, 10))
     b.tick("d")
@@ -193,11 +250,16 @@ def test_drop_loses_events_while_down_and_continues(tmp_path, spark, recorder):
 
 
 def test_history_is_notified_only_with_notify_history(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM quiet INTERVAL(1m) SLIDING(1m) FROM meters
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM quiet INTERVAL(1m) SLIDING(1m) FROM meters
             OPTIONS(FILL_HISTORY) NOTIFY('URL') ON (WINDOW_CLOSE) INTO quiet_out AS SELECT _twstart, count(*) AS n FROM %%trows;
         CREATE STREAM loud INTERVAL(1m) SLIDING(1m) FROM meters
             OPTIONS(FILL_HISTORY) NOTIFY('URL') ON (WINDOW_CLOSE) NOTIFY_OPTIONS(NOTIFY_HISTORY)
-            INTO loud_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+            INTO loud_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     _meters(b, range(0, 130, 10))
     b.tick("quiet")
     b.tick("loud")
@@ -208,9 +270,14 @@ def test_history_is_notified_only_with_notify_history(tmp_path, spark, recorder)
 
 
 def test_old_form_notify_defaults_to_pause(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM avg_current_stream FILL_HISTORY 1
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM avg_current_stream FILL_HISTORY 1
         AS SELECT _wstart, _wend, AVG(current) FROM meters INTERVAL (1m)
-        NOTIFY ('URL') ON ('WINDOW_OPEN', 'WINDOW_CLOSE') NOTIFY_HISTORY 0;""")
+        NOTIFY ('URL') ON ('WINDOW_OPEN', 'WINDOW_CLOSE') NOTIFY_HISTORY 0;""",
+    )
     stream = b.engine.stream("avg_current_stream")
     assert (stream.sink, stream.notify.on_failure, stream.notify.history) == (None, "pause", False)
     b.tick("avg_current_stream")
@@ -232,8 +299,12 @@ def test_cq_listen_prints_each_message(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "cq_engine.cli.main", "listen", "--port", str(port), "--count", "1"],
-                            stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cq_engine.cli.main", "listen", "--port", str(port), "--count", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         assert proc.stdout.readline().startswith(f"listening on ws://127.0.0.1:{port}/")
         event = {"windowId": "w1", "eventType": "WINDOW_CLOSE", "result": {"n": 3}}
@@ -252,12 +323,19 @@ def test_cq_listen_prints_each_message(tmp_path):
 
 
 def test_stream_without_query_notifies_its_trigger_windows(tmp_path, spark, recorder):
-    b = _bench(tmp_path, spark, recorder, """CREATE STREAM bare SESSION(ts, 15s) FROM meters PARTITION BY tbname
-        NOTIFY('URL') ON (WINDOW_OPEN|WINDOW_CLOSE);""")
+    b = _bench(
+        tmp_path,
+        spark,
+        recorder,
+        """CREATE STREAM bare SESSION(ts, 15s) FROM meters PARTITION BY tbname
+        NOTIFY('URL') ON (WINDOW_OPEN|WINDOW_CLOSE);""",
+    )
     b.tick("bare")
     _meters(b, [0, 10, 20, 60, 70])
     b.tick("bare")  # [0, 20] closes (60 is more than 15 s later), [60, 70] stays open
     recorder.wait_for(1)
     assert [(e["eventType"], e["windowStart"], e.get("windowEnd"), e.get("result")) for e in recorder.events()] == [
-        ("WINDOW_OPEN", ms(T0), None, None), ("WINDOW_CLOSE", ms(T0), ms(T0 + 35 * M / 60), {}),
-        ("WINDOW_OPEN", ms(T0 + M), None, None)]
+        ("WINDOW_OPEN", ms(T0), None, None),
+        ("WINDOW_CLOSE", ms(T0), ms(T0 + 35 * M / 60), {}),
+        ("WINDOW_OPEN", ms(T0 + M), None, None),
+    ]

@@ -31,31 +31,44 @@ def _gid(spark, *values) -> int:
 
 
 def test_window_placeholders_match_hand_computed_values(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM ph INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM ph INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location
         INTO ph_out AS SELECT _twstart, _twend, _twduration AS dur, _twrownum AS rownum, _tgrpid AS grp,
                               %%1 AS p1, %%2, %%tbname AS tb, _tlocaltime AS lt, count(*) AS n
-        FROM %%trows;""")
+        FROM %%trows;""",
+    )
     b.tick("ph")
     _two_meters(b)  # 0..140 s: the windows [0, 60) and [60, 120) close
     b.tick("ph")
     rows = [r for r in b.sink("ph_out") if r["p1"] == "d1001"]
     assert [(r["_twstart"], r["_twend"], r["dur"], r["rownum"], r["n"]) for r in rows] == [
-        (T0, T0 + M, 60 * MS, 6, 6), (T0 + M, T0 + 2 * M, 60 * MS, 6, 6)]
+        (T0, T0 + M, 60 * MS, 6, 6),
+        (T0 + M, T0 + 2 * M, 60 * MS, 6, 6),
+    ]
     gid = _gid(spark, "d1001", "loc-d1001")
     assert {(r["grp"], r["group_id"], r["location"], r["tb"], r["lt"]) for r in rows} == {
-        (gid, gid, "loc-d1001", "d1001", NOW)}
+        (gid, gid, "loc-d1001", "d1001", NOW)
+    }
 
 
 def test_sliding_and_period_placeholders(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM sl SLIDING(1m) FROM meters INTO sl_out AS
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM sl SLIDING(1m) FROM meters INTO sl_out AS
             SELECT _tprev_ts, _tcurrent_ts, _tnext_ts, count(*) AS n FROM %%trows;
         CREATE STREAM pe PERIOD(1m) FROM meters INTO pe_out AS
-            SELECT _tlocaltime, _tprev_localtime AS prev, _tnext_localtime AS nxt, count(*) AS n FROM %%trows;""")
+            SELECT _tlocaltime, _tprev_localtime AS prev, _tnext_localtime AS nxt, count(*) AS n FROM %%trows;""",
+    )
     b.tick("sl")
     _two_meters(b)
     b.tick("sl")
     assert [(r["_tprev_ts"], r["_tcurrent_ts"], r["_tnext_ts"], r["n"]) for r in b.sink("sl_out")] == [
-        (T0, T0 + M, T0 + 2 * M, 12), (T0 + M, T0 + 2 * M, T0 + 3 * M, 12)]
+        (T0, T0 + M, T0 + 2 * M, 12),
+        (T0 + M, T0 + 2 * M, T0 + 3 * M, 12),
+    ]
     tick = NOW.replace(second=0)
     b.engine.run_period("pe", tick - M)  # the first tick sets the %%trows baseline
     _two_meters(b, seconds=[200, 210])
@@ -71,9 +84,15 @@ def test_range_join_reads_another_table_per_window_in_one_job(tmp_path, spark):
         CREATE STREAM own INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname INTO own_out AS
             SELECT _twstart, count(*) AS n, sum(current) AS c FROM %%tbname WHERE ts >= _twstart AND ts < _twend;"""
     b = Bench(tmp_path, spark, sql)
-    b.engine.storage.append("prices", pa.table({
-        "ts": pa.array([T0 + timedelta(seconds=s) for s in range(0, 180, 20)], pa.timestamp("us", tz="UTC")),
-        "price": pa.array([float(s) for s in range(0, 180, 20)])}))
+    b.engine.storage.append(
+        "prices",
+        pa.table(
+            {
+                "ts": pa.array([T0 + timedelta(seconds=s) for s in range(0, 180, 20)], pa.timestamp("us", tz="UTC")),
+                "price": pa.array([float(s) for s in range(0, 180, 20)]),
+            }
+        ),
+    )
     for name in ("joined", "own"):
         b.tick(name)
     _two_meters(b)
@@ -81,19 +100,37 @@ def test_range_join_reads_another_table_per_window_in_one_job(tmp_path, spark):
     b.tick("own")
     # prices at 0, 20, 40 | 60, 80, 100 | ...: every meter's window sees the window's prices
     assert sorted((r["tbname"], r["_twstart"], r["n"], r["p"]) for r in b.sink("joined_out")) == [
-        ("d1001", T0, 3, 20.0), ("d1001", T0 + M, 3, 80.0), ("d1002", T0, 3, 20.0), ("d1002", T0 + M, 3, 80.0)]
+        ("d1001", T0, 3, 20.0),
+        ("d1001", T0 + M, 3, 80.0),
+        ("d1002", T0, 3, 20.0),
+        ("d1002", T0 + M, 3, 80.0),
+    ]
     # %%tbname: each group reads its own subtable (the trigger table filtered to its tbname)
     assert sorted((r["tbname"], r["_twstart"], r["n"], r["c"]) for r in b.sink("own_out")) == [
-        ("d1001", T0, 6, 150.0), ("d1001", T0 + M, 6, 510.0), ("d1002", T0, 6, 153.0), ("d1002", T0 + M, 6, 513.0)]
+        ("d1001", T0, 6, 150.0),
+        ("d1001", T0 + M, 6, 510.0),
+        ("d1002", T0, 6, 153.0),
+        ("d1002", T0 + M, 6, 513.0),
+    ]
 
 
 def test_nondeterministic_where_falls_back_to_per_window_evaluation_and_says_so(tmp_path, spark, caplog):
-    b = Bench(tmp_path, spark, """CREATE TABLE prices (ts TIMESTAMP, price DOUBLE);
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE TABLE prices (ts TIMESTAMP, price DOUBLE);
         CREATE STREAM lucky INTERVAL(1m) SLIDING(1m) FROM meters INTO lucky_out AS
-            SELECT _twstart, count(*) AS n FROM prices WHERE ts >= _twstart AND ts < _twend AND rand() >= 0;""")
-    b.engine.storage.append("prices", pa.table({
-        "ts": pa.array([T0 + timedelta(seconds=s) for s in range(0, 180, 20)], pa.timestamp("us", tz="UTC")),
-        "price": pa.array([1.0] * 9)}))
+            SELECT _twstart, count(*) AS n FROM prices WHERE ts >= _twstart AND ts < _twend AND rand() >= 0;""",
+    )
+    b.engine.storage.append(
+        "prices",
+        pa.table(
+            {
+                "ts": pa.array([T0 + timedelta(seconds=s) for s in range(0, 180, 20)], pa.timestamp("us", tz="UTC")),
+                "price": pa.array([1.0] * 9),
+            }
+        ),
+    )
     b.tick("lucky")
     _two_meters(b)
     with caplog.at_level(logging.WARNING, logger="cq_engine.streams.plan"):
@@ -104,10 +141,14 @@ def test_nondeterministic_where_falls_back_to_per_window_evaluation_and_says_so(
 
 @BOTH
 def test_output_subtable_and_tags_new_form(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM shaped INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM shaped INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname, location
         INTO shaped_out OUTPUT_SUBTABLE(CONCAT('out_', %%1))
         TAGS (loc VARCHAR(24) COMMENT 'where' AS CONCAT('at-', %%2), meter VARCHAR(8) AS %%1)
-        AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+        AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("shaped")
     _two_meters(b)
     b.tick("shaped")
@@ -115,12 +156,17 @@ def test_output_subtable_and_tags_new_form(tmp_path, spark):
     assert set(rows[0]) == {"_twstart", "n", "tbname", "loc", "meter", "group_id"}
     assert {(r["tbname"], r["loc"], r["meter"], r["group_id"]) for r in rows} == {
         ("out_d1001", "at-loc-d1001", "d1001", _gid(spark, "d1001", "loc-d1001")),
-        ("out_d1002", "at-loc-d1002", "d1002", _gid(spark, "d1002", "loc-d1002"))}
+        ("out_d1002", "at-loc-d1002", "d1002", _gid(spark, "d1002", "loc-d1002")),
+    }
 
 
 def test_subtable_without_tags_moves_the_trigger_tbname_aside(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM sub INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
-        INTO sub_out OUTPUT_SUBTABLE(CONCAT('s_', %%tbname)) AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM sub INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
+        INTO sub_out OUTPUT_SUBTABLE(CONCAT('s_', %%tbname)) AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("sub")
     _two_meters(b)
     b.tick("sub")
@@ -128,10 +174,14 @@ def test_subtable_without_tags_moves_the_trigger_tbname_aside(tmp_path, spark):
 
 
 def test_old_form_subtable_and_custom_tag(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM avg_vol_s INTO avg_vol SUBTABLE(CONCAT('new-', tname)) AS
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM avg_vol_s INTO avg_vol SUBTABLE(CONCAT('new-', tname)) AS
             SELECT _wstart, count(*) AS n, avg(voltage) AS v FROM meters PARTITION BY tbname tname INTERVAL(1m);
         CREATE STREAM streams2 TRIGGER AT_ONCE INTO st1 TAGS(cc VARCHAR(100)) AS
-            SELECT _wstart, count(*) AS c1 FROM meters PARTITION BY CONCAT("tag-", tbname) AS cc INTERVAL(10s);""")
+            SELECT _wstart, count(*) AS c1 FROM meters PARTITION BY CONCAT("tag-", tbname) AS cc INTERVAL(10s);""",
+    )
     for name in ("avg_vol_s", "streams2"):
         b.tick(name)
     _two_meters(b)
@@ -147,8 +197,12 @@ def test_old_form_subtable_and_custom_tag(tmp_path, spark):
 
 
 def test_group_id_is_stable_across_runs(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM g INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
-        INTO g_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM g INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
+        INTO g_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("g")
     _two_meters(b, seconds=range(0, 70, 10))
     b.tick("g")
@@ -163,12 +217,16 @@ def test_group_id_is_stable_across_runs(tmp_path, spark):
 
 @BOTH
 def test_writing_into_an_existing_table_maps_columns_and_casts(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE TABLE target (wts TIMESTAMP, cnt DOUBLE, avgc FLOAT, note STRING) TAGS (site STRING);
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE TABLE target (wts TIMESTAMP, cnt DOUBLE, avgc FLOAT, note STRING) TAGS (site STRING);
         CREATE STREAM listed INTERVAL(1m) SLIDING(1m) FROM meters INTO target (wts, cnt, avgc) AS
             SELECT _twstart, count(*), avg(current) FROM %%trows;
         CREATE TABLE positional (wts TIMESTAMP, cnt DOUBLE, avgc DOUBLE);
         CREATE STREAM bypos INTERVAL(1m) SLIDING(1m) FROM meters INTO positional AS
-            SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""")
+            SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""",
+    )
     for name in ("listed", "bypos"):
         b.tick(name)
     _two_meters(b)
@@ -177,41 +235,61 @@ def test_writing_into_an_existing_table_maps_columns_and_casts(tmp_path, spark):
     target = b.engine.storage.schema("target")
     assert target.field("cnt").type == pa.float64() and target.field("avgc").type == pa.float32()
     assert [(r["wts"], r["cnt"], r["note"], r["site"]) for r in b.sink("target")] == [
-        (T0, 12.0, None, None), (T0 + M, 12.0, None, None)]
+        (T0, 12.0, None, None),
+        (T0 + M, 12.0, None, None),
+    ]
     assert [(r["wts"], r["cnt"], r["avgc"]) for r in b.sink("positional")] == [(T0, 12.0, 25.25), (T0 + M, 12.0, 85.25)]
 
 
 @BOTH
 def test_existing_delta_table_with_other_column_count_is_an_error_naming_it(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM odd INTERVAL(1m) SLIDING(1m) FROM meters INTO odd_out AS
-        SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""")
-    b.engine.storage.append("odd_out", pa.table({"wts": pa.array([T0], pa.timestamp("us", tz="UTC")),
-                                                  "n": pa.array([1], pa.int64())}))
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM odd INTERVAL(1m) SLIDING(1m) FROM meters INTO odd_out AS
+        SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""",
+    )
+    b.engine.storage.append(
+        "odd_out", pa.table({"wts": pa.array([T0], pa.timestamp("us", tz="UTC")), "n": pa.array([1], pa.int64())})
+    )
     b.tick("odd")
     _two_meters(b)
-    with pytest.raises(CQError, match=r"table 'odd_out' has 2 columns \(wts, n\) but the query yields 3; give INTO odd_out \(col, \.\.\.\)"):
+    with pytest.raises(
+        CQError,
+        match=r"table 'odd_out' has 2 columns \(wts, n\) but the query yields 3; give INTO odd_out \(col, \.\.\.\)",
+    ):
         b.tick("odd")
     assert len(b.sink("odd_out")) == 1  # nothing half-written
 
 
 def test_force_output_writes_a_null_row_keeping_constants(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM forced INTERVAL(1m) SLIDING(1m) FROM meters
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM forced INTERVAL(1m) SLIDING(1m) FROM meters
         OPTIONS(FORCE_OUTPUT) INTO forced_out AS
-        SELECT _twstart, _twduration AS dur, 7 AS seven, count(*) AS n, avg(current) AS c FROM %%trows WHERE current > 100;""")
+        SELECT _twstart, _twduration AS dur, 7 AS seven, count(*) AS n, avg(current) AS c FROM %%trows WHERE current > 100;""",
+    )
     b.tick("forced")
     _two_meters(b)  # currents 0..140.5: the first window has none above 100
     b.tick("forced")
     assert [(r["_twstart"], r["dur"], r["seven"], r["n"], r["c"]) for r in b.sink("forced_out")] == [
-        (T0, 60 * MS, 7, None, None), (T0 + M, 60 * MS, 7, 3, 107.0)]  # 110, 100.5, 110.5
+        (T0, 60 * MS, 7, None, None),
+        (T0 + M, 60 * MS, 7, 3, 107.0),
+    ]  # 110, 100.5, 110.5
 
 
 def test_calc_notify_only_notifies_and_writes_nothing(tmp_path, spark):
     from ws_recorder import Recorder
 
     with Recorder() as recorder:
-        b = Bench(tmp_path, spark, f"""CREATE STREAM quiet INTERVAL(1m) SLIDING(1m) FROM meters
+        b = Bench(
+            tmp_path,
+            spark,
+            f"""CREATE STREAM quiet INTERVAL(1m) SLIDING(1m) FROM meters
             OPTIONS(CALC_NOTIFY_ONLY) NOTIFY('{recorder.url()}') ON (WINDOW_CLOSE)
-            INTO quiet_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+            INTO quiet_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+        )
         b.tick("quiet")
         _two_meters(b)
         b.tick("quiet")
@@ -222,8 +300,12 @@ def test_calc_notify_only_notifies_and_writes_nothing(tmp_path, spark):
 
 @BOTH
 def test_delete_output_table_removes_a_dropped_meters_rows(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM d INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
-        OPTIONS(DELETE_OUTPUT_TABLE) INTO d_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM d INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
+        OPTIONS(DELETE_OUTPUT_TABLE) INTO d_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("d")
     _two_meters(b)
     b.tick("d")
@@ -233,13 +315,22 @@ def test_delete_output_table_removes_a_dropped_meters_rows(tmp_path, spark):
     assert {(r["tbname"], r["_twstart"]) for r in b.sink("d_out")} == {("d1001", T0), ("d1001", T0 + M)}
 
 
-
 def test_period_stream_reading_a_table_applies_its_where(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE TABLE prices (ts TIMESTAMP, price DOUBLE);
-        CREATE STREAM pt PERIOD(1m) INTO pt_out AS SELECT _tlocaltime, count(*) AS n FROM prices WHERE price > 100;""")
-    b.engine.storage.append("prices", pa.table({
-        "ts": pa.array([T0 + timedelta(seconds=s) for s in range(0, 180, 20)], pa.timestamp("us", tz="UTC")),
-        "price": pa.array([float(s) for s in range(0, 180, 20)])}))
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE TABLE prices (ts TIMESTAMP, price DOUBLE);
+        CREATE STREAM pt PERIOD(1m) INTO pt_out AS SELECT _tlocaltime, count(*) AS n FROM prices WHERE price > 100;""",
+    )
+    b.engine.storage.append(
+        "prices",
+        pa.table(
+            {
+                "ts": pa.array([T0 + timedelta(seconds=s) for s in range(0, 180, 20)], pa.timestamp("us", tz="UTC")),
+                "price": pa.array([float(s) for s in range(0, 180, 20)]),
+            }
+        ),
+    )
     tick = NOW.replace(second=0)
     b.engine.run_period("pt", tick)
     assert [(r["_tlocaltime"], r["n"]) for r in b.sink("pt_out")] == [(tick, 3)]  # 120, 140, 160
@@ -270,8 +361,10 @@ def test_rownum_is_exact_as_a_count_or_per_row(tmp_path, spark):
     d1001 = [(T0 - M / 2, 3)] + [(s, 6) for s in starts]
     d1002 = [(T0 - M / 2, 1), (T0, 2), (T0 + M / 2, 1), (T0 + M, 1)]
     count = {(r["tbname"], r["_twstart"]): (r["rn"], r["rn2"], r["n"]) for r in b.sink("rn_count_out")}
-    assert count == {**{("d1001", s): (n, 2 * n, n) for s, n in d1001},
-                     **{("d1002", s): (n, 2 * n, n) for s, n in d1002}}
+    assert count == {
+        **{("d1001", s): (n, 2 * n, n) for s, n in d1001},
+        **{("d1002", s): (n, 2 * n, n) for s, n in d1002},
+    }
     agg = {(r["tbname"], r["_twstart"]): (r["s"], r["rn"]) for r in b.sink("rn_agg_out")}
     assert agg == {**{("d1001", s): (n * n, n) for s, n in d1001}, **{("d1002", s): (n * n, n) for s, n in d1002}}
     assert {(r["tbname"], r["_twstart"]): r["n"] for r in b.sink("rn_where_out")} == {("d1001", s): 6 for s in starts}
@@ -289,8 +382,14 @@ def test_time_windows_aggregate_without_a_sort(tmp_path, spark):
 
     def physical(name: str) -> str:
         stream = b.engine.stream(name)
-        windows = assign_windows(prepare(stream, df), stream.trigger, time_column="ts", keys=["tbname"],
-                                 close_until=NOW, row_stats=row_stats_needed(stream))
+        windows = assign_windows(
+            prepare(stream, df),
+            stream.trigger,
+            time_column="ts",
+            keys=["tbname"],
+            close_until=NOW,
+            row_stats=row_stats_needed(stream),
+        )
         out = evaluate(stream, with_placeholders(stream, windows, tick=NOW, tz="UTC"), keep=[WSTART, WCLOSED])
         return out._jdf.queryExecution().executedPlan().toString()
 

@@ -28,14 +28,22 @@ def t(hh, mm, ss=0, day=21):
 
 
 def stream(trigger=None, *, key_bound="start", **options) -> Stream:
-    return Stream(name="s", trigger=trigger or SlidingTrigger(sliding=M, interval=M), trigger_table="meters",
-                  source="meters", sink="out", select=(SelectItem("__cq_twstart", "_twstart", False),),
-                  options=StreamOptions(**options), key_bound=key_bound)
+    return Stream(
+        name="s",
+        trigger=trigger or SlidingTrigger(sliding=M, interval=M),
+        trigger_table="meters",
+        source="meters",
+        sink="out",
+        select=(SelectItem("__cq_twstart", "_twstart", False),),
+        options=StreamOptions(**options),
+        key_bound=key_bound,
+    )
 
 
 def cursor(max_event, *, watermark=timedelta(0), version=3, created=None, **kw) -> StreamCursor:
-    return StreamCursor(version=version, created=created or t(10, 0), max_event=max_event,
-                        closed_until=max_event - watermark, **kw)
+    return StreamCursor(
+        version=version, created=created or t(10, 0), max_event=max_event, closed_until=max_event - watermark, **kw
+    )
 
 
 def added(lo, hi, rows=10) -> Change:
@@ -55,8 +63,14 @@ def starts(work: StreamWork) -> list[datetime]:
 
 
 def test_first_tick_without_history_starts_at_the_current_watermark():
-    plan = first_tick(stream(watermark=10 * S), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0),
-                      tz="UTC", chunk_rows=100)
+    plan = first_tick(
+        stream(watermark=10 * S),
+        version=7,
+        span=Span(t(9, 0), t(10, 0, 30), 500),
+        now=t(12, 0),
+        tz="UTC",
+        chunk_rows=100,
+    )
     assert plan.works == ()
     assert plan.cursor.version == 7 and plan.cursor.closed_until == t(10, 0, 20)
     assert plan.cursor.origin == t(10, 0, 30) + US  # data-shaped windows: later rows only
@@ -78,16 +92,23 @@ def test_fill_history_from_a_start_time():
 
 
 def test_new_data_closes_windows_up_to_the_watermark():
-    plan = plan_tick(stream(), cursor(t(10, 0, 30)), version=4, changes=[added(t(10, 0, 40), t(10, 2, 10))],
-                     now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        stream(), cursor(t(10, 0, 30)), version=4, changes=[added(t(10, 0, 40), t(10, 2, 10))], now=t(12, 0), tz="UTC"
+    )
     assert starts(plan.works[0]) == [t(10, 0), t(10, 1)]
     assert plan.cursor.version == 4 and plan.cursor.closed_until == t(10, 2, 10)
 
 
 def test_watermark_holds_windows_open():
     s = stream(watermark=30 * S)
-    plan = plan_tick(s, cursor(t(10, 0, 30), watermark=30 * S), version=4,
-                     changes=[added(t(10, 0, 40), t(10, 1, 20))], now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        s,
+        cursor(t(10, 0, 30), watermark=30 * S),
+        version=4,
+        changes=[added(t(10, 0, 40), t(10, 1, 20))],
+        now=t(12, 0),
+        tz="UTC",
+    )
     assert plan.works == ()  # T = 10:00:50: the 10:00 window is still open
     plan = plan_tick(s, plan.cursor, version=5, changes=[added(t(10, 1, 21), t(10, 1, 30))], now=t(12, 0), tz="UTC")
     assert starts(plan.works[0]) == [t(10, 0)]  # T = 10:01:00 closes [10:00, 10:01)
@@ -132,15 +153,17 @@ def test_max_delay_emits_open_windows_after_that_much_processing_time():
 
 def test_window_open_event_computes_windows_when_their_first_row_arrives():
     s = stream(event_types=("WINDOW_OPEN",))
-    plan = plan_tick(s, cursor(t(10, 5, 30)), version=4, changes=[added(t(10, 5, 40), t(10, 7, 5))],
-                     now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        s, cursor(t(10, 5, 30)), version=4, changes=[added(t(10, 5, 40), t(10, 7, 5))], now=t(12, 0), tz="UTC"
+    )
     assert starts(plan.works[0]) == [t(10, 6), t(10, 7)]  # no WINDOW_CLOSE: 10:05 is not recomputed
 
 
 def test_at_once_recomputes_every_window_the_new_rows_touch():
     s = stream(trigger_mode="at_once")
-    plan = plan_tick(s, cursor(t(10, 5, 30)), version=4, changes=[added(t(10, 5, 40), t(10, 6, 5))],
-                     now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        s, cursor(t(10, 5, 30)), version=4, changes=[added(t(10, 5, 40), t(10, 6, 5))], now=t(12, 0), tz="UTC"
+    )
     assert starts(plan.works[0]) == [t(10, 5), t(10, 6)]
 
 
@@ -167,8 +190,14 @@ def test_data_shaped_windows_close_by_watermark_and_recompute_from_the_earliest_
     (work,) = plan.works
     assert work.close_until == t(10, 5, 55) and work.recompute_from == t(10, 2) and work.origin == t(9, 0)
     assert not work.emit_open
-    plan = plan_tick(stream(CountTrigger(count=3, slide=3), trigger_mode="at_once"), c, version=4,
-                     changes=[added(t(10, 5, 1), t(10, 6))], now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        stream(CountTrigger(count=3, slide=3), trigger_mode="at_once"),
+        c,
+        version=4,
+        changes=[added(t(10, 5, 1), t(10, 6))],
+        now=t(12, 0),
+        tz="UTC",
+    )
     assert plan.works[0].emit_open and plan.works[0].recompute_from is None
 
 
@@ -194,8 +223,9 @@ def test_key_ranges_follow_the_first_column():
 
 
 def test_recalculation_covers_closed_windows_only():
-    work = recalculation_work(stream(), version=9, start=t(10, 1, 30), end=t(10, 9), max_event=t(10, 5, 30),
-                              now=t(12, 0), tz="UTC")
+    work = recalculation_work(
+        stream(), version=9, start=t(10, 1, 30), end=t(10, 9), max_event=t(10, 5, 30), now=t(12, 0), tz="UTC"
+    )
     assert starts(work) == [t(10, 1), t(10, 2), t(10, 3), t(10, 4)] and work.kind == "recalculate"
 
 
@@ -245,8 +275,9 @@ def test_ignored_rows_are_reported_with_why_and_the_fix():
     assert "7 row(s) ignored" in item.text and "windows starting in [2026-11-21T10:01:00" in item.text
     assert "IGNORE_DISORDER" in item.text and "`cq recalculate s --from 2026-11-21T10:01:10" in item.text
     # EXPIRED_TIME: only the part older than the horizon (T - 2 min = 10:03:30) is ignored
-    plan = plan_tick(stream(expired_time=2 * M), c, version=4, changes=[added(t(10, 2), t(10, 4), rows=9)],
-                     now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        stream(expired_time=2 * M), c, version=4, changes=[added(t(10, 2), t(10, 4), rows=9)], now=t(12, 0), tz="UTC"
+    )
     (item,) = plan.ignored
     assert item.what == "expired" and item.span == (t(10, 2), t(10, 3, 30) - US)
     assert "up to 9 row(s)" in item.text and "EXPIRED_TIME" in item.text
@@ -258,10 +289,20 @@ def test_ignored_rows_are_reported_with_why_and_the_fix():
 
 
 def test_history_without_fill_history_is_reported():
-    plan = first_tick(stream(), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0), tz="UTC",
-                      chunk_rows=100)
+    plan = first_tick(
+        stream(), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0), tz="UTC", chunk_rows=100
+    )
     (item,) = plan.ignored
     assert item.what == "history" and item.rows == 500 and "no FILL_HISTORY" in item.text
     assert "FILL_HISTORY 1" in item.text and "`cq recalculate s --from 2026-11-21T09:00:00" in item.text
-    assert first_tick(stream(fill_history=True), version=7, span=Span(t(9, 0), t(10, 0, 30), 500), now=t(12, 0),
-                      tz="UTC", chunk_rows=100).ignored == ()
+    assert (
+        first_tick(
+            stream(fill_history=True),
+            version=7,
+            span=Span(t(9, 0), t(10, 0, 30), 500),
+            now=t(12, 0),
+            tz="UTC",
+            chunk_rows=100,
+        ).ignored
+        == ()
+    )

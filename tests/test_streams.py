@@ -23,8 +23,9 @@ MINUTE = 60_000_000
 
 
 def interval_ref(bench, until, *, interval=MINUTE, sliding=MINUTE, **kw):
-    return reference(bench.rows(), ref.interval_windows, interval=interval, sliding=sliding, offset=0,
-                     until=us(until), **kw)
+    return reference(
+        bench.rows(), ref.interval_windows, interval=interval, sliding=sliding, offset=0, until=us(until), **kw
+    )
 
 
 @BOTH
@@ -59,8 +60,12 @@ def test_interval_stream_closes_by_watermark_recomputes_late_rows_and_deletes(tm
 
 @BOTH
 def test_old_form_seed_avg_vol_s_ignores_expired_rows_by_default(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM avg_vol_s INTO avg_vol AS
-        SELECT _wstart, count(*), avg(voltage) FROM meters PARTITION BY tbname INTERVAL(1m) SLIDING(30s);""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM avg_vol_s INTO avg_vol AS
+        SELECT _wstart, count(*), avg(voltage) FROM meters PARTITION BY tbname INTERVAL(1m) SLIDING(30s);""",
+    )
     b.tick("avg_vol_s")
     b.append([(s, d, 1.0, 200 + s % 11) for s in range(0, 185, 5) for d in ("d1001", "d1002")])
     b.tick("avg_vol_s")
@@ -92,21 +97,38 @@ def _random_commits(seed: int):
 
 DATA_SHAPED = {
     "session": ("SESSION(ts, 9s)", lambda until: dict(window_fn=ref.session_windows, gap=9_000_000, until=until)),
-    "state": ("STATE_WINDOW(status) TRUE_FOR(5s)",
-              lambda until: dict(window_fn=ref.state_windows, state=lambda r: r["status"], true_for=5_000_000, until=until)),
-    "event": ("EVENT_WINDOW(START WITH current > 5 END WITH current < 2)",
-              lambda until: dict(window_fn=ref.event_windows, start=lambda r: r["current"] > 5,
-                                 end=lambda r: r["current"] < 2, true_for=None, until=until, open_cols=(), close_cols=())),
-    "count": ("COUNT_WINDOW(4, 2)", lambda until: dict(window_fn=ref.count_windows, count=4, slide=2, columns=(),
-                                                       until=until)),
+    "state": (
+        "STATE_WINDOW(status) TRUE_FOR(5s)",
+        lambda until: dict(window_fn=ref.state_windows, state=lambda r: r["status"], true_for=5_000_000, until=until),
+    ),
+    "event": (
+        "EVENT_WINDOW(START WITH current > 5 END WITH current < 2)",
+        lambda until: dict(
+            window_fn=ref.event_windows,
+            start=lambda r: r["current"] > 5,
+            end=lambda r: r["current"] < 2,
+            true_for=None,
+            until=until,
+            open_cols=(),
+            close_cols=(),
+        ),
+    ),
+    "count": (
+        "COUNT_WINDOW(4, 2)",
+        lambda until: dict(window_fn=ref.count_windows, count=4, slide=2, columns=(), until=until),
+    ),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(DATA_SHAPED))
 def test_data_shaped_streams_match_the_reference_after_every_tick(tmp_path, spark, kind):
     trigger, params = DATA_SHAPED[kind]
-    b = Bench(tmp_path, spark, f"""CREATE STREAM s {trigger} FROM meters PARTITION BY tbname
-        OPTIONS(WATERMARK(3s) | DELETE_RECALC) INTO s_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""")
+    b = Bench(
+        tmp_path,
+        spark,
+        f"""CREATE STREAM s {trigger} FROM meters PARTITION BY tbname
+        OPTIONS(WATERMARK(3s) | DELETE_RECALC) INTO s_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""",
+    )
     b.tick("s")
     for batch in _random_commits(seed=len(kind)):
         b.append(batch)
@@ -124,25 +146,35 @@ def test_data_shaped_streams_match_the_reference_after_every_tick(tmp_path, spar
 
 @BOTH
 def test_seed_streams0_event_and_streams1_count_windows(tmp_path, spark):
-    b = Bench(tmp_path, spark, """
+    b = Bench(
+        tmp_path,
+        spark,
+        """
         CREATE STREAM streams0 INTO streamt0 AS
           SELECT _wstart, count(*), avg(voltage) from meters PARTITION BY tbname EVENT_WINDOW START WITH voltage < 0 END WITH voltage > 9;
         CREATE STREAM streams1 IGNORE EXPIRED 1 WATERMARK 100s INTO streamt1 AS
-          SELECT _wstart, count(*), avg(voltage) from meters PARTITION BY tbname COUNT_WINDOW(10);""")
+          SELECT _wstart, count(*), avg(voltage) from meters PARTITION BY tbname COUNT_WINDOW(10);""",
+    )
     b.tick("streams0"), b.tick("streams1")
     voltages = [5, -1, 3, 4, 10, 2, -2, 11, 0, -5, 1, 1]
     b.append([(i, "d1001", 1.0, v) for i, v in enumerate(voltages)] + [(200 + i, "d1001", 1.0, 1) for i in range(12)])
     b.tick("streams0"), b.tick("streams1")
     # Event windows: [-1, 3, 4, 10] and [-2, 11]; the one opened by -5 is still open.
     assert [(r["_wstart"], r["count"], r["avg_voltage"]) for r in b.sink("streamt0")] == [
-        (T0 + 1 * S, 4, 4.0), (T0 + 6 * S, 2, 4.5)]
+        (T0 + 1 * S, 4, 4.0),
+        (T0 + 6 * S, 2, 4.5),
+    ]
     # Count windows of 10 rows, closed once the 10th row is at or before T = 211s - 100s.
     assert [(r["_wstart"], r["count"]) for r in b.sink("streamt1")] == [(T0, 10)]
 
 
 def test_max_delay_writes_partial_results_of_open_windows(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
-        OPTIONS(WATERMARK(30s) | MAX_DELAY(10s)) INTO out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
+        OPTIONS(WATERMARK(30s) | MAX_DELAY(10s)) INTO out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""",
+    )
     b.tick("s", NOW)
     b.append([(s, "d1", 1.0) for s in range(0, 85, 5)])
     b.tick("s", NOW + 5 * S)  # T = 50s, MAX_DELAY not yet due
@@ -159,8 +191,12 @@ def test_max_delay_writes_partial_results_of_open_windows(tmp_path, spark):
 @pytest.mark.parametrize("option", ["FILL_HISTORY", "FILL_HISTORY_FIRST", "FILL_HISTORY('2026-11-21T10:02:00Z')"])
 def test_fill_history_computes_existing_data_in_chunks(tmp_path, spark, monkeypatch, option):
     monkeypatch.setattr(stream_sensor, "HISTORY_CHUNK_ROWS", 20)
-    b = Bench(tmp_path, spark, f"""CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
-        OPTIONS({option}) INTO out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""")
+    b = Bench(
+        tmp_path,
+        spark,
+        f"""CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
+        OPTIONS({option}) INTO out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;""",
+    )
     b.append([(s, d, float(s % 3)) for s in range(0, 300, 10) for d in ("d1", "d2")])
     plan = b.tick("s")
     assert len(plan.works) == 3 and {w.kind for w in plan.works} == {"history"}
@@ -180,8 +216,12 @@ def test_without_fill_history_existing_data_is_not_computed(tmp_path, spark):
 
 
 def test_old_form_at_once_recomputes_open_windows_at_every_commit(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM s TRIGGER AT_ONCE INTO out AS
-        SELECT _wstart, count(*) AS n, avg(current) AS c FROM meters PARTITION BY tbname INTERVAL(1m);""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM s TRIGGER AT_ONCE INTO out AS
+        SELECT _wstart, count(*) AS n, avg(current) AS c FROM meters PARTITION BY tbname INTERVAL(1m);""",
+    )
     b.tick("s")
     b.append([(s, "d1", 1.0) for s in range(0, 70, 10)])
     b.tick("s")
@@ -192,8 +232,12 @@ def test_old_form_at_once_recomputes_open_windows_at_every_commit(tmp_path, spar
 
 
 def test_force_window_close_closes_windows_by_processing_time(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM s TRIGGER FORCE_WINDOW_CLOSE INTO out AS
-        SELECT _wstart, count(*) AS n, avg(current) AS c FROM meters PARTITION BY tbname INTERVAL(1m);""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM s TRIGGER FORCE_WINDOW_CLOSE INTO out AS
+        SELECT _wstart, count(*) AS n, avg(current) AS c FROM meters PARTITION BY tbname INTERVAL(1m);""",
+    )
     b.tick("s", T0)
     b.append([(s, "d1", 1.0) for s in range(0, 30, 10)])
     b.tick("s", T0 + 40 * S)
@@ -207,8 +251,12 @@ def test_force_window_close_closes_windows_by_processing_time(tmp_path, spark):
 
 
 def test_continuous_window_close_recalculates_periodically(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM s TRIGGER CONTINUOUS_WINDOW_CLOSE 10m IGNORE EXPIRED 0 INTO out AS
-        SELECT _wstart, count(*) AS n, avg(current) AS c FROM meters PARTITION BY tbname INTERVAL(1m);""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM s TRIGGER CONTINUOUS_WINDOW_CLOSE 10m IGNORE EXPIRED 0 INTO out AS
+        SELECT _wstart, count(*) AS n, avg(current) AS c FROM meters PARTITION BY tbname INTERVAL(1m);""",
+    )
     b.tick("s", NOW)
     b.append([(s, "d1", 1.0) for s in range(0, 130, 10)])
     b.tick("s", NOW + M)
@@ -221,29 +269,41 @@ def test_continuous_window_close_recalculates_periodically(tmp_path, spark):
 
 
 def test_pre_filter_expired_time_and_window_open(tmp_path, spark):
-    b = Bench(tmp_path, spark, """
+    b = Bench(
+        tmp_path,
+        spark,
+        """
         CREATE STREAM pre INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
           OPTIONS(PRE_FILTER(current > 1) | EXPIRED_TIME(1m)) INTO pre_out AS SELECT _twstart, count(*) AS n FROM %%trows;
         CREATE STREAM opened INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname
-          OPTIONS(EVENT_TYPE(WINDOW_OPEN)) INTO opened_out AS SELECT _twstart, count(*) AS n FROM %%trows;""")
+          OPTIONS(EVENT_TYPE(WINDOW_OPEN)) INTO opened_out AS SELECT _twstart, count(*) AS n FROM %%trows;""",
+    )
     b.tick("pre"), b.tick("opened")
     b.append([(s, "d1", float(s % 20 == 0) * 5) for s in range(0, 250, 10)])
     b.tick("pre"), b.tick("opened")
     assert [(r["_twstart"], r["n"]) for r in b.sink("pre_out")] == [(T0 + k * M, 3) for k in range(4)]
     # WINDOW_OPEN: every window is computed when its first rows arrive (here: all of them at once).
-    assert [(r["_twstart"], r["n"]) for r in b.sink("opened_out")] == [(T0 + k * M, 6) for k in range(4)] + [(T0 + 4 * M, 1)]
+    assert [(r["_twstart"], r["n"]) for r in b.sink("opened_out")] == [(T0 + k * M, 6) for k in range(4)] + [
+        (T0 + 4 * M, 1)
+    ]
     b.append([(5, "d1", 9.0), (200, "d1", 9.0), (260, "d1", 1.0)])  # 5s is older than T - EXPIRED_TIME
     b.tick("pre"), b.tick("opened")
-    assert [(r["_twstart"], r["n"]) for r in b.sink("pre_out")] == [(T0 + k * M, 3) for k in range(3)] + [(T0 + 3 * M, 4)]
+    assert [(r["_twstart"], r["n"]) for r in b.sink("pre_out")] == [(T0 + k * M, 3) for k in range(3)] + [
+        (T0 + 3 * M, 4)
+    ]
     # No window opened; the late rows (disorder is not ignored) recompute the closed windows they fall in.
     assert [r["n"] for r in b.sink("opened_out")] == [7, 6, 6, 7, 1]
 
 
 @BOTH
 def test_period_stream_reads_the_rows_committed_since_the_previous_tick(tmp_path, spark):
-    b = Bench(tmp_path, spark, """
+    b = Bench(
+        tmp_path,
+        spark,
+        """
         CREATE STREAM per PERIOD(1m, 5s) FROM meters INTO per_out AS SELECT _tlocaltime, count(*) AS n, _tprev_localtime AS prev FROM %%trows;
-        CREATE STREAM whole PERIOD(1m) INTO whole_out AS SELECT _tlocaltime, count(*) AS n FROM meters;""")
+        CREATE STREAM whole PERIOD(1m) INTO whole_out AS SELECT _tlocaltime, count(*) AS n FROM meters;""",
+    )
     b.append([(s, "d1", 1.0) for s in range(5)])
     tick = NOW + 5 * S
     b.engine.run_period("per", tick)
@@ -268,13 +328,22 @@ def test_recalculate_stream_and_cq_tick(tmp_path, spark, monkeypatch, capsys):
     b.append([(s, d, 2.0) for s in range(0, 200, 10) for d in ("d1", "d2")])
     b.tick("s_int")
     expected = sink_summary(b.sink("s_int_out"))
-    b.engine.storage.replace_range("s_int_out", b.engine.storage.schema("s_int_out").empty_table(),
-                                   time_column="_twstart", time_range=(T0, T0 + 10 * M), app_id="test", app_version=1)
+    b.engine.storage.replace_range(
+        "s_int_out",
+        b.engine.storage.schema("s_int_out").empty_table(),
+        time_column="_twstart",
+        time_range=(T0, T0 + 10 * M),
+        app_id="test",
+        app_version=1,
+    )
     r = b.engine.recalculate("s_int", start=T0 + 30 * S, end=T0 + 2 * M)
     assert r.kind == "recalculate" and r.rows_written == 4
     assert sink_summary(b.sink("s_int_out")) == [e for e in expected if e[1] < T0 + 2 * M]
-    for var, value in {"CQ_SQL_DIR": b.settings.sql_dir, "CQ_WAREHOUSE": b.settings.warehouse,
-                       "CQ_HOME": b.settings.home}.items():
+    for var, value in {
+        "CQ_SQL_DIR": b.settings.sql_dir,
+        "CQ_WAREHOUSE": b.settings.warehouse,
+        "CQ_HOME": b.settings.home,
+    }.items():
         monkeypatch.setenv(var, value)
     b.append([(s, "d1", 2.0) for s in range(200, 300, 10)])
     assert main(["tick", "s_int", "--at", "2026-11-21T12:00:00Z"]) == 0
@@ -298,14 +367,20 @@ def test_recalculate_stream_and_cq_tick(tmp_path, spark, monkeypatch, capsys):
     # DROP STREAM: a defined stream is dropped by removing its statement; its outputs stay.
     assert main(["drop", "s_int"]) == 1
     assert "s_int' is defined at" in capsys.readouterr().err
-    (tmp_path / "sql" / "s.sql").write_text("CREATE TABLE meters (ts TIMESTAMP, current DOUBLE) TAGS (location STRING);")
+    (tmp_path / "sql" / "s.sql").write_text(
+        "CREATE TABLE meters (ts TIMESTAMP, current DOUBLE) TAGS (location STRING);"
+    )
     assert main(["drop", "s_int"]) == 0
     assert '"outputs": "kept"' in capsys.readouterr().out and b.sink("s_int_out")
 
 
 def test_sliding_only_trigger_placeholders_follow_the_daily_ticks(tmp_path, spark):
-    b = Bench(tmp_path, spark, """CREATE STREAM sl SLIDING(5h30m) FROM meters PARTITION BY tbname
-        INTO sl_out AS SELECT _tcurrent_ts, _tprev_ts AS prev, _tnext_ts AS nxt, count(*) AS n FROM %%trows;""")
+    b = Bench(
+        tmp_path,
+        spark,
+        """CREATE STREAM sl SLIDING(5h30m) FROM meters PARTITION BY tbname
+        INTO sl_out AS SELECT _tcurrent_ts, _tprev_ts AS prev, _tnext_ts AS nxt, count(*) AS n FROM %%trows;""",
+    )
     b.tick("sl")
     hour = 3600
     b.append([(s, "d1", 1.0) for s in (0, 60, 120)] + [(12 * hour + 600, "d1", 1.0), (14 * hour + 1800, "d1", 1.0)])
@@ -313,4 +388,5 @@ def test_sliding_only_trigger_placeholders_follow_the_daily_ticks(tmp_path, spar
     day = T0.replace(hour=0)
     assert [(r["_tcurrent_ts"], r["prev"], r["nxt"], r["n"]) for r in b.sink("sl_out")] == [
         (day + 11 * hour * S, day + 5.5 * hour * S, day + 16.5 * hour * S, 3),
-        (day + 24 * hour * S, day + 22 * hour * S, day + 29.5 * hour * S, 1)]  # the day's last window is shorter
+        (day + 24 * hour * S, day + 22 * hour * S, day + 29.5 * hour * S, 1),
+    ]  # the day's last window is shorter

@@ -29,7 +29,10 @@ def test_first_firing_after_boundary_is_next_multiple_at_or_after_deployment():
     r = resample()
     assert timing.first_firing(r, deployed_at=BOUNDARY + 1 * S) == BOUNDARY + 20 * S
     assert timing.first_firing(r, deployed_at=BOUNDARY + 40 * S) == BOUNDARY + 40 * S
-    assert timing.first_firing(r, deployed_at=BOUNDARY + timedelta(days=1, microseconds=1)) == BOUNDARY + timedelta(days=1) + 20 * S
+    assert (
+        timing.first_firing(r, deployed_at=BOUNDARY + timedelta(days=1, microseconds=1))
+        == BOUNDARY + timedelta(days=1) + 20 * S
+    )
 
 
 def test_window_i_formula():
@@ -37,7 +40,10 @@ def test_window_i_formula():
     r = resample(every=20, start=40, end=20)
     for i in range(1, 6):
         fire = timing.firing_times(r, start=BOUNDARY, count=i)[-1]
-        assert timing.time_range(r, fire) == (BOUNDARY - 40 * S + (i - 1) * 20 * S, BOUNDARY - 20 * S + (i - 1) * 20 * S)
+        assert timing.time_range(r, fire) == (
+            BOUNDARY - 40 * S + (i - 1) * 20 * S,
+            BOUNDARY - 20 * S + (i - 1) * 20 * S,
+        )
 
 
 def test_results_are_utc_and_timezone_independent():
@@ -51,8 +57,10 @@ def test_results_are_utc_and_timezone_independent():
 def test_default_boundary_epoch_multiples():
     r = Resample(every=20 * S, start_offset=20 * S, end_offset=timedelta(0), boundary=datetime(1970, 1, 1, tzinfo=UTC))
     t = parse_time("2021-05-11T22:18:41+08:00", tz=UTC)
-    assert timing.firing_times(r, start=t, count=2) == [parse_time("2021-05-11T22:19:00+08:00", tz=UTC),
-                                                        parse_time("2021-05-11T22:19:20+08:00", tz=UTC)]
+    assert timing.firing_times(r, start=t, count=2) == [
+        parse_time("2021-05-11T22:19:00+08:00", tz=UTC),
+        parse_time("2021-05-11T22:19:20+08:00", tz=UTC),
+    ]
     assert timing.is_firing_time(r, parse_time("2021-05-11T22:18:40+08:00", tz=UTC))
     assert not timing.is_firing_time(r, t)
 
@@ -71,7 +79,9 @@ def test_latest_firing_and_between():
     r = resample()
     assert timing.latest_firing(r, now=BOUNDARY - S) is None
     assert timing.latest_firing(r, now=BOUNDARY + 39 * S) == BOUNDARY + 20 * S
-    assert timing.firing_times_between(r, start=BOUNDARY, end=BOUNDARY + 60 * S) == [BOUNDARY + k * 20 * S for k in range(3)]
+    assert timing.firing_times_between(r, start=BOUNDARY, end=BOUNDARY + 60 * S) == [
+        BOUNDARY + k * 20 * S for k in range(3)
+    ]
 
 
 def test_recalculation_range_keeps_firings_inside():

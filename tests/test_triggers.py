@@ -71,8 +71,13 @@ def rows(batch: pa.Table) -> list[tuple]:
 
 def batch(n: int, *, start: int = 0, value: float = 1.0) -> pa.Table:
     ts = [T0 + timedelta(seconds=start + i) for i in range(n)]
-    return pa.table({"ts": pa.array(ts, pa.timestamp("us", tz="UTC")), "device": [f"d{i % 2}" for i in range(n)],
-                     "value": [value + i for i in range(n)]})
+    return pa.table(
+        {
+            "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+            "device": [f"d{i % 2}" for i in range(n)],
+            "value": [value + i for i in range(n)],
+        }
+    )
 
 
 def project(tmp_path, sql: str) -> Engine:
@@ -99,26 +104,48 @@ def test_create_trigger_parses_every_clause():
     stmt, plain = parse_text(
         "CREATE STATEFUL TRIGGER t1 AFTER INSERT ON sens** AS 'pkg.alerts.Alert'\n"
         "WITH (\"limit\" = \"100\", 'name' = 'x', level = -1.5);\n"
-        "create trigger t2 before insert on meters as 'm:K'", file="t.sql")
-    assert (stmt.name, stmt.stateful, stmt.event, stmt.pattern, stmt.target) == ("t1", True, "after", "sens*", "pkg.alerts:Alert")
+        "create trigger t2 before insert on meters as 'm:K'",
+        file="t.sql",
+    )
+    assert (stmt.name, stmt.stateful, stmt.event, stmt.pattern, stmt.target) == (
+        "t1",
+        True,
+        "after",
+        "sens*",
+        "pkg.alerts:Alert",
+    )
     assert stmt.attributes == (("limit", "100"), ("name", "x"), ("level", "-1.5"))
     assert str(stmt.location) == "t.sql:1:1"
     assert (plain.stateful, plain.event, plain.pattern, plain.target, str(plain.location)) == (
-        False, "before", "meters", "m:K", "t.sql:3:1")
+        False,
+        "before",
+        "meters",
+        "m:K",
+        "t.sql:3:1",
+    )
 
 
-@pytest.mark.parametrize("sql, message", [
-    ("CREATE TRIGGER t BEFORE DELETE ON x AS 'm:K'", "1:25: only INSERT events can fire a trigger: expected INSERT, found 'DELETE'"),
-    ("CREATE TRIGGER t DURING INSERT ON x AS 'm:K'", "1:18: expected BEFORE INSERT or AFTER INSERT, found 'DURING'"),
-    ("CREATE TRIGGER t AFTER INSERT ON root.sg.* AS 'm:K'", "1:34: bad table pattern 'root.sg.*'"),
-    ("CREATE TRIGGER t AFTER INSERT ON x AS m", "1:39: expected the trigger class as a string"),
-    ("CREATE TRIGGER t AFTER INSERT ON x AS 'no class'", "1:39: bad trigger class 'no class'"),
-    ("CREATE TRIGGER t AFTER INSERT ON x AS 'm:K' USING URI 'http://jar'", "1:45: USING URI is not supported"),
-    ("CREATE TRIGGER t AFTER INSERT ON x AS 'm:K' WITH (\"a\" = 1, \"a\" = 2)", "1:60: attribute 'a' is given twice"),
-    ("CREATE TRIGGER t AFTER INSERT ON x AS 'm:K' WITH (\"a\" 1)", "expected '=' after attribute 'a'"),
-    ("DROP TRIGGER t", "1:1: DROP TRIGGER is a command, not a definition: use `cq drop NAME`"),
-    ("SHOW TRIGGERS", "1:1: SHOW TRIGGERS is a command, not a definition: use `cq triggers`"),
-])
+@pytest.mark.parametrize(
+    "sql, message",
+    [
+        (
+            "CREATE TRIGGER t BEFORE DELETE ON x AS 'm:K'",
+            "1:25: only INSERT events can fire a trigger: expected INSERT, found 'DELETE'",
+        ),
+        (
+            "CREATE TRIGGER t DURING INSERT ON x AS 'm:K'",
+            "1:18: expected BEFORE INSERT or AFTER INSERT, found 'DURING'",
+        ),
+        ("CREATE TRIGGER t AFTER INSERT ON root.sg.* AS 'm:K'", "1:34: bad table pattern 'root.sg.*'"),
+        ("CREATE TRIGGER t AFTER INSERT ON x AS m", "1:39: expected the trigger class as a string"),
+        ("CREATE TRIGGER t AFTER INSERT ON x AS 'no class'", "1:39: bad trigger class 'no class'"),
+        ("CREATE TRIGGER t AFTER INSERT ON x AS 'm:K' USING URI 'http://jar'", "1:45: USING URI is not supported"),
+        ('CREATE TRIGGER t AFTER INSERT ON x AS \'m:K\' WITH ("a" = 1, "a" = 2)', "1:60: attribute 'a' is given twice"),
+        ("CREATE TRIGGER t AFTER INSERT ON x AS 'm:K' WITH (\"a\" 1)", "expected '=' after attribute 'a'"),
+        ("DROP TRIGGER t", "1:1: DROP TRIGGER is a command, not a definition: use `cq drop NAME`"),
+        ("SHOW TRIGGERS", "1:1: SHOW TRIGGERS is a command, not a definition: use `cq triggers`"),
+    ],
+)
 def test_create_trigger_errors_point_at_the_text(sql, message):
     with pytest.raises(ParseError) as err:
         parse_text(sql, file="t.sql")
@@ -128,15 +155,18 @@ def test_create_trigger_errors_point_at_the_text(sql, message):
 def test_trigger_names_are_unique_among_triggers_and_definitions(tmp_path):
     (tmp_path / "a.sql").write_text("CREATE TRIGGER watch AFTER INSERT ON x AS 'm:K';")
     (tmp_path / "b.sql").write_text("CREATE TRIGGER Watch BEFORE INSERT ON y AS 'm:K';")
-    (tmp_path / "c.sql").write_text("CREATE CQ watch RESAMPLE EVERY 1m BEGIN SELECT max(v) AS m INTO o FROM x "
-                                    "GROUP BY (1m) END;")
+    (tmp_path / "c.sql").write_text(
+        "CREATE CQ watch RESAMPLE EVERY 1m BEGIN SELECT max(v) AS m INTO o FROM x GROUP BY (1m) END;"
+    )
     catalog = load_catalog(tmp_path)
     assert [t.name for t in catalog.triggers] == ["watch"] and not catalog.definitions
     errors = tuple(map(str, catalog.errors))
-    assert errors == (f"{tmp_path}/b.sql:1:1: 'Watch' is defined twice (first at {tmp_path}/a.sql:1:1): "
-                              "trigger names are unique among triggers and definitions",
-                              f"{tmp_path}/c.sql:1:1: 'watch' is defined twice (first at {tmp_path}/a.sql:1:1): "
-                              "trigger names are unique among triggers and definitions")
+    assert errors == (
+        f"{tmp_path}/b.sql:1:1: 'Watch' is defined twice (first at {tmp_path}/a.sql:1:1): "
+        "trigger names are unique among triggers and definitions",
+        f"{tmp_path}/c.sql:1:1: 'watch' is defined twice (first at {tmp_path}/a.sql:1:1): "
+        "trigger names are unique among triggers and definitions",
+    )
 
 
 def test_patterns_match_whole_names_with_star_wildcards():
@@ -145,8 +175,10 @@ def test_patterns_match_whole_names_with_star_wildcards():
     assert rt.matches("*_1m", "sensors_1m") and not rt.matches("*_1m", "sensors_1m_old")
     assert rt.matches("a*b*c", "a_x_b_y_c") and not rt.matches("a*b*c", "a_c")
     assert rt.matches("*", "anything") and not rt.matches("x.y", "xay")  # no regex leaks through
-    triggers = parse_text("CREATE TRIGGER b BEFORE INSERT ON read* AS 'm:K'; CREATE TRIGGER a BEFORE INSERT ON "
-                          "readings AS 'm:K'; CREATE TRIGGER c AFTER INSERT ON * AS 'm:K'")
+    triggers = parse_text(
+        "CREATE TRIGGER b BEFORE INSERT ON read* AS 'm:K'; CREATE TRIGGER a BEFORE INSERT ON "
+        "readings AS 'm:K'; CREATE TRIGGER c AFTER INSERT ON * AS 'm:K'"
+    )
     assert [t.name for t in rt.matching(triggers, table="readings", event="before")] == ["a", "b"]
     assert [t.name for t in rt.matching(triggers, table="readings_b", event="before")] == ["b"]
     assert [t.name for t in rt.matching(triggers, table="other", event="after")] == ["c"]
@@ -168,7 +200,8 @@ def test_pessimistic_before_trigger_rejects_the_batch_and_nothing_is_written(tmp
         ingest(table="readings", data=batch(3, start=10, value=99.5), engine=engine, now=NOW)  # 99.5, 100.5, 101.5
     assert str(err.value) == (
         f"{tmp_path}/sql/triggers.sql:1:1: trigger 'a_guard' failed on 3 rows for table 'readings': ValueError: "
-        "column 'value': value 100.5 in row 2 is outside [0, 100]; it is PESSIMISTIC, so nothing was written")
+        "column 'value': value 100.5 in row 2 is outside [0, 100]; it is PESSIMISTIC, so nothing was written"
+    )
     assert version(engine, "readings") == before and len(table_rows(engine, "readings")) == 3
     # The later trigger never saw the refused batch (PESSIMISTIC stops the pipeline); it saw the first.
     assert [(t, e, v, len(r)) for t, e, v, r in Recorder.seen["b_record"]] == [("readings", "before", None, 3)]
@@ -177,15 +210,21 @@ def test_pessimistic_before_trigger_rejects_the_batch_and_nothing_is_written(tmp
 def test_pessimistic_rejection_through_cq_ingest(tmp_path, monkeypatch, capsys):
     engine = project(tmp_path, GUARD.format(strategy=""))
     (tmp_path / "bad.csv").write_text("ts,device,value\n2024-01-01T00:00:00Z,d1,5\n2024-01-01T00:00:01Z,d1,-3\n")
-    for var, value in {"CQ_SQL_DIR": engine.settings.sql_dir, "CQ_WAREHOUSE": engine.settings.warehouse,
-                       "CQ_HOME": engine.settings.home, "CQ_CONFIG": str(tmp_path / "none.toml")}.items():
+    for var, value in {
+        "CQ_SQL_DIR": engine.settings.sql_dir,
+        "CQ_WAREHOUSE": engine.settings.warehouse,
+        "CQ_HOME": engine.settings.home,
+        "CQ_CONFIG": str(tmp_path / "none.toml"),
+    }.items():
         monkeypatch.setenv(var, value)
     before = version(engine, "readings")
     assert main(["ingest", "readings", str(tmp_path / "bad.csv")]) == 1
     err = capsys.readouterr().err
-    assert err == (f"cq: error: {tmp_path}/sql/triggers.sql:1:1: trigger 'a_guard' failed on 2 rows for table "
-                   "'readings': ValueError: column 'value': value -3.0 in row 2 is outside [0, 100]; it is "
-                   "PESSIMISTIC, so nothing was written\n")
+    assert err == (
+        f"cq: error: {tmp_path}/sql/triggers.sql:1:1: trigger 'a_guard' failed on 2 rows for table "
+        "'readings': ValueError: column 'value': value -3.0 in row 2 is outside [0, 100]; it is "
+        "PESSIMISTIC, so nothing was written\n"
+    )
     assert version(engine, "readings") == before
 
 
@@ -195,7 +234,8 @@ def test_optimistic_before_trigger_logs_and_the_rows_are_written(tmp_path, caplo
     assert result.rows == 2 and result.version == version(engine, "readings")
     assert result.trigger_failures == (
         f"{tmp_path}/sql/triggers.sql:1:1: trigger 'a_guard' failed on 2 rows for table 'readings': ValueError: "
-        "column 'value': value 150.0 in row 1 is outside [0, 100]",)
+        "column 'value': value 150.0 in row 1 is outside [0, 100]",
+    )
     assert "OPTIMISTIC, so the rows are written" in caplog.text
     assert table_rows(engine, "readings") == rows(batch(2, value=150))
     assert [len(r) for _, _, _, r in Recorder.seen["b_record"]] == [2]  # later triggers still fire
@@ -205,8 +245,11 @@ def test_optimistic_before_trigger_logs_and_the_rows_are_written(tmp_path, caplo
 
 
 def test_a_trigger_that_cannot_be_created_blocks_the_write_with_its_location(tmp_path):
-    engine = project(tmp_path, "CREATE TRIGGER nope BEFORE INSERT ON readings AS 'no_such_module:K';\n"
-                               "CREATE TRIGGER bad BEFORE INSERT ON other AS 'examples.triggers.guard:RangeGuard';")
+    engine = project(
+        tmp_path,
+        "CREATE TRIGGER nope BEFORE INSERT ON readings AS 'no_such_module:K';\n"
+        "CREATE TRIGGER bad BEFORE INSERT ON other AS 'examples.triggers.guard:RangeGuard';",
+    )
     with pytest.raises(TriggerError, match=r"triggers.sql:1:1: trigger 'nope': no module 'no_such_module'"):
         ingest(table="readings", data=batch(1), engine=engine, now=NOW)
     with pytest.raises(TriggerError, match=r"triggers.sql:2:1: trigger 'bad': needs the attribute 'column'"):
@@ -287,8 +330,10 @@ def test_after_trigger_failure_strategies(tmp_path, instance, strategy):
     engine = project(tmp_path, RECORD_AFTER.format(strategy=strategy))
     sensor = Sensor(engine, "rec", instance)
     sensor.tick()
-    v = [ingest(table="readings", data=batch(1, start=i, value=x), engine=engine, now=NOW).version
-         for i, x in enumerate((1, 666, 3))]
+    v = [
+        ingest(table="readings", data=batch(1, start=i, value=x), engine=engine, now=NOW).version
+        for i, x in enumerate((1, 666, 3))
+    ]
     message = sensor.tick()
     tried = [ver for _, _, ver, _ in Recorder.seen["rec"]]
     if strategy == "OPTIMISTIC":  # logged, and delivery goes on
@@ -296,9 +341,11 @@ def test_after_trigger_failure_strategies(tmp_path, instance, strategy):
         assert message.startswith(f"rec: fired on readings v{v[0]}..v{v[2]} (2 versions, 2 rows); 1 failed")
         return
     assert tried == v[:2] and json.loads(sensor.cursor)["tables"]["readings"] == v[0]
-    assert message == (f"{tmp_path}/sql/triggers.sql:1:1: trigger 'rec' failed on version {v[1]} of table 'readings' "
-                       "(1 rows): fire() returned False; PESSIMISTIC: delivery stops here and retries this version "
-                       "next time")
+    assert message == (
+        f"{tmp_path}/sql/triggers.sql:1:1: trigger 'rec' failed on version {v[1]} of table 'readings' "
+        "(1 rows): fire() returned False; PESSIMISTIC: delivery stops here and retries this version "
+        "next time"
+    )
     sensor.tick()  # retried, still failing: the cursor stays
     assert [ver for _, _, ver, _ in Recorder.seen["rec"]] == [*v[:2], v[1]]
     Recorder.failing = False
@@ -309,8 +356,12 @@ def test_after_trigger_failure_strategies(tmp_path, instance, strategy):
 
 def test_stateful_instance_fires_one_batch_at_a_time(tmp_path):
     engine = project(tmp_path, "CREATE STATEFUL TRIGGER one BEFORE INSERT ON readings AS 'test_triggers:Recorder'")
-    threads = [threading.Thread(target=ingest, kwargs={"table": "readings", "data": batch(1, start=i),
-                                                       "engine": engine, "now": NOW}) for i in range(4)]
+    threads = [
+        threading.Thread(
+            target=ingest, kwargs={"table": "readings", "data": batch(1, start=i), "engine": engine, "now": NOW}
+        )
+        for i in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -319,16 +370,25 @@ def test_stateful_instance_fires_one_batch_at_a_time(tmp_path):
 
 
 def test_alert_example_raises_alerts_on_threshold_changes_exactly_once(tmp_path, instance):
-    engine = project(tmp_path, "CREATE STATEFUL TRIGGER alarm AFTER INSERT ON readings AS "
-                               "'examples.triggers.alert:ThresholdAlert' WITH (\"warning\" = \"50\", "
-                               "\"critical\" = \"100\", \"labels\" = \"device\");")
+    engine = project(
+        tmp_path,
+        "CREATE STATEFUL TRIGGER alarm AFTER INSERT ON readings AS "
+        '\'examples.triggers.alert:ThresholdAlert\' WITH ("warning" = "50", '
+        '"critical" = "100", "labels" = "device");',
+    )
     sensor = Sensor(engine, "alarm", instance)
     sensor.tick()
 
     def feed(*values, start):
-        data = pa.table({"ts": pa.array([T0 + timedelta(seconds=start + i) for i in range(len(values))],
-                                        pa.timestamp("us", tz="UTC")),
-                         "device": ["d1"] * len(values), "value": list(values)})
+        data = pa.table(
+            {
+                "ts": pa.array(
+                    [T0 + timedelta(seconds=start + i) for i in range(len(values))], pa.timestamp("us", tz="UTC")
+                ),
+                "device": ["d1"] * len(values),
+                "value": list(values),
+            }
+        )
         return ingest(table="readings", data=data, engine=engine, now=NOW).version
 
     v1 = feed(10, 60, 70, 120, start=0)  # warning, then critical (70 stays warning: no new alert)
@@ -336,10 +396,15 @@ def test_alert_example_raises_alerts_on_threshold_changes_exactly_once(tmp_path,
     alerts_uri = f"{engine.settings.warehouse}/alerts"
 
     def alerts():
-        return sorted((r["ts"], r["severity"], r["value"], r["version"])
-                      for r in pa.table(DeltaTable(alerts_uri).scan()).to_pylist())
+        return sorted(
+            (r["ts"], r["severity"], r["value"], r["version"])
+            for r in pa.table(DeltaTable(alerts_uri).scan()).to_pylist()
+        )
 
-    assert alerts() == [(T0 + timedelta(seconds=1), "warning", 60.0, v1), (T0 + timedelta(seconds=3), "critical", 120.0, v1)]
+    assert alerts() == [
+        (T0 + timedelta(seconds=1), "warning", 60.0, v1),
+        (T0 + timedelta(seconds=3), "critical", 120.0, v1),
+    ]
     # A restarted process restores the state (critical) from the alerts table: 130 raises nothing new.
     rt.forget_instances()
     stale = sensor.cursor
@@ -357,12 +422,19 @@ def test_alert_example_raises_alerts_on_threshold_changes_exactly_once(tmp_path,
 # -- CLI: cq validate, cq triggers, cq drop ---------------------------------------------------------
 def test_cli_triggers_validate_and_drop(tmp_path, monkeypatch, capsys, instance):
     journal = tmp_path / "journal.jsonl"
-    engine = project(tmp_path, f"CREATE STATEFUL TRIGGER jot AFTER INSERT ON readings AS "
-                               f"'examples.triggers.journal:Journal' WITH (\"path\" = \"{journal}\");\n"
-                               "CREATE TRIGGER guard BEFORE INSERT ON read* AS 'examples.triggers.guard:RangeGuard' "
-                               "WITH (\"column\" = \"value\", \"min\" = \"5\", \"max\" = \"1\");")
-    for var, value in {"CQ_SQL_DIR": engine.settings.sql_dir, "CQ_WAREHOUSE": engine.settings.warehouse,
-                       "CQ_HOME": engine.settings.home, "CQ_CONFIG": str(tmp_path / "none.toml")}.items():
+    engine = project(
+        tmp_path,
+        f"CREATE STATEFUL TRIGGER jot AFTER INSERT ON readings AS "
+        f'\'examples.triggers.journal:Journal\' WITH ("path" = "{journal}");\n'
+        "CREATE TRIGGER guard BEFORE INSERT ON read* AS 'examples.triggers.guard:RangeGuard' "
+        'WITH ("column" = "value", "min" = "5", "max" = "1");',
+    )
+    for var, value in {
+        "CQ_SQL_DIR": engine.settings.sql_dir,
+        "CQ_WAREHOUSE": engine.settings.warehouse,
+        "CQ_HOME": engine.settings.home,
+        "CQ_CONFIG": str(tmp_path / "none.toml"),
+    }.items():
         monkeypatch.setenv(var, value)
     assert main(["validate"]) == 0  # runs no trigger code: the modules are only looked for
     out, err = capsys.readouterr()
@@ -375,13 +447,24 @@ def test_cli_triggers_validate_and_drop(tmp_path, monkeypatch, capsys, instance)
     assert main(["triggers"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "event", "type", "state", "pattern", "class", "runs", "in", "tables"]
-    assert lines[2].split() == ["jot", "AFTER_INSERT", "STATEFUL", "ACTIVE", "readings",
-                                "examples.triggers.journal:Journal", "sensor", "jot_trigger", "readings@v0"]
+    assert lines[2].split() == [
+        "jot",
+        "AFTER_INSERT",
+        "STATEFUL",
+        "ACTIVE",
+        "readings",
+        "examples.triggers.journal:Journal",
+        "sensor",
+        "jot_trigger",
+        "readings@v0",
+    ]
     assert lines[3].split()[:5] == ["guard", "BEFORE_INSERT", "STATELESS", "INACTIVE", "read*"]
 
     assert main(["drop", "jot"]) == 1
-    assert capsys.readouterr().err == (f"cq: error: trigger 'jot' is defined at {tmp_path}/sql/triggers.sql:1:1: remove "
-                                       "that statement (or its file), then `cq drop jot` calls its on_drop()\n")
+    assert capsys.readouterr().err == (
+        f"cq: error: trigger 'jot' is defined at {tmp_path}/sql/triggers.sql:1:1: remove "
+        "that statement (or its file), then `cq drop jot` calls its on_drop()\n"
+    )
     (tmp_path / "sql" / "triggers.sql").write_text("")
     assert main(["triggers"]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[:4] == ["jot", "AFTER_INSERT", "STATEFUL", "DROPPING"]

@@ -39,8 +39,10 @@ class Daemon:
     def __init__(self, root: Path, settings: Settings):
         self.root, self.home = root, write_dagster_home(root / "dagster_home")
         self.workspace = root / "workspace.yaml"
-        self.workspace.write_text("load_from:\n  - python_module:\n      module_name: dagster_defs.location\n"
-                                  f"      working_directory: {REPO}\n      location_name: cq_triggers\n")
+        self.workspace.write_text(
+            "load_from:\n  - python_module:\n      module_name: dagster_defs.location\n"
+            f"      working_directory: {REPO}\n      location_name: cq_triggers\n"
+        )
         self.env = dagster_env(settings, self.home)
         for var in ("CQ_SPARK_REMOTE", "CQ_SPARK_MASTER", "CQ_FAILPOINT"):
             self.env.pop(var, None)
@@ -52,9 +54,15 @@ class Daemon:
         self.starts += 1
         # The daemon holds its own copy of the descriptor: ours can close once it started.
         with open(self.root / f"daemon{self.starts}.log", "w") as log:
-            self.proc = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", str(self.workspace)],
-                                         cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [str(BIN / "dagster-daemon"), "run", "-w", str(self.workspace)],
+                cwd=self.root,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         log.close()
 
     def stop(self) -> None:
@@ -99,7 +107,8 @@ def stack(tmp_path):
     (tmp_path / "sql" / "triggers.sql").write_text(
         "CREATE TABLE readings (ts TIMESTAMP, device STRING, value DOUBLE);\n"
         "CREATE STATEFUL TRIGGER journal AFTER INSERT ON read* AS 'examples.triggers.journal:Journal'\n"
-        f"  WITH (\"path\" = \"{journal}\");\n")
+        f'  WITH ("path" = "{journal}");\n'
+    )
     settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
     engine = Engine(settings=settings)
     engine.ensure_tables()
@@ -124,19 +133,29 @@ def test_after_trigger_sees_every_committed_batch_once_across_a_daemon_restart(s
 
     def write(n: int) -> None:
         start = 10 * len(written)
-        data = pa.table({"ts": pa.array([T0 + timedelta(seconds=start + i) for i in range(n)], pa.timestamp("us", tz="UTC")),
-                         "device": ["d1"] * n, "value": [float(start + i) for i in range(n)]})
+        data = pa.table(
+            {
+                "ts": pa.array([T0 + timedelta(seconds=start + i) for i in range(n)], pa.timestamp("us", tz="UTC")),
+                "device": ["d1"] * n,
+                "value": [float(start + i) for i in range(n)],
+            }
+        )
         written.append((ingest(table="readings", data=data, engine=engine).version, n))
 
     daemon.start()
     # The trigger exists once its sensor's first evaluation registered it (a trigger sees later writes).
-    daemon.wait("the trigger's registration", lambda: (state_dir(engine.settings, "journal") / "delivered.json").exists(),
-                timeout=120)
+    daemon.wait(
+        "the trigger's registration",
+        lambda: (state_dir(engine.settings, "journal") / "delivered.json").exists(),
+        timeout=120,
+    )
     for n in (2, 3, 1):
         write(n)
     daemon.wait("the first three batches", lambda: len(fired(journal)) >= 3)
-    daemon.wait("Dagster storing the cursor", lambda: (daemon.cursor() or {}).get("tables", {}).get("readings")
-                == written[-1][0])
+    daemon.wait(
+        "Dagster storing the cursor",
+        lambda: (daemon.cursor() or {}).get("tables", {}).get("readings") == written[-1][0],
+    )
     first_pid = fired(journal)[0]["pid"]
     daemon.stop()
 
@@ -168,8 +187,9 @@ def _pids_with(needle: str) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle.encode() in (entry / "environ").read_bytes().split(b"\0") and \
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+            if needle.encode() in (entry / "environ").read_bytes().split(b"\0") and (entry / "stat").read_text().rsplit(
+                ")", 1
+            )[1].split()[0] not in ("Z", "X"):
                 pids.append(int(entry.name))
         except OSError:
             continue

@@ -49,9 +49,17 @@ def tick_windows(rows, *, sliding, offset, timezone, until):
     created = datetime(1970, 1, 1, tzinfo=tz).astimezone(UTC)
     lo = _dt(ts[0]) - timedelta(days=3) - timedelta(microseconds=sliding)
     hi = _dt(ts[-1]) + timedelta(days=3) + timedelta(microseconds=sliding)
-    ticks = [(x - EPOCH) // timedelta(microseconds=1)
-             for x in period_ticks(interval=timedelta(microseconds=sliding), offset=timedelta(microseconds=offset),
-                                   timezone=timezone, created=created, start=lo, end=hi)]
+    ticks = [
+        (x - EPOCH) // timedelta(microseconds=1)
+        for x in period_ticks(
+            interval=timedelta(microseconds=sliding),
+            offset=timedelta(microseconds=offset),
+            timezone=timezone,
+            created=created,
+            start=lo,
+            end=hi,
+        )
+    ]
     out = []
     for a, b in itertools.pairwise(ticks):
         members = [r for r in rows if a <= r["t"] < b]
@@ -88,9 +96,15 @@ def state_windows(rows, *, state, true_for, until):
         closed = nxt is not None and nxt[0]["t"] <= until
         if closed and true_for is not None and run[-1]["t"] - run[0]["t"] < true_for:
             continue
-        out += _out(run, run[0]["t"], run[-1]["t"], closed, state=state(run[0]),
-                    prev_state=state(runs[i - 1][0]) if i > 0 else None,
-                    next_state=state(nxt[0]) if nxt else None)
+        out += _out(
+            run,
+            run[0]["t"],
+            run[-1]["t"],
+            closed,
+            state=state(run[0]),
+            prev_state=state(runs[i - 1][0]) if i > 0 else None,
+            next_state=state(nxt[0]) if nxt else None,
+        )
     return out
 
 
@@ -124,7 +138,7 @@ def count_windows(rows, *, count, slide, columns, until):
         rows = [r for r in rows if any(r[c] is not None for c in columns)]
     out = []
     for j in range(0, len(rows), slide):
-        members = rows[j:j + count]
+        members = rows[j : j + count]
         last = members[-1]["t"]
         out += _out(members, members[0]["t"], last, len(members) == count and last <= until)
     return out

@@ -39,11 +39,28 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
     cert, key = directory / "cert.pem", directory / "key.pem"
     if shutil.which("openssl"):
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-             "-addext", "basicConstraints=critical,CA:TRUE"],
-            check=True, capture_output=True,
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+                "-subj",
+                "/CN=localhost",
+                "-addext",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+            ],
+            check=True,
+            capture_output=True,
         )
         return cert, key
     return _self_signed_cryptography(cert, key)
@@ -63,19 +80,25 @@ def _self_signed_cryptography(cert: Path, key: Path) -> tuple[Path, Path]:
     now = datetime.datetime.now(datetime.UTC)
     ski = x509.SubjectKeyIdentifier.from_public_key(pkey.public_key())
     crt = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(pkey.public_key()).serial_number(x509.random_serial_number())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(pkey.public_key())
+        .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(ski, critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
         .sign(pkey, hashes.SHA256())
     )
-    key.write_bytes(pkey.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    key.write_bytes(
+        pkey.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     cert.write_bytes(crt.public_bytes(serialization.Encoding.PEM))
     return cert, key
 
@@ -130,10 +153,10 @@ class Recorder:
         if self._server is not None:
             return self
         sock = self._bind(time.monotonic() + 5)
-        self._server = serve(self._handle, sock=sock, ssl=self._ssl,
-                             process_request=self._process_request, ping_interval=None)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name=f"ws-recorder-{self.port}")
+        self._server = serve(
+            self._handle, sock=sock, ssl=self._ssl, process_request=self._process_request, ping_interval=None
+        )
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name=f"ws-recorder-{self.port}")
         self._thread.start()
         return self
 
@@ -203,8 +226,12 @@ class Recorder:
 
     def events(self) -> list[dict]:
         """All received events in order, each with its ``streamName`` added."""
-        return [{"streamName": s["streamName"], **ev}
-                for m in self.messages for s in m.get("streams", []) for ev in s.get("events", [])]
+        return [
+            {"streamName": s["streamName"], **ev}
+            for m in self.messages
+            for s in m.get("streams", [])
+            for ev in s.get("events", [])
+        ]
 
     def clear(self) -> None:
         with self._cond:
@@ -221,9 +248,11 @@ class Recorder:
 
             def predicate(msgs: list[dict]) -> bool:
                 return len(msgs) >= count
+
         with self._cond:
             if self._cond.wait_for(lambda: predicate(list(self._messages)), timeout):
                 return list(self._messages)
             got = len(self._messages)
-        raise AssertionError(f"Recorder on port {self.port}: condition not met within {timeout}s "
-                             f"({got} message(s) received)")
+        raise AssertionError(
+            f"Recorder on port {self.port}: condition not met within {timeout}s ({got} message(s) received)"
+        )

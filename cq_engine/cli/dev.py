@@ -3,22 +3,23 @@ a DAGSTER_HOME whose run queue serialises each definition, and a simulated senso
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Callable
 
-from cq_engine.config import DEFAULT_SPARK_PORT, Settings
-from cq_engine.errors import CQError
 from cq_engine.cli.feed import FEEDS, floor_time
-from cq_engine.ingest import ingest
+from cq_engine.config import DEFAULT_SPARK_PORT, Settings
 from cq_engine.engine import Engine
+from cq_engine.errors import CQError
+from cq_engine.ingest import ingest
 from cq_engine.times import UTC, iso
 
 DAGSTER_YAML = """\
@@ -59,17 +60,34 @@ def write_dagster_home(path: str | Path) -> Path:
 
 def dagster_env(settings: Settings, dagster_home: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"DAGSTER_HOME": str(dagster_home), "CQ_SQL_DIR": str(Path(settings.sql_dir).resolve()),
-                "CQ_WAREHOUSE": settings.warehouse if "://" in settings.warehouse else str(Path(settings.warehouse).resolve()),
-                "CQ_HOME": str(Path(settings.home).resolve()), "CQ_TIMEZONE": settings.timezone,
-                "CQ_MIN_EVERY": settings.min_every, "CQ_SPARK_PORT": str(settings.spark_port),
-                "CQ_STORAGE": settings.storage})
+    env.update(
+        {
+            "DAGSTER_HOME": str(dagster_home),
+            "CQ_SQL_DIR": str(Path(settings.sql_dir).resolve()),
+            "CQ_WAREHOUSE": settings.warehouse
+            if "://" in settings.warehouse
+            else str(Path(settings.warehouse).resolve()),
+            "CQ_HOME": str(Path(settings.home).resolve()),
+            "CQ_TIMEZONE": settings.timezone,
+            "CQ_MIN_EVERY": settings.min_every,
+            "CQ_SPARK_PORT": str(settings.spark_port),
+            "CQ_STORAGE": settings.storage,
+        }
+    )
     return env
 
 
-def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: str = "sensors",
-                 start: datetime | None = None, reading_every: timedelta = timedelta(seconds=5),
-                 label: str = "cq dev feed", on_batch: Callable[[], None] | None = None) -> None:
+def feed_forever(
+    engine: Engine,
+    *,
+    every: float,
+    stop: threading.Event,
+    table: str = "sensors",
+    start: datetime | None = None,
+    reading_every: timedelta = timedelta(seconds=5),
+    label: str = "cq dev feed",
+    on_batch: Callable[[], None] | None = None,
+) -> None:
     """Every ``every`` seconds, append to ``table`` the simulated readings (one per device per
     ``reading_every``) since the last batch (or ``start``), until ``stop`` is set."""
     start = start or floor_time(datetime.now(UTC), reading_every)
@@ -83,8 +101,9 @@ def feed_forever(engine: Engine, *, every: float, stop: threading.Event, table: 
                 on_batch()
 
 
-def seed_start(engine: Engine, table: str, *, now: datetime, backfill: timedelta,
-               every: timedelta = timedelta(seconds=5)) -> datetime:
+def seed_start(
+    engine: Engine, table: str, *, now: datetime, backfill: timedelta, every: timedelta = timedelta(seconds=5)
+) -> datetime:
     """Where the feed of ``table`` resumes: right after the newest reading already there (so a
     restart never writes the same readings twice), at most ``backfill`` before ``now``."""
     _, newest, _ = engine.storage.table_span(table, version=None, time_column=engine.time_column(table))
@@ -121,8 +140,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, spark_server: bool = True,
-            backfill: timedelta = timedelta(minutes=10), drain_timeout: float = 120) -> int:
+def run_dev(
+    settings: Settings,
+    *,
+    port: int = 3000,
+    feed_every: float = 5.0,
+    spark_server: bool = True,
+    backfill: timedelta = timedelta(minutes=10),
+    drain_timeout: float = 120,
+) -> int:
     from cq_engine import spark
 
     # Explicit handlers, set first: a process started from a script may inherit an ignored SIGINT.
@@ -142,8 +168,10 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
             starts[table] = seed_start(engine, table, now=now, backfill=backfill)
             if starts[table] < now:
                 ingest(table=table, data=FEEDS[table](start=starts[table], end=now), engine=engine, label="cq dev")
-            print(f"cq dev: {table} fed from {iso(starts[table])} (at most the last {backfill}); a new batch every "
-                  f"{feed_every:g}s")
+            print(
+                f"cq dev: {table} fed from {iso(starts[table])} (at most the last {backfill}); a new batch every "
+                f"{feed_every:g}s"
+            )
             starts[table] = max(starts[table], now)
         if created:
             print(f"cq dev: created {', '.join(created)}")
@@ -152,14 +180,22 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
         dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
         log_path = dagster_home / "dev.log"
         cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
-        proc = subprocess.Popen(cmd, env=dagster_env(settings, dagster_home), start_new_session=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd,
+            env=dagster_env(settings, dagster_home),
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         echo = threading.Event()
         echo.set()
         pump = threading.Thread(target=_pump, args=(proc, log_path, echo), daemon=True)
         pump.start()
-        print(f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
-              "Ctrl-C stops everything")
+        print(
+            f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
+            "Ctrl-C stops everything"
+        )
     except KeyboardInterrupt:  # Ctrl-C while starting: undo what was started, quietly
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if proc is not None:
@@ -170,8 +206,12 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
         return 130
     stop = threading.Event()
     for table in fed:
-        threading.Thread(target=feed_forever, args=(engine,), kwargs={"every": feed_every, "stop": stop, "table": table,
-                                                                      "start": starts[table]}, daemon=True).start()
+        threading.Thread(
+            target=feed_forever,
+            args=(engine,),
+            kwargs={"every": feed_every, "stop": stop, "table": table, "start": starts[table]},
+            daemon=True,
+        ).start()
     code = 0
     try:
         while proc.poll() is None:
@@ -179,8 +219,11 @@ def run_dev(settings: Settings, *, port: int = 3000, feed_every: float = 5.0, sp
         echo.clear()
         pump.join(5)
         died = _who_died(log_path)
-        print(f"cq dev: Dagster exited unexpectedly (code {proc.returncode}){': ' + died if died else ''}; "
-              f"stopping the rest (see {log_path})", file=sys.stderr)
+        print(
+            f"cq dev: Dagster exited unexpectedly (code {proc.returncode}){': ' + died if died else ''}; "
+            f"stopping the rest (see {log_path})",
+            file=sys.stderr,
+        )
         code = 1
     except KeyboardInterrupt:
         pass
@@ -241,8 +284,10 @@ def _drain_runs(dagster_home: Path, *, timeout: float) -> None:
             deadline = time.monotonic() + timeout
             while ids and time.monotonic() < deadline:
                 time.sleep(1)
-                ids = [r.dagster_run.run_id for r in instance.get_run_records(
-                    dg.RunsFilter(run_ids=ids, statuses=flight), limit=100)]
+                ids = [
+                    r.dagster_run.run_id
+                    for r in instance.get_run_records(dg.RunsFilter(run_ids=ids, statuses=flight), limit=100)
+                ]
     except Exception as exc:  # shutting down: report, never stop the shutdown
         print(f"cq dev: could not check for runs in flight ({type(exc).__name__}: {exc})", file=sys.stderr)
 
@@ -260,8 +305,6 @@ def stop_process_group(proc: subprocess.Popen, *, first_signal: int = signal.SIG
             break
         except subprocess.TimeoutExpired:
             continue
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(10)

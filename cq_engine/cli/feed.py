@@ -13,8 +13,7 @@ from cq_engine.times import UTC
 DEVICES = ("dev-a", "dev-b", "dev-c")
 
 
-def sensor_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(seconds=5),
-                seed: int = 7) -> pa.Table:
+def sensor_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(seconds=5), seed: int = 7) -> pa.Table:
     """Readings of every device at ``every`` in ``[start, end)``: smooth daily curves plus noise,
     with an occasional missing temperature so FILL and all-null rules have something to do."""
     rng = random.Random(seed + int(start.timestamp()))
@@ -25,24 +24,35 @@ def sensor_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(
         for i, d in enumerate(DEVICES):
             ts.append(t)
             device.append(d)
-            temperature.append(None if rng.random() < 0.03 else round(20 + 5 * math.sin(phase) + i + rng.gauss(0, 0.3), 2))
+            temperature.append(
+                None if rng.random() < 0.03 else round(20 + 5 * math.sin(phase) + i + rng.gauss(0, 0.3), 2)
+            )
             humidity.append(round(55 + 10 * math.cos(phase) - 2 * i + rng.gauss(0, 1), 2))
         t += every
-    return pa.table({
-        "ts": pa.array(ts, pa.timestamp("us", tz="UTC")), "device": device,
-        "temperature": pa.array(temperature, pa.float64()), "humidity": pa.array(humidity, pa.float64()),
-    })
+    return pa.table(
+        {
+            "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+            "device": device,
+            "temperature": pa.array(temperature, pa.float64()),
+            "humidity": pa.array(humidity, pa.float64()),
+        }
+    )
 
 
-METERS = (("d1001", "California.SanFrancisco", 2), ("d1002", "California.LosAngeles", 3),
-          ("d1003", "California.SanDiego", 2))
+METERS = (
+    ("d1001", "California.SanFrancisco", 2),
+    ("d1002", "California.LosAngeles", 3),
+    ("d1003", "California.SanDiego", 2),
+)
 
 
 def meter_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(seconds=5), seed: int = 11) -> pa.Table:
     """TDengine's smart-meter example as one super table: ``current`` wanders around 10 A (so event
     windows open and close), ``status`` flips now and then (state windows), tags per meter."""
     rng = random.Random(seed + int(start.timestamp()))
-    cols: dict[str, list] = {k: [] for k in ("ts", "current", "voltage", "phase", "status", "tbname", "location", "groupid")}
+    cols: dict[str, list] = {
+        k: [] for k in ("ts", "current", "voltage", "phase", "status", "tbname", "location", "groupid")
+    }
     t = start
     while t < end:
         phase = (t.timestamp() % 600) / 600 * 2 * math.pi
@@ -56,9 +66,16 @@ def meter_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(s
             cols["location"].append(location)
             cols["groupid"].append(group)
         t += every
-    types = {"ts": pa.timestamp("us", tz="UTC"), "current": pa.float32(), "voltage": pa.int32(),
-             "phase": pa.float32(), "status": pa.int32(), "tbname": pa.string(), "location": pa.string(),
-             "groupid": pa.int32()}
+    types = {
+        "ts": pa.timestamp("us", tz="UTC"),
+        "current": pa.float32(),
+        "voltage": pa.int32(),
+        "phase": pa.float32(),
+        "status": pa.int32(),
+        "tbname": pa.string(),
+        "location": pa.string(),
+        "groupid": pa.int32(),
+    }
     return pa.table({k: pa.array(v, types[k]) for k, v in cols.items()})
 
 
@@ -75,8 +92,12 @@ def demo_rows(*, start: datetime, end: datetime, every: timedelta = timedelta(se
             cols["temperature"].append(round(20 + rng.gauss(0, 3), 2))
             cols["revenue"].append(round(rng.choice((50, 80, 120, 150, 250)) + rng.random(), 2))
         t += every
-    types = {"ts": pa.timestamp("us", tz="UTC"), "ID": pa.string(), "temperature": pa.float64(),
-             "revenue": pa.float64()}
+    types = {
+        "ts": pa.timestamp("us", tz="UTC"),
+        "ID": pa.string(),
+        "temperature": pa.float64(),
+        "revenue": pa.float64(),
+    }
     return pa.table({k: pa.array(v, types[k]) for k, v in cols.items()})
 
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Sequence
 
-from cq_engine.resample import timing
-from cq_engine.durations import format_duration
 from cq_engine.cli.common import name_arg, open_engine, open_ledger
 from cq_engine.cli.streams import register
 from cq_engine.config import Settings, load_settings
+from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.resample import timing
 from cq_engine.times import UTC, iso, parse_time
 
 
@@ -45,8 +45,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = cmd("validate", _validate, "parse the definitions and list them; errors as file:line:col")
     sp.add_argument("path", nargs="?", help="file or directory (default: CQ_SQL_DIR)")
-    sp.add_argument("--check-triggers", action="store_true",
-                    help="also import each trigger's class and call its validate() (runs the trigger's code)")
+    sp.add_argument(
+        "--check-triggers",
+        action="store_true",
+        help="also import each trigger's class and call its validate() (runs the trigger's code)",
+    )
     sp = cmd("plan", _plan, "print the next firings at or after a time")
     sp.add_argument("name", type=name_arg)
     sp.add_argument("--from", dest="start", required=True, metavar="T")
@@ -59,8 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("name", type=name_arg)
     sp.add_argument("--from", dest="start", required=True, metavar="T1")
     sp.add_argument("--to", dest="end", metavar="T2", help="default: the end of the latest firing's range")
-    sp.add_argument("--via-dagster", nargs="?", const="localhost:3000", metavar="HOST:PORT",
-                    help="launch the definition's recalculate job on a Dagster webserver instead")
+    sp.add_argument(
+        "--via-dagster",
+        nargs="?",
+        const="localhost:3000",
+        metavar="HOST:PORT",
+        help="launch the definition's recalculate job on a Dagster webserver instead",
+    )
     cmd("show", _show, "list definitions with their last firing")
     sp = cmd("ingest", _ingest, "append a CSV, JSON-lines or Parquet file to a table (one commit)")
     sp.add_argument("table", type=name_arg)
@@ -68,8 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     sp = cmd("query", _query, "run Spark SQL over the warehouse tables")
     sp.add_argument("sql")
     sp.add_argument("--limit", type=int, default=1000)
-    sp.add_argument("--allow-writes", action="store_true",
-                    help="run any statement (INSERT, CREATE, ADD JAR, file reads...); default: one SELECT only")
+    sp.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="run any statement (INSERT, CREATE, ADD JAR, file reads...); default: one SELECT only",
+    )
     sp = cmd("spark", _spark, "manage the local Spark Connect server")
     sp.add_argument("action", choices=["start", "stop", "status"])
     sp = cmd("dev", _dev, "Spark Connect server + Dagster UI/daemon + a simulated sensor feed; Ctrl-C stops all")
@@ -95,16 +106,19 @@ def _validate(args, settings: Settings) -> int:
     from cq_engine.triggers.runtime import check_trigger, find_module
 
     # One file is checked against the tables the sql directory's other files declare.
-    catalog = load_catalog(args.path or settings.sql_dir, options=parse_options(settings),
-                           context=settings.sql_dir if args.path else None)
+    catalog = load_catalog(
+        args.path or settings.sql_dir, options=parse_options(settings), context=settings.sql_dir if args.path else None
+    )
     for t in catalog.tables:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
         print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {d.timeout_policy}  {d.location}")
     errors = [str(e) for e in catalog.errors]
     for trig in catalog.triggers:
-        print(f"trigger {trig.name:<23} {trig.event.upper()} INSERT ON {trig.pattern} AS {trig.target}  "
-              f"{'STATEFUL' if trig.stateful else 'STATELESS'}  {trig.location}")
+        print(
+            f"trigger {trig.name:<23} {trig.event.upper()} INSERT ON {trig.pattern} AS {trig.target}  "
+            f"{'STATEFUL' if trig.stateful else 'STATELESS'}  {trig.location}"
+        )
         try:  # only --check-triggers runs user code (imports the class, calls its validate())
             if args.check_triggers:
                 check_trigger(trig, settings=settings)
@@ -131,10 +145,16 @@ def _trigger(d) -> str:
     t = d.trigger
     if d.form == "ekuiper" and t.kind == "sliding":  # eKuiper's TUMBLINGWINDOW / HOPPINGWINDOW
         label = "tumbling" if t.sliding == t.interval else "hopping"
-        return f"{label}(size={format_duration(t.interval)}" + (
-            f", hop={format_duration(t.sliding)}" if label == "hopping" else "") + f") from {d.trigger_table or '-'}"
-    args = {k: (format_duration(v) if hasattr(v, "total_seconds") else v) for k, v in vars(t).items()
-            if k not in ("kind", "ts_column") and v not in (None, (), "", timedelta(0))}
+        return (
+            f"{label}(size={format_duration(t.interval)}"
+            + (f", hop={format_duration(t.sliding)}" if label == "hopping" else "")
+            + f") from {d.trigger_table or '-'}"
+        )
+    args = {
+        k: (format_duration(v) if hasattr(v, "total_seconds") else v)
+        for k, v in vars(t).items()
+        if k not in ("kind", "ts_column") and v not in (None, (), "", timedelta(0))
+    }
     return f"{t.kind}({', '.join(f'{k}={v}' for k, v in args.items())}) from {d.trigger_table or '-'}"
 
 
@@ -152,14 +172,18 @@ def _plan(args, settings: Settings) -> int:
     if args.count < 1:
         raise CQError("--count must be at least 1")
     if not isinstance(d, ContinuousQuery) and not isinstance(d.trigger, PeriodTrigger):
-        raise CQError(f"{d.name!r} is a window-triggered stream: its runs follow its trigger table's data, "
-                      f"not a clock (see `cq tick {d.name}`)")
+        raise CQError(
+            f"{d.name!r} is a window-triggered stream: its runs follow its trigger table's data, "
+            f"not a clock (see `cq tick {d.name}`)"
+        )
     start = _time(args.start, settings, "--from")
     ticks = ticks_of(d, timezone=settings.timezone, created=start)
-    fires = []
+    fires: list[datetime] = []
     while len(fires) < args.count:
-        more = ticks.between(fires[-1] + timedelta(microseconds=1) if fires else start,
-                             (fires[-1] if fires else start) + max(ticks.every, timedelta(days=1)) * 2)
+        more = ticks.between(
+            fires[-1] + timedelta(microseconds=1) if fires else start,
+            (fires[-1] if fires else start) + max(ticks.every, timedelta(days=1)) * 2,
+        )
         if not more:
             break
         fires += more[: args.count - len(fires)]
@@ -176,9 +200,12 @@ def _run(args, settings: Settings) -> int:
     at = _time(args.at, settings, "--at")
     d = engine.definition(args.name)
     r = engine.run_period(args.name, at) if not isinstance(d, ContinuousQuery) else engine.run_firing(args.name, at)
-    print(f"{r.definition}: fired {iso(r.fire_time)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
-          f"{r.rows_written} rows -> {engine.definition(args.name).sink} v{r.sink_version} "
-          f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)")
+    fired = iso(r.fire_time) if r.fire_time else iso(at)
+    print(
+        f"{r.definition}: fired {fired} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
+        f"{r.rows_written} rows -> {engine.definition(args.name).sink} v{r.sink_version} "
+        f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)"
+    )
     return 0
 
 
@@ -189,8 +216,10 @@ def _recalculate(args, settings: Settings) -> int:
     start = _time(args.start, settings, "--from")
     end = _time(args.end, settings, "--to") if args.end else None
     r = engine.recalculate(args.name, start=start, end=end, now=datetime.now(UTC), progress=_progress_bar)
-    print(f"{r.definition}: recalculated [{iso(r.time_range[0])}, {iso(r.time_range[1])}) in {r.chunks} "
-          f"chunk(s): {r.rows_written} rows -> v{r.sink_version} ({r.seconds:.2f}s)")
+    print(
+        f"{r.definition}: recalculated [{iso(r.time_range[0])}, {iso(r.time_range[1])}) in {r.chunks} "
+        f"chunk(s): {r.rows_written} rows -> v{r.sink_version} ({r.seconds:.2f}s)"
+    )
     return 0
 
 
@@ -204,8 +233,9 @@ def _recalculate_via_dagster(args, settings: Settings) -> int:
         _time(args.end, settings, "--to")
     address = args.via_dagster if ":" in args.via_dagster else f"{args.via_dagster}:3000"
     try:
-        run_id = launch_recalculate(d, address=address, translator=configured_translator(), start=args.start,
-                                    end=args.end)
+        run_id = launch_recalculate(
+            d, address=address, translator=configured_translator(), start=args.start, end=args.end
+        )
     except CQError as exc:
         raise CQError(f"--via-dagster {args.via_dagster}: {exc}") from None
     print(f"{args.name}: recalculate run {run_id} launched on http://{address}/runs/{run_id}")
@@ -231,8 +261,18 @@ def _show(args, settings: Settings) -> int:
         e = last.get(d.name)
         # A firing is known by its fire time; a recalculation or stream run by its half-open range.
         when = (iso(e.fire_time) if e.fire_time else f"[{iso(e.range_start)}, {iso(e.range_end)})") if e else "-"
-        rows.append([d.name, f"{d.source} -> {d.sink}", _trigger(d), d.timeout_policy, e.kind if e else "-",
-                     when, e.status if e else "never", str(e.rows_written) if e else "-"])
+        rows.append(
+            [
+                d.name,
+                f"{d.source} -> {d.sink}",
+                _trigger(d),
+                d.timeout_policy,
+                e.kind if e else "-",
+                when,
+                e.status if e else "never",
+                str(e.rows_written) if e else "-",
+            ]
+        )
     _print_rows(["name", "tables", "trigger", "policy", "last run", "time", "status", "rows"], rows)
     for err in catalog.errors:
         print(err, file=sys.stderr)
@@ -272,6 +312,7 @@ def _drop_trigger_or(fallback):
             return fallback(args, settings)
         print(json.dumps(dropped))
         return 0
+
     return handler
 
 

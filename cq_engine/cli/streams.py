@@ -10,15 +10,16 @@ from pathlib import Path
 from cq_engine.cli.common import name_arg, open_engine, open_ledger, open_storage
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
-from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.statefile import read_state, write_atomic
 from cq_engine.streams.timing import StreamCursor
 from cq_engine.times import UTC, iso, parse_time
 
 
 def register(cmd) -> None:
-    sp = cmd("tick", _tick, "evaluate a definition's schedule or sensor once, as the daemon would, and run "
-                           "what it requests")
+    sp = cmd(
+        "tick", _tick, "evaluate a definition's schedule or sensor once, as the daemon would, and run what it requests"
+    )
     sp.add_argument("name", type=name_arg)
     sp.add_argument("--at", metavar="T", help="evaluation time (a schedule: its tick; default: now)")
     for name, verb in (("stop", "stop"), ("start", "start"), ("pause", "stop"), ("resume", "start")):
@@ -26,13 +27,20 @@ def register(cmd) -> None:
         sp.add_argument("name", type=name_arg)
         sp.set_defaults(verb=verb)
         if verb == "start":
-            sp.add_argument("--ignore-untreated", action="store_true",
-                            help="skip the data written while stopped instead of processing it as history")
+            sp.add_argument(
+                "--ignore-untreated",
+                action="store_true",
+                help="skip the data written while stopped instead of processing it as history",
+            )
         sp.add_argument("--dagster", default="localhost:3000", metavar="HOST:PORT")
     sp = cmd("drop", _drop, "what dropping a file-defined definition means (its outputs stay)")
     sp.add_argument("name", type=name_arg)
-    sp = cmd("listen", _listen, "a local WebSocket server printing the NOTIFY messages it receives, one JSON "
-                               "line each (for trying NOTIFY('ws://127.0.0.1:8765/notify'))")
+    sp = cmd(
+        "listen",
+        _listen,
+        "a local WebSocket server printing the NOTIFY messages it receives, one JSON "
+        "line each (for trying NOTIFY('ws://127.0.0.1:8765/notify'))",
+    )
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8765)
     sp.add_argument("--count", type=int, default=0, help="exit after this many messages (default: run until Ctrl-C)")
@@ -52,11 +60,15 @@ def _tick(args, settings: Settings) -> int:
         fire = now if args.at else ticks.latest(now)
         if fire is None or not ticks.is_tick(fire):
             nearest = ticks.between(now, now + ticks.every * 2)
-            raise CQError(f"{iso(now)} is not a tick of {d.name!r} ({ticks.description})"
-                          + (f"; next: {iso(nearest[0])}" if nearest else ""))
+            raise CQError(
+                f"{iso(now)} is not a tick of {d.name!r} ({ticks.description})"
+                + (f"; next: {iso(nearest[0])}" if nearest else "")
+            )
         r = engine.run_firing(d.name, fire) if isinstance(d, ContinuousQuery) else engine.run_period(d.name, fire)
-        print(f"{d.name}: tick {iso(fire)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
-              f"{r.rows_written} rows -> {d.sink} v{r.sink_version}")
+        print(
+            f"{d.name}: tick {iso(fire)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
+            f"{r.rows_written} rows -> {d.sink} v{r.sink_version}"
+        )
         return 0
     from cq_engine.notify.outbox import gate
     from cq_engine.streams.sensor import evaluate_stream
@@ -71,16 +83,20 @@ def _tick(args, settings: Settings) -> int:
         try:
             StreamCursor.from_json(cursor)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CQError(f"{path}: unreadable stream cursor ({type(exc).__name__}: {exc}); delete the file "
-                          "to start the stream over") from None
+            raise CQError(
+                f"{path}: unreadable stream cursor ({type(exc).__name__}: {exc}); delete the file "
+                "to start the stream over"
+            ) from None
     plan = evaluate_stream(engine.ctx, d, cursor=cursor, now=now)
     print(f"{d.name}: {plan.reason}")
     for item in plan.ignored:
         print(f"{d.name}: {item.text}")
     for work in plan.works:
         r = engine.run_stream(d.name, work)
-        print(f"{d.name}: {work.kind} run at version {work.version}: {r.rows_written} rows -> {d.sink} "
-              f"v{r.sink_version} ({r.seconds:.2f}s)")
+        print(
+            f"{d.name}: {work.kind} run at version {work.version}: {r.rows_written} rows -> {d.sink} "
+            f"v{r.sink_version} ({r.seconds:.2f}s)"
+        )
     # Saved once the requested runs succeeded, so a failed run is requested again next time.
     write_atomic(path, plan.cursor.to_json())
     return 0
@@ -94,17 +110,20 @@ def _control(args, settings: Settings) -> int:
     d = engine.definition(args.name)
     new_cursor, extra = None, ""
     if args.verb == "start" and getattr(args, "ignore_untreated", False):
-        if windowed(d):
+        if isinstance(d, Stream) and windowed(d):
             from cq_engine.streams.sensor import skip_untreated
 
+            stream = d
+
             def new_cursor(cursor):
-                return skip_untreated(engine.ctx, d, cursor)
+                return skip_untreated(engine.ctx, stream, cursor)
 
             extra = " (data written while stopped skipped)"
         else:
             extra = " (--ignore-untreated applies to window-triggered streams only: nothing skipped)"
-    kind, name, location = control(d, verb=args.verb, address=args.dagster, translator=configured_translator(),
-                                   new_cursor=new_cursor)
+    kind, name, location = control(
+        d, verb=args.verb, address=args.dagster, translator=configured_translator(), new_cursor=new_cursor
+    )
     state = "running" if args.verb == "start" else "stopped"
     print(f"{d.name}: {kind} {name} in {location} {state}{extra}")
     return 0
@@ -112,18 +131,20 @@ def _control(args, settings: Settings) -> int:
 
 def _drop(args, settings: Settings) -> int:
     from cq_engine.catalog import load_catalog, parse_options
+
     catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
     d = catalog.definition(args.name)
     if d is not None:
-        raise CQError(f"{d.name!r} is defined at {d.location}: remove that statement (or its file) to drop it; "
-                      f"its sink {d.sink!r} and the rows already written stay, as DROP STREAM leaves them")
+        raise CQError(
+            f"{d.name!r} is defined at {d.location}: remove that statement (or its file) to drop it; "
+            f"its sink {d.sink!r} and the rows already written stay, as DROP STREAM leaves them"
+        )
     runs = open_ledger(settings).entries(args.name)
     # The engine's per-stream state (frontier, ticks, outbox): a re-created stream starts afresh.
     removed = open_storage(settings).drop_state(f"streams/{args.name}")
     if not runs and removed is None:
         raise CQError(f"no definition named {args.name!r} in {settings.sql_dir}, and none has run")
-    print(json.dumps({"dropped": args.name, "runs_in_ledger": len(runs), "state_removed": removed,
-                      "outputs": "kept"}))
+    print(json.dumps({"dropped": args.name, "runs_in_ledger": len(runs), "state_removed": removed, "outputs": "kept"}))
     return 0
 
 

@@ -26,10 +26,20 @@ from cq_engine.times import EPOCH, UTC, epoch_ms
 
 log = logging.getLogger(__name__)
 _TS = pa.timestamp("us", tz="UTC")
-_OUTBOX = pa.schema([("key", pa.string()), ("seq", pa.int64()), ("window_id", pa.string()),
-                     ("group_id", pa.int64()), ("window_start", _TS), ("window_end", _TS),
-                     ("event_type", pa.string()), ("digest", pa.string()), ("table_name", pa.string()),
-                     ("event", pa.string())])
+_OUTBOX = pa.schema(
+    [
+        ("key", pa.string()),
+        ("seq", pa.int64()),
+        ("window_id", pa.string()),
+        ("group_id", pa.int64()),
+        ("window_start", _TS),
+        ("window_end", _TS),
+        ("event_type", pa.string()),
+        ("digest", pa.string()),
+        ("table_name", pa.string()),
+        ("event", pa.string()),
+    ]
+)
 _DELIVERED = pa.schema([("key", pa.string()), ("status", pa.string()), ("at", _TS)])
 
 
@@ -51,8 +61,9 @@ def _reported(outbox: list[dict]) -> dict[str, Reported]:
     out: dict[str, Reported] = {}
     for r in outbox:
         prev = out.get(r["window_id"])
-        cur = prev or Reported(r["window_id"], r["group_id"], r["window_start"], r["window_end"],
-                               table_name=r["table_name"])
+        cur = prev or Reported(
+            r["window_id"], r["group_id"], r["window_start"], r["window_end"], table_name=r["table_name"]
+        )
         kind = r["event_type"]
         if kind == OPEN:
             cur = replace(cur, opened=True)
@@ -75,10 +86,21 @@ def _record(ctx: EngineContext, stream: Stream, outbox: list[dict], events: list
     if not fresh:
         return []
     start = (outbox[-1]["seq"] + 1) if outbox else 0
-    rows = [{"key": e["_key"], "seq": start + i, "window_id": e["windowId"], "group_id": int(e["groupId"]),
-             "window_start": _time(e.get("windowStart")), "window_end": _time(e.get("windowEnd")),
-             "event_type": e["eventType"], "digest": e.get("_digest", ""), "table_name": e["tableName"],
-             "event": json.dumps(public(e), separators=(",", ":"))} for i, e in enumerate(fresh)]
+    rows = [
+        {
+            "key": e["_key"],
+            "seq": start + i,
+            "window_id": e["windowId"],
+            "group_id": int(e["groupId"]),
+            "window_start": _time(e.get("windowStart")),
+            "window_end": _time(e.get("windowEnd")),
+            "event_type": e["eventType"],
+            "digest": e.get("_digest", ""),
+            "table_name": e["tableName"],
+            "event": json.dumps(public(e), separators=(",", ":")),
+        }
+        for i, e in enumerate(fresh)
+    ]
     ctx.storage.append_state(_name(stream, "outbox"), pa.Table.from_pylist(rows, schema=_OUTBOX))
     return rows
 
@@ -111,8 +133,12 @@ def flush(ctx: EngineContext, stream: Stream, *, outbox: list[dict] | None = Non
         deliver(notify.urls, {stream.name: events}, now_ms=now_ms, timeout=timeout)
     except NotifyError as exc:
         if notify.on_failure == "pause":
-            log.warning("%s: %d notification(s) pending, the stream pauses until they are delivered: %s",
-                        stream.name, len(rows), exc)
+            log.warning(
+                "%s: %d notification(s) pending, the stream pauses until they are delivered: %s",
+                stream.name,
+                len(rows),
+                exc,
+            )
             return str(exc)
         log.warning("%s: dropped %d notification(s) (ON_FAILURE DROP): %s", stream.name, len(rows), exc)
         _mark(ctx, stream, keys, "dropped")

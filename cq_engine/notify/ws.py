@@ -107,8 +107,9 @@ def send(url: str, payloads: Sequence[str], *, timeout: float = 5.0) -> None:
     try:
         # proxy=None: receivers are addressed directly; an ambient HTTP(S)_PROXY
         # must not silently reroute (or break) notifications to local hosts.
-        ws = connect(url, open_timeout=timeout, close_timeout=timeout, ssl=_ssl_context(url),
-                     proxy=None, ping_interval=None)
+        ws = connect(
+            url, open_timeout=timeout, close_timeout=timeout, ssl=_ssl_context(url), proxy=None, ping_interval=None
+        )
     except (OSError, WebSocketException, ValueError) as exc:
         raise NotifyError(url, _describe(exc, timeout)) from exc
 
@@ -149,8 +150,14 @@ def dumps(msg: dict) -> str:
     return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
 
 
-def deliver(urls: Sequence[str], events_by_stream: Mapping[str, Sequence[dict]], *, now_ms: int,
-            max_events: int = 100, timeout: float = 5.0) -> list[dict]:
+def deliver(
+    urls: Sequence[str],
+    events_by_stream: Mapping[str, Sequence[dict]],
+    *,
+    now_ms: int,
+    max_events: int = 100,
+    timeout: float = 5.0,
+) -> list[dict]:
     """Send all events to every URL in messages of at most ``max_events`` events.
 
     Events are taken stream by stream in order, so one message may hold several

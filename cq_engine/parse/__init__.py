@@ -38,9 +38,17 @@ STATEMENT_PARSERS: dict[tuple[str, ...], StatementParser] = {
 }
 
 # Commands that act on running state belong to the CLI, not to definition files.
-COMMANDS = {("DROP", "TRIGGER"): "cq drop NAME", ("SHOW", "TRIGGERS"): "cq triggers",
-            ("DROP",): "cq drop", ("SHOW",): "cq show", ("RECALCULATE",): "cq recalculate",
-            ("START",): "cq start", ("STOP",): "cq stop", ("PAUSE",): "cq pause", ("RESUME",): "cq resume"}
+COMMANDS = {
+    ("DROP", "TRIGGER"): "cq drop NAME",
+    ("SHOW", "TRIGGERS"): "cq triggers",
+    ("DROP",): "cq drop",
+    ("SHOW",): "cq show",
+    ("RECALCULATE",): "cq recalculate",
+    ("START",): "cq start",
+    ("STOP",): "cq stop",
+    ("PAUSE",): "cq pause",
+    ("RESUME",): "cq resume",
+}
 
 
 def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | None = None) -> list[Statement]:
@@ -53,8 +61,10 @@ def parse_text(text: str, *, file: str = "<string>", options: ParseOptions | Non
         # sqlglot's cause names where an unclosed quote starts: "Missing ' from <line>:<offset>".
         missing = re.match(r"Missing (.+) from \d+:(\d+)$", str(exc.__cause__ or ""))
         if missing and int(missing[2]) < len(text):
-            raise source.error(int(missing[2]), f"unclosed {missing[1]}: the text runs to the end of the file "
-                                                "without its closing quote") from None
+            raise source.error(
+                int(missing[2]),
+                f"unclosed {missing[1]}: the text runs to the end of the file without its closing quote",
+            ) from None
         raise source.error(len(text.rstrip()), f"cannot tokenize: {str(exc)[:200]}") from None
     statements = []
     for stmt_tokens, end in split_statements(source, tokens):
@@ -79,9 +89,12 @@ def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
     for words, command in COMMANDS.items():
         if cur.is_word(*words):
             raise cur.error_at(start, f"{' '.join(words)} is a command, not a definition: use `{command}`")
-    raise cur.error_at(start, f"unknown statement starting with {start.text!r} "
-                              "(expected CREATE CONTINUOUS QUERY, CREATE CQ, CREATE STREAM, CREATE RULE, CREATE TABLE "
-                              "or CREATE TRIGGER)")
+    raise cur.error_at(
+        start,
+        f"unknown statement starting with {start.text!r} "
+        "(expected CREATE CONTINUOUS QUERY, CREATE CQ, CREATE STREAM, CREATE RULE, CREATE TABLE "
+        "or CREATE TRIGGER)",
+    )
 
 
 # Names that become paths (tables, definitions, triggers); columns only need printable identifiers.

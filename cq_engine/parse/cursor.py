@@ -96,8 +96,10 @@ class Cursor:
         if first is None:
             raise self.source.error(self.end, f"expected {what}")
         last = first
-        while (nxt := self.peek()) is not None and nxt.start == last.end + 1 and nxt.token_type not in (
-            TokenType.COMMA, TokenType.L_PAREN, TokenType.R_PAREN, TokenType.SEMICOLON
+        while (
+            (nxt := self.peek()) is not None
+            and nxt.start == last.end + 1
+            and nxt.token_type not in (TokenType.COMMA, TokenType.L_PAREN, TokenType.R_PAREN, TokenType.SEMICOLON)
         ):
             last = self.advance()
         return self.source.text[first.start : last.end + 1], first
@@ -110,8 +112,9 @@ class Cursor:
             tok = self.identifier(what)
         return tok
 
-    def duration(self, what: str, *, units: dict[str, int] = IOTDB_UNITS,
-                 positive: bool = True) -> tuple[timedelta, Token]:
+    def duration(
+        self, what: str, *, units: dict[str, int] = IOTDB_UNITS, positive: bool = True
+    ) -> tuple[timedelta, Token]:
         """A duration literal (``20s``, ``1h30m``); errors point at it and quote it."""
         text, tok = self.word(what)
         try:
@@ -155,12 +158,60 @@ class Cursor:
 
 
 # Keywords of the three dialects' statements, for "did you mean ...?" on a misspelled one.
-KEYWORDS = ("SELECT", "FROM", "WHERE", "GROUP", "BY", "HAVING", "ORDER", "LIMIT", "OFFSET", "INTO", "FILL",
-            "ALIGN", "DEVICE", "PARTITION", "INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "EVENT_WINDOW",
-            "COUNT_WINDOW", "PERIOD", "TRIGGER", "WATERMARK", "OPTIONS", "NOTIFY", "TAGS", "BEGIN", "END",
-            "RESAMPLE", "EVERY", "BOUNDARY", "RANGE", "TIMEOUT", "POLICY", "CREATE", "CONTINUOUS", "QUERY",
-            "STREAM", "RULE", "TABLE", "WITH", "FILTER", "OVER", "WHEN", "BEFORE", "AFTER", "INSERT",
-            "TUMBLINGWINDOW", "HOPPINGWINDOW", "SLIDINGWINDOW", "SESSIONWINDOW", "COUNTWINDOW")
+KEYWORDS = (
+    "SELECT",
+    "FROM",
+    "WHERE",
+    "GROUP",
+    "BY",
+    "HAVING",
+    "ORDER",
+    "LIMIT",
+    "OFFSET",
+    "INTO",
+    "FILL",
+    "ALIGN",
+    "DEVICE",
+    "PARTITION",
+    "INTERVAL",
+    "SLIDING",
+    "SESSION",
+    "STATE_WINDOW",
+    "EVENT_WINDOW",
+    "COUNT_WINDOW",
+    "PERIOD",
+    "TRIGGER",
+    "WATERMARK",
+    "OPTIONS",
+    "NOTIFY",
+    "TAGS",
+    "BEGIN",
+    "END",
+    "RESAMPLE",
+    "EVERY",
+    "BOUNDARY",
+    "RANGE",
+    "TIMEOUT",
+    "POLICY",
+    "CREATE",
+    "CONTINUOUS",
+    "QUERY",
+    "STREAM",
+    "RULE",
+    "TABLE",
+    "WITH",
+    "FILTER",
+    "OVER",
+    "WHEN",
+    "BEFORE",
+    "AFTER",
+    "INSERT",
+    "TUMBLINGWINDOW",
+    "HOPPINGWINDOW",
+    "SLIDINGWINDOW",
+    "SESSIONWINDOW",
+    "COUNTWINDOW",
+)
 
 
 def suggest(word: str) -> str:
@@ -172,8 +223,14 @@ def suggest(word: str) -> str:
     return f" (did you mean {match[0]}?)" if match else ""
 
 
-_NOT_NAMES = {TokenType.STRING, TokenType.NUMBER, TokenType.L_PAREN, TokenType.R_PAREN,
-              TokenType.COMMA, TokenType.SEMICOLON}
+_NOT_NAMES = {
+    TokenType.STRING,
+    TokenType.NUMBER,
+    TokenType.L_PAREN,
+    TokenType.R_PAREN,
+    TokenType.COMMA,
+    TokenType.SEMICOLON,
+}
 
 
 def _is_name(text: str) -> bool:

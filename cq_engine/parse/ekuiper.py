@@ -37,14 +37,28 @@ from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tables import column_type
 from cq_engine.parse.tdengine.select import derived_name
 
-UNITS = {"DD": timedelta(days=1), "HH": timedelta(hours=1), "MI": timedelta(minutes=1),
-         "SS": timedelta(seconds=1), "MS": timedelta(milliseconds=1)}
+UNITS = {
+    "DD": timedelta(days=1),
+    "HH": timedelta(hours=1),
+    "MI": timedelta(minutes=1),
+    "SS": timedelta(seconds=1),
+    "MS": timedelta(milliseconds=1),
+}
 WINDOWS = ("TUMBLINGWINDOW", "HOPPINGWINDOW", "SLIDINGWINDOW", "SESSIONWINDOW", "COUNTWINDOW")
-_ARITY = {"TUMBLINGWINDOW": (2, 2), "HOPPINGWINDOW": (3, 3), "SLIDINGWINDOW": (2, 3), "SESSIONWINDOW": (3, 3),
-          "COUNTWINDOW": (1, 2)}
-_USAGE = {"TUMBLINGWINDOW": "TUMBLINGWINDOW(unit, size)", "HOPPINGWINDOW": "HOPPINGWINDOW(unit, size, hop)",
-          "SLIDINGWINDOW": "SLIDINGWINDOW(unit, size[, delay])",
-          "SESSIONWINDOW": "SESSIONWINDOW(unit, timeout, max_duration)", "COUNTWINDOW": "COUNTWINDOW(count[, interval])"}
+_ARITY = {
+    "TUMBLINGWINDOW": (2, 2),
+    "HOPPINGWINDOW": (3, 3),
+    "SLIDINGWINDOW": (2, 3),
+    "SESSIONWINDOW": (3, 3),
+    "COUNTWINDOW": (1, 2),
+}
+_USAGE = {
+    "TUMBLINGWINDOW": "TUMBLINGWINDOW(unit, size)",
+    "HOPPINGWINDOW": "HOPPINGWINDOW(unit, size, hop)",
+    "SLIDINGWINDOW": "SLIDINGWINDOW(unit, size[, delay])",
+    "SESSIONWINDOW": "SESSIONWINDOW(unit, timeout, max_duration)",
+    "COUNTWINDOW": "COUNTWINDOW(count[, interval])",
+}
 _CLAUSES = ("FROM", "WHERE", "GROUP BY", "FILTER", "OVER", "HAVING")
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 
@@ -85,20 +99,28 @@ def parse_ekuiper_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Table
         raise cur.unexpected("expected WITH (...) or the end of CREATE STREAM")
     fields = {c.text.lower(): c.text for c, _ in columns}
     if "TIMESTAMP" not in props:
-        raise cur.error_at(name, f'stream {name.text!r} needs TIMESTAMP="field" in WITH (...): windows run on '
-                                 "event time")
+        raise cur.error_at(
+            name, f'stream {name.text!r} needs TIMESTAMP="field" in WITH (...): windows run on event time'
+        )
     ts_text, ts_tok = props["TIMESTAMP"]
     if ts_text.lower() not in fields:
-        raise cur.error_at(ts_tok, f"TIMESTAMP names {ts_text!r}, which is not a field of {name.text!r} "
-                                   f"(fields: {', '.join(fields.values())})")
+        raise cur.error_at(
+            ts_tok,
+            f"TIMESTAMP names {ts_text!r}, which is not a field of {name.text!r} "
+            f"(fields: {', '.join(fields.values())})",
+        )
     time_column = fields[ts_text.lower()]
     table = props.get("DATASOURCE", (name.text, name))[0]
     line, column = cur.source.line_col(start.start)
-    return TableDecl(name=table, time_column=time_column, if_not_exists=False,
-                     columns=tuple(Column(name=c.text, type="timestamp" if c.text == time_column else t)
-                                   for c, t in columns),
-                     location=SourceLocation(cur.source.file, line, column), alias=name.text,
-                     sql=" ".join(cur.source.text[start.start : cur.end].split()))
+    return TableDecl(
+        name=table,
+        time_column=time_column,
+        if_not_exists=False,
+        columns=tuple(Column(name=c.text, type="timestamp" if c.text == time_column else t) for c, t in columns),
+        location=SourceLocation(cur.source.file, line, column),
+        alias=name.text,
+        sql=" ".join(cur.source.text[start.start : cur.end].split()),
+    )
 
 
 def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
@@ -126,8 +148,9 @@ def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
     if "OVER" in clauses:
         if not isinstance(trigger, EkSlidingTrigger):
             raise cur.error_at(clauses["OVER"][0], "OVER (WHEN ...) only follows SLIDINGWINDOW")
-        trigger = EkSlidingTrigger(size=trigger.size, delay=trigger.delay,
-                                   over=_condition(cur, clauses["OVER"], "WHEN", "OVER"))
+        trigger = EkSlidingTrigger(
+            size=trigger.size, delay=trigger.delay, over=_condition(cur, clauses["OVER"], "WHEN", "OVER")
+        )
     items = _items(cur, clauses["SELECT"][1])
     where = _expression(cur, clauses["WHERE"][1], "WHERE") if "WHERE" in clauses else None
     having = _expression(cur, clauses["HAVING"][1], "HAVING") if "HAVING" in clauses else None
@@ -135,10 +158,22 @@ def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
         raise cur.error_at(clauses["HAVING"][0], "HAVING needs an aggregate (in it or in SELECT)")
     line, col = cur.source.line_col(start.start)
     del wtok
-    return Stream(name=name.text, trigger=trigger, trigger_table=source, source=source, sink=sink,
-                  select=items, partition_by=keys, where=where, having=having, options=options, form="ekuiper",
-                  if_not_exists=if_not_exists, location=SourceLocation(cur.source.file, line, col),
-                  sql=" ".join(cur.source.text[start.start : cur.end].split()))
+    return Stream(
+        name=name.text,
+        trigger=trigger,
+        trigger_table=source,
+        source=source,
+        sink=sink,
+        select=items,
+        partition_by=keys,
+        where=where,
+        having=having,
+        options=options,
+        form="ekuiper",
+        if_not_exists=if_not_exists,
+        location=SourceLocation(cur.source.file, line, col),
+        sql=" ".join(cur.source.text[start.start : cur.end].split()),
+    )
 
 
 def _clauses(cur: Cursor, query: list[Token]) -> dict[str, tuple[Token, list[Token]]]:
@@ -151,8 +186,11 @@ def _clauses(cur: Cursor, query: list[Token]) -> dict[str, tuple[Token, list[Tok
         nxt = query[i + 1] if i + 1 < len(query) else None
         if depth == 0 and word == "GROUP" and nxt is not None and nxt.text.upper() == "BY":
             word, i = "GROUP BY", i + 1
-        if depth == 0 and word in _CLAUSES and (word not in ("FILTER", "OVER") or current == "GROUP BY"
-                                                 or current in ("FILTER", "OVER")):
+        if (
+            depth == 0
+            and word in _CLAUSES
+            and (word not in ("FILTER", "OVER") or current == "GROUP BY" or current in ("FILTER", "OVER"))
+        ):
             if word in clauses:
                 raise cur.error_at(tok, f"{word} given twice")
             if order.index(word) < order.index(current):
@@ -183,10 +221,12 @@ def _parse(cur: Cursor, toks: list[Token]) -> exp.Expression:
 
 def _placeholders(node: exp.Expression) -> exp.Expression:
     """``window_start()`` / ``window_end()`` → the window's bounds."""
+
     def visit(n: exp.Expression) -> exp.Expression:
         if isinstance(n, exp.Anonymous) and str(n.this).lower() in (WINDOW_START, WINDOW_END) and not n.expressions:
-            return exp.column(placeholder_column("_tw" + str(n.this).lower()[len("window_"):]))
+            return exp.column(placeholder_column("_tw" + str(n.this).lower()[len("window_") :]))
         return n
+
     return node.transform(visit)
 
 
@@ -200,8 +240,12 @@ def _expression(cur: Cursor, toks: list[Token], clause: str) -> str:
 def _condition(cur: Cursor, clause: tuple[Token, list[Token]], word: str, name: str) -> str:
     """``FILTER (WHERE cond)`` / ``OVER (WHEN cond)``."""
     keyword, toks = clause
-    if len(toks) < 3 or toks[0].token_type != TokenType.L_PAREN or toks[-1].token_type != TokenType.R_PAREN \
-            or toks[1].text.upper() != word:
+    if (
+        len(toks) < 3
+        or toks[0].token_type != TokenType.L_PAREN
+        or toks[-1].token_type != TokenType.R_PAREN
+        or toks[1].text.upper() != word
+    ):
         raise cur.error_at(keyword, f"{name} takes ({word} condition)")
     node = _parse(cur, toks[2:-1])
     if is_aggregate(node):
@@ -210,14 +254,18 @@ def _condition(cur: Cursor, clause: tuple[Token, list[Token]], word: str, name: 
 
 
 def _items(cur: Cursor, toks: list[Token]) -> tuple[SelectItem, ...]:
-    items = [SelectItem(expression=placeholder_column("_twstart"), name=WINDOW_START, is_aggregate=False),
-             SelectItem(expression=placeholder_column("_twend"), name=WINDOW_END, is_aggregate=False)]
+    items = [
+        SelectItem(expression=placeholder_column("_twstart"), name=WINDOW_START, is_aggregate=False),
+        SelectItem(expression=placeholder_column("_twend"), name=WINDOW_END, is_aggregate=False),
+    ]
     seen = {WINDOW_START: 0, WINDOW_END: 0}
     for part in split_top(toks):
         if not part:
             raise cur.error_at(toks[0], "empty item in SELECT")
         if len(part) == 1 and part[0].token_type == TokenType.STAR:
-            items.append(SelectItem(expression="*", name="*", is_aggregate=False))  # the catalog expands it to the fields
+            items.append(
+                SelectItem(expression="*", name="*", is_aggregate=False)
+            )  # the catalog expands it to the fields
             continue
         node = _parse(cur, part)
         body = node.this if isinstance(node, exp.Alias) else node
@@ -245,8 +293,9 @@ def _group_by(cur: Cursor, opts: ParseOptions, keyword: Token, toks: list[Token]
             window = (_window(cur, opts, part), first)
             continue
         if len(part) != 1 or not part[0].text.replace("_", "a").isalnum():
-            raise cur.error_at(first, "GROUP BY takes column names and one window function: "
-                                      + ", ".join(_USAGE.values()))
+            raise cur.error_at(
+                first, "GROUP BY takes column names and one window function: " + ", ".join(_USAGE.values())
+            )
         keys.append(part[0].text)
     if window is None:
         raise cur.error_at(keyword, "GROUP BY needs a window function: " + ", ".join(_USAGE.values()))

@@ -119,7 +119,8 @@ def rewrite_iotdb_functions(node: exp.Expression, fragment: Fragment) -> exp.Exp
 def is_aggregate_call(node: exp.Expr) -> bool:
     """``node`` itself is an aggregate function call (sqlglot leaves Spark's MIN_BY/MAX_BY anonymous)."""
     return isinstance(node, exp.AggFunc) or (
-        isinstance(node, exp.Anonymous) and str(node.this).upper() in ("MIN_BY", "MAX_BY"))
+        isinstance(node, exp.Anonymous) and str(node.this).upper() in ("MIN_BY", "MAX_BY")
+    )
 
 
 def is_aggregate(node: exp.Expr) -> bool:

@@ -60,21 +60,30 @@ def parse_continuous_query(cur: Cursor, opts: ParseOptions, start: Token) -> Con
             raise cur.error_at(name_tok, "a continuous query needs GROUP BY (interval) or RESAMPLE EVERY")
         every = body.time_grouping.interval
     if every < opts.min_every:
-        raise cur.error_at(header.every_tok, f"EVERY {format_duration(every)} is below the minimum "
-                                             f"{format_duration(opts.min_every)} (CQ_MIN_EVERY)")
+        raise cur.error_at(
+            header.every_tok,
+            f"EVERY {format_duration(every)} is below the minimum {format_duration(opts.min_every)} (CQ_MIN_EVERY)",
+        )
     start_offset = header.start_offset if header.start_offset is not None else every
     end_offset = header.end_offset or timedelta(0)
     if start_offset <= end_offset:
-        raise cur.error_at(header.range_tok, f"RANGE start offset {format_duration(start_offset)} must be "
-                                             f"greater than the end offset {format_duration(end_offset)}")
+        raise cur.error_at(
+            header.range_tok,
+            f"RANGE start offset {format_duration(start_offset)} must be "
+            f"greater than the end offset {format_duration(end_offset)}",
+        )
     if body.time_grouping is not None and body.time_grouping.interval > start_offset:
-        raise cur.error_at(body.grouping_tok, f"GROUP BY interval {format_duration(body.time_grouping.interval)}"
-                                              f" is larger than the RANGE start offset {format_duration(start_offset)}")
+        raise cur.error_at(
+            body.grouping_tok,
+            f"GROUP BY interval {format_duration(body.time_grouping.interval)}"
+            f" is larger than the RANGE start offset {format_duration(start_offset)}",
+        )
     line, col = cur.source.line_col(start.start)
     return ContinuousQuery(
         name=name_tok.text,
-        resample=Resample(every=every, start_offset=start_offset, end_offset=end_offset,
-                          boundary=header.boundary or EPOCH),
+        resample=Resample(
+            every=every, start_offset=start_offset, end_offset=end_offset, boundary=header.boundary or EPOCH
+        ),
         timeout_policy=header.timeout_policy,
         location=SourceLocation(cur.source.file, line, col),
         sql=" ".join(cur.source.text[start.start : cur.end].split()),
@@ -193,9 +202,15 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     for i, item in enumerate(items):
         if isinstance(item, exp.Star) or item.find(exp.Star) is item:
             raise select_frag.error(item, "SELECT * is not supported: name the columns")
-        name = sink_columns[i] if sink_columns else (item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else "")
+        name = (
+            sink_columns[i]
+            if sink_columns
+            else (item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else "")
+        )
         if not name:
-            raise select_frag.error(item, f"select item {to_spark(item)!r} needs a name: add AS name or INTO table(col, ...)")
+            raise select_frag.error(
+                item, f"select item {to_spark(item)!r} needs a name: add AS name or INTO table(col, ...)"
+            )
         body = item.this if isinstance(item, exp.Alias) else item
         body = rewrite_iotdb_functions(body, select_frag)
         select_items.append(SelectItem(expression=to_spark(body), name=name, is_aggregate=is_aggregate(body)))
@@ -205,8 +220,9 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         frag = _fragment(cur, clauses["WHERE"][1])
         where = frag.parse("SELECT 1 WHERE ").args["where"].this
         if (ref := find_time_reference(where, IOTDB_TIME_NAMES)) is not None:
-            raise frag.error(ref, f"a time filter ({ref.sql()!r}) is not allowed in WHERE: "
-                                  "each firing sets the time range itself")
+            raise frag.error(
+                ref, f"a time filter ({ref.sql()!r}) is not allowed in WHERE: each firing sets the time range itself"
+            )
         if is_aggregate(where):
             raise frag.error(where, "aggregates are not allowed in WHERE (use HAVING)")
         fields["where"] = to_spark(where)
@@ -238,8 +254,11 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
 
 
 def _single_name(cur: Cursor, clause: Token, toks: list[Token], *, what: str) -> str:
-    if len(toks) > 1 and toks[0].token_type not in (TokenType.STRING, TokenType.NUMBER) \
-            and (hint := suggest(toks[1].text)):
+    if (
+        len(toks) > 1
+        and toks[0].token_type not in (TokenType.STRING, TokenType.NUMBER)
+        and (hint := suggest(toks[1].text))
+    ):
         # ``FROM ln GROPU BY (1m)``: the mistake is the misspelled clause, not the table name.
         raise cur.error_at(toks[1], f"unexpected {toks[1].text!r} after {toks[0].text!r}{hint}")
     if len(toks) != 1 or toks[0].token_type in (TokenType.STRING, TokenType.NUMBER):
@@ -260,7 +279,9 @@ def _parse_into(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[str, tup
     return _single_name(cur, clause, toks, what="a sink table name after INTO"), None
 
 
-def _parse_group_by(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[TimeGrouping | None, tuple[str, ...], Token | None]:
+def _parse_group_by(
+    cur: Cursor, clause: Token, toks: list[Token]
+) -> tuple[TimeGrouping | None, tuple[str, ...], Token | None]:
     parts: list[list[Token]] = [[]]
     depth = 0
     for tok in toks:
@@ -281,7 +302,9 @@ def _parse_group_by(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[Time
                 raise cur.error_at(part[0], "GROUP BY takes one time interval")
             time_grouping, interval_tok = _time_grouping(cur, part)
         elif part[0].text.upper() == "LEVEL":
-            raise cur.error_at(part[0], "GROUP BY LEVEL has no meaning in the table model: group by a column such as device")
+            raise cur.error_at(
+                part[0], "GROUP BY LEVEL has no meaning in the table model: group by a column such as device"
+            )
         elif len(part) == 1 and part[0].token_type not in (TokenType.NUMBER, TokenType.STRING):
             keys.append(part[0].text)
         else:
@@ -295,8 +318,10 @@ def _time_grouping(cur: Cursor, part: list[Token]) -> tuple[TimeGrouping, Token]
         raise cur.error_at(part[0], "expected (interval[, step]) in GROUP BY")
     bracket = next((t for t in inner if t.token_type == TokenType.L_BRACKET), None)
     if bracket is not None:
-        raise cur.error_at(bracket, "GROUP BY in a continuous query takes no [start, end) range: "
-                                    "each firing supplies its own time range")
+        raise cur.error_at(
+            bracket,
+            "GROUP BY in a continuous query takes no [start, end) range: each firing supplies its own time range",
+        )
     sub = Cursor(cur.source, inner, end=part[-1].start)
     interval, interval_tok = sub.duration("GROUP BY interval")
     step = interval

@@ -15,11 +15,28 @@ from cq_engine.parse.options import ParseOptions
 
 # Dialect type names (TDengine, IoTDB, Spark) → Spark SQL type names.
 _TYPES = {
-    "timestamp": "timestamp", "bool": "boolean", "boolean": "boolean",
-    "tinyint": "tinyint", "smallint": "smallint", "int": "int", "integer": "int", "int32": "int",
-    "bigint": "bigint", "int64": "bigint", "long": "bigint", "float": "float", "double": "double",
-    "varchar": "string", "nchar": "string", "binary": "string", "text": "string", "string": "string",
-    "varbinary": "binary", "blob": "binary", "date": "date", "decimal": "decimal",
+    "timestamp": "timestamp",
+    "bool": "boolean",
+    "boolean": "boolean",
+    "tinyint": "tinyint",
+    "smallint": "smallint",
+    "int": "int",
+    "integer": "int",
+    "int32": "int",
+    "bigint": "bigint",
+    "int64": "bigint",
+    "long": "bigint",
+    "float": "float",
+    "double": "double",
+    "varchar": "string",
+    "nchar": "string",
+    "binary": "string",
+    "text": "string",
+    "string": "string",
+    "varbinary": "binary",
+    "blob": "binary",
+    "date": "date",
+    "decimal": "decimal",
 }
 # Unsigned TDengine integers widen so every value fits.
 _UNSIGNED = {"tinyint": "smallint", "smallint": "int", "int": "bigint", "bigint": "decimal(20,0)"}
@@ -46,9 +63,14 @@ def parse_create_table(cur: Cursor, opts: ParseOptions, start: Token) -> TableDe
     if time_column is None:
         raise cur.error_at(name_tok, f"table {name_tok.text!r} needs a TIMESTAMP column for event time")
     line, col = cur.source.line_col(start.start)
-    return TableDecl(name=name_tok.text, columns=tuple(columns), time_column=time_column,
-                     if_not_exists=if_not_exists, location=SourceLocation(cur.source.file, line, col),
-                     sql=" ".join(cur.source.text[start.start : cur.end].split()))
+    return TableDecl(
+        name=name_tok.text,
+        columns=tuple(columns),
+        time_column=time_column,
+        if_not_exists=if_not_exists,
+        location=SourceLocation(cur.source.file, line, col),
+        sql=" ".join(cur.source.text[start.start : cur.end].split()),
+    )
 
 
 def _column_list(cur: Cursor, *, tags: bool) -> tuple[list[Column], str | None]:

@@ -34,15 +34,25 @@ def parse_create_trigger(cur: Cursor, opts: ParseOptions, start: Token) -> Trigg
     cur.expect("AS", what="AS 'module:Class'")
     target = _target(cur)
     if cur.is_word("USING"):
-        raise cur.error_at(cur.peek(), "USING URI is not supported: the class is imported from CQ_TRIGGER_PATH "
-                                       "(default: the parent of CQ_SQL_DIR) or the installed packages")
+        raise cur.error_at(
+            cur.peek(),
+            "USING URI is not supported: the class is imported from CQ_TRIGGER_PATH "
+            "(default: the parent of CQ_SQL_DIR) or the installed packages",
+        )
     attributes = _attributes(cur) if cur.match("WITH") else ()
     if not cur.at_end():
         raise cur.unexpected("expected WITH (...) or the end of CREATE TRIGGER")
     line, col = cur.source.line_col(start.start)
-    return TriggerDef(name=name_tok.text, stateful=stateful, event=event, pattern=pattern,
-                      target=target, attributes=attributes, location=SourceLocation(cur.source.file, line, col),
-                      sql=" ".join(cur.source.text[start.start : cur.end].split()))
+    return TriggerDef(
+        name=name_tok.text,
+        stateful=stateful,
+        event=event,
+        pattern=pattern,
+        target=target,
+        attributes=attributes,
+        location=SourceLocation(cur.source.file, line, col),
+        sql=" ".join(cur.source.text[start.start : cur.end].split()),
+    )
 
 
 def _pattern(cur: Cursor) -> str:
@@ -53,8 +63,11 @@ def _pattern(cur: Cursor) -> str:
     else:
         text, tok = cur.word("a table pattern")
     if not _PATTERN.fullmatch(text):
-        raise cur.error_at(tok, f"bad table pattern {text!r}: a table name in which * matches any characters "
-                                "(letters, digits, _ and *; tables have no '.' path)")
+        raise cur.error_at(
+            tok,
+            f"bad table pattern {text!r}: a table name in which * matches any characters "
+            "(letters, digits, _ and *; tables have no '.' path)",
+        )
     return re.sub(r"\*+", "*", text)
 
 

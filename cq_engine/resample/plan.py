@@ -64,8 +64,9 @@ def grouping_of(cq: ContinuousQuery, cov: Coverage) -> TimeGrouping | None:
     return None
 
 
-def plan_query(spark: SparkSession, cq: ContinuousQuery, data: DataFrame, *, time_column: str,
-               coverage: Coverage) -> Plan:
+def plan_query(
+    spark: SparkSession, cq: ContinuousQuery, data: DataFrame, *, time_column: str, coverage: Coverage
+) -> Plan:
     """The rows ``cq`` writes for ``coverage``; ``data`` holds at least the source rows it covers."""
     lo0, every, length = micros(coverage.start - EPOCH), micros(coverage.every), micros(coverage.length)
     end, emit_end = micros(coverage.end - EPOCH), micros(coverage.emit_end - EPOCH)
@@ -107,8 +108,9 @@ def _owner(x: Column, lo0: int, every: int, count: int) -> Column:
 def _row_wise(cq, df, time_column, keys, lo0, every, count, emit_end) -> DataFrame:
     df = df.filter(F.col(_T) < emit_end)
     values = [F.expr(i.expression).alias(i.name) for i in cq.select]
-    out = df.select(F.col(time_column), *[F.col(k) for k in keys], *values,
-                    _owner(F.col(_T), lo0, every, count).alias(_OWNER))
+    out = df.select(
+        F.col(time_column), *[F.col(k) for k in keys], *values, _owner(F.col(_T), lo0, every, count).alias(_OWNER)
+    )
     return _finish(cq, out, time_column, keys)
 
 
@@ -153,19 +155,26 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     agg = agg.withColumn(_OWNER, _owner(ws, grid.anchor, every, count))
     if cq.fill is not None:
         agg = _fill(agg, cq, keys)
-    out = agg.select(F.timestamp_micros(ws).alias(time_column), *[F.col(k) for k in keys],
-                     *[F.col(i.name) for i in cq.select], F.col(_OWNER))
+    out = agg.select(
+        F.timestamp_micros(ws).alias(time_column),
+        *[F.col(k) for k in keys],
+        *[F.col(i.name) for i in cq.select],
+        F.col(_OWNER),
+    )
     out = _finish(cq, out, time_column, keys)
     if not complete_in_arrow:
         return Plan(out)
-    starts = [w for w in (grid.anchor + k * grid.step for k in range(grid.windows))
-              if _covered(w, grid.anchor, every, length)]
-    return Plan(out, lambda table: _zero_counts(table, time_column=time_column, keys=keys, starts=starts,
-                                                counts=counts))
+    starts = [
+        w for w in (grid.anchor + k * grid.step for k in range(grid.windows)) if _covered(w, grid.anchor, every, length)
+    ]
+    return Plan(
+        out, lambda table: _zero_counts(table, time_column=time_column, keys=keys, starts=starts, counts=counts)
+    )
 
 
-def _zero_counts(table: pa.Table, *, time_column: str, keys: list[str], starts: list[int],
-                 counts: list[str]) -> pa.Table:
+def _zero_counts(
+    table: pa.Table, *, time_column: str, keys: list[str], starts: list[int], counts: list[str]
+) -> pa.Table:
     """Add the empty windows of every group present: counts 0, other values NULL."""
     if table.num_rows == 0:
         return table
@@ -225,8 +234,9 @@ def _finish(cq: ContinuousQuery, out: DataFrame, time_column: str, keys: list[st
     """Drop all-null rows, apply LIMIT/OFFSET per firing, and drop engine columns."""
     names = [i.name for i in cq.select]
     if names:
-        out = out.filter(F.greatest(*[F.col(n).isNotNull() for n in names]) if len(names) > 1
-                         else F.col(names[0]).isNotNull())
+        out = out.filter(
+            F.greatest(*[F.col(n).isNotNull() for n in names]) if len(names) > 1 else F.col(names[0]).isNotNull()
+        )
     if cq.limit is not None or cq.offset:
         order = [*keys, time_column] if cq.align_by_device else [time_column, *keys]
         rn = F.row_number().over(Window.partitionBy(_OWNER).orderBy(*order))
@@ -243,5 +253,4 @@ def check_columns(cq: ContinuousQuery, columns: list[str], *, table: str) -> Non
     need = referenced_columns(cq) | ({"device"} if cq.align_by_device else set())
     missing = sorted(need - known)
     if missing:
-        raise CQError(f"{cq.name}: table {table!r} has no column {missing[0]!r} "
-                      f"(columns: {', '.join(columns)})")
+        raise CQError(f"{cq.name}: table {table!r} has no column {missing[0]!r} (columns: {', '.join(columns)})")

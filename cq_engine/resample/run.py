@@ -21,7 +21,7 @@ from cq_engine.model import ContinuousQuery
 from cq_engine.resample import timing
 from cq_engine.resample.plan import Plan, check_columns, plan_query
 from cq_engine.resample.timing import Coverage
-from cq_engine.storage.base import Scan
+from cq_engine.storage.base import DataFrameWriter, Scan
 from cq_engine.times import EPOCH, UTC
 
 Progress = Callable[[int, int], None]
@@ -33,8 +33,15 @@ def run_firing(ctx: EngineContext, cq: ContinuousQuery, fire_time: datetime) -> 
     return execute(ctx, cq, [firing.fire_time], kind="firing", app_version=micros(firing.fire_time - EPOCH))
 
 
-def recalculate(ctx: EngineContext, cq: ContinuousQuery, *, start: datetime, end: datetime | None = None,
-                now: datetime | None = None, progress: Progress | None = None) -> RunResult:
+def recalculate(
+    ctx: EngineContext,
+    cq: ContinuousQuery,
+    *,
+    start: datetime,
+    end: datetime | None = None,
+    now: datetime | None = None,
+    progress: Progress | None = None,
+) -> RunResult:
     """Recompute every firing whose range lies in ``[start, end)`` (end: the latest firing by ``now``)."""
     r = cq.resample
     if end is None:
@@ -63,8 +70,15 @@ def coverages(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime]) ->
     return out
 
 
-def execute(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime], *, kind: str, app_version: int,
-            progress: Progress | None = None) -> RunResult:
+def execute(
+    ctx: EngineContext,
+    cq: ContinuousQuery,
+    fires: list[datetime],
+    *,
+    kind: str,
+    app_version: int,
+    progress: Progress | None = None,
+) -> RunResult:
     """The one execution path of firings and recalculations: every chunk's plan streamed into one commit."""
     _ = ctx.spark  # a session start is not part of the run's cost
     clock = time.perf_counter()
@@ -77,16 +91,29 @@ def execute(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime], *, k
         version = ctx.storage.version(cq.source)
         rec.source_versions = {cq.source: version}
         plans = _plans(ctx, cq, covs, time_column, version, scans)
-        write = dict(time_column=time_column, time_range=whole, app_id=f"cq-engine/{cq.name}/{kind}",
-                     app_version=app_version, source_versions=dict(rec.source_versions),
-                     metadata={"cq.definition": cq.name, "cq.kind": kind,
-                               "cq.range_start": whole[0].isoformat(), "cq.range_end": whole[1].isoformat()})
-        if getattr(ctx.storage, "writes_dataframes", False) and all(p.spark_only for p in plans):
+        app_id = f"cq-engine/{cq.name}/{kind}"
+        metadata = {
+            "cq.definition": cq.name,
+            "cq.kind": kind,
+            "cq.range_start": whole[0].isoformat(),
+            "cq.range_end": whole[1].isoformat(),
+        }
+        storage = ctx.storage
+        if isinstance(storage, DataFrameWriter) and storage.writes_dataframes and all(p.spark_only for p in plans):
             # Spark writes the result from its executors: no row passes through this process.
             _failpoint("before-commit")
             frame = reduce(lambda a, b: a.unionByName(b), (p.frame for p in plans))
-            rec.sink_version = ctx.storage.replace_range(cq.sink, frame, **write)
-            counted = _Counter(None, rows=ctx.storage.rows_written(cq.sink, rec.sink_version))
+            rec.sink_version = storage.replace_range(
+                cq.sink,
+                frame,
+                time_column=time_column,
+                time_range=whole,
+                app_id=app_id,
+                app_version=app_version,
+                source_versions=dict(rec.source_versions),
+                metadata=metadata,
+            )
+            counted = _Counter(None, rows=storage.rows_written(cq.sink, rec.sink_version))
             if progress:
                 progress(len(plans), len(plans))
         else:
@@ -95,24 +122,43 @@ def execute(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime], *, k
             reader = pa.RecordBatchReader.from_batches(first.schema, _chain(first, batches, first.schema))
             counted = _Counter(reader)
             _failpoint("before-commit")
-            rec.sink_version = ctx.storage.replace_range(cq.sink, counted.reader(), **write)
+            rec.sink_version = ctx.storage.replace_range(
+                cq.sink,
+                counted.reader(),
+                time_column=time_column,
+                time_range=whole,
+                app_id=app_id,
+                app_version=app_version,
+                source_versions=dict(rec.source_versions),
+                metadata=metadata,
+            )
         rec.rows_written = counted.rows
     return RunResult(
-        definition=cq.name, kind=kind, fire_time=fire_time, time_range=whole, rows_written=counted.rows,
-        sink_version=rec.sink_version, source_versions=dict(rec.source_versions),
-        files_read=sum(s.files_read for s in scans), files_total=max((s.files_total for s in scans), default=0),
-        seconds=time.perf_counter() - clock, chunks=len(covs))
+        definition=cq.name,
+        kind=kind,
+        fire_time=fire_time,
+        time_range=whole,
+        rows_written=counted.rows,
+        sink_version=rec.sink_version,
+        source_versions=dict(rec.source_versions),
+        files_read=sum(s.files_read for s in scans),
+        files_total=max((s.files_total for s in scans), default=0),
+        seconds=time.perf_counter() - clock,
+        chunks=len(covs),
+    )
 
 
-def _plans(ctx: EngineContext, cq: ContinuousQuery, covs: list[Coverage], time_column: str, version: int,
-           scans: list[Scan]) -> list[Plan]:
+def _plans(
+    ctx: EngineContext, cq: ContinuousQuery, covs: list[Coverage], time_column: str, version: int, scans: list[Scan]
+) -> list[Plan]:
     """One Spark job (``resample.plan.Plan``) per coverage chunk."""
     # Every scan is planned before the stream starts: delta-rs consumes the stream on its own
     # runtime, from which the Delta log cannot be read again.
     plans = []
     for cov in covs:
-        df, scan = ctx.storage.read_range(ctx.spark, cq.source, time_column=time_column,
-                                          time_range=cov.read_range, version=version)
+        df, scan = ctx.storage.read_range(
+            ctx.spark, cq.source, time_column=time_column, time_range=cov.read_range, version=version
+        )
         scans.append(scan)
         check_columns(cq, df.columns, table=cq.source)
         plans.append(plan_query(ctx.spark, cq, df, time_column=time_column, coverage=cov))

@@ -25,8 +25,11 @@ class Firing:
     time_range: TimeRange
 
     def as_dict(self) -> dict[str, str]:
-        return {"fire_time": iso(self.fire_time), "range_start": iso(self.time_range[0]),
-                "range_end": iso(self.time_range[1])}
+        return {
+            "fire_time": iso(self.fire_time),
+            "range_start": iso(self.time_range[0]),
+            "range_end": iso(self.time_range[1]),
+        }
 
 
 def _index_at_or_after(r: Resample, t: datetime) -> int:
@@ -85,8 +88,10 @@ def check_firing_time(name: str, r: Resample, t: datetime) -> Firing:
     after = first_firing(r, deployed_at=t)
     before = latest_firing(r, now=t)
     near = " or ".join(iso(x) for x in (before, after) if x is not None)
-    raise TimeError(f"{iso(t)} is not a firing time of {name!r} (it fires every "
-                    f"{format_duration(r.every)} from {iso(r.boundary)}); nearest: {near}")
+    raise TimeError(
+        f"{iso(t)} is not a firing time of {name!r} (it fires every "
+        f"{format_duration(r.every)} from {iso(r.boundary)}); nearest: {near}"
+    )
 
 
 def recalculation_range(r: Resample, *, start: datetime, end: datetime) -> tuple[list[datetime], TimeRange]:
@@ -101,8 +106,10 @@ def recalculation_range(r: Resample, *, start: datetime, end: datetime) -> tuple
     if not fires:
         f = first_firing(r, deployed_at=start + r.start_offset)
         lo, hi = time_range(r, f)
-        raise TimeError(f"recalculate: no firing's range lies within [{iso(start)}, {iso(end)}); "
-                        f"the first one after --from covers [{iso(lo)}, {iso(hi)})")
+        raise TimeError(
+            f"recalculate: no firing's range lies within [{iso(start)}, {iso(end)}); "
+            f"the first one after --from covers [{iso(lo)}, {iso(hi)})"
+        )
     return fires, (time_range(r, fires[0])[0], time_range(r, fires[-1])[1])
 
 
@@ -133,8 +140,13 @@ def coverage_of(r: Resample, fires: list[datetime], *, emit_end: datetime | None
     """The coverage of consecutive firing times ``fires`` of ``r``."""
     lo, hi = time_range(r, fires[0])
     cov = Coverage(start=lo, every=r.every, length=hi - lo, count=len(fires), emit_end=lo)
-    return Coverage(start=lo, every=r.every, length=hi - lo, count=len(fires),
-                    emit_end=emit_end if emit_end is not None else cov.end)
+    return Coverage(
+        start=lo,
+        every=r.every,
+        length=hi - lo,
+        count=len(fires),
+        emit_end=emit_end if emit_end is not None else cov.end,
+    )
 
 
 def chunk_firings(fires: list[datetime], *, size: int) -> list[list[datetime]]:

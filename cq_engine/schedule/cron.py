@@ -59,7 +59,12 @@ def resample_ticks(*, every: timedelta, boundary: datetime, start: datetime, end
 
 
 def period_ticks(
-    *, interval: timedelta, offset: timedelta, timezone: str, created: datetime, start: datetime,
+    *,
+    interval: timedelta,
+    offset: timedelta,
+    timezone: str,
+    created: datetime,
+    start: datetime,
     end: datetime,
 ) -> list[datetime]:
     """TDengine PERIOD(interval, offset) ticks in [start, end) that are at or after ``created``.
@@ -153,18 +158,31 @@ def compile_cron(
 
 
 def resample_cron(
-    *, every: timedelta, boundary: datetime, timezone: str, verify_from: datetime,
+    *,
+    every: timedelta,
+    boundary: datetime,
+    timezone: str,
+    verify_from: datetime,
     horizon: timedelta = timedelta(days=366),
 ) -> CronPlan | None:
     """:func:`compile_cron` for :func:`resample_ticks`."""
     return compile_cron(
         ticks=lambda a, b: resample_ticks(every=every, boundary=boundary, start=a, end=b),
-        every=every, anchor=boundary, timezone=timezone, verify_from=verify_from, horizon=horizon,
+        every=every,
+        anchor=boundary,
+        timezone=timezone,
+        verify_from=verify_from,
+        horizon=horizon,
     )
 
 
 def period_cron(
-    *, interval: timedelta, offset: timedelta, timezone: str, created: datetime, verify_from: datetime,
+    *,
+    interval: timedelta,
+    offset: timedelta,
+    timezone: str,
+    created: datetime,
+    verify_from: datetime,
     horizon: timedelta = timedelta(days=366),
 ) -> CronPlan | None:
     """:func:`compile_cron` for :func:`period_ticks`."""
@@ -172,8 +190,13 @@ def period_cron(
     anchor = local_midnight(_utc(created, "created").astimezone(tz).date(), tz) + offset
     return compile_cron(
         ticks=lambda a, b: period_ticks(
-            interval=interval, offset=offset, timezone=timezone, created=created, start=a, end=b),
-        every=interval, anchor=anchor, timezone=timezone, verify_from=verify_from, horizon=horizon,
+            interval=interval, offset=offset, timezone=timezone, created=created, start=a, end=b
+        ),
+        every=interval,
+        anchor=anchor,
+        timezone=timezone,
+        verify_from=verify_from,
+        horizon=horizon,
     )
 
 
@@ -209,6 +232,7 @@ def _propose(secs: list[int], tz: ZoneInfo, lo: int, hi: int) -> list[str] | Non
 
 def _time_strings(times: frozenset[tuple[int, int]]) -> list[tuple[tuple[int, int], str, str]]:
     """(earliest time, minute field, hour field) per string; the fewer of two groupings."""
+
     def group(pairs: list[tuple[int, int]]) -> dict[frozenset[int], list[int]]:
         inner: dict[int, set[int]] = {}
         for key, value in pairs:
@@ -221,10 +245,13 @@ def _time_strings(times: frozenset[tuple[int, int]]) -> list[tuple[tuple[int, in
     by_minute = group([(m, h) for h, m in times])  # hours -> minutes sharing them
     by_hour = group([(h, m) for h, m in times])  # minutes -> hours sharing them
     if len(by_hour) < len(by_minute):
-        return [((hours[0], min(mins)), _field(sorted(mins), 0, 59), _field(hours, 0, 23))
-                for mins, hours in by_hour.items()]
-    return [((min(hours), mins[0]), _field(mins, 0, 59), _field(sorted(hours), 0, 23))
-            for hours, mins in by_minute.items()]
+        return [
+            ((hours[0], min(mins)), _field(sorted(mins), 0, 59), _field(hours, 0, 23))
+            for mins, hours in by_hour.items()
+        ]
+    return [
+        ((min(hours), mins[0]), _field(mins, 0, 59), _field(sorted(hours), 0, 23)) for hours, mins in by_minute.items()
+    ]
 
 
 def _field(values: list[int], lo: int, hi: int) -> str:
@@ -245,7 +272,7 @@ def _field(values: list[int], lo: int, hi: int) -> str:
         j = i
         while j + 1 < n and values[j + 1] == values[j] + 1:
             j += 1
-        parts += [f"{values[i]}-{values[j]}"] if j - i >= 2 else [str(v) for v in values[i:j + 1]]
+        parts += [f"{values[i]}-{values[j]}"] if j - i >= 2 else [str(v) for v in values[i : j + 1]]
         i = j + 1
     return ",".join(parts)
 

@@ -64,20 +64,29 @@ def ticks_of(definition: ContinuousQuery | Stream, *, timezone: str, created: da
     assert isinstance(trig, PeriodTrigger)
 
     def between(a: datetime, b: datetime) -> list[datetime]:
-        return period_ticks(interval=trig.period, offset=trig.offset, timezone=timezone, created=created,
-                            start=a, end=b)
+        return period_ticks(
+            interval=trig.period, offset=trig.offset, timezone=timezone, created=created, start=a, end=b
+        )
 
     def range_of(t: datetime) -> TimeRange:
-        before = period_ticks(interval=trig.period, offset=trig.offset, timezone=timezone, created=EPOCH,
-                              start=t - max(trig.period, timedelta(days=1)) * 2, end=t)
+        before = period_ticks(
+            interval=trig.period,
+            offset=trig.offset,
+            timezone=timezone,
+            created=EPOCH,
+            start=t - max(trig.period, timedelta(days=1)) * 2,
+            end=t,
+        )
         return (before[-1] if before else t - trig.period), t
 
     return Ticks(
         every=trig.period,
         description=f"PERIOD({format_duration(trig.period)}, {format_duration(trig.offset)}) in {timezone}",
-        between=between, range_of=range_of,
-        cron=lambda now: period_cron(interval=trig.period, offset=trig.offset, timezone=timezone, created=created,
-                                     verify_from=now),
+        between=between,
+        range_of=range_of,
+        cron=lambda now: period_cron(
+            interval=trig.period, offset=trig.offset, timezone=timezone, created=created, verify_from=now
+        ),
     )
 
 
@@ -102,6 +111,8 @@ def parse_tick_cursor(text: str | None) -> datetime | None:
     except (ValueError, KeyError, TypeError, AttributeError):
         raise CQError(f"tick sensor cursor {text[:200]!r} is not one cq-engine wrote") from None
     if not isinstance(fmt, int) or fmt > CURSOR_FORMAT:
-        raise CQError(f"tick sensor cursor {text[:200]!r}: format {fmt!r} was written by a newer cq-engine "
-                      f"(this one reads up to {CURSOR_FORMAT})")
+        raise CQError(
+            f"tick sensor cursor {text[:200]!r}: format {fmt!r} was written by a newer cq-engine "
+            f"(this one reads up to {CURSOR_FORMAT})"
+        )
     return parse_time(last, tz=UTC, bounded=False)

@@ -11,9 +11,10 @@ table URI.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Union
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 import pyarrow as pa
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from cq_engine.storage.log import Commit
 
 TimeRange = tuple[datetime, datetime]  # half-open [start, end), aware UTC
-ArrowData = Union[pa.Table, pa.RecordBatchReader]
+ArrowData: TypeAlias = pa.Table | pa.RecordBatchReader
 
 
 def align_columns(names: list[str], schema: pa.Schema, *, table: str) -> list[tuple[pa.Field, int | None]]:
@@ -42,12 +43,12 @@ def align_columns(names: list[str], schema: pa.Schema, *, table: str) -> list[tu
     unknown = [n for n in names if n.lower() not in known]
     if unknown:
         raise TableError(f"table '{table}' has no column '{unknown[0]}' (columns: {', '.join(schema.names)})")
-    pairs = []
+    pairs: list[tuple[pa.Field, int | None]] = []
     for field in schema:
-        i = by_name.get(field.name.lower())
-        if i is None and not field.nullable:
+        index = by_name.get(field.name.lower())
+        if index is None and not field.nullable:
             raise TableError(f"table '{table}': the data has no column '{field.name}', which cannot be null")
-        pairs.append((field, i))
+        pairs.append((field, index))
     return pairs
 
 
@@ -61,10 +62,22 @@ class Scan:
     files_read: int
 
 
+@runtime_checkable
+class DataFrameWriter(Protocol):
+    """A storage whose executors write a Spark DataFrame themselves (``replace_range`` takes the frame):
+    no result row passes through the process running the firing."""
+
+    writes_dataframes: bool
+
+    def rows_written(self, table: str, version: int) -> int:
+        """The rows the commit ``version`` of ``table`` wrote (its operation metrics)."""
+        ...
+
+
 class Storage(Protocol):
     def exists(self, table: str) -> bool: ...
 
-    def create_table(self, decl: "TableDecl") -> bool:
+    def create_table(self, decl: TableDecl) -> bool:
         """Create the table from its declaration; False (no change) if it exists with that schema."""
 
     def schema(self, table: str) -> pa.Schema: ...
@@ -75,15 +88,27 @@ class Storage(Protocol):
         """Append in one commit, creating the table if missing; returns the new version."""
 
     def read_range(
-        self, spark: "SparkSession", table: str, *, time_column: str, time_range: TimeRange | None,
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        time_column: str,
+        time_range: TimeRange | None,
         version: int | None = None,
-    ) -> tuple["DataFrame", Scan]:
+    ) -> tuple[DataFrame, Scan]:
         """A Spark DataFrame of the rows with ``time_column`` in ``time_range`` at a pinned version,
         reading only files whose statistics can hold such rows."""
 
     def replace_range(
-        self, table: str, data: ArrowData, *, time_column: str, time_range: TimeRange,
-        app_id: str, app_version: int, metadata: Mapping[str, str] | None = None,
+        self,
+        table: str,
+        data: ArrowData,
+        *,
+        time_column: str,
+        time_range: TimeRange,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
         source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Atomically replace every row with ``time_column`` in ``time_range`` by ``data`` (one
@@ -92,8 +117,15 @@ class Storage(Protocol):
         from the same inputs (Delta's idempotent writes)."""
 
     def replace_where(
-        self, table: str, data: ArrowData, *, predicate: str, time_column: str, app_id: str,
-        app_version: int, metadata: Mapping[str, str] | None = None,
+        self,
+        table: str,
+        data: ArrowData,
+        *,
+        predicate: str,
+        time_column: str,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
         source_versions: Mapping[str, int] | None = None,
     ) -> int:
@@ -102,8 +134,14 @@ class Storage(Protocol):
         (cast to the table's schema) before it is written. Returns the new version."""
 
     def read_added(
-        self, spark: "SparkSession", table: str, *, after: int, until: int, time_column: str,
-    ) -> tuple["DataFrame", Scan]:
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        after: int,
+        until: int,
+        time_column: str,
+    ) -> tuple[DataFrame, Scan]:
         """A Spark DataFrame of the rows in the files added (data change) by versions
         ``after + 1 .. until``."""
 
@@ -111,16 +149,17 @@ class Storage(Protocol):
         """The table's latest version from the Delta log alone (None: no table), probing forward from
         ``known``: no Spark, cost independent of the table's history."""
 
-    def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list["Commit"]:
+    def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list[Commit]:
         """The commits ``after + 1 .. until`` with the files each added/removed (``storage.log``)."""
 
     def transaction_version(self, table: str, app_id: str) -> int | None: ...
 
-    def table_span(self, table: str, *, version: int | None,
-                   time_column: str) -> tuple[datetime | None, datetime | None, int]:
+    def table_span(
+        self, table: str, *, version: int | None, time_column: str
+    ) -> tuple[datetime | None, datetime | None, int]:
         """Event-time extent ``(min, max)`` and row count of a snapshot, from file statistics alone."""
 
-    def commit_rows(self, table: str, commit: "Commit", *, schemas: dict[str, pa.Schema] | None = None) -> pa.Table:
+    def commit_rows(self, table: str, commit: Commit, *, schemas: dict[str, pa.Schema] | None = None) -> pa.Table:
         """The rows of the files ``commit`` added, as Arrow in the table's current schema (no Spark)."""
 
     # -- engine state: small tables at ``_cq/<name>`` (the ledger, frontiers, outboxes, ticks) --------
@@ -131,8 +170,9 @@ class Storage(Protocol):
     def append_state(self, name: str, data: pa.Table) -> None:
         """Append to the state table ``name`` in one commit, creating it if missing."""
 
-    def overwrite_state(self, name: str, data: pa.Table, *, app_id: str | None = None,
-                        app_version: int | None = None) -> None:
+    def overwrite_state(
+        self, name: str, data: pa.Table, *, app_id: str | None = None, app_version: int | None = None
+    ) -> None:
         """Replace the state table ``name`` in one commit (with an application transaction if given)."""
 
     def drop_state(self, prefix: str) -> str | None:

@@ -11,8 +11,9 @@ import json
 import os
 import re
 import uuid
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,19 +23,17 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from cq_engine.errors import CQError, TableError
 from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
-from cq_engine.storage.state import DeltaStateTables
 from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
 from cq_engine.storage.retry import MAX_ATTEMPTS, Replayable, retry_conflicts
+from cq_engine.storage.state import DeltaStateTables
 
-__all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", "range_predicate",
-           "ranges_predicate"]
+__all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", "range_predicate", "ranges_predicate"]
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from cq_engine.model import TableDecl
 
-UTC = timezone.utc
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 # Delta statistics store timestamps truncated to milliseconds, so a file's true maximum can lie up to
 # 1 ms above its recorded one.
@@ -45,11 +44,23 @@ _STATS_SLACK = timedelta(milliseconds=1)
 COMMIT_ID_KEY = "cq.commitId"
 
 _SIMPLE_TYPES: dict[str, pa.DataType] = {
-    "double": pa.float64(), "float": pa.float32(), "real": pa.float32(),
-    "bigint": pa.int64(), "long": pa.int64(), "int": pa.int32(), "integer": pa.int32(),
-    "smallint": pa.int16(), "short": pa.int16(), "tinyint": pa.int8(), "byte": pa.int8(),
-    "boolean": pa.bool_(), "bool": pa.bool_(), "string": pa.string(), "binary": pa.binary(),
-    "timestamp": TIMESTAMP, "date": pa.date32(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "real": pa.float32(),
+    "bigint": pa.int64(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "integer": pa.int32(),
+    "smallint": pa.int16(),
+    "short": pa.int16(),
+    "tinyint": pa.int8(),
+    "byte": pa.int8(),
+    "boolean": pa.bool_(),
+    "bool": pa.bool_(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "timestamp": TIMESTAMP,
+    "date": pa.date32(),
 }
 # Delta's own type names where they differ from the Spark SQL names people write.
 _DISPLAY = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint"}
@@ -70,7 +81,8 @@ def arrow_type(spark_type: str) -> pa.DataType:
         return pa.decimal128(precision, scale)
     raise TableError(
         f"unknown column type {spark_type!r} (known: {', '.join(sorted(_SIMPLE_TYPES))}, "
-        "varchar(n), char(n), decimal(p,s))")
+        "varchar(n), char(n), decimal(p,s))"
+    )
 
 
 def _delta_types(schema: Schema) -> list[tuple[str, str]]:
@@ -116,7 +128,7 @@ class DeltaRsStorage(DeltaStateTables):
     def transaction_version(self, table: str, app_id: str) -> int | None:
         return self._open(table).transaction_version(app_id)
 
-    def create_table(self, decl: "TableDecl") -> bool:
+    def create_table(self, decl: TableDecl) -> bool:
         """Create ``decl``'s empty table; False if it exists with the same columns and types."""
         wanted = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in decl.columns])
         if self.exists(decl.name):
@@ -131,11 +143,14 @@ class DeltaRsStorage(DeltaStateTables):
     def _check_same(table: str, wanted: Schema, actual: Schema) -> None:
         want = {n.lower(): (n, t) for n, t in _delta_types(wanted)}
         have = {n.lower(): (n, t) for n, t in _delta_types(actual)}
-        show = lambda t: _DISPLAY.get(t, t)  # noqa: E731
+        show = lambda t: _DISPLAY.get(t, t)
         problems = [f"column '{want[k][0]}' is missing" for k in want if k not in have]
         problems += [f"column '{have[k][0]}' is not declared" for k in have if k not in want]
-        problems += [f"column '{want[k][0]}' is {show(have[k][1])}, declared {show(want[k][1])}"
-                     for k in want if k in have and want[k][1] != have[k][1]]
+        problems += [
+            f"column '{want[k][0]}' is {show(have[k][1])}, declared {show(want[k][1])}"
+            for k in want
+            if k in have and want[k][1] != have[k][1]
+        ]
         if problems:
             raise TableError(f"table '{table}' exists with a different schema: {'; '.join(problems)}")
 
@@ -144,19 +159,27 @@ class DeltaRsStorage(DeltaStateTables):
         types = _delta_types(dt.schema())
         match = next(((n, t) for n, t in types if n.lower() == time_column.lower()), None)
         if match is None:
-            raise TableError(f"table '{table}' has no time column '{time_column}' "
-                             f"(columns: {', '.join(n for n, _ in types)})")
+            raise TableError(
+                f"table '{table}' has no time column '{time_column}' (columns: {', '.join(n for n, _ in types)})"
+            )
         if match[1] != "timestamp":
-            raise TableError(f"table '{table}', column '{match[0]}' is {_DISPLAY.get(match[1], match[1])}, "
-                             "not a timestamp, so it cannot be the time column")
+            raise TableError(
+                f"table '{table}', column '{match[0]}' is {_DISPLAY.get(match[1], match[1])}, "
+                "not a timestamp, so it cannot be the time column"
+            )
         return match[0]
 
     # -- reads ------------------------------------------------------------------------------------
 
     def read_range(
-        self, spark: "SparkSession", table: str, *, time_column: str, time_range: TimeRange | None,
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        time_column: str,
+        time_range: TimeRange | None,
         version: int | None = None,
-    ) -> tuple["DataFrame", Scan]:
+    ) -> tuple[DataFrame, Scan]:
         """Rows with ``time_column`` in ``time_range`` (None: all rows) at a pinned version, reading
         only the files whose statistics can hold such rows."""
         from pyspark.sql import functions as F
@@ -175,13 +198,20 @@ class DeltaRsStorage(DeltaStateTables):
         if time_range is not None:
             # Exact half-open filter; microsecond literals avoid any session-time-zone interpretation.
             ts = F.col(f"`{column}`")
-            df = df.where((ts >= F.timestamp_micros(F.lit(_micros(lo))))
-                          & (ts < F.timestamp_micros(F.lit(_micros(hi)))))
+            df = df.where(
+                (ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi))))
+            )
         return df, Scan(table=table, version=dt.version(), files_total=len(uris), files_read=len(kept))
 
     def read_added(
-        self, spark: "SparkSession", table: str, *, after: int, until: int, time_column: str,
-    ) -> tuple["DataFrame", Scan]:
+        self,
+        spark: SparkSession,
+        table: str,
+        *,
+        after: int,
+        until: int,
+        time_column: str,
+    ) -> tuple[DataFrame, Scan]:
         """The rows of the data files added (``dataChange``) by the commits ``after + 1 .. until``, read
         with the schema of version ``until``: what each new version committed.
 
@@ -193,11 +223,13 @@ class DeltaRsStorage(DeltaStateTables):
         dt = self._open(table, until)
         self._time_field(table, dt, time_column)
         _check_readable(table, dt)
-        commits = log.read_commits(self.uri(table), after=after, until=until, time_column=time_column,
-                                   storage_options=self.storage_options)
+        commits = log.read_commits(
+            self.uri(table), after=after, until=until, time_column=time_column, storage_options=self.storage_options
+        )
         paths = list(dict.fromkeys(f.path for c in commits for f in c.added))
-        return _read_files(spark, dt, paths), Scan(table=table, version=until, files_total=len(paths),
-                                                   files_read=len(paths))
+        return _read_files(spark, dt, paths), Scan(
+            table=table, version=until, files_total=len(paths), files_read=len(paths)
+        )
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -209,8 +241,11 @@ class DeltaRsStorage(DeltaStateTables):
             data = data.cast(storable_schema(data.schema))
         commit_id = uuid.uuid4().hex
         props = CommitProperties(custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id})
-        retry_conflicts(lambda _attempt: write_deltalake(
-            self.uri(table), data, mode="append", commit_properties=props, storage_options=self.storage_options))
+        retry_conflicts(
+            lambda _attempt: write_deltalake(
+                self.uri(table), data, mode="append", commit_properties=props, storage_options=self.storage_options
+            )
+        )
         return self._committed_version(table, commit_id)
 
     def _committed_version(self, table: str, commit_id: str) -> int:
@@ -231,8 +266,15 @@ class DeltaRsStorage(DeltaStateTables):
         return commit.get(COMMIT_ID_KEY) == commit_id
 
     def replace_range(
-        self, table: str, data: ArrowData, *, time_column: str, time_range: TimeRange,
-        app_id: str, app_version: int, metadata: Mapping[str, str] | None = None,
+        self,
+        table: str,
+        data: ArrowData,
+        *,
+        time_column: str,
+        time_range: TimeRange,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
         source_versions: Mapping[str, int] | None = None,
     ) -> int:
         """Replace every row with ``time_column`` in ``time_range`` by ``data`` in one commit carrying
@@ -244,13 +286,27 @@ class DeltaRsStorage(DeltaStateTables):
         def check_for(column: str) -> Callable[[pa.RecordBatch | pa.Table], None]:
             return lambda part: _check_in_range(table, column, part.column(column), lo, hi)
 
-        return self._replace(table, data, predicate_for=lambda column: range_predicate(column, (lo, hi)),
-                             check_for=check_for, time_column=time_column, app_id=app_id,
-                             app_version=app_version, metadata=metadata)
+        return self._replace(
+            table,
+            data,
+            predicate_for=lambda column: range_predicate(column, (lo, hi)),
+            check_for=check_for,
+            time_column=time_column,
+            app_id=app_id,
+            app_version=app_version,
+            metadata=metadata,
+        )
 
     def replace_where(
-        self, table: str, data: ArrowData, *, predicate: str, time_column: str, app_id: str,
-        app_version: int, metadata: Mapping[str, str] | None = None,
+        self,
+        table: str,
+        data: ArrowData,
+        *,
+        predicate: str,
+        time_column: str,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
         source_versions: Mapping[str, int] | None = None,
     ) -> int:
@@ -266,23 +322,40 @@ class DeltaRsStorage(DeltaStateTables):
         A commit that conflicts with a concurrent writer is written again, up to ``MAX_ATTEMPTS``
         times with a jittered backoff (``storage.retry``); a ``RecordBatchReader`` is streamed once
         and replayed from a local spill file."""
-        return self._replace(table, data, predicate_for=lambda _column: predicate,
-                             check_for=lambda _column: check, time_column=time_column, app_id=app_id,
-                             app_version=app_version, metadata=metadata)
+        return self._replace(
+            table,
+            data,
+            predicate_for=lambda _column: predicate,
+            check_for=lambda _column: check,
+            time_column=time_column,
+            app_id=app_id,
+            app_version=app_version,
+            metadata=metadata,
+        )
 
     def _replace(
-        self, table: str, data: ArrowData, *, predicate_for: Callable[[str], str],
+        self,
+        table: str,
+        data: ArrowData,
+        *,
+        predicate_for: Callable[[str], str],
         check_for: Callable[[str], Callable[[pa.RecordBatch | pa.Table], None] | None],
-        time_column: str, app_id: str, app_version: int, metadata: Mapping[str, str] | None,
+        time_column: str,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None,
     ) -> int:
         """``replace_where`` with the predicate and check made from the stored time column's name."""
         if not self.exists(table):
             incoming = {f.name.lower(): f.type for f in data.schema}
             if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
-                raise TableError(f"table '{table}' does not exist and the data to write has no "
-                                 f"timestamp column '{time_column}' to create it from")
-            DeltaTable.create(self.uri(table), storable_schema(data.schema), mode="ignore",
-                              storage_options=self.storage_options)
+                raise TableError(
+                    f"table '{table}' does not exist and the data to write has no "
+                    f"timestamp column '{time_column}' to create it from"
+                )
+            DeltaTable.create(
+                self.uri(table), storable_schema(data.schema), mode="ignore", storage_options=self.storage_options
+            )
         dt = self._open(table)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
@@ -305,8 +378,14 @@ class DeltaRsStorage(DeltaStateTables):
 
         def write(_attempt: int) -> None:
             try:
-                write_deltalake(self.uri(table), data if stream is None else stream.reader(), mode="overwrite",
-                                predicate=predicate, commit_properties=props, storage_options=self.storage_options)
+                write_deltalake(
+                    self.uri(table),
+                    data if stream is None else stream.reader(),
+                    mode="overwrite",
+                    predicate=predicate,
+                    commit_properties=props,
+                    storage_options=self.storage_options,
+                )
             except CommitFailedError:
                 raise
             except DeltaError:
@@ -328,11 +407,12 @@ def _check_readable(table: str, dt: DeltaTable) -> None:
     # Plain parquet reads would ignore deleted-row bitmaps and physical column names.
     unsupported = {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ())
     if unsupported:
-        raise TableError(f"table '{table}' uses Delta features {sorted(unsupported)} that the "
-                         "deltalake read path does not support")
+        raise TableError(
+            f"table '{table}' uses Delta features {sorted(unsupported)} that the deltalake read path does not support"
+        )
 
 
-def _read_files(spark: "SparkSession", dt: DeltaTable, uris: list[str]) -> "DataFrame":
+def _read_files(spark: SparkSession, dt: DeltaTable, uris: list[str]) -> DataFrame:
     """``spark.read.parquet`` of ``uris`` with the snapshot's schema (an empty frame for no file)."""
     from pyspark.sql.types import StructType
 
@@ -357,6 +437,7 @@ def _overlaps(actions: pa.Table, column: str, lo: datetime, hi: datetime) -> lis
 def storable_schema(schema: pa.Schema) -> pa.Schema:
     """The schema a new table gets from its first data: nullable columns, timestamps as UTC micros
     (naive timestamps are UTC inside the engine), large/view strings as plain strings."""
+
     def fix(t: pa.DataType) -> pa.DataType:
         if pa.types.is_timestamp(t):
             return TIMESTAMP
@@ -365,6 +446,7 @@ def storable_schema(schema: pa.Schema) -> pa.Schema:
         if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
             return pa.binary()
         return t
+
     return pa.schema([pa.field(f.name, fix(f.type)) for f in schema])
 
 
@@ -378,15 +460,16 @@ def _cast_to(table: str, data: pa.Table | pa.RecordBatch, schema: pa.Schema) -> 
         try:
             arrays.append(pc.cast(data.column(i), field.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise TableError(f"table '{table}', column '{field.name}': cannot store "
-                             f"{data.schema.field(i).type} as {field.type}: {exc}") from None
+            raise TableError(
+                f"table '{table}', column '{field.name}': cannot store "
+                f"{data.schema.field(i).type} as {field.type}: {exc}"
+            ) from None
     if isinstance(data, pa.RecordBatch):
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _check_in_range(table: str, column: str, values: pa.Array | pa.ChunkedArray,
-                    lo: datetime, hi: datetime) -> None:
+def _check_in_range(table: str, column: str, values: pa.Array | pa.ChunkedArray, lo: datetime, hi: datetime) -> None:
     """Rows outside [lo, hi) would survive next to the replaced range, so they are an error."""
     if values.null_count:
         raise CQError(f"table '{table}': {values.null_count} row(s) to write have no '{column}'")
@@ -396,12 +479,17 @@ def _check_in_range(table: str, column: str, values: pa.Array | pa.ChunkedArray,
     if bounds["min"] < lo or bounds["max"] >= hi:
         raise CQError(
             f"table '{table}': rows to write span [{bounds['min'].isoformat()}, {bounds['max'].isoformat()}] "
-            f"on '{column}', outside the replaced range [{lo.isoformat()}, {hi.isoformat()})")
+            f"on '{column}', outside the replaced range [{lo.isoformat()}, {hi.isoformat()})"
+        )
 
 
-def _checked_batches(table: str, reader: pa.RecordBatchReader, schema: pa.Schema,
-                     check: Callable[[pa.RecordBatch | pa.Table], None] | None,
-                     failure: list[BaseException]) -> Iterator[pa.RecordBatch]:
+def _checked_batches(
+    table: str,
+    reader: pa.RecordBatchReader,
+    schema: pa.Schema,
+    check: Callable[[pa.RecordBatch | pa.Table], None] | None,
+    failure: list[BaseException],
+) -> Iterator[pa.RecordBatch]:
     """Stream ``reader`` cast to ``schema`` and checked; a failure is kept in ``failure`` so the
     caller can re-raise it (delta-rs only reports its text)."""
     try:

@@ -16,27 +16,28 @@ from cq_engine.errors import CQError
 if TYPE_CHECKING:
     from cq_engine.storage.base import Storage
 
-UTC = UTC
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 KINDS = ("firing", "recalculate", "realtime", "history", "period", "ignored")  # the last four: streams
 # "ignored": no run; rows a stream's tick left out (late, expired, history), ``error`` says why
 STATUSES = ("succeeded", "failed", "ignored")
 STATE_NAME = "firings"  # the ledger's state table: ``_cq/firings``
 
-SCHEMA = pa.schema([
-    pa.field("definition", pa.string()),
-    pa.field("kind", pa.string()),
-    pa.field("fire_time", TIMESTAMP),
-    pa.field("range_start", TIMESTAMP),
-    pa.field("range_end", TIMESTAMP),
-    pa.field("source_versions", pa.string()),  # JSON object: table -> Delta version read
-    pa.field("rows_written", pa.int64()),
-    pa.field("sink_version", pa.int64()),
-    pa.field("status", pa.string()),
-    pa.field("started_at", TIMESTAMP),
-    pa.field("finished_at", TIMESTAMP),
-    pa.field("error", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("definition", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("fire_time", TIMESTAMP),
+        pa.field("range_start", TIMESTAMP),
+        pa.field("range_end", TIMESTAMP),
+        pa.field("source_versions", pa.string()),  # JSON object: table -> Delta version read
+        pa.field("rows_written", pa.int64()),
+        pa.field("sink_version", pa.int64()),
+        pa.field("status", pa.string()),
+        pa.field("started_at", TIMESTAMP),
+        pa.field("finished_at", TIMESTAMP),
+        pa.field("error", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,9 @@ class Ledger:
         self.store = store
 
     @contextmanager
-    def recording(self, *, definition: str, kind: str, fire_time: datetime | None,
-                  time_range: tuple[datetime, datetime]) -> Iterator[Recording]:
+    def recording(
+        self, *, definition: str, kind: str, fire_time: datetime | None, time_range: tuple[datetime, datetime]
+    ) -> Iterator[Recording]:
         """Record the run in the ``with`` body: a failed entry (and the exception re-raised) if it
         raises, else a succeeded one with what the body put in the :class:`Recording`. The one ledger
         wrapper of continuous-query firings and stream runs."""
@@ -96,11 +98,20 @@ class Ledger:
 
         def entry(status: str, error: str | None = None) -> LedgerEntry:
             ok = status == "succeeded"
-            return LedgerEntry(definition=definition, kind=kind, fire_time=fire_time, range_start=time_range[0],
-                               range_end=time_range[1], source_versions=dict(rec.source_versions),
-                               rows_written=rec.rows_written if ok else 0,
-                               sink_version=rec.sink_version if ok else None, status=status,
-                               started_at=rec.started_at, finished_at=datetime.now(UTC), error=error)
+            return LedgerEntry(
+                definition=definition,
+                kind=kind,
+                fire_time=fire_time,
+                range_start=time_range[0],
+                range_end=time_range[1],
+                source_versions=dict(rec.source_versions),
+                rows_written=rec.rows_written if ok else 0,
+                sink_version=rec.sink_version if ok else None,
+                status=status,
+                started_at=rec.started_at,
+                finished_at=datetime.now(UTC),
+                error=error,
+            )
 
         try:
             yield rec
@@ -121,6 +132,7 @@ class Ledger:
         if data is None:
             return SCHEMA.empty_table()
         return data.select(SCHEMA.names).cast(SCHEMA)
+
     def entries(self, definition: str | None = None) -> list[LedgerEntry]:
         """All entries (of ``definition`` if given), oldest ``started_at`` first; empty if no ledger."""
         data = self.to_arrow()

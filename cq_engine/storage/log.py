@@ -13,15 +13,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Iterable, Mapping
+from datetime import UTC, datetime
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-UTC = timezone.utc
 _LOG = "_delta_log"
 
 
@@ -61,6 +60,7 @@ class Commit:
 
 # -- file system ---------------------------------------------------------------------------------
 
+
 def _normalize(uri: str) -> str:
     uri = uri.rstrip("/") or "/"
     if "://" not in uri and not uri.startswith("file:"):
@@ -70,12 +70,20 @@ def _normalize(uri: str) -> str:
 
 # Delta/object_store storage option names -> pyarrow S3FileSystem arguments.
 _S3_OPTIONS = {
-    "aws_access_key_id": "access_key", "access_key_id": "access_key",
-    "aws_secret_access_key": "secret_key", "secret_access_key": "secret_key",
-    "aws_session_token": "session_token", "session_token": "session_token", "aws_token": "session_token",
-    "aws_region": "region", "region": "region", "aws_default_region": "region",
-    "aws_endpoint_url": "endpoint_override", "aws_endpoint": "endpoint_override",
-    "endpoint_url": "endpoint_override", "endpoint": "endpoint_override",
+    "aws_access_key_id": "access_key",
+    "access_key_id": "access_key",
+    "aws_secret_access_key": "secret_key",
+    "secret_access_key": "secret_key",
+    "aws_session_token": "session_token",
+    "session_token": "session_token",
+    "aws_token": "session_token",
+    "aws_region": "region",
+    "region": "region",
+    "aws_default_region": "region",
+    "aws_endpoint_url": "endpoint_override",
+    "aws_endpoint": "endpoint_override",
+    "endpoint_url": "endpoint_override",
+    "endpoint": "endpoint_override",
 }
 
 
@@ -127,8 +135,10 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
 
 # -- latest version ------------------------------------------------------------------------------
 
-def latest_version(uri: str, *, known: int | None = None,
-                   storage_options: Mapping[str, str] | None = None) -> int | None:
+
+def latest_version(
+    uri: str, *, known: int | None = None, storage_options: Mapping[str, str] | None = None
+) -> int | None:
     """The table's latest version, or None if ``uri`` is not a Delta table.
 
     Probes ``_delta_log/<version>.json`` forward from ``known`` (a version seen before), else from
@@ -145,8 +155,9 @@ def latest_version(uri: str, *, known: int | None = None,
         if _exists(fs, f"{log}/{_json_name(known)}"):
             return known
     start = _last_checkpoint(fs, log)
-    if start is not None and (_exists(fs, f"{log}/{_json_name(start)}")
-                              or _exists(fs, f"{log}/{start:020d}.checkpoint.parquet")):
+    if start is not None and (
+        _exists(fs, f"{log}/{_json_name(start)}") or _exists(fs, f"{log}/{start:020d}.checkpoint.parquet")
+    ):
         return _forward(fs, log, start)
     if _exists(fs, f"{log}/{_json_name(0)}"):
         return _forward(fs, log, 0)
@@ -198,8 +209,10 @@ def _listed_version(fs: pafs.FileSystem, log: str) -> int | None:
 
 # -- commits -------------------------------------------------------------------------------------
 
-def read_commits(uri: str, *, after: int, until: int, time_column: str,
-                 storage_options: Mapping[str, str] | None = None) -> list[Commit]:
+
+def read_commits(
+    uri: str, *, after: int, until: int, time_column: str, storage_options: Mapping[str, str] | None = None
+) -> list[Commit]:
     """The commits ``after + 1 .. until`` (``after`` may be -1: from the first version), read from their
     JSON log files, with the time-column statistics of the files each added or removed.
 
@@ -255,10 +268,16 @@ def read_commits(uri: str, *, after: int, until: int, time_column: str,
     before: dict[str, FileChange] = {}
     if needs_snapshot and after >= 0:
         before = _snapshot_files(table, after, time_column, storage_options) or {}
-    return [Commit(version=version, timestamp=timestamp, operation=operation, added=tuple(adds),
-                   removed=tuple(change or before.get(path) or FileChange(path, None, None, None)
-                                 for path, change in removes))
-            for version, timestamp, operation, adds, removes in parsed]
+    return [
+        Commit(
+            version=version,
+            timestamp=timestamp,
+            operation=operation,
+            added=tuple(adds),
+            removed=tuple(change or before.get(path) or FileChange(path, None, None, None) for path, change in removes),
+        )
+        for version, timestamp, operation, adds, removes in parsed
+    ]
 
 
 def _full_path(table: str, path: str) -> str:
@@ -330,8 +349,9 @@ def _file_time(fs: pafs.FileSystem, path: str) -> datetime:
     return mtime.replace(tzinfo=UTC) if mtime.tzinfo is None else mtime.astimezone(UTC)
 
 
-def _snapshot_files(table: str, version: int, time_column: str,
-                    storage_options: Mapping[str, str] | None) -> dict[str, FileChange] | None:
+def _snapshot_files(
+    table: str, version: int, time_column: str, storage_options: Mapping[str, str] | None
+) -> dict[str, FileChange] | None:
     """The files of the snapshot at ``version`` by full path, or None if it cannot be loaded."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError
@@ -362,8 +382,15 @@ def _snapshot_files(table: str, version: int, time_column: str,
     return files
 
 
-def _snapshot_diff(table: str, fs: pafs.FileSystem, log: str, after: int, until: int, time_column: str,
-                   storage_options: Mapping[str, str] | None) -> Commit:
+def _snapshot_diff(
+    table: str,
+    fs: pafs.FileSystem,
+    log: str,
+    after: int,
+    until: int,
+    time_column: str,
+    storage_options: Mapping[str, str] | None,
+) -> Commit:
     """One synthetic commit: the files of ``until`` not in ``after`` (added) and the reverse (removed).
     Rewrites without data change in between show up too (an over-report, never an under-report)."""
     from deltalake.exceptions import DeltaError
@@ -387,6 +414,7 @@ def _snapshot_diff(table: str, fs: pafs.FileSystem, log: str, after: int, until:
         for line in raw.splitlines():
             if line.strip() and "commitInfo" in (action := json.loads(line)):
                 info = action["commitInfo"] or {}
-    timestamp = _commit_time(info) or (_file_time(fs, f"{log}/{_json_name(until)}") if raw is not None
-                                       else datetime.now(UTC))
+    timestamp = _commit_time(info) or (
+        _file_time(fs, f"{log}/{_json_name(until)}") if raw is not None else datetime.now(UTC)
+    )
     return Commit(version=until, timestamp=timestamp, operation=None, added=tuple(added), removed=removed)

@@ -8,14 +8,13 @@ data may contain.
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timezone
+from collections.abc import Iterable, Sequence
+from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Iterable, Sequence
 
 from cq_engine.errors import CQError
 from cq_engine.storage.base import TimeRange
 
-UTC = timezone.utc
 # What delta-rs accepts as a predicate that matches no row (checked in tests/test_delta_log.py).
 FALSE = "false"
 
@@ -97,8 +96,7 @@ def ranges_predicate(time_column: str, ranges: Sequence[TimeRange]) -> str:
     return " OR ".join(f"({range_predicate(time_column, r)})" for r in merged)
 
 
-def groups_predicate(time_column: str, key_columns: Sequence[str],
-                     groups: Sequence[tuple[tuple, datetime]]) -> str:
+def groups_predicate(time_column: str, key_columns: Sequence[str], groups: Sequence[tuple[tuple, datetime]]) -> str:
     """For each ``(key values, lower bound)``: the rows of that group with ``time_column >= lower bound``.
 
     A group listed several times keeps its earliest bound. Groups sharing a bound are matched together:
@@ -138,13 +136,14 @@ def _keys_match(columns: list[str], keys: list[tuple]) -> str:
         terms = []
         literals = [sql_literal(v) for v in values if v is not None]
         if literals:
-            terms.append(f"{column} = {literals[0]}" if len(literals) == 1
-                         else f"{column} IN ({', '.join(literals)})")
+            terms.append(f"{column} = {literals[0]}" if len(literals) == 1 else f"{column} IN ({', '.join(literals)})")
         if any(v is None for v in values):
             terms.append(f"{column} IS NULL")
         return " OR ".join(terms)
-    ands = [" AND ".join(f"{c} IS NULL" if v is None else f"{c} = {sql_literal(v)}" for c, v in zip(columns, k))
-            for k in keys]
+    ands = [
+        " AND ".join(f"{c} IS NULL" if v is None else f"{c} = {sql_literal(v)}" for c, v in zip(columns, k))
+        for k in keys
+    ]
     if len(ands) == 1:
         return ands[0]
     return " OR ".join(f"({a})" for a in ands)

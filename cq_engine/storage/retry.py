@@ -36,7 +36,7 @@ def retry_conflicts(write: Callable[[int], T], *, attempts: int = MAX_ATTEMPTS) 
         except CommitFailedError:
             if attempt == attempts - 1:
                 raise
-            time.sleep(random.uniform(0, BASE_DELAY * 2 ** attempt))
+            time.sleep(random.uniform(0, BASE_DELAY * 2**attempt))
     raise AssertionError("unreachable")
 
 

@@ -49,18 +49,28 @@ class DeltaStateTables:
     def append_state(self, name: str, data: pa.Table) -> None:
         """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
         # Retried: e.g. two first writers racing to create the table; the loser appends on its next try.
-        retry_conflicts(lambda _attempt: write_deltalake(self.state_uri(name), data, mode="append",
-                                                         storage_options=self.storage_options))
+        retry_conflicts(
+            lambda _attempt: write_deltalake(
+                self.state_uri(name), data, mode="append", storage_options=self.storage_options
+            )
+        )
 
-    def overwrite_state(self, name: str, data: pa.Table, *, app_id: str | None = None,
-                        app_version: int | None = None) -> None:
+    def overwrite_state(
+        self, name: str, data: pa.Table, *, app_id: str | None = None, app_version: int | None = None
+    ) -> None:
         """Replace the state table ``name`` (schema included) by ``data`` in one commit, carrying the
         application transaction ``(app_id, app_version)`` if given."""
         props = None
         if app_id is not None:
             props = CommitProperties(app_transactions=[Transaction(app_id=app_id, version=app_version or 0)])
-        write_deltalake(self.state_uri(name), data, mode="overwrite", schema_mode="overwrite",
-                        commit_properties=props, storage_options=self.storage_options)
+        write_deltalake(
+            self.state_uri(name),
+            data,
+            mode="overwrite",
+            schema_mode="overwrite",
+            commit_properties=props,
+            storage_options=self.storage_options,
+        )
 
     def drop_state(self, prefix: str) -> str | None:
         """Delete every state table under ``prefix`` (e.g. ``streams/s1``); where they were, or None if
@@ -79,11 +89,13 @@ class DeltaStateTables:
 
     def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list[log.Commit]:
         """``log.read_commits`` of the table: the JSON commit files ``after + 1 .. until``."""
-        return log.read_commits(self.uri(table), after=after, until=until, time_column=time_column,
-                                storage_options=self.storage_options)
+        return log.read_commits(
+            self.uri(table), after=after, until=until, time_column=time_column, storage_options=self.storage_options
+        )
 
-    def table_span(self, table: str, *, version: int | None,
-                   time_column: str) -> tuple[datetime | None, datetime | None, int]:
+    def table_span(
+        self, table: str, *, version: int | None, time_column: str
+    ) -> tuple[datetime | None, datetime | None, int]:
         """Event-time extent and row count of a snapshot, from its files' statistics."""
         dt = DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
         actions = pa.table(dt.get_add_actions(flatten=True))
@@ -104,8 +116,9 @@ class DeltaStateTables:
         if table not in schemas:
             dt = DeltaTable(self.uri(table), storage_options=self.storage_options)
             if {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ()):
-                raise TableError(f"table {table!r} uses deletion vectors or column mapping: its versions "
-                                 "cannot be read file by file")
+                raise TableError(
+                    f"table {table!r} uses deletion vectors or column mapping: its versions cannot be read file by file"
+                )
             schemas[table] = pa.schema(dt.schema().to_arrow())
         schema = schemas[table]
         uri = log._normalize(self.uri(table))
@@ -114,7 +127,7 @@ class DeltaStateTables:
         for change in commit.added:
             path = change.path
             if path.startswith(uri + "/"):
-                parts.append(pq.read_table(f"{root}/{path[len(uri) + 1:]}", filesystem=fs))
+                parts.append(pq.read_table(f"{root}/{path[len(uri) + 1 :]}", filesystem=fs))
             else:  # an absolute URI elsewhere (a shallow clone's files)
                 parts.append(pq.read_table(path))
         return pa.concat_tables([_to_schema(p, schema) for p in parts]) if parts else schema.empty_table()
@@ -122,6 +135,8 @@ class DeltaStateTables:
 
 def _to_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:
     names = {n.lower(): n for n in data.column_names}
-    arrays = [data.column(names[f.name.lower()]).cast(f.type) if f.name.lower() in names
-              else pa.nulls(data.num_rows, f.type) for f in schema]
+    arrays = [
+        data.column(names[f.name.lower()]).cast(f.type) if f.name.lower() in names else pa.nulls(data.num_rows, f.type)
+        for f in schema
+    ]
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -27,8 +27,14 @@ GROUP = "__cq_tgrpid"
 EMPTY = "__cq_empty"
 NOTIFY_OK = "__cq_notify_ok"  # NOTIFY ... WHERE on the result row
 OPEN, CLOSE, INVALIDATION = "WINDOW_OPEN", "WINDOW_CLOSE", "WINDOW_INVALIDATION"
-WINDOW_TYPES = {"sliding": "Time", "period": "Time", "session": "Session", "state": "State", "event": "Event",
-                "count": "Count"}
+WINDOW_TYPES = {
+    "sliding": "Time",
+    "period": "Time",
+    "session": "Session",
+    "state": "State",
+    "event": "Event",
+    "count": "Count",
+}
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,15 @@ def _windows(rows: Iterable[dict]) -> dict[tuple[int, datetime], list[dict]]:
     return dict(sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][0])))
 
 
-def build_events(stream: Stream, rows: list[dict], *, reported: dict[str, Reported],
-                 replaced: Callable[[int, datetime], bool], revision: str, now_ms: int) -> list[dict]:
+def build_events(
+    stream: Stream,
+    rows: list[dict],
+    *,
+    reported: dict[str, Reported],
+    replaced: Callable[[int, datetime], bool],
+    revision: str,
+    now_ms: int,
+) -> list[dict]:
     """The run's events in order. ``rows``: the result with the engine columns (``GROUP``,
     ``WSTART``, ``WEND``, ``WCLOSED``, the state/event extras, ``EMPTY``, ``NOTIFY_OK``);
     ``replaced(group, start)``: whether the run replaced that window's rows (so a reported window it
@@ -111,8 +124,14 @@ def build_events(stream: Stream, rows: list[dict], *, reported: dict[str, Report
         wid = window_id(stream, group, start)
         seen.add(wid)
         first, before = wrows[0], reported.get(wid)
-        base = {"tableName": table_name(stream, first), "eventTime": now_ms, "windowId": wid,
-                "windowType": wtype, "groupId": str(group), "windowStart": _ms(start)}
+        base = {
+            "tableName": table_name(stream, first),
+            "eventTime": now_ms,
+            "windowId": wid,
+            "windowType": wtype,
+            "groupId": str(group),
+            "windowStart": _ms(start),
+        }
         if OPEN in wanted and not (before and before.opened):
             event = {**base, "eventType": OPEN, **_open_fields(stream, first)}
             events.append({**event, "_key": f"{wid}/{OPEN}", "_digest": ""})
@@ -122,8 +141,13 @@ def build_events(stream: Stream, rows: list[dict], *, reported: dict[str, Report
         results = [r for r in results if r.get(NOTIFY_OK, True)]
         if not results:
             continue
-        event = {**base, "eventType": CLOSE, "windowEnd": _ms(first.get(WEND)), **_close_fields(stream, first),
-                 "result": _result(stream, results)}
+        event = {
+            **base,
+            "eventType": CLOSE,
+            "windowEnd": _ms(first.get(WEND)),
+            **_close_fields(stream, first),
+            "result": _result(stream, results),
+        }
         digest = _digest(event)
         if before is not None and before.closed_digest == digest:
             continue  # recomputed to the same window and result: nothing new to tell
@@ -137,10 +161,18 @@ def build_events(stream: Stream, rows: list[dict], *, reported: dict[str, Report
 
 
 def _invalidation(before: Reported, wtype: str, now_ms: int, revision: str) -> dict:
-    return {"tableName": before.table_name, "eventType": INVALIDATION, "eventTime": now_ms,
-            "windowId": before.window_id, "windowType": wtype, "groupId": str(before.group_id),
-            "windowStart": _ms(before.window_start), "windowEnd": _ms(before.window_end),
-            "_key": f"{before.window_id}/{INVALIDATION}/{revision}", "_digest": ""}
+    return {
+        "tableName": before.table_name,
+        "eventType": INVALIDATION,
+        "eventTime": now_ms,
+        "windowId": before.window_id,
+        "windowType": wtype,
+        "groupId": str(before.group_id),
+        "windowStart": _ms(before.window_start),
+        "windowEnd": _ms(before.window_end),
+        "_key": f"{before.window_id}/{INVALIDATION}/{revision}",
+        "_digest": "",
+    }
 
 
 def _condition(index: int, values) -> dict:

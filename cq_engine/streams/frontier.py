@@ -26,8 +26,9 @@ def state_name(stream: Stream, what: str) -> str:
     return f"streams/{stream.name}/{what}"
 
 
-def load_frontier(ctx: EngineContext, stream: Stream,
-                  keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int], list[pa.Field]]:
+def load_frontier(
+    ctx: EngineContext, stream: Stream, keys: list[str]
+) -> tuple[dict[tuple, datetime], dict[tuple, int], list[pa.Field]]:
     """Per partition group (its key values): the start of its first window not yet closed and its
     group id; and the key columns' Arrow fields."""
     data = ctx.storage.read_state(state_name(stream, "frontier"))
@@ -38,8 +39,11 @@ def load_frontier(ctx: EngineContext, stream: Stream,
     if any(k not in data.column_names for k in stored):
         return {}, {}, []  # the partitioning changed: the groups start over
     resume, gids = _frontier_of(data, stored)
-    return resume, gids, list(storable_schema(pa.schema([data.schema.field(k).with_name(key)
-                                                          for k, key in zip(stored, keys)])))
+    return (
+        resume,
+        gids,
+        list(storable_schema(pa.schema([data.schema.field(k).with_name(key) for k, key in zip(stored, keys)]))),
+    )
 
 
 def _frontier_of(data: pa.Table, keys: list[str]) -> tuple[dict[tuple, datetime], dict[tuple, int]]:
@@ -52,15 +56,30 @@ def _frontier_of(data: pa.Table, keys: list[str]) -> tuple[dict[tuple, datetime]
 def frontier_table(frontier: dict[tuple, datetime], gids: dict[tuple, int], key_fields: list[pa.Field]) -> pa.Table:
     """The frontier as Arrow: the key columns (typed as in the trigger table), the group id, ``RESUME``."""
     schema = pa.schema([*key_fields, pa.field(GROUP, pa.int64()), pa.field(RESUME, pa.timestamp("us", tz="UTC"))])
-    columns = ([[g[i] for g in frontier] for i in range(len(key_fields))] + [[gids.get(g) for g in frontier]]
-               + [list(frontier.values())])
+    columns = (
+        [[g[i] for g in frontier] for i in range(len(key_fields))]
+        + [[gids.get(g) for g in frontier]]
+        + [list(frontier.values())]
+    )
     return pa.table(columns, schema=schema)
 
 
-def save_frontier(ctx: EngineContext, stream: Stream, frontier: dict[tuple, datetime], gids: dict[tuple, int],
-                  key_fields: list[pa.Field], *, app_id: str, app_version: int) -> None:
-    ctx.storage.overwrite_state(state_name(stream, "frontier"), frontier_table(frontier, gids, key_fields),
-                                app_id=app_id, app_version=app_version)
+def save_frontier(
+    ctx: EngineContext,
+    stream: Stream,
+    frontier: dict[tuple, datetime],
+    gids: dict[tuple, int],
+    key_fields: list[pa.Field],
+    *,
+    app_id: str,
+    app_version: int,
+) -> None:
+    ctx.storage.overwrite_state(
+        state_name(stream, "frontier"),
+        frontier_table(frontier, gids, key_fields),
+        app_id=app_id,
+        app_version=app_version,
+    )
 
 
 def move_frontier(ctx: EngineContext, stream: Stream, *, to: datetime) -> None:
@@ -71,8 +90,15 @@ def move_frontier(ctx: EngineContext, stream: Stream, *, to: datetime) -> None:
     keys = [n for n in current.column_names if n not in (RESUME, GROUP)]
     resume, gids = _frontier_of(current, keys)
     frontier = {g: max(t, to) for g, t in resume.items()}
-    save_frontier(ctx, stream, frontier, gids, [current.schema.field(k) for k in keys],
-                  app_id=f"cq-engine/{stream.name}/untreated", app_version=0)
+    save_frontier(
+        ctx,
+        stream,
+        frontier,
+        gids,
+        [current.schema.field(k) for k in keys],
+        app_id=f"cq-engine/{stream.name}/untreated",
+        app_version=0,
+    )
 
 
 def restarts(ctx: EngineContext, stream: Stream, at: datetime) -> dict[int, datetime]:
@@ -81,12 +107,18 @@ def restarts(ctx: EngineContext, stream: Stream, at: datetime) -> dict[int, date
     if not writes(stream) or not ctx.storage.exists(stream.sink_table):
         return {}
     column = sink_time(ctx, stream)
-    df, _ = ctx.storage.read_range(ctx.spark, stream.sink_table, time_column=column,
-                                      time_range=(EPOCH, at + timedelta(microseconds=1)))
+    df, _ = ctx.storage.read_range(
+        ctx.spark, stream.sink_table, time_column=column, time_range=(EPOCH, at + timedelta(microseconds=1))
+    )
     trig = stream.trigger
     back = -(-trig.count // trig.slide) if isinstance(trig, CountTrigger) else 1
     starts = df.select(GROUP_ID, column).distinct()
     rank = F.row_number().over(Window.partitionBy(GROUP_ID).orderBy(F.col(column).desc()))
-    rows = starts.withColumn("__cq_rank", rank).filter(F.col("__cq_rank") <= back) \
-        .groupBy(GROUP_ID).agg(F.min(column).alias("restart")).toArrow()
+    rows = (
+        starts.withColumn("__cq_rank", rank)
+        .filter(F.col("__cq_rank") <= back)
+        .groupBy(GROUP_ID)
+        .agg(F.min(column).alias("restart"))
+        .toArrow()
+    )
     return {r[GROUP_ID]: r["restart"] for r in rows.to_pylist()}

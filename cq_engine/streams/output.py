@@ -55,12 +55,13 @@ def sink_mismatch(stream: Stream, table: str, data_columns: list[str]) -> str | 
     if stream.sink_columns is not None:
         missing = [c for c in stream.sink_columns if c.lower() not in known]
         if missing:
-            return (f"{stream.name!r}: table {table!r} has no column {missing[0]!r} "
-                    f"(columns: {', '.join(data_columns)})")
+            return f"{stream.name!r}: table {table!r} has no column {missing[0]!r} (columns: {', '.join(data_columns)})"
         return None
     if len(data_columns) != n:
-        return (f"{stream.name!r}: table {table!r} has {len(data_columns)} columns ({', '.join(data_columns)}) but the "
-                f"query yields {n}; give INTO {table} (col, ...) to map them")
+        return (
+            f"{stream.name!r}: table {table!r} has {len(data_columns)} columns ({', '.join(data_columns)}) but the "
+            f"query yields {n}; give INTO {table} (col, ...) to map them"
+        )
     return None
 
 

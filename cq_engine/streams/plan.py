@@ -45,8 +45,17 @@ PER_WINDOW_LIMIT = 2000
 _BIN_W, _BIN_R = "__cq_bin_w", "__cq_bin_r"
 _HAVING = "__cq_having"
 # Spark refuses nondeterministic expressions in a join condition: such a WHERE runs per window.
-_NONDETERMINISTIC = {"rand", "random", "randn", "uuid", "shuffle", "monotonically_increasing_id", "rand_str",
-                     "randstr", "uniform"}
+_NONDETERMINISTIC = {
+    "rand",
+    "random",
+    "randn",
+    "uuid",
+    "shuffle",
+    "monotonically_increasing_id",
+    "rand_str",
+    "randstr",
+    "uniform",
+}
 
 
 def _p(name: str) -> str:
@@ -95,9 +104,19 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
     return df
 
 
-_CONSTANT = {WSTART, WEND, WLAST, WROWS, WCLOSED} | {placeholder_column(p) for p in (
-    "_twduration", "_tgrpid", "_tlocaltime", "_tprev_ts", "_tcurrent_ts", "_tnext_ts",
-    "_tprev_localtime", "_tnext_localtime")}
+_CONSTANT = {WSTART, WEND, WLAST, WROWS, WCLOSED} | {
+    placeholder_column(p)
+    for p in (
+        "_twduration",
+        "_tgrpid",
+        "_tlocaltime",
+        "_tprev_ts",
+        "_tcurrent_ts",
+        "_tnext_ts",
+        "_tprev_localtime",
+        "_tnext_localtime",
+    )
+}
 
 
 def _sql_of(stream: Stream) -> str:
@@ -119,8 +138,9 @@ def row_stats_needed(stream: Stream) -> bool:
     if not stream.is_aggregate:  # one result row per input row
         return True
     row_level = [stream.where or "", stream.having or "", *[sql for _, sql in shaping_columns(stream)]]
-    return (any(rownum in sql.lower() for sql in row_level)
-            or any(_rownum_in_aggregate(sqlglot.parse_one(i.expression, read="spark")) for i in stream.select))
+    return any(rownum in sql.lower() for sql in row_level) or any(
+        _rownum_in_aggregate(sqlglot.parse_one(i.expression, read="spark")) for i in stream.select
+    )
 
 
 def _rownum_in_aggregate(tree: exp.Expr) -> bool:
@@ -136,10 +156,12 @@ def _under_aggregate(node: exp.Expr) -> bool:
 
 def _rownum_as_count(sql: str) -> str:
     """``sql`` with ``_twrownum`` (outside aggregates, see ``row_stats_needed``) read as ``count(1)``."""
+
     def swap(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Column) and node.name.lower() == WROWS.lower():
             return sqlglot.parse_one("count(1)", read="spark")
         return node
+
     return sqlglot.parse_one(sql, read="spark").transform(swap).sql(dialect="spark")
 
 
@@ -149,8 +171,14 @@ def _window_columns(stream: Stream, df: DataFrame, keep: list[str]) -> list[str]
     return [c for c in df.columns if c in _CONSTANT | set(keep) and (c == WSTART or c in keep or c.lower() in sql)]
 
 
-def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...] = (),
-             window_columns: list[str] | None = None, where: bool = True) -> DataFrame:
+def evaluate(
+    stream: Stream,
+    df: DataFrame,
+    *,
+    keep: list[str] | tuple[str, ...] = (),
+    window_columns: list[str] | None = None,
+    where: bool = True,
+) -> DataFrame:
     """The subquery's SELECT per (group, window), then the output-shaping columns (subtable, tags,
     ``group_id``) and the engine columns in ``keep`` (window-constant; for the caller's bookkeeping).
 
@@ -165,13 +193,15 @@ def evaluate(stream: Stream, df: DataFrame, *, keep: list[str] | tuple[str, ...]
     if stream.is_aggregate or not stream.select:  # no query (NOTIFY only): one row per window
         # _twrownum not computed per row (row_stats_needed): the window's row count
         as_count = WROWS not in df.columns and any(WROWS.lower() in i.expression.lower() for i in stream.select)
-        items = [F.expr(_rownum_as_count(i.expression) if as_count else i.expression).alias(i.name)
-                 for i in stream.select]
+        items = [
+            F.expr(_rownum_as_count(i.expression) if as_count else i.expression).alias(i.name) for i in stream.select
+        ]
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
         group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))
-        extra = [(F.expr(sql) if _over_columns(sql, group) else F.first(F.expr(sql))).alias(name)
-                 for name, sql in shaping]
+        extra = [
+            (F.expr(sql) if _over_columns(sql, group) else F.first(F.expr(sql))).alias(name) for name, sql in shaping
+        ]
         having = []
         if stream.having and is_aggregate_sql(stream.having):  # over the window's rows
             having = [F.expr(stream.having).alias(_HAVING)]
@@ -240,12 +270,16 @@ def time_bounds(where: str | None, time_column: str) -> tuple[str, str] | None:
     bounds = {placeholder_column(p) for p in ("_twstart", "_twend", "_tprev_ts", "_tcurrent_ts", "_tnext_ts")}
     lower = upper = None
     tree = sqlglot.parse_one(where, read="spark").unnest()
-    for cond in (tree.flatten() if isinstance(tree, exp.And) else [tree]):
+    for cond in tree.flatten() if isinstance(tree, exp.And) else [tree]:
         if not isinstance(cond, (exp.GTE, exp.GT, exp.LTE, exp.LT)):
             continue
         for a, b, flipped in ((cond.this, cond.expression, False), (cond.expression, cond.this, True)):
-            if (isinstance(a, exp.Column) and a.name.lower() == time_column.lower()
-                    and isinstance(b, exp.Column) and b.name.lower() in bounds):
+            if (
+                isinstance(a, exp.Column)
+                and a.name.lower() == time_column.lower()
+                and isinstance(b, exp.Column)
+                and b.name.lower() in bounds
+            ):
                 greater = isinstance(cond, (exp.GTE, exp.GT)) != flipped  # time column >= / > P
                 if greater:
                     lower = lower or b.name
@@ -254,8 +288,7 @@ def time_bounds(where: str | None, time_column: str) -> tuple[str, str] | None:
     return (lower, upper) if lower and upper else None
 
 
-def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_column: str,
-                bin: timedelta) -> DataFrame:
+def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_column: str, bin: timedelta) -> DataFrame:
     """The read table's rows joined to every window whose condition they meet: one Spark join, or —
     when the WHERE is nondeterministic — one filter per window over literal placeholder values, logged.
 
@@ -266,8 +299,11 @@ def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_col
     bad = nondeterministic(cond)
     if not bad:
         if cond is None:
-            log.warning("%s: the query's WHERE does not relate %s to the window: every window reads "
-                        "the whole table", stream.name, stream.source)
+            log.warning(
+                "%s: the query's WHERE does not relate %s to the window: every window reads the whole table",
+                stream.name,
+                stream.source,
+            )
             return source.crossJoin(frame)
         bounds = time_bounds(stream.where, time_column)
         if bounds is None:
@@ -280,14 +316,21 @@ def join_source(stream: Stream, frame: DataFrame, source: DataFrame, *, time_col
         return joined.drop(_BIN_R, _BIN_W)
     rows = frame.toArrow().to_pylist()
     if len(rows) > PER_WINDOW_LIMIT:
-        raise CQError(f"{stream.name}: the WHERE uses {', '.join(bad)}, which Spark cannot evaluate in a join, and "
-                      f"per-window evaluation is limited to {PER_WINDOW_LIMIT} windows (this run has {len(rows)})")
-    log.warning("%s: per-window evaluation of %d window(s): the WHERE uses %s, which Spark cannot "
-                "evaluate in a join condition", stream.name, len(rows), ", ".join(bad))
+        raise CQError(
+            f"{stream.name}: the WHERE uses {', '.join(bad)}, which Spark cannot evaluate in a join, and "
+            f"per-window evaluation is limited to {PER_WINDOW_LIMIT} windows (this run has {len(rows)})"
+        )
+    log.warning(
+        "%s: per-window evaluation of %d window(s): the WHERE uses %s, which Spark cannot evaluate in a join condition",
+        stream.name,
+        len(rows),
+        ", ".join(bad),
+    )
     assert cond is not None  # only a condition can call what Spark cannot join on
     types = dict(frame.dtypes)
-    parts = [source.withColumns({c: F.lit(v).cast(types[c]) for c, v in row.items()}).filter(F.expr(cond))
-             for row in rows]
+    parts = [
+        source.withColumns({c: F.lit(v).cast(types[c]) for c, v in row.items()}).filter(F.expr(cond)) for row in rows
+    ]
     out = parts[0] if parts else source.crossJoin(frame).limit(0)
     for part in parts[1:]:
         out = out.unionByName(part)
@@ -317,21 +360,27 @@ def with_empty_windows(stream: Stream, result: DataFrame, frame: DataFrame, keep
         cols.append(F.expr(sql).cast(types[name]).alias(name))
     cols += [F.col(k) for k in _kept(keep, result.columns) if k in frame.columns]
     empty = missing.select(*cols)
-    return result.withColumn(EMPTY, F.lit(False)).unionByName(empty.withColumn(EMPTY, F.lit(True)),
-                                                             allowMissingColumns=True)
+    return result.withColumn(EMPTY, F.lit(False)).unionByName(
+        empty.withColumn(EMPTY, F.lit(True)), allowMissingColumns=True
+    )
 
 
-def period_frame(stream: Stream, df: DataFrame, *, tick: datetime, prev_tick: datetime, next_tick: datetime) -> DataFrame:
+def period_frame(
+    stream: Stream, df: DataFrame, *, tick: datetime, prev_tick: datetime, next_tick: datetime
+) -> DataFrame:
     """A PERIOD stream's rows for one tick: placeholders are the tick times."""
     assert isinstance(stream.trigger, PeriodTrigger)
     keys = list(stream.partition_by)
     df = with_partition_columns(stream, df)
-    df = (df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp"))
-            .withColumn(_p("_tprev_localtime"), F.lit(prev_tick).cast("timestamp"))
-            .withColumn(_p("_tnext_localtime"), F.lit(next_tick).cast("timestamp"))
-            .withColumn(GROUP, group_id(keys))
-            .withColumns({WSTART: F.lit(prev_tick).cast("timestamp"), WEND: F.lit(tick).cast("timestamp"),
-                          WCLOSED: F.lit(True)}))
+    df = (
+        df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp"))
+        .withColumn(_p("_tprev_localtime"), F.lit(prev_tick).cast("timestamp"))
+        .withColumn(_p("_tnext_localtime"), F.lit(next_tick).cast("timestamp"))
+        .withColumn(GROUP, group_id(keys))
+        .withColumns(
+            {WSTART: F.lit(prev_tick).cast("timestamp"), WEND: F.lit(tick).cast("timestamp"), WCLOSED: F.lit(True)}
+        )
+    )
     return df
 
 

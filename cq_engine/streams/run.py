@@ -95,8 +95,16 @@ def run_work(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> RunResu
     lo, hi = work.extent
     revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
     versions = {stream.trigger_source: work.version}
-    return _recorded(ctx, stream, kind=work.kind, fire_time=work.tick, time_range=(lo, hi),
-                     versions=versions, revision=revision, body=lambda: runner(ctx, stream, work))
+    return _recorded(
+        ctx,
+        stream,
+        kind=work.kind,
+        fire_time=work.tick,
+        time_range=(lo, hi),
+        versions=versions,
+        revision=revision,
+        body=lambda: runner(ctx, stream, work),
+    )
 
 
 @dataclass
@@ -111,8 +119,17 @@ class _Outcome:
     replaced: Callable[[int, datetime], bool] = lambda group, start: False
 
 
-def _recorded(ctx: EngineContext, stream: Stream, *, kind, fire_time, time_range, versions: dict[str, int],
-              revision: str, body: Callable[[], _Outcome]) -> RunResult:
+def _recorded(
+    ctx: EngineContext,
+    stream: Stream,
+    *,
+    kind,
+    fire_time,
+    time_range,
+    versions: dict[str, int],
+    revision: str,
+    body: Callable[[], _Outcome],
+) -> RunResult:
     """Run ``body`` inside the ledger's recording (``versions``: the source versions read, which the
     body may still fill in), then hand its events to NOTIFY."""
     _ = ctx.spark  # a session start is not part of the run's cost
@@ -122,10 +139,19 @@ def _recorded(ctx: EngineContext, stream: Stream, *, kind, fire_time, time_range
         out = body()
         rec.rows_written, rec.sink_version = out.rows, out.version
     notified = _notify(ctx, stream, out, kind=kind, revision=revision)
-    return RunResult(definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range,
-                     rows_written=out.rows, sink_version=out.version if out.version is not None else -1,
-                     source_versions=dict(versions), files_read=out.scanned[0], files_total=out.scanned[1],
-                     seconds=time.perf_counter() - clock, notified=notified)
+    return RunResult(
+        definition=stream.name,
+        kind=kind,
+        fire_time=fire_time,
+        time_range=time_range,
+        rows_written=out.rows,
+        sink_version=out.version if out.version is not None else -1,
+        source_versions=dict(versions),
+        files_read=out.scanned[0],
+        files_total=out.scanned[1],
+        seconds=time.perf_counter() - clock,
+        notified=notified,
+    )
 
 
 def _notify(ctx: EngineContext, stream: Stream, out: _Outcome, *, kind: str, revision: str) -> int:
@@ -134,8 +160,13 @@ def _notify(ctx: EngineContext, stream: Stream, out: _Outcome, *, kind: str, rev
     if notify is None or out.result is None or (kind == "history" and not notify.history):
         return 0
     now_ms, rows = epoch_ms(datetime.now(UTC)), out.result.to_pylist()
-    return notify_outbox.publish(ctx, stream, lambda reported: build_events(
-        stream, rows, reported=reported, replaced=out.replaced, revision=revision, now_ms=now_ms))
+    return notify_outbox.publish(
+        ctx,
+        stream,
+        lambda reported: build_events(
+            stream, rows, reported=reported, replaced=out.replaced, revision=revision, now_ms=now_ms
+        ),
+    )
 
 
 def _keep(stream: Stream, windows) -> list[str]:
@@ -173,8 +204,7 @@ def _joined_table(ctx: EngineContext, stream: Stream, read_range, version: int):
     time_column = ctx.source_time_column(stream.name, table, sink=stream.sink)
     pinned = version if table == stream.trigger_table else None
     bounded = read_range if time_bounds(stream.where, time_column) else None
-    df, _ = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=bounded,
-                                      version=pinned)
+    df, _ = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=bounded, version=pinned)
     return df, time_column
 
 
@@ -193,20 +223,35 @@ def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -
     if work.windows:
         assert isinstance(stream.trigger, SlidingTrigger)  # the only trigger with time windows
         lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
-        df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=(lo, hi),
-                                             version=work.version)
-        windows = assign_windows(prepare(stream, df), stream.trigger, time_column=time_column,
-                                 keys=list(stream.partition_by), close_until=work.close_until or _FAR, timezone=tz,
-                                 row_stats=row_stats_needed(stream))
+        df, scan = ctx.storage.read_range(
+            ctx.spark, table, time_column=time_column, time_range=(lo, hi), version=work.version
+        )
+        windows = assign_windows(
+            prepare(stream, df),
+            stream.trigger,
+            time_column=time_column,
+            keys=list(stream.partition_by),
+            close_until=work.close_until or _FAR,
+            timezone=tz,
+            row_stats=row_stats_needed(stream),
+        )
         windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
-        result = _compute(ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi),
-                          version=work.version).toArrow()
+        result = _compute(
+            ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi), version=work.version
+        ).toArrow()
         scanned = (scan.files_read, scan.files_total)
     gone = gone_groups(ctx, stream, work.version) if work.deleted else []
     ranges = _written_ranges(stream, work, tz)
-    rows, version = write_sink(ctx, stream, result, open_ok=work.write_open, gone=gone,
-                                ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
-                                app_version=work.version, kind=work.kind)
+    rows, version = write_sink(
+        ctx,
+        stream,
+        result,
+        open_ok=work.write_open,
+        gone=gone,
+        ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
+        app_version=work.version,
+        kind=work.kind,
+    )
 
     def replaced(group: int, start: datetime) -> bool:
         return group in gone or any(a <= start < b for a, b in ranges)
@@ -244,12 +289,20 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
         frontier.update(restarted)
     lo = min([origin, *frontier.values()])
     hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
-    df, scan = ctx.storage.read_range(spark, table, time_column=time_column,
-                                         time_range=(lo, hi) if hi is not None else (lo, _FAR), version=work.version)
+    df, scan = ctx.storage.read_range(
+        spark,
+        table,
+        time_column=time_column,
+        time_range=(lo, hi) if hi is not None else (lo, _FAR),
+        version=work.version,
+    )
     df = prepare(stream, df)
     if frontier:
-        marks = frontier_table(frontier, gids, saved_fields).drop_columns([GROUP]).rename_columns(
-            [f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
+        marks = (
+            frontier_table(frontier, gids, saved_fields)
+            .drop_columns([GROUP])
+            .rename_columns([f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
+        )
         fr = F.broadcast(spark.createDataFrame(marks))
         cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
         df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
@@ -259,12 +312,20 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
             df = df.withColumn(_PHASE, F.when(resumed, F.lit(0)))
         df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
     phase = _PHASE if _PHASE in df.columns else None
-    windows = assign_windows(df, stream.trigger, time_column=time_column, keys=keys,
-                             close_until=work.close_until or lo, timezone=tz, count_phase_column=phase)
+    windows = assign_windows(
+        df,
+        stream.trigger,
+        time_column=time_column,
+        keys=keys,
+        close_until=work.close_until or lo,
+        timezone=tz,
+        count_phase_column=phase,
+    )
     windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
     slack = stream.trigger.gap if isinstance(stream.trigger, SessionTrigger) else timedelta(0)
-    result = _compute(ctx, stream, windows, _keep(stream, windows),
-                      read_range=(lo, hi + slack if hi else _FAR), version=work.version).toArrow()
+    result = _compute(
+        ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi + slack if hi else _FAR), version=work.version
+    ).toArrow()
 
     pcols = partition_columns(stream)
     groups = list(zip(*[result.column(c).to_pylist() for c in pcols])) if keys else [()] * result.num_rows
@@ -297,12 +358,19 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
     rows, version = 0, None
     if by_gid or gone:
         rows, version = write_sink(
-            ctx, stream, result, open_ok=work.emit_open and work.write_open, gone=gone,
+            ctx,
+            stream,
+            result,
+            open_ok=work.emit_open and work.write_open,
+            gone=gone,
             ranges_of=lambda column: groups_predicate(column, [GROUP_ID], sorted(((g,), b) for g, b in by_gid.items())),
-            app_version=work.version, kind=work.kind)
+            app_version=work.version,
+            kind=work.kind,
+        )
     key_fields = list(storable_schema(pa.schema([result.schema.field(c).with_name(k) for c, k in zip(pcols, keys)])))
-    save_frontier(ctx, stream, new_frontier, gids, key_fields, app_id=f"cq-engine/{stream.name}",
-                  app_version=work.version)
+    save_frontier(
+        ctx, stream, new_frontier, gids, key_fields, app_id=f"cq-engine/{stream.name}", app_version=work.version
+    )
 
     def replaced(group: int, start: datetime) -> bool:
         return group in gone or (group in by_gid and start >= by_gid[group])
@@ -320,7 +388,9 @@ def _period_tick(stream: Stream, tick: datetime, ticks) -> tuple[datetime, datet
     span = max(trig.period, timedelta(days=1)) * 2
     if not ticks.is_tick(tick):
         nxt = ticks.between(tick, tick + span)
-        raise CQError(f"{iso(tick)} is not a PERIOD tick of {stream.name!r}" + (f"; next: {iso(nxt[0])}" if nxt else ""))
+        raise CQError(
+            f"{iso(tick)} is not a PERIOD tick of {stream.name!r}" + (f"; next: {iso(nxt[0])}" if nxt else "")
+        )
     after = ticks.between(tick + _US, tick + span)
     return ticks.range_of(tick)[0], (after[0] if after else tick + trig.period)
 
@@ -356,14 +426,30 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
         if stream.notify is not None and stream.notify.where:
             result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
         result = result.toArrow()
-        written, version = write_sink(ctx, stream, result, open_ok=True, gone=[],
-                                       ranges_of=lambda column: ranges_predicate(column, [(tick, tick + _US)]),
-                                       app_version=micros(tick - EPOCH), kind="period")
-        return _Outcome(written, version, (scan.files_read, scan.files_total), result,
-                        lambda group, start: start == prev_tick)
+        written, version = write_sink(
+            ctx,
+            stream,
+            result,
+            open_ok=True,
+            gone=[],
+            ranges_of=lambda column: ranges_predicate(column, [(tick, tick + _US)]),
+            app_version=micros(tick - EPOCH),
+            kind="period",
+        )
+        return _Outcome(
+            written, version, (scan.files_read, scan.files_total), result, lambda group, start: start == prev_tick
+        )
 
-    return _recorded(ctx, stream, kind="period", fire_time=tick, time_range=(prev_tick, tick),
-                     versions=versions, revision=f"period:{iso(tick)}", body=body)
+    return _recorded(
+        ctx,
+        stream,
+        kind="period",
+        fire_time=tick,
+        time_range=(prev_tick, tick),
+        versions=versions,
+        revision=f"period:{iso(tick)}",
+        body=body,
+    )
 
 
 def _tick_versions(ctx: EngineContext, stream: Stream, tick: datetime) -> tuple[int, int]:
@@ -379,9 +465,16 @@ def _tick_versions(ctx: EngineContext, stream: Stream, tick: datetime) -> tuple[
     until = ctx.storage.version(stream.trigger_table)
     earlier = [r["until"] for r in rows if r["tick"] < tick]
     after = max(earlier) if earlier else until
-    ctx.storage.append_state(name, pa.table({"tick": pa.array([tick], pa.timestamp("us", tz="UTC")),
-                                             "after": pa.array([after], pa.int64()),
-                                             "until": pa.array([until], pa.int64())}))
+    ctx.storage.append_state(
+        name,
+        pa.table(
+            {
+                "tick": pa.array([tick], pa.timestamp("us", tz="UTC")),
+                "after": pa.array([after], pa.int64()),
+                "until": pa.array([until], pa.int64()),
+            }
+        ),
+    )
     return after, until
 
 
@@ -401,13 +494,16 @@ def stream_created(ctx: EngineContext, stream: Stream, *, now: datetime) -> date
     recorded = recorded_created(ctx, stream)
     if recorded is not None:
         return recorded
-    ctx.storage.overwrite_state(state_name(stream, "created"), pa.table({
-        "definition": [statement_hash(stream)], "created": pa.array([now], pa.timestamp("us", tz="UTC"))}))
+    ctx.storage.overwrite_state(
+        state_name(stream, "created"),
+        pa.table({"definition": [statement_hash(stream)], "created": pa.array([now], pa.timestamp("us", tz="UTC"))}),
+    )
     return now
 
 
-def recalculate_stream(ctx: EngineContext, stream: Stream, *, start: datetime, end: datetime | None,
-                       now: datetime) -> RunResult:
+def recalculate_stream(
+    ctx: EngineContext, stream: Stream, *, start: datetime, end: datetime | None, now: datetime
+) -> RunResult:
     """``RECALCULATE STREAM s FROM start [TO end]`` (not for PERIOD, as seed 000 says)."""
     if isinstance(stream.trigger, PeriodTrigger):
         raise CQError(f"{stream.name!r} is a PERIOD stream: RECALCULATE applies to every other trigger type")
@@ -419,8 +515,11 @@ def recalculate_stream(ctx: EngineContext, stream: Stream, *, start: datetime, e
     end = end or span.max_time + _US
     if end <= start:
         raise CQError(f"recalculate: empty range [{iso(start)}, {iso(end)})")
-    work = st.recalculation_work(stream, version=version, start=start, end=end, max_event=span.max_time,
-                                 now=now, tz=ctx.settings.timezone)
+    work = st.recalculation_work(
+        stream, version=version, start=start, end=end, max_event=span.max_time, now=now, tz=ctx.settings.timezone
+    )
     if not work.windows and work.close_until is None:
-        raise CQError(f"recalculate: no closed window of {stream.name!r} holds event time in [{iso(start)}, {iso(end)})")
+        raise CQError(
+            f"recalculate: no closed window of {stream.name!r} holds event time in [{iso(start)}, {iso(end)})"
+        )
     return run_work(ctx, stream, work)

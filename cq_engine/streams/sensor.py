@@ -44,34 +44,52 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
     if version is None and ctx.ensure_tables(table):  # declared, not yet created: as a CQ's source
         version = storage.latest_version(table)
     if version is None:
-        raise TableError(f"{stream.name}: trigger table {table!r} does not exist (declare it with CREATE TABLE "
-                         f"in {ctx.settings.sql_dir} or load it with `cq ingest`)")
+        raise TableError(
+            f"{stream.name}: trigger table {table!r} does not exist (declare it with CREATE TABLE "
+            f"in {ctx.settings.sql_dir} or load it with `cq ingest`)"
+        )
     time_column = ctx.time_column(table)
     tz = ctx.settings.timezone
     if known is None:
         span = table_span(ctx, table, version=version, time_column=time_column)
         plan = st.first_tick(stream, version=version, span=span, now=now, tz=tz, chunk_rows=HISTORY_CHUNK_ROWS)
-        return _noted(ctx, stream, table, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))),
-                      now=now)
+        return _noted(
+            ctx, stream, table, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))), now=now
+        )
     changes: list[st.Change] = []
     if version > known.version:
         for commit in storage.read_commits(table, after=known.version, until=version, time_column=time_column):
-            changes.append(st.Change(
-                added=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.added),
-                removed=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.removed)))
-    return _noted(ctx, stream, table, st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz),
-                  now=now)
+            changes.append(
+                st.Change(
+                    added=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.added),
+                    removed=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.removed),
+                )
+            )
+    return _noted(
+        ctx, stream, table, st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz), now=now
+    )
 
 
 def _noted(ctx: EngineContext, stream: Stream, table: str, plan: st.TickPlan, *, now: datetime) -> st.TickPlan:
     """Record the rows the tick ignored in the ledger (kind and status ``ignored``, ``error`` the why),
     so they are found after the tick's output is gone."""
     for item in plan.ignored:
-        ctx.ledger.record(LedgerEntry(
-            definition=stream.name, kind="ignored", fire_time=now, range_start=item.span[0],
-            range_end=item.span[1] + timedelta(microseconds=1),
-            source_versions={table: plan.cursor.version}, rows_written=0,
-            sink_version=None, status="ignored", started_at=now, finished_at=now, error=item.text))
+        ctx.ledger.record(
+            LedgerEntry(
+                definition=stream.name,
+                kind="ignored",
+                fire_time=now,
+                range_start=item.span[0],
+                range_end=item.span[1] + timedelta(microseconds=1),
+                source_versions={table: plan.cursor.version},
+                rows_written=0,
+                sink_version=None,
+                status="ignored",
+                started_at=now,
+                finished_at=now,
+                error=item.text,
+            )
+        )
     return plan
 
 

@@ -34,8 +34,17 @@ def writes(stream: Stream) -> bool:
     return stream.sink is not None and not stream.options.calc_notify_only
 
 
-def write_sink(ctx: EngineContext, stream: Stream, result: pa.Table | None, *, open_ok: bool, ranges_of,
-                gone: list[int], app_version: int, kind: str) -> tuple[int, int | None]:
+def write_sink(
+    ctx: EngineContext,
+    stream: Stream,
+    result: pa.Table | None,
+    *,
+    open_ok: bool,
+    ranges_of,
+    gone: list[int],
+    app_version: int,
+    kind: str,
+) -> tuple[int, int | None]:
     """Write the result rows that are due (closed, or open when ``open_ok``; FORCE_OUTPUT's rows),
     replacing the rows ``ranges_of(sink time column)`` selects and the groups in ``gone``."""
     if not writes(stream):
@@ -51,13 +60,20 @@ def write_sink(ctx: EngineContext, stream: Stream, result: pa.Table | None, *, o
     if schema is not None and GROUP_ID not in {c.lower() for c in schema.names}:
         # A table the user made may leave group_id out, unless the engine must find a group's rows.
         if stream.trigger.kind in DATA_SHAPED or stream.options.delete_output_table:
-            raise CQError(f"{stream.name}: table {stream.sink!r} has no {GROUP_ID!r} column, which this stream "
-                          f"needs to replace one partition group's rows: add {GROUP_ID} BIGINT to it")
+            raise CQError(
+                f"{stream.name}: table {stream.sink!r} has no {GROUP_ID!r} column, which this stream "
+                f"needs to replace one partition group's rows: add {GROUP_ID} BIGINT to it"
+            )
         data = data.drop_columns([c for c in data.column_names if c.lower() == GROUP_ID])
     version = ctx.storage.replace_where(
-        stream.sink_table, data, predicate=predicate, time_column=sink_time,
-        app_id=f"cq-engine/{stream.name}/{kind}", app_version=app_version,
-        metadata={"cq.definition": stream.name, "cq.kind": kind})
+        stream.sink_table,
+        data,
+        predicate=predicate,
+        time_column=sink_time,
+        app_id=f"cq-engine/{stream.name}/{kind}",
+        app_version=app_version,
+        metadata={"cq.definition": stream.name, "cq.kind": kind},
+    )
     return data.num_rows, version
 
 
@@ -85,13 +101,10 @@ def gone_groups(ctx: EngineContext, stream: Stream, version: int) -> list[int]:
     table = stream.trigger_table
     assert table is not None  # DELETE_OUTPUT_TABLE needs a trigger table (the catalog checks)
     time_column = ctx.time_column(table)
-    trig, _ = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None,
-                                        version=version)
+    trig, _ = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None, version=version)
     live = prepare(stream, trig).select(group_id(list(stream.partition_by)).alias("__cq_live")).distinct()
-    sink, _ = ctx.storage.read_range(ctx.spark, stream.sink_table, time_column=sink_time(ctx, stream),
-                                        time_range=None)
-    gone = (sink.select(GROUP_ID).distinct()
-            .join(live, F.col(GROUP_ID) == F.col("__cq_live"), "left_anti").toArrow())
+    sink, _ = ctx.storage.read_range(ctx.spark, stream.sink_table, time_column=sink_time(ctx, stream), time_range=None)
+    gone = sink.select(GROUP_ID).distinct().join(live, F.col(GROUP_ID) == F.col("__cq_live"), "left_anti").toArrow()
     return sorted(g for g in gone.column(GROUP_ID).to_pylist() if g is not None)
 
 

@@ -70,8 +70,10 @@ class _Json:
         raw = json.loads(text)
         fmt = raw.get("format", 1)
         if not isinstance(fmt, int) or fmt > FORMAT:
-            raise CQError(f"{cls.__name__}: format {fmt!r} was written by a newer cq-engine (this one reads "
-                          f"up to {FORMAT}): {text[:200]}")
+            raise CQError(
+                f"{cls.__name__}: format {fmt!r} was written by a newer cq-engine (this one reads "
+                f"up to {FORMAT}): {text[:200]}"
+            )
         # JSON arrays back to the tuples the frozen dataclasses hold
         d = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in {f.name for f in fields(cls)}}
         t = lambda v: parse_time(v, tz=UTC, bounded=False) if v else None
@@ -258,8 +260,7 @@ def watermark(stream: Stream, max_event: datetime | None, now: datetime) -> date
     return max_event - stream.options.watermark if max_event is not None else None
 
 
-def first_tick(stream: Stream, *, version: int, span: Span, now: datetime, tz: str,
-               chunk_rows: int) -> TickPlan:
+def first_tick(stream: Stream, *, version: int, span: Span, now: datetime, tz: str, chunk_rows: int) -> TickPlan:
     """The stream's creation: remember where real time starts; with FILL_HISTORY request the
     history in chunks of about ``chunk_rows`` rows."""
     o = stream.options
@@ -269,24 +270,45 @@ def first_tick(stream: Stream, *, version: int, span: Span, now: datetime, tz: s
         origin = o.history_start or span.min_time
     else:
         origin = span.max_time + _US if span.max_time is not None else None
-    cursor = StreamCursor(version=version, created=now, max_event=span.max_time, closed_until=closed,
-                          origin=origin)
+    cursor = StreamCursor(version=version, created=now, max_event=span.max_time, closed_until=closed, origin=origin)
     works: list[StreamWork] = []
     if history and span.min_time is not None and closed is not None:
         lo = max(o.history_start or span.min_time, span.min_time)
-        works = history_works(stream, version=version, lo=lo, hi=closed, rows=span.rows, now=now, tz=tz,
-                              chunk_rows=chunk_rows, origin=origin)
-    reason = (f"created at version {version}" + (f"; history in {len(works)} run(s)" if works else "")
-              + ("" if history else "; existing data is history (no FILL_HISTORY)"))
+        works = history_works(
+            stream,
+            version=version,
+            lo=lo,
+            hi=closed,
+            rows=span.rows,
+            now=now,
+            tz=tz,
+            chunk_rows=chunk_rows,
+            origin=origin,
+        )
+    reason = (
+        f"created at version {version}"
+        + (f"; history in {len(works)} run(s)" if works else "")
+        + ("" if history else "; existing data is history (no FILL_HISTORY)")
+    )
     ignored: tuple[Ignored, ...] = ()
     if not history and span.rows and span.min_time is not None and span.max_time is not None:
-        ignored = (_ignored(stream, "history", span.rows, span.min_time, span.max_time, tz,
-                            "they were in the table when the stream was created and it has no FILL_HISTORY"),)
+        ignored = (
+            _ignored(
+                stream,
+                "history",
+                span.rows,
+                span.min_time,
+                span.max_time,
+                tz,
+                "they were in the table when the stream was created and it has no FILL_HISTORY",
+            ),
+        )
     return TickPlan(cursor, tuple(works), reason, ignored)
 
 
-def _ignored(stream: Stream, what: str, rows: int, lo: datetime, hi: datetime, tz: str, why: str,
-             *, partly: bool = False) -> Ignored:
+def _ignored(
+    stream: Stream, what: str, rows: int, lo: datetime, hi: datetime, tz: str, why: str, *, partly: bool = False
+) -> Ignored:
     """One line of ``TickPlan.ignored``: the rows (from file statistics, so ``up to`` when a file held
     kept rows too), the windows they fall in, why, and how to get them computed."""
     where = f"event time [{iso(lo)}, {iso(hi)}]"
@@ -300,8 +322,18 @@ def _ignored(stream: Stream, what: str, rows: int, lo: datetime, hi: datetime, t
     return Ignored(what, rows, (lo, hi), text)
 
 
-def history_works(stream: Stream, *, version: int, lo: datetime, hi: datetime, rows: int, now: datetime,
-                  tz: str, chunk_rows: int, origin: datetime | None) -> list[StreamWork]:
+def history_works(
+    stream: Stream,
+    *,
+    version: int,
+    lo: datetime,
+    hi: datetime,
+    rows: int,
+    now: datetime,
+    tz: str,
+    chunk_rows: int,
+    origin: datetime | None,
+) -> list[StreamWork]:
     """Runs computing the windows closed by ``hi`` from event time ``lo`` on, in chunks of about
     ``chunk_rows`` rows (assuming rows spread evenly over time)."""
     if hi <= lo:
@@ -319,12 +351,16 @@ def history_works(stream: Stream, *, version: int, lo: datetime, hi: datetime, r
         return []
     step = (last[1] - first) / chunks
     bounds = [first + step * i for i in range(chunks)] + [last[1]]
-    return [StreamWork(version=version, kind="history", windows=((a, b),), tick=now, close_until=hi)
-            for a, b in itertools.pairwise(bounds) if a < b]
+    return [
+        StreamWork(version=version, kind="history", windows=((a, b),), tick=now, close_until=hi)
+        for a, b in itertools.pairwise(bounds)
+        if a < b
+    ]
 
 
-def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Sequence[Change],
-              now: datetime, tz: str) -> TickPlan:
+def plan_tick(
+    stream: Stream, cursor: StreamCursor, *, version: int, changes: Sequence[Change], now: datetime, tz: str
+) -> TickPlan:
     """One sensor evaluation after the first: what the commits since ``cursor.version`` (and the
     passing of processing time) make due."""
     o = stream.options
@@ -356,17 +392,27 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
         every = o.recalc_every or timedelta(minutes=60)
         recalc_due = bool(pending) and now - (cursor.last_recalc or cursor.created) >= every
     at_once = o.trigger_mode == "at_once"
-    partial_due = (o.max_delay is not None and max_event is not None and t_new is not None and max_event > t_new
-                   and now - (cursor.last_partial or cursor.created) >= o.max_delay)
+    partial_due = (
+        o.max_delay is not None
+        and max_event is not None
+        and t_new is not None
+        and max_event > t_new
+        and now - (cursor.last_partial or cursor.created) >= o.max_delay
+    )
     notify_open = stream.notify is not None and "WINDOW_OPEN" in stream.notify.events
-    opened = (("WINDOW_OPEN" in o.event_types or notify_open) and max_event is not None
-              and max_event != cursor.max_event)
+    opened = ("WINDOW_OPEN" in o.event_types or notify_open) and max_event is not None and max_event != cursor.max_event
     writes_open = (at_once and bool(added)) or partial_due or "WINDOW_OPEN" in o.event_types
     closes = "WINDOW_CLOSE" in o.event_types and not at_once
     deleted = bool(removed) and o.delete_output_table
 
-    new_cursor = replace(cursor, version=version, max_event=max_event, closed_until=t_new,
-                         last_partial=now if partial_due else cursor.last_partial, pending=pending)
+    new_cursor = replace(
+        cursor,
+        version=version,
+        max_event=max_event,
+        closed_until=t_new,
+        last_partial=now if partial_due else cursor.last_partial,
+        pending=pending,
+    )
     if recalc_due:
         late, new_cursor = list(pending), replace(new_cursor, pending=(), last_recalc=now)
 
@@ -375,9 +421,17 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
         emit_open = writes_open or opened
         if not (advanced or late or emit_open or deleted):
             return TickPlan(new_cursor, (), f"nothing to do at version {version}", ignored)
-        work = StreamWork(version=version, close_until=t_new, emit_open=bool(emit_open),
-                          recompute_from=min(a for a, _ in late) if late else None, origin=cursor.origin, tick=now,
-                          write_open=bool(writes_open), deleted=deleted, ignored=_texts(ignored))
+        work = StreamWork(
+            version=version,
+            close_until=t_new,
+            emit_open=bool(emit_open),
+            recompute_from=min(a for a, _ in late) if late else None,
+            origin=cursor.origin,
+            tick=now,
+            write_open=bool(writes_open),
+            deleted=deleted,
+            ignored=_texts(ignored),
+        )
         return TickPlan(new_cursor, (work,), _describe(work), ignored)
 
     trig = stream.trigger
@@ -410,8 +464,15 @@ def plan_tick(stream: Stream, cursor: StreamCursor, *, version: int, changes: Se
     windows = merge_ranges(ranges)
     if not windows and not deleted:
         return TickPlan(new_cursor, (), f"no window closed or changed at version {version}", ignored)
-    work = StreamWork(version=version, windows=windows, tick=now, close_until=t_new,
-                      write_open=bool(writes_open), deleted=deleted, ignored=_texts(ignored))
+    work = StreamWork(
+        version=version,
+        windows=windows,
+        tick=now,
+        close_until=t_new,
+        write_open=bool(writes_open),
+        deleted=deleted,
+        ignored=_texts(ignored),
+    )
     return TickPlan(new_cursor, (work,), _describe(work), ignored)
 
 
@@ -423,8 +484,9 @@ def _texts(ignored: Sequence[Ignored], limit: int = 3) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _late_ignored(stream: Stream, added: Sequence[Span], t_prev: datetime | None, floor: datetime | None,
-                  tz: str) -> tuple[Ignored, ...]:
+def _late_ignored(
+    stream: Stream, added: Sequence[Span], t_prev: datetime | None, floor: datetime | None, tz: str
+) -> tuple[Ignored, ...]:
     """The added rows in event time already closed that no run will compute (``TickPlan.ignored``):
     all of them under FORCE_WINDOW_CLOSE or IGNORE_DISORDER, those older than the EXPIRED_TIME /
     DELETE_MARK horizon otherwise."""
@@ -440,8 +502,11 @@ def _late_ignored(stream: Stream, added: Sequence[Span], t_prev: datetime | None
         if o.trigger_mode == "force_window_close":
             why = "FORCE_WINDOW_CLOSE closes windows by processing time and never reopens one"
         elif o.ignore_disorder:
-            why = ("IGNORE EXPIRED 1 drops rows of closed windows" if stream.form == "old"
-                   else "IGNORE_DISORDER drops rows of closed windows")
+            why = (
+                "IGNORE EXPIRED 1 drops rows of closed windows"
+                if stream.form == "old"
+                else "IGNORE_DISORDER drops rows of closed windows"
+            )
         elif floor is not None and s.min_time < floor:
             hi = min(hi, floor - _US)
             horizon = "EXPIRED_TIME" if o.expired_time is not None else "DELETE_MARK"
@@ -457,8 +522,9 @@ def _first_closable(added: Sequence[Span]) -> datetime:
     return min((s.min_time for s in added if s.min_time is not None), default=EPOCH)
 
 
-def recalculation_work(stream: Stream, *, version: int, start: datetime, end: datetime, max_event: datetime | None,
-                       now: datetime, tz: str) -> StreamWork:
+def recalculation_work(
+    stream: Stream, *, version: int, start: datetime, end: datetime, max_event: datetime | None, now: datetime, tz: str
+) -> StreamWork:
     """``RECALCULATE STREAM s FROM start TO end``: the closed windows holding event time in [start, end)."""
     t = watermark(stream, max_event, now)
     if stream.trigger.kind in DATA_SHAPED:
@@ -486,6 +552,21 @@ def _describe(work: StreamWork) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["Change", "Ignored", "Span", "StreamCursor", "StreamWork", "TickPlan", "first_tick", "history_works",
-           "key_ranges", "merge_ranges", "plan_tick", "recalculation_work", "starts_ending_in",
-           "starts_overlapping", "tick_after", "tick_floor"]
+__all__ = [
+    "Change",
+    "Ignored",
+    "Span",
+    "StreamCursor",
+    "StreamWork",
+    "TickPlan",
+    "first_tick",
+    "history_works",
+    "key_ranges",
+    "merge_ranges",
+    "plan_tick",
+    "recalculation_work",
+    "starts_ending_in",
+    "starts_overlapping",
+    "tick_after",
+    "tick_floor",
+]

@@ -39,8 +39,9 @@ class TriggerAttributes(Mapping[str, str]):
     errors name the trigger, the key and the value. ``name`` and ``warehouse`` are the engine's:
     the trigger's name and the warehouse root (``CQ_WAREHOUSE``, Delta tables at ``<warehouse>/<table>``)."""
 
-    def __init__(self, values: Mapping[str, str] | tuple[tuple[str, str], ...] = (), *, name: str = "",
-                 warehouse: str = ""):
+    def __init__(
+        self, values: Mapping[str, str] | tuple[tuple[str, str], ...] = (), *, name: str = "", warehouse: str = ""
+    ):
         self._values = dict(values)
         self.name, self.warehouse = name, warehouse
 
@@ -60,7 +61,7 @@ class TriggerAttributes(Mapping[str, str]):
         if key in self._values:
             return self._values[key]
         if default is None:
-            raise self.error(f"needs the attribute {key!r}: WITH (\"{key}\" = \"...\")")
+            raise self.error(f'needs the attribute {key!r}: WITH ("{key}" = "...")')
         return default
 
     def float(self, key: str, default: float | None = None) -> float:
@@ -74,6 +75,7 @@ class TriggerAttributes(Mapping[str, str]):
             if text.lower() not in ("true", "false"):
                 raise ValueError(text)
             return text.lower() == "true"
+
         return self._typed(key, default, parse, "true or false")
 
     def _typed(self, key, default, convert, what: str):
@@ -135,8 +137,9 @@ _KEYS = {"trigger": b"cq.trigger", "table": b"cq.table", "event": b"cq.event", "
 def with_info(batch: pa.Table, info: BatchInfo) -> pa.Table:
     """``batch`` carrying ``info`` in its schema metadata (what ``batch_info`` reads)."""
     meta = dict(batch.schema.metadata or {})
-    meta.update({key: str(getattr(info, name)).encode() for name, key in _KEYS.items()
-                 if getattr(info, name) is not None})
+    meta.update(
+        {key: str(getattr(info, name)).encode() for name, key in _KEYS.items() if getattr(info, name) is not None}
+    )
     return batch.replace_schema_metadata(meta)
 
 
@@ -146,5 +149,9 @@ def batch_info(batch: pa.Table) -> BatchInfo:
     if _KEYS["table"] not in meta:
         raise TriggerError("this batch was not handed over by the engine: it has no cq.table metadata")
     version = meta.get(_KEYS["version"])
-    return BatchInfo(trigger=meta.get(_KEYS["trigger"], b"").decode(), table=meta[_KEYS["table"]].decode(),
-                     event=meta.get(_KEYS["event"], b"").decode(), version=int(version) if version else None)
+    return BatchInfo(
+        trigger=meta.get(_KEYS["trigger"], b"").decode(),
+        table=meta[_KEYS["table"]].decode(),
+        event=meta.get(_KEYS["event"], b"").decode(),
+        version=int(version) if version else None,
+    )

@@ -82,8 +82,9 @@ def _later(a: AfterCursor | None, b: AfterCursor | None) -> AfterCursor | None:
     return AfterCursor(a.generation, {t: max(a.tables.get(t, -1), b.tables.get(t, -1)) for t in {*a.tables, *b.tables}})
 
 
-def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None, now: datetime,
-                  max_versions: int = MAX_VERSIONS) -> Delivery:
+def deliver_after(
+    trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None, now: datetime, max_versions: int = MAX_VERSIONS
+) -> Delivery:
     """Fire ``trigger`` once per new Delta version of each matching table with exactly the rows that
     version added, each table's versions in order (tables interleaved by commit time), advancing the
     cursor after each version. The first evaluation of a registration only records where the tables
@@ -92,8 +93,10 @@ def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None
     live = instance(trigger, settings=settings, now=now)
     generation = live.registration.generation
     progress = progress_path(settings, trigger)
-    known = _later(AfterCursor.parse(cursor, generation), AfterCursor.parse(
-        read_state(progress, what="trigger progress"), generation))
+    known = _later(
+        AfterCursor.parse(cursor, generation),
+        AfterCursor.parse(read_state(progress, what="trigger progress"), generation),
+    )
     declared = [d.name for d in ctx.catalog.tables if matches(trigger.pattern, d.name)]
     if declared:  # created as a continuous query's declared source is
         ctx.ensure_tables(*declared)
@@ -104,8 +107,9 @@ def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None
         known = AfterCursor(generation, {t: v for t, v in start.items() if v is not None})
         write_json(progress, json.loads(known.to_json()))
         watched = ", ".join(f"{t}@v{v}" for t, v in sorted(known.tables.items())) or "no table yet"
-        return Delivery(cursor=known.to_json(), reason=f"{trigger.name}: created; watching {trigger.pattern} "
-                                                       f"from {watched}")
+        return Delivery(
+            cursor=known.to_json(), reason=f"{trigger.name}: created; watching {trigger.pattern} from {watched}"
+        )
     positions = dict(known.tables)
     queues: dict[str, deque[Commit]] = {}
     for table in tables:
@@ -127,8 +131,10 @@ def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None
             info = BatchInfo(trigger.name, table, "after", commit.version)
             problem = fire_one(live, with_info(rows, info))
             if problem is not None:
-                message = (f"{where(trigger)} failed on version {commit.version} of table {table!r} "
-                           f"({rows.num_rows} rows): {problem}")
+                message = (
+                    f"{where(trigger)} failed on version {commit.version} of table {table!r} "
+                    f"({rows.num_rows} rows): {problem}"
+                )
                 if live.strategy is FailureStrategy.PESSIMISTIC:
                     blocked = f"{message}; PESSIMISTIC: delivery stops here and retries this version next time"
                     break
@@ -139,8 +145,13 @@ def deliver_after(trigger: TriggerDef, *, ctx: EngineContext, cursor: str | None
         positions[table.lower()] = commit.version
         write_json(progress, {"generation": generation, "tables": positions})
     cursor_out = AfterCursor(generation, positions).to_json()
-    return Delivery(cursor=cursor_out, delivered=tuple(delivered), failures=tuple(failures), blocked=blocked,
-                    reason=blocked or _summary(trigger, delivered, failures))
+    return Delivery(
+        cursor=cursor_out,
+        delivered=tuple(delivered),
+        failures=tuple(failures),
+        blocked=blocked,
+        reason=blocked or _summary(trigger, delivered, failures),
+    )
 
 
 def _summary(trigger: TriggerDef, delivered: list, failures: list) -> str:
@@ -149,7 +160,9 @@ def _summary(trigger: TriggerDef, delivered: list, failures: list) -> str:
     by_table: dict[str, list] = {}
     for table, version, rows in delivered:
         by_table.setdefault(table, []).append((version, rows))
-    parts = [f"{t} v{v[0][0]}..v{v[-1][0]} ({len(v)} versions, {sum(r for _, r in v)} rows)" for t, v in by_table.items()]
+    parts = [
+        f"{t} v{v[0][0]}..v{v[-1][0]} ({len(v)} versions, {sum(r for _, r in v)} rows)" for t, v in by_table.items()
+    ]
     failed = f"; {len(failures)} failed (OPTIMISTIC, logged)" if failures else ""
     return f"{trigger.name}: fired on {', '.join(parts) or 'nothing'}{failed}"
 
@@ -179,13 +192,25 @@ def show(catalog: Catalog, *, ctx: EngineContext) -> list[dict[str, str]]:
             state = "DROPPING"
         else:
             state = "ACTIVE" if reg is not None and reg.hash == statement_hash(t) else "INACTIVE"
-        done = (AfterCursor.parse(_read_text(progress_path(settings, t)), reg.generation) if reg else None)
-        watched = [f"{x}@v{done.tables[x.lower()]}" if done and x.lower() in done.tables else x
-                 for x in tables if matches(t.pattern, x)]
-        rows.append({"name": t.name, "event": f"{t.event.upper()}_INSERT",
-                     "type": "STATEFUL" if t.stateful else "STATELESS", "state": state, "pattern": t.pattern,
-                     "class": t.target, "runs in": "ingest" if t.event == "before" else f"sensor {sensor_name(t)}",
-                     "tables": ", ".join(watched) or "-", "location": str(t.location)})
+        done = AfterCursor.parse(_read_text(progress_path(settings, t)), reg.generation) if reg else None
+        watched = [
+            f"{x}@v{done.tables[x.lower()]}" if done and x.lower() in done.tables else x
+            for x in tables
+            if matches(t.pattern, x)
+        ]
+        rows.append(
+            {
+                "name": t.name,
+                "event": f"{t.event.upper()}_INSERT",
+                "type": "STATEFUL" if t.stateful else "STATELESS",
+                "state": state,
+                "pattern": t.pattern,
+                "class": t.target,
+                "runs in": "ingest" if t.event == "before" else f"sensor {sensor_name(t)}",
+                "tables": ", ".join(watched) or "-",
+                "location": str(t.location),
+            }
+        )
     return rows
 
 

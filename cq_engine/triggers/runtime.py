@@ -40,6 +40,7 @@ _T = TypeVar("_T")
 
 # -- patterns and classes --------------------------------------------------------------------------
 
+
 def matches(pattern: str, table: str) -> bool:
     """``*`` matches any run of characters; names compare case-insensitively, as tables do."""
     regex = ".*".join(re.escape(part) for part in pattern.split("*"))
@@ -48,8 +49,7 @@ def matches(pattern: str, table: str) -> bool:
 
 def matching(triggers: Iterable[TriggerDef], *, table: str, event: str) -> list[TriggerDef]:
     """The ``event`` triggers whose pattern matches ``table``, by name (IoTDB promises no order)."""
-    return sorted((t for t in triggers if t.event == event and matches(t.pattern, table)),
-                  key=lambda t: t.name.lower())
+    return sorted((t for t in triggers if t.event == event and matches(t.pattern, table)), key=lambda t: t.name.lower())
 
 
 def where(trigger: TriggerDef) -> str:
@@ -80,8 +80,10 @@ def find_module(trigger: TriggerDef, *, settings: Settings) -> str:
             return spec.origin or next(iter(spec.submodule_search_locations or []), top)
     if top in sys.modules and getattr(sys.modules[top], "__spec__", None) is not None:
         return "(already imported)"
-    raise TriggerError(f"{where(trigger)}: no module {top!r} in the trigger path ({os.pathsep.join(dirs)}; "
-                       "set CQ_TRIGGER_PATH) or the installed packages")
+    raise TriggerError(
+        f"{where(trigger)}: no module {top!r} in the trigger path ({os.pathsep.join(dirs)}; "
+        "set CQ_TRIGGER_PATH) or the installed packages"
+    )
 
 
 def load_class(trigger: TriggerDef, *, settings: Settings) -> type[Trigger]:
@@ -90,15 +92,15 @@ def load_class(trigger: TriggerDef, *, settings: Settings) -> type[Trigger]:
     module_name, _, class_name = trigger.target.partition(":")
     find_module(trigger, settings=settings)
     for d in trigger_dirs(settings):
-        if str(d) not in sys.path and ((d / module_name.split(".")[0]).is_dir()
-                                       or (d / f"{module_name.split('.')[0]}.py").is_file()):
+        if str(d) not in sys.path and (
+            (d / module_name.split(".")[0]).is_dir() or (d / f"{module_name.split('.')[0]}.py").is_file()
+        ):
             sys.path.append(str(d))
             break
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise TriggerError(f"{where(trigger)}: importing {module_name!r} failed: "
-                           f"{type(exc).__name__}: {exc}") from None
+        raise TriggerError(f"{where(trigger)}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type) or not issubclass(cls, Trigger):
         what = "no class" if cls is None else "a class that is not a cq_engine.triggers.Trigger:"
@@ -130,6 +132,7 @@ def check_trigger(trigger: TriggerDef, *, settings: Settings) -> None:
 
 # -- registration --------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Registration:
     """A trigger as first created: what ``restore`` and ``cq drop`` need once the file is gone."""
@@ -149,9 +152,16 @@ class Registration:
     col: int
 
     def trigger(self) -> TriggerDef:
-        return TriggerDef(name=self.name, stateful=self.stateful, event=self.event, pattern=self.pattern,
-                          target=self.target, attributes=tuple(tuple(a) for a in self.attributes),
-                          location=SourceLocation(self.file, self.line, self.col), sql=self.sql)
+        return TriggerDef(
+            name=self.name,
+            stateful=self.stateful,
+            event=self.event,
+            pattern=self.pattern,
+            target=self.target,
+            attributes=tuple(tuple(a) for a in self.attributes),
+            location=SourceLocation(self.file, self.line, self.col),
+            sql=self.sql,
+        )
 
 
 def state_dir(settings: Settings, name: str) -> Path:
@@ -178,15 +188,27 @@ def _register(trigger: TriggerDef, *, settings: Settings, now: datetime) -> tupl
     if known is not None and known.hash == digest:
         return known, True
     loc = trigger.location
-    reg = Registration(name=trigger.name, hash=digest, generation=uuid.uuid4().hex, created=iso(now),
-                       sql=trigger.sql, event=trigger.event, stateful=trigger.stateful, pattern=trigger.pattern,
-                       target=trigger.target, attributes=[list(a) for a in trigger.attributes],
-                       file=loc.file, line=loc.line, col=loc.col)
+    reg = Registration(
+        name=trigger.name,
+        hash=digest,
+        generation=uuid.uuid4().hex,
+        created=iso(now),
+        sql=trigger.sql,
+        event=trigger.event,
+        stateful=trigger.stateful,
+        pattern=trigger.pattern,
+        target=trigger.target,
+        attributes=[list(a) for a in trigger.attributes],
+        file=loc.file,
+        line=loc.line,
+        col=loc.col,
+    )
     write_json(state_dir(settings, trigger.name) / "registration.json", asdict(reg))
     return reg, False
 
 
 # -- instances -----------------------------------------------------------------------------------
+
 
 @dataclass
 class Live:
@@ -224,8 +246,10 @@ def instance(trigger: TriggerDef, *, settings: Settings, now: datetime) -> Live:
         if isinstance(strategy, str) and strategy.upper() in FailureStrategy.__members__:
             strategy = FailureStrategy[strategy.upper()]
         if not isinstance(strategy, FailureStrategy):
-            raise TriggerError(f"{where(trigger)}: failure_strategy must be FailureStrategy.OPTIMISTIC or "
-                               f"PESSIMISTIC, got {strategy!r}")
+            raise TriggerError(
+                f"{where(trigger)}: failure_strategy must be FailureStrategy.OPTIMISTIC or "
+                f"PESSIMISTIC, got {strategy!r}"
+            )
         _LIVE[key] = Live(trigger, obj, strategy, reg, restored)
         return _LIVE[key]
 
@@ -251,8 +275,10 @@ def fire_one(live: Live, batch: pa.Table) -> str | None:
 
 # -- BEFORE INSERT ---------------------------------------------------------------------------------
 
-def fire_before(triggers: Iterable[TriggerDef], *, table: str, batch: pa.Table, settings: Settings,
-                now: datetime) -> tuple[str, ...]:
+
+def fire_before(
+    triggers: Iterable[TriggerDef], *, table: str, batch: pa.Table, settings: Settings, now: datetime
+) -> tuple[str, ...]:
     """Fire the BEFORE INSERT triggers matching ``table`` on the rows about to be written. Returns the
     OPTIMISTIC failures (logged); a PESSIMISTIC failure raises ``TriggerError`` and no later trigger fires."""
     failures = []
@@ -271,6 +297,7 @@ def fire_before(triggers: Iterable[TriggerDef], *, table: str, batch: pa.Table, 
 
 # -- cq triggers, cq drop ----------------------------------------------------------------------------
 
+
 def sensor_name(trigger: TriggerDef) -> str:
     return f"{trigger.name}_trigger"
 
@@ -280,14 +307,18 @@ def drop(name: str, *, catalog: Catalog, settings: Settings) -> dict | None:
     then ``on_drop``, and the registration goes. None when ``name`` was never a registered trigger."""
     defined = next((t for t in catalog.triggers if t.name.lower() == name.lower()), None)
     if defined is not None:
-        raise CQError(f"trigger {defined.name!r} is defined at {defined.location}: remove that statement (or its "
-                      f"file), then `cq drop {defined.name}` calls its on_drop()")
+        raise CQError(
+            f"trigger {defined.name!r} is defined at {defined.location}: remove that statement (or its "
+            f"file), then `cq drop {defined.name}` calls its on_drop()"
+        )
     reg = registration(settings, name)
     if reg is None:
         return None
     if any(err.file == reg.file for err in catalog.errors):
-        raise CQError(f"trigger {reg.name!r} was defined in {reg.file}, which does not load now: fix that file "
-                      "first (the trigger may still be in it)")
+        raise CQError(
+            f"trigger {reg.name!r} was defined in {reg.file}, which does not load now: fix that file "
+            "first (the trigger may still be in it)"
+        )
     trigger = reg.trigger()
     path = state_dir(settings, name)
     try:
@@ -296,8 +327,9 @@ def drop(name: str, *, catalog: Catalog, settings: Settings) -> dict | None:
         _call(trigger, "on_create()", lambda: obj.on_create(attributes_of(trigger, settings=settings)))
         _call(trigger, "on_drop()", obj.on_drop)
     except TriggerError as exc:
-        raise TriggerError(f"{exc}; nothing was dropped (delete {path} to forget the trigger without "
-                           "its on_drop())") from None
+        raise TriggerError(
+            f"{exc}; nothing was dropped (delete {path} to forget the trigger without its on_drop())"
+        ) from None
     shutil.rmtree(path, ignore_errors=True)
     forget_instances(name)
     return {"dropped": reg.name, "trigger": True, "on_drop": "called", "state_removed": str(path)}

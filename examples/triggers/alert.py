@@ -27,11 +27,18 @@ from cq_engine.triggers import Trigger, TriggerAttributes, batch_info
 
 log = logging.getLogger(__name__)
 
-ALERTS = pa.schema([
-    ("ts", pa.timestamp("us", tz="UTC")), ("trigger", pa.string()), ("source", pa.string()),
-    ("series", pa.string()), ("labels", pa.string()), ("value", pa.float64()), ("severity", pa.string()),
-    ("version", pa.int64()),
-])
+ALERTS = pa.schema(
+    [
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("trigger", pa.string()),
+        ("source", pa.string()),
+        ("series", pa.string()),
+        ("labels", pa.string()),
+        ("value", pa.float64()),
+        ("severity", pa.string()),
+        ("version", pa.int64()),
+    ]
+)
 
 
 _RANK = {"ok": 0, "warning": 1, "critical": 2}
@@ -92,12 +99,22 @@ class ThresholdAlert(Trigger):
                 new = self._severity(row[column], old)
                 if new != old:
                     self.state[key] = new
-                    alerts.append({"ts": row[time_column], "trigger": self.name, "source": info.table,
-                                   "series": column, "labels": tags, "value": float(row[column]),
-                                   "severity": "resolved" if new == "ok" else new, "version": info.version})
+                    alerts.append(
+                        {
+                            "ts": row[time_column],
+                            "trigger": self.name,
+                            "source": info.table,
+                            "series": column,
+                            "labels": tags,
+                            "value": float(row[column]),
+                            "severity": "resolved" if new == "ok" else new,
+                            "version": info.version,
+                        }
+                    )
         for a in alerts:
-            log.info("%s: %s %s %s = %s (%s)", self.name, a["severity"], a["source"], a["series"], a["value"],
-                        a["labels"])
+            log.info(
+                "%s: %s %s %s = %s (%s)", self.name, a["severity"], a["source"], a["series"], a["value"], a["labels"]
+            )
         if alerts:
             self._write(pa.Table.from_pylist(alerts, schema=ALERTS), info)
         return True
@@ -110,5 +127,9 @@ class ThresholdAlert(Trigger):
         done = DeltaTable(self.uri).transaction_version(app_id) if DeltaTable.is_deltatable(self.uri) else None
         if done is not None and done >= info.version:
             return  # this version's alerts are already committed: a redelivery
-        write_deltalake(self.uri, alerts, mode="append", commit_properties=CommitProperties(
-            app_transactions=[Transaction(app_id=app_id, version=info.version)]))
+        write_deltalake(
+            self.uri,
+            alerts,
+            mode="append",
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id=app_id, version=info.version)]),
+        )

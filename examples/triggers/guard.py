@@ -40,5 +40,7 @@ class RangeGuard(Trigger):
         if not pc.any(bad).as_py():
             return True
         row = pc.index(bad, True).as_py()
-        raise ValueError(f"column {self.column!r}: value {values[row].as_py()!r} in row {row + 1} is outside "
-                         f"[{self.low:g}, {self.high:g}]")
+        raise ValueError(
+            f"column {self.column!r}: value {values[row].as_py()!r} in row {row + 1} is outside "
+            f"[{self.low:g}, {self.high:g}]"
+        )

@@ -41,6 +41,14 @@ class Journal(Trigger):
 
     def fire(self, batch: pa.Table) -> bool:
         info = batch_info(batch)
-        self._write({"event": info.event, "trigger": info.trigger, "table": info.table, "version": info.version,
-                     "restored": self.restored, "rows": batch.to_pylist()})
+        self._write(
+            {
+                "event": info.event,
+                "trigger": info.trigger,
+                "table": info.table,
+                "version": info.version,
+                "restored": self.restored,
+                "rows": batch.to_pylist(),
+            }
+        )
         return True

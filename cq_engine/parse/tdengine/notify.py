@@ -23,7 +23,8 @@ def _urls(cur: Cursor, keyword: Token) -> tuple[str, ...]:
     for part in split_top(inner):
         tok = part[0] if part else open_tok
         quoted = tok.token_type == TokenType.STRING or (
-            tok.token_type == TokenType.IDENTIFIER and cur.source.text[tok.start] == '"')
+            tok.token_type == TokenType.IDENTIFIER and cur.source.text[tok.start] == '"'
+        )
         if len(part) != 1 or not quoted:
             raise cur.error_at(tok, "NOTIFY takes quoted addresses such as 'ws://localhost:8080/notify'")
         try:
@@ -32,8 +33,11 @@ def _urls(cur: Cursor, keyword: Token) -> tuple[str, ...]:
         except ValueError:
             ok = False
         if not ok:
-            raise cur.error_at(tok, f"NOTIFY address {tok.text!r} must be a websocket URL with host and port, "
-                                    "such as 'ws://localhost:8080/notify'")
+            raise cur.error_at(
+                tok,
+                f"NOTIFY address {tok.text!r} must be a websocket URL with host and port, "
+                "such as 'ws://localhost:8080/notify'",
+            )
         urls.append(tok.text)
     return tuple(urls)
 
@@ -85,8 +89,11 @@ def notify_where(scope: Scope, toks: list[Token], names: tuple[str, ...]) -> str
     for col in node.find_all(exp.Column):
         placeholder = frag.offset_of(col) in scope.marks or col.this.args.get("quoted")  # %%n, "string"
         if not placeholder and col.name.lower() not in known:
-            raise frag.error(col, f"NOTIFY ... WHERE can only use the result's columns ({', '.join(names)}) "
-                                  f"and constants, not {col.name!r}")
+            raise frag.error(
+                col,
+                f"NOTIFY ... WHERE can only use the result's columns ({', '.join(names)}) "
+                f"and constants, not {col.name!r}",
+            )
     return to_spark(resolved)
 
 

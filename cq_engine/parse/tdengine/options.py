@@ -19,12 +19,29 @@ from cq_engine.parse.tdengine.triggers import PERIOD_UNITS
 from cq_engine.times import parse_time
 
 EVENT_TYPES: tuple[EventType, ...] = ("WINDOW_OPEN", "WINDOW_CLOSE")
-OPTION_NAMES = ("WATERMARK", "EXPIRED_TIME", "IGNORE_DISORDER", "DELETE_RECALC", "DELETE_OUTPUT_TABLE", "FILL_HISTORY",
-                "FILL_HISTORY_FIRST", "CALC_NOTIFY_ONLY", "LOW_LATENCY_CALC", "PRE_FILTER", "FORCE_OUTPUT", "MAX_DELAY",
-                "EVENT_TYPE")
-_FLAGS = {"IGNORE_DISORDER": "ignore_disorder", "DELETE_RECALC": "delete_recalc",
-          "DELETE_OUTPUT_TABLE": "delete_output_table", "CALC_NOTIFY_ONLY": "calc_notify_only",
-          "LOW_LATENCY_CALC": "low_latency_calc", "FORCE_OUTPUT": "force_output"}
+OPTION_NAMES = (
+    "WATERMARK",
+    "EXPIRED_TIME",
+    "IGNORE_DISORDER",
+    "DELETE_RECALC",
+    "DELETE_OUTPUT_TABLE",
+    "FILL_HISTORY",
+    "FILL_HISTORY_FIRST",
+    "CALC_NOTIFY_ONLY",
+    "LOW_LATENCY_CALC",
+    "PRE_FILTER",
+    "FORCE_OUTPUT",
+    "MAX_DELAY",
+    "EVENT_TYPE",
+)
+_FLAGS = {
+    "IGNORE_DISORDER": "ignore_disorder",
+    "DELETE_RECALC": "delete_recalc",
+    "DELETE_OUTPUT_TABLE": "delete_output_table",
+    "CALC_NOTIFY_ONLY": "calc_notify_only",
+    "LOW_LATENCY_CALC": "low_latency_calc",
+    "FORCE_OUTPUT": "force_output",
+}
 _OPTIONAL_ARGUMENT = ("FILL_HISTORY", "FILL_HISTORY_FIRST")
 
 
@@ -198,31 +215,38 @@ def parse_old_options(cur: Cursor) -> OldOptions:
                 cur.match("ASYNC")  # seed 000: only makes CREATE return early in TDengine; nothing to do here
 
 
-def old_stream_options(cur: Cursor, old: OldOptions, trigger: WindowTrigger,
-                       label: str) -> StreamOptions:
+def old_stream_options(cur: Cursor, old: OldOptions, trigger: WindowTrigger, label: str) -> StreamOptions:
     """Map the old form's options onto ``StreamOptions`` and check the trigger modes' limits."""
     interval = isinstance(trigger, SlidingTrigger) and trigger.interval is not None
     mode_tok = old.tokens.get("mode")
     if old.mode == "FORCE_WINDOW_CLOSE":
         if not isinstance(trigger, SlidingTrigger) or not interval or trigger.sliding != trigger.interval:
             this = "a SLIDING different from the INTERVAL" if interval else label
-            raise cur.error_at(mode_tok, f"TRIGGER FORCE_WINDOW_CLOSE only supports INTERVAL windows without a "
-                                         f"different SLIDING, not {this}")
+            raise cur.error_at(
+                mode_tok,
+                f"TRIGGER FORCE_WINDOW_CLOSE only supports INTERVAL windows without a different SLIDING, not {this}",
+            )
         for name, needed in (("FILL_HISTORY", 0), ("IGNORE EXPIRED", 1), ("IGNORE UPDATE", 1)):
             if old.flags[name] != needed:
-                raise cur.error_at(old.tokens[name], f"{name} {old.flags[name]} cannot be used with TRIGGER "
-                                                     "FORCE_WINDOW_CLOSE (it needs FILL_HISTORY 0, IGNORE EXPIRED 1 "
-                                                     "and IGNORE UPDATE 1)")
+                raise cur.error_at(
+                    old.tokens[name],
+                    f"{name} {old.flags[name]} cannot be used with TRIGGER "
+                    "FORCE_WINDOW_CLOSE (it needs FILL_HISTORY 0, IGNORE EXPIRED 1 "
+                    "and IGNORE UPDATE 1)",
+                )
     if old.mode == "CONTINUOUS_WINDOW_CLOSE" and not interval:
-        raise cur.error_at(mode_tok, f"TRIGGER CONTINUOUS_WINDOW_CLOSE only supports INTERVAL windows, "
-                                     f"not {label}")
+        raise cur.error_at(mode_tok, f"TRIGGER CONTINUOUS_WINDOW_CLOSE only supports INTERVAL windows, not {label}")
     # IGNORE UPDATE: seed 000 says its default is 1, seed 002 says 0; seed 000 (the newer reference) wins.
-    return StreamOptions(ignore_disorder=old.flags["IGNORE EXPIRED"] == 1,
-                         delete_recalc=old.flags["IGNORE UPDATE"] == 0,
-                         fill_history=old.flags["FILL_HISTORY"] == 1, **old.fields)
+    return StreamOptions(
+        ignore_disorder=old.flags["IGNORE EXPIRED"] == 1,
+        delete_recalc=old.flags["IGNORE UPDATE"] == 0,
+        fill_history=old.flags["FILL_HISTORY"] == 1,
+        **old.fields,
+    )
 
 
 # --- INTO's column list and TAGS ------------------------------------------------------------------
+
 
 def parse_column_list(cur: Cursor) -> tuple[tuple[str, ...], Token]:
     open_tok, inner, close = cur.group()

@@ -23,8 +23,11 @@ def partition_names(cur: Cursor, keyword: Token, toks: list[Token]) -> tuple[str
     names: list[str] = []
     for part in split_top(toks):
         tok = part[0] if part else keyword
-        if (len(part) != 1 or tok.token_type in (TokenType.STRING, TokenType.NUMBER)
-                or not tok.text.replace("_", "a").isalnum()):
+        if (
+            len(part) != 1
+            or tok.token_type in (TokenType.STRING, TokenType.NUMBER)
+            or not tok.text.replace("_", "a").isalnum()
+        ):
             text = cur.source.text[part[0].start : part[-1].end + 1] if part else ""
             raise cur.error_at(tok, f"PARTITION BY takes column names (no expressions or aliases), found {text!r}")
         if tok.text.lower() in PLACEHOLDERS:
@@ -34,8 +37,9 @@ def partition_names(cur: Cursor, keyword: Token, toks: list[Token]) -> tuple[str
     return tuple(names)
 
 
-def old_partition(scope: Scope, keyword: Token,
-                  toks: list[Token]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+def old_partition(
+    scope: Scope, keyword: Token, toks: list[Token]
+) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The old form's ``PARTITION BY item[, ...]``: the groups' names, and (alias, Spark SQL) for each
     item that is aliased or an expression."""
     cur = scope.cur
@@ -76,13 +80,19 @@ def old_tags(cur: Cursor, tags: tuple[TagDecl, ...], keyword: Token, names: tupl
     every tag is named after one (seed 000's ``TAGS(cc ...) ... PARTITION BY ... AS cc``), else by
     position (seed 002: "不指定则按位置顺序对应")."""
     if not names:
-        raise cur.error_at(keyword, "the old form's TAGS take their values from PARTITION BY, and the query has none: "
-                                    "add PARTITION BY to the query")
+        raise cur.error_at(
+            keyword,
+            "the old form's TAGS take their values from PARTITION BY, and the query has none: "
+            "add PARTITION BY to the query",
+        )
     by_name = {n.lower(): n for n in names}
     if all(t.name.lower() in by_name for t in tags):
         return tuple(replace(t, expression=by_name[t.name.lower()]) for t in tags)
     if len(tags) == len(names):
         return tuple(replace(t, expression=n) for t, n in zip(tags, names))
-    raise cur.error_at(keyword, f"TAGS names {len(tags)} tag(s) but PARTITION BY has {len(names)} item(s) "
-                                f"({', '.join(names)}): name the tags after the PARTITION BY items or aliases, "
-                                "or give one tag per item")
+    raise cur.error_at(
+        keyword,
+        f"TAGS names {len(tags)} tag(s) but PARTITION BY has {len(names)} item(s) "
+        f"({', '.join(names)}): name the tags after the PARTITION BY items or aliases, "
+        "or give one tag per item",
+    )

@@ -23,8 +23,11 @@ OLD_PLACEHOLDERS = ("_wstart", "_wend", "_wduration")
 # Where %%n and %%tbname may stand (seed 000 says SELECT and WHERE; TDengine's own examples also use
 # them for the output subtable's name and tags, which is what they are for).
 PERCENT_CLAUSES = ("SELECT", "WHERE", "TAGS", "OUTPUT_SUBTABLE", "NOTIFY ... WHERE")
-_FAMILY_NAMES = {"window": "window triggers (INTERVAL ... SLIDING, SESSION, STATE_WINDOW, EVENT_WINDOW, COUNT_WINDOW)",
-                 "sliding": "SLIDING triggers without INTERVAL", "period": "PERIOD triggers"}
+_FAMILY_NAMES = {
+    "window": "window triggers (INTERVAL ... SLIDING, SESSION, STATE_WINDOW, EVENT_WINDOW, COUNT_WINDOW)",
+    "sliding": "SLIDING triggers without INTERVAL",
+    "period": "PERIOD triggers",
+}
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,12 @@ def find_marks(tokens: list[Token]) -> dict[int, Mark]:
     """The ``%%`` placeholders of a statement: ``%`` ``%`` name written without spaces."""
     marks = {}
     for a, b, c in zip(tokens, tokens[1:], tokens[2:]):
-        if (a.token_type == b.token_type == TokenType.MOD and b.start == a.end + 1 and c.start == b.end + 1
-                and c.text.replace("_", "a").isalnum()):
+        if (
+            a.token_type == b.token_type == TokenType.MOD
+            and b.start == a.end + 1
+            and c.start == b.end + 1
+            and c.text.replace("_", "a").isalnum()
+        ):
             marks[a.start] = Mark(a.start, c.text, a)
     return marks
 
@@ -137,8 +144,11 @@ class Scope:
             raise self.cur.error_at(at, f"unknown placeholder {mark.text!r} (known: %%trows, %%tbname, %%1, %%2, ...)")
         n = int(name)
         if not 1 <= n <= len(self.partition_by):
-            raise self.cur.error_at(at, f"{mark.text} refers to PARTITION BY column {n}, but PARTITION BY names "
-                                        f"{len(self.partition_by)} column(s)")
+            raise self.cur.error_at(
+                at,
+                f"{mark.text} refers to PARTITION BY column {n}, but PARTITION BY names "
+                f"{len(self.partition_by)} column(s)",
+            )
         return n
 
     def partition_name(self, mark: Mark) -> str:
@@ -150,15 +160,20 @@ class Scope:
         err = self.cur.source.error
         if self.form == "old":
             if lowered not in OLD_PLACEHOLDERS:
-                raise err(offset, f"{name} belongs to the new CREATE STREAM form; the old form offers "
-                                  f"{', '.join(OLD_PLACEHOLDERS)}")
+                raise err(
+                    offset,
+                    f"{name} belongs to the new CREATE STREAM form; the old form offers {', '.join(OLD_PLACEHOLDERS)}",
+                )
         elif lowered in OLD_PLACEHOLDERS:
             raise err(offset, f"{name} belongs to the old CREATE STREAM form; use _tw{lowered[2:]}")
         elif lowered not in COMMON_PLACEHOLDERS + FAMILY_PLACEHOLDERS[self.family]:
             owner = next(f for f, names in FAMILY_PLACEHOLDERS.items() if lowered in names)
             offered = COMMON_PLACEHOLDERS + FAMILY_PLACEHOLDERS[self.family]
-            raise err(offset, f"{name} is a placeholder of {_FAMILY_NAMES[owner]}, not of this {self.label} trigger "
-                              f"(it offers {', '.join(offered)}, %%n, %%tbname, %%trows)")
+            raise err(
+                offset,
+                f"{name} is a placeholder of {_FAMILY_NAMES[owner]}, not of this {self.label} trigger "
+                f"(it offers {', '.join(offered)}, %%n, %%tbname, %%trows)",
+            )
         if clause not in ("SELECT", "WHERE"):
             raise err(offset, f"{name} can only be used in SELECT and WHERE, not in {clause}")
 
@@ -172,8 +187,12 @@ class Scope:
 def _percent_clauses(mark: Mark) -> str:
     if mark.name.lower() == "trows":
         return "FROM"
-    return ("FROM, " if mark.name.lower() == "tbname" else "") + ", ".join(PERCENT_CLAUSES[:-1]) + " and " + \
-        PERCENT_CLAUSES[-1]
+    return (
+        ("FROM, " if mark.name.lower() == "tbname" else "")
+        + ", ".join(PERCENT_CLAUSES[:-1])
+        + " and "
+        + PERCENT_CLAUSES[-1]
+    )
 
 
 def plain_select(frag: Fragment, parsed: exp.Expression, *keys: str) -> exp.Select:
@@ -192,11 +211,15 @@ def plain_select(frag: Fragment, parsed: exp.Expression, *keys: str) -> exp.Sele
 
 _WINDOW_WORDS = ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "EVENT_WINDOW")
 _ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "NOTIFY")
-_REJECTED = {"GROUP BY": "GROUP BY is not allowed in a stream's query: the trigger's windows group the rows",
-             "ORDER BY": "ORDER BY is not allowed in a stream's query: results are written by time",
-             "HAVING": "HAVING is not supported in a stream's query", "LIMIT": "LIMIT is not supported in a stream's query",
-             "SLIMIT": "SLIMIT is not supported in a stream's query", "FILL": "FILL is not supported in a stream's query",
-             "UNION": "UNION is not supported in a stream's query"}
+_REJECTED = {
+    "GROUP BY": "GROUP BY is not allowed in a stream's query: the trigger's windows group the rows",
+    "ORDER BY": "ORDER BY is not allowed in a stream's query: results are written by time",
+    "HAVING": "HAVING is not supported in a stream's query",
+    "LIMIT": "LIMIT is not supported in a stream's query",
+    "SLIMIT": "SLIMIT is not supported in a stream's query",
+    "FILL": "FILL is not supported in a stream's query",
+    "UNION": "UNION is not supported in a stream's query",
+}
 
 
 def _clause_word(tokens: list[Token], i: int) -> str | None:
@@ -206,7 +229,10 @@ def _clause_word(tokens: list[Token], i: int) -> str | None:
     followed_by_paren = nxt is not None and nxt.token_type == TokenType.L_PAREN
     if word in ("FROM", "WHERE", "PARTITION BY", "GROUP BY", "ORDER BY", "HAVING", "LIMIT", "SLIMIT", "UNION"):
         return word
-    if word in ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "NOTIFY", "FILL") and followed_by_paren:
+    if (
+        word in ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "NOTIFY", "FILL")
+        and followed_by_paren
+    ):
         return word
     if word == "EVENT_WINDOW":
         return word
@@ -226,8 +252,11 @@ def split_query(cur: Cursor, tokens: list[Token], *, form: str) -> dict[str, tup
             if current == "WINDOW":
                 word = None
             elif form == "new":
-                raise cur.error_at(tok, f"a stream's query takes no window clause ({tok.text}): "
-                                        "the trigger before INTO/AS defines the windows")
+                raise cur.error_at(
+                    tok,
+                    f"a stream's query takes no window clause ({tok.text}): "
+                    "the trigger before INTO/AS defines the windows",
+                )
             else:
                 word = "WINDOW"
         if word in _REJECTED:
@@ -263,8 +292,9 @@ def from_clause(scope: Scope, clause: Token, toks: list[Token]) -> tuple[str, bo
     """``FROM %%trows`` / ``%%tbname`` / ``[db.]table`` → (name, is a placeholder, token)."""
     first = toks[0]
     if first.start in scope.marks and len(toks) > 3:
-        raise scope.cur.error_at(toks[3], f"FROM {scope.marks[first.start].text} takes no alias or join, "
-                                          f"found {toks[3].text!r}")
+        raise scope.cur.error_at(
+            toks[3], f"FROM {scope.marks[first.start].text} takes no alias or join, found {toks[3].text!r}"
+        )
     if first.start in scope.marks:
         mark = scope.marks[first.start]
         scope.used.add(first.start)

@@ -14,12 +14,17 @@ from cq_engine.parse.tdengine.query import Scope, plain_select
 
 # The first result column: the sink's time column, per family → {placeholder: key bound}.
 _KEYS: dict[str, dict[str, KeyBound]] = {
-    "window": {"_twstart": "start", "_twend": "end"}, "old": {"_wstart": "start", "_wend": "end"},
-    "sliding": {"_tprev_ts": "start", "_tcurrent_ts": "end"}, "period": {"_tlocaltime": "tick"},
+    "window": {"_twstart": "start", "_twend": "end"},
+    "old": {"_wstart": "start", "_wend": "end"},
+    "sliding": {"_tprev_ts": "start", "_tcurrent_ts": "end"},
+    "period": {"_tlocaltime": "tick"},
 }
-_KEY_WORDS = {"window": "the window start (_twstart)", "old": "the window start (_wstart)",
-              "sliding": "the previous trigger time (_tprev_ts) or this trigger's time (_tcurrent_ts)",
-              "period": "the trigger time (_tlocaltime)"}
+_KEY_WORDS = {
+    "window": "the window start (_twstart)",
+    "old": "the window start (_wstart)",
+    "sliding": "the previous trigger time (_tprev_ts) or this trigger's time (_tcurrent_ts)",
+    "period": "the trigger time (_tlocaltime)",
+}
 
 
 def derived_name(text: str) -> str:
@@ -28,8 +33,9 @@ def derived_name(text: str) -> str:
     return re.sub(r"[^a-z0-9_]+", "_", lowered).rstrip("_")
 
 
-def select_items(scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ...] | None,
-                 columns_tok: Token | None) -> tuple[tuple[SelectItem, ...], KeyBound]:
+def select_items(
+    scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ...] | None, columns_tok: Token | None
+) -> tuple[tuple[SelectItem, ...], KeyBound]:
     """The result columns and the bound the first one (the sink's time column) carries."""
     cur = scope.cur
     parts = split_top(toks)
@@ -41,7 +47,9 @@ def select_items(scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ..
     if len(nodes) != len(parts):
         raise cur.error_at(toks[0], "cannot split the SELECT list into items")
     if sink_columns is not None and len(sink_columns) != len(nodes):
-        raise cur.error_at(columns_tok, f"the column list names {len(sink_columns)} columns but SELECT has {len(nodes)}")
+        raise cur.error_at(
+            columns_tok, f"the column list names {len(sink_columns)} columns but SELECT has {len(nodes)}"
+        )
     key_bound = _first_column(scope, frag, nodes[0], parts[0])
     items: list[SelectItem] = []
     seen: dict[str, int] = {}
@@ -67,8 +75,9 @@ def select_items(scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ..
             raise cur.error_at(part[0], "this select item needs a name: add AS name")
         if (prev := seen.get(name.lower())) is not None:
             at = columns_tok if sink_columns is not None else part[0]
-            raise cur.error_at(at, f"two result columns are named {name!r} (items {prev} and {i + 1}): "
-                                   "give one an alias with AS name")
+            raise cur.error_at(
+                at, f"two result columns are named {name!r} (items {prev} and {i + 1}): give one an alias with AS name"
+            )
         seen[name.lower()] = i + 1
         items.append(SelectItem(expression=to_spark(resolved), name=name, is_aggregate=is_aggregate(resolved)))
     return tuple(items), key_bound
@@ -88,5 +97,6 @@ def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list
         end = "_twend" if scope.family == "window" else "_wend"
         want += f" or, for INTERVAL windows, the window end ({end})"
     text = scope.cur.source.text[part[0].start : part[-1].end + 1]
-    raise scope.cur.error_at(part[0], f"the first column of a stream's result is the sink's time column: it must be "
-                                      f"{want}, found {text!r}")
+    raise scope.cur.error_at(
+        part[0], f"the first column of a stream's result is the sink's time column: it must be {want}, found {text!r}"
+    )

@@ -36,8 +36,10 @@ from cq_engine.parse.tdengine.triggers import NEW_TRIGGERS, parse_trigger, parse
 
 # The new form's clauses after the trigger, in the order they must come ("(" is INTO's column list).
 _HEADER = ("FROM", "PARTITION BY", "OPTIONS", "NOTIFY", "INTO", "OUTPUT_SUBTABLE", "(", "TAGS", "AS")
-_WINDOW_USAGE = ("INTERVAL(i) [SLIDING(s)], SESSION(ts_col, gap), STATE_WINDOW(col), "
-                 "EVENT_WINDOW START WITH c1 END WITH c2 or COUNT_WINDOW(n)")
+_WINDOW_USAGE = (
+    "INTERVAL(i) [SLIDING(s)], SESSION(ts_col, gap), STATE_WINDOW(col), "
+    "EVENT_WINDOW START WITH c1 END WITH c2 or COUNT_WINDOW(n)"
+)
 # Without INTO the results are only notified; without either they would go nowhere.
 _NO_OUTPUT = "a stream needs INTO table or NOTIFY(...): without either its results go nowhere"
 
@@ -61,9 +63,14 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
         _old_form(cur, scope, name_tok, fields)
     scope.check_all_used()
     line, col = cur.source.line_col(start.start)
-    return Stream(name=name_tok.text, form=form, if_not_exists=if_not_exists,
-                  location=SourceLocation(cur.source.file, line, col),
-                  sql=" ".join(cur.source.text[start.start : cur.end].split()), **fields)
+    return Stream(
+        name=name_tok.text,
+        form=form,
+        if_not_exists=if_not_exists,
+        location=SourceLocation(cur.source.file, line, col),
+        sql=" ".join(cur.source.text[start.start : cur.end].split()),
+        **fields,
+    )
 
 
 def _header_partition(cur: Cursor) -> tuple[str, ...]:
@@ -110,8 +117,9 @@ def _new_form(cur: Cursor, opts: ParseOptions, scope: Scope, name_tok: Token, f:
         f.setdefault(key, None)
 
 
-def _new_header(cur: Cursor, opts: ParseOptions, scope: Scope,
-                f: dict) -> tuple[dict[str, Token], list[Token] | None, list[Token] | None]:
+def _new_header(
+    cur: Cursor, opts: ParseOptions, scope: Scope, f: dict
+) -> tuple[dict[str, Token], list[Token] | None, list[Token] | None]:
     """The clauses after the trigger, in ``_HEADER`` order: the keyword of each one given (and of the
     options checked later), the query's tokens (after AS) and NOTIFY's WHERE tokens."""
     done: dict[str, Token] = {}
@@ -163,8 +171,9 @@ def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_t
             raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
         f["reads"], trigger_table = source, f.get("trigger_table")
         if trigger_table is None:
-            raise cur.error_at(tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: "
-                                    "add FROM table after the trigger")
+            raise cur.error_at(
+                tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: add FROM table after the trigger"
+            )
         source = trigger_table
     else:
         f["reads"] = "table"  # each trigger reads its span of another table
@@ -175,8 +184,9 @@ def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_t
 def _query(scope: Scope, clauses: dict, f: dict, columns_tok: Token | None) -> None:
     if "WHERE" in clauses:
         f["where"] = where_clause(scope, clauses["WHERE"][1])
-    f["select"], f["key_bound"] = select_items(scope, clauses["SELECT"][1], sink_columns=f.get("sink_columns"),
-                                               columns_tok=columns_tok)
+    f["select"], f["key_bound"] = select_items(
+        scope, clauses["SELECT"][1], sink_columns=f.get("sink_columns"), columns_tok=columns_tok
+    )
 
 
 def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
@@ -194,8 +204,10 @@ def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
             f["output_subtable"] = parse_subtable(cur, scope)
     if not cur.is_word("AS"):
         if cur.pos == start_pos:
-            raise cur.unexpected(f"expected a trigger ({', '.join(NEW_TRIGGERS)}), or the old form's TRIGGER, "
-                                 "WATERMARK, IGNORE EXPIRED, IGNORE UPDATE, DELETE_MARK, FILL_HISTORY, INTO or AS")
+            raise cur.unexpected(
+                f"expected a trigger ({', '.join(NEW_TRIGGERS)}), or the old form's TRIGGER, "
+                "WATERMARK, IGNORE EXPIRED, IGNORE UPDATE, DELETE_MARK, FILL_HISTORY, INTO or AS"
+            )
         raise cur.unexpected("expected AS and the stream's query" if "sink" in f else "expected INTO or AS")
     cur.advance()
     clauses = split_query(cur, cur.tokens[cur.pos :], form="old")
@@ -208,7 +220,9 @@ def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
     if tags_tok is not None:
         f["tags"] = old_tags(cur, f["tags"], tags_tok, scope.partition_by)
     if "WINDOW" not in clauses:
-        raise cur.error_at(clauses["SELECT"][0], f"a stream needs a window clause at the end of its query: {_WINDOW_USAGE}")
+        raise cur.error_at(
+            clauses["SELECT"][0], f"a stream needs a window clause at the end of its query: {_WINDOW_USAGE}"
+        )
     wtok, wtoks = clauses["WINDOW"]
     window = [wtok, *wtoks]
     f["trigger"], _ = parse_window(cur.sub(window, window[-1].end + 1), scope)

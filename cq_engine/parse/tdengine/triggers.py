@@ -40,8 +40,9 @@ def _args(cur: Cursor, keyword: Token, usage: str, *, most: int | None) -> tuple
     return parts, close
 
 
-def _duration(cur: Cursor, part: list[Token], close: Token, what: str, *, units=TDENGINE_UNITS,
-              positive: bool = True) -> tuple[timedelta, Token]:
+def _duration(
+    cur: Cursor, part: list[Token], close: Token, what: str, *, units=TDENGINE_UNITS, positive: bool = True
+) -> tuple[timedelta, Token]:
     sub = cur.sub(part, close.start)
     value, tok = sub.duration(what, units=units, positive=positive)
     if not sub.at_end():
@@ -52,7 +53,7 @@ def _duration(cur: Cursor, part: list[Token], close: Token, what: str, *, units=
 def _integer(cur: Cursor, part: list[Token], what: str, low: int, high: int) -> int:
     tok = part[0]
     if len(part) != 1 or not tok.text.isdigit():
-        raise cur.error_at(tok, f"{what} must be an integer, got {cur.source.text[tok.start:part[-1].end + 1]!r}")
+        raise cur.error_at(tok, f"{what} must be an integer, got {cur.source.text[tok.start : part[-1].end + 1]!r}")
     value = int(tok.text)
     if not low <= value <= high:
         raise cur.error_at(tok, f"{what} must be between {low} and {high}, got {value}")
@@ -61,10 +62,16 @@ def _integer(cur: Cursor, part: list[Token], what: str, low: int, high: int) -> 
 
 def _column_name(cur: Cursor, part: list[Token], what: str) -> str:
     tok = part[0]
-    if len(part) != 1 or tok.token_type in (TokenType.STRING, TokenType.NUMBER) or not tok.text.replace("_", "a").isalnum():
+    if (
+        len(part) != 1
+        or tok.token_type in (TokenType.STRING, TokenType.NUMBER)
+        or not tok.text.replace("_", "a").isalnum()
+    ):
         raise cur.error_at(tok, f"expected {what} (a column name)")
     if tok.text.lower() in PLACEHOLDERS:
-        raise cur.error_at(tok, f"{tok.text} is a placeholder, not a column: placeholders can only be used in SELECT and WHERE")
+        raise cur.error_at(
+            tok, f"{tok.text} is a placeholder, not a column: placeholders can only be used in SELECT and WHERE"
+        )
     return tok.text
 
 
@@ -93,8 +100,9 @@ def _event(cur: Cursor, scope: Scope, toks: list[Token], at: Token) -> EventTrig
             cases += 1
         elif tok.token_type == TokenType.END and cases:
             cases -= 1
-        elif (tok.token_type == TokenType.END and depth == 0 and i + 1 < len(toks)
-              and toks[i + 1].text.upper() == "WITH"):
+        elif (
+            tok.token_type == TokenType.END and depth == 0 and i + 1 < len(toks) and toks[i + 1].text.upper() == "WITH"
+        ):
             split = i
             break
     if split is None:
@@ -142,8 +150,11 @@ def _interval(cur: Cursor, keyword: Token) -> tuple[timedelta, timedelta, Token]
     if len(parts) == 2:
         offset, otok = _duration(cur, parts[1], close, "INTERVAL offset", positive=False)
         if offset >= interval:
-            raise cur.error_at(otok, f"the INTERVAL offset must be smaller than the interval "
-                                     f"{cur.source.text[itok.start:parts[0][-1].end + 1]}")
+            raise cur.error_at(
+                otok,
+                f"the INTERVAL offset must be smaller than the interval "
+                f"{cur.source.text[itok.start : parts[0][-1].end + 1]}",
+            )
     return interval, offset, itok
 
 
@@ -163,8 +174,10 @@ def parse_trigger(cur: Cursor, scope: Scope) -> tuple[WindowTrigger, Token]:
         parts, close = _args(cur, keyword, "PERIOD(period[, offset])", most=2)
         period, ptok = _duration(cur, parts[0], close, "PERIOD", units=PERIOD_UNITS)
         if not _PERIOD_MIN <= period <= _PERIOD_MAX:
-            raise cur.error_at(ptok, f"PERIOD must be between 10a and 3650d, got "
-                                     f"{cur.source.text[ptok.start:parts[0][-1].end + 1]!r}")
+            raise cur.error_at(
+                ptok,
+                f"PERIOD must be between 10a and 3650d, got {cur.source.text[ptok.start : parts[0][-1].end + 1]!r}",
+            )
         offset = timedelta(0)
         if len(parts) == 2:
             offset, _ = _duration(cur, parts[1], close, "PERIOD offset", units=OFFSET_UNITS, positive=False)

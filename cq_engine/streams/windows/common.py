@@ -38,8 +38,11 @@ def running(keys: list[str]):
 
 def per_window(keys: list[str], *cols: str):
     """The whole window (frame over all its rows), ordered by time so first/last are well defined."""
-    return (Window.partitionBy(*[exact_col(k) for k in keys], *[F.col(c) for c in cols])
-            .orderBy(F.col(T_US)).rowsBetween(*UNBOUNDED))
+    return (
+        Window.partitionBy(*[exact_col(k) for k in keys], *[F.col(c) for c in cols])
+        .orderBy(F.col(T_US))
+        .rowsBetween(*UNBOUNDED)
+    )
 
 
 def window_stats(df: DataFrame, keys: list[str], *segs: str) -> DataFrame:

@@ -77,8 +77,14 @@ def ek_sliding(df: DataFrame, trig: EkSlidingTrigger, keys: list[str], until: in
     cond += [F.col(_BKT) == F.col(_TBKT), F.col(T_US) >= lo, F.col(T_US) <= hi]
     out = rows.join(trig_rows, on=cond, how="inner").drop(_BKT, _TBKT, *kcols)
     w = per_window(keys, _TT)
-    out = out.withColumns({WS_US: F.col(_TT) - F.lit(size), WE_US: F.col(_TT) + F.lit(delay),
-                           LAST_US: F.max(T_US).over(w), WROWS: F.count(F.lit(1)).over(w)})
+    out = out.withColumns(
+        {
+            WS_US: F.col(_TT) - F.lit(size),
+            WE_US: F.col(_TT) + F.lit(delay),
+            LAST_US: F.max(T_US).over(w),
+            WROWS: F.count(F.lit(1)).over(w),
+        }
+    )
     closed = (F.col(WE_US) < F.lit(until)) | ((F.col(WE_US) <= F.lit(until)) & (F.col(LAST_US) == F.col(WE_US)))
     return out.withColumn(WCLOSED, closed)
 
@@ -93,16 +99,21 @@ def ek_session(df: DataFrame, trig: EkSessionTrigger, keys: list[str], until: in
     prev = F.lag(T_US).over(o)
     df = df.withColumns({_NEW: prev.isNull() | (t - prev > F.lit(timeout)), _BLK: floor_div(t, d)})
     prev_blk = F.lag(_BLK).over(o)
-    df = df.withColumns({SEG: F.sum(F.col(_NEW).cast("long")).over(running(keys)),
-                         "__cq_ek_pblk": prev_blk,
-                         _FIB: F.col(_NEW) | (prev_blk != F.col(_BLK))})
+    df = df.withColumns(
+        {
+            SEG: F.sum(F.col(_NEW).cast("long")).over(running(keys)),
+            "__cq_ek_pblk": prev_blk,
+            _FIB: F.col(_NEW) | (prev_blk != F.col(_BLK)),
+        }
+    )
     # for a block's first row: whether the previous block's first row lies on its boundary
     prev_bnd = F.last(F.when(F.col(_FIB), F.pmod(t, F.lit(d)) == 0), ignorenulls=True).over(before)
     reset = F.col(_FIB) & (F.col(_NEW) | (F.col("__cq_ek_pblk") != F.col(_BLK) - F.lit(1)) | prev_bnd)
     df = df.withColumn(_RESET, reset)
     p = F.last(F.when(F.col(_RESET), F.col(_BLK)), ignorenulls=True).over(running(keys))
-    df = df.withColumn(_WBLK, F.when(F.pmod(F.col(_BLK) - p, F.lit(2)) == 0, F.col(_BLK))
-                       .otherwise(F.col(_BLK) - F.lit(1)))
+    df = df.withColumn(
+        _WBLK, F.when(F.pmod(F.col(_BLK) - p, F.lit(2)) == 0, F.col(_BLK)).otherwise(F.col(_BLK) - F.lit(1))
+    )
     df = window_stats(df, keys, SEG, _WBLK)
     cut = (floor_div(F.col(WS_US) - F.lit(1), d) + F.lit(2)) * F.lit(d)  # first multiple of d >= start + d
     end = F.col(LAST_US) + F.lit(timeout)
@@ -111,4 +122,5 @@ def ek_session(df: DataFrame, trig: EkSessionTrigger, keys: list[str], until: in
     # at T and taken by the window's last row (times are unique per group)
     closed = (end < T) | (cut <= T) | ((cut - F.lit(1) == T) & (F.col(LAST_US) == T))
     return df.withColumns({WE_US: F.least(end, cut), WCLOSED: closed}).drop(
-        _NEW, _BLK, "__cq_ek_pblk", _FIB, _RESET, _WBLK)
+        _NEW, _BLK, "__cq_ek_pblk", _FIB, _RESET, _WBLK
+    )

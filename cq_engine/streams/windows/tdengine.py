@@ -79,8 +79,17 @@ from cq_engine.times import EPOCH, UTC
 _DAY = 86_400_000_000
 
 
-def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str], close_until: datetime,
-                   timezone: str = "UTC", count_phase_column: str | None = None, row_stats: bool = True) -> DataFrame:
+def assign_windows(
+    df: DataFrame,
+    trigger,
+    *,
+    time_column: str,
+    keys: list[str],
+    close_until: datetime,
+    timezone: str = "UTC",
+    count_phase_column: str | None = None,
+    row_stats: bool = True,
+) -> DataFrame:
     """One row per (input row, window containing it): all input columns, then ``WSTART``, ``WEND``,
     ``WLAST`` (timestamps), ``WROWS`` (long), ``WCLOSED`` (boolean), then the extras of STATE
     (``STATE``, ``PREV_STATE``, ``NEXT_STATE``) and EVENT (``OPEN_ROW``, ``CLOSE_ROW``) windows.
@@ -122,15 +131,19 @@ def assign_windows(df: DataFrame, trigger, *, time_column: str, keys: list[str],
     else:
         raise TypeError(f"assign_windows: unsupported trigger {trigger!r}")
     stat_columns = {WLAST: F.timestamp_micros(F.col(LAST_US)), WROWS: F.col(WROWS).cast("long")}
-    return out.select(*[exact_col(n) for n in inputs],
-                      F.timestamp_micros(F.col(WS_US)).alias(WSTART),
-                      F.timestamp_micros(F.col(WE_US)).alias(WEND),
-                      *[stat_columns[n].alias(n) for n in stats],
-                      F.col(WCLOSED).cast("boolean").alias(WCLOSED),
-                      *[F.col(n) for n in extras])
+    return out.select(
+        *[exact_col(n) for n in inputs],
+        F.timestamp_micros(F.col(WS_US)).alias(WSTART),
+        F.timestamp_micros(F.col(WE_US)).alias(WEND),
+        *[stat_columns[n].alias(n) for n in stats],
+        F.col(WCLOSED).cast("boolean").alias(WCLOSED),
+        *[F.col(n) for n in extras],
+    )
 
 
-def with_next_tick(df: DataFrame, trigger: SlidingTrigger, *, column: str, out: str, timezone: str = "UTC") -> DataFrame:
+def with_next_tick(
+    df: DataFrame, trigger: SlidingTrigger, *, column: str, out: str, timezone: str = "UTC"
+) -> DataFrame:
     """``out``: the sliding-only tick strictly after the timestamp ``column`` — for a window ending
     at a tick, the end of the next window (``_tnext_ts``)."""
     df = df.withColumn(T_US, F.unix_micros(exact_col(column)))
@@ -190,10 +203,14 @@ def _tick_bounds(df: DataFrame, s: int, off: int, timezone: str) -> DataFrame:
     wall = F.unix_micros(F.from_utc_timestamp(F.timestamp_micros(t), timezone))
     df = df.withColumn("__cq_w_day", floor_div(wall, _DAY))
     m = {j: f"__cq_w_m{j + 2}" for j in range(-2, 3)}
-    df = df.withColumns({
-        m[j]: F.unix_micros(F.to_utc_timestamp(
-            F.timestamp_micros((F.col("__cq_w_day") + F.lit(j)) * F.lit(_DAY)), timezone))
-        for j in m})
+    df = df.withColumns(
+        {
+            m[j]: F.unix_micros(
+                F.to_utc_timestamp(F.timestamp_micros((F.col("__cq_w_day") + F.lit(j)) * F.lit(_DAY)), timezone)
+            )
+            for j in m
+        }
+    )
     M = {j: F.col(name) for j, name in m.items()}
     first = {j: M[j] + F.lit(off) for j in (-2, -1, 0, 1, 2)}  # a day's first tick, if before M(j+1)
 
@@ -202,14 +219,14 @@ def _tick_bounds(df: DataFrame, s: int, off: int, timezone: str) -> DataFrame:
 
     in_day = t >= first[0]
     k = floor_div(t - first[0], s)
-    ws = (F.when(in_day, first[0] + k * F.lit(s))
-          .when(first[-1] < M[0], last_tick(-1))
-          .otherwise(last_tick(-2)))
+    ws = F.when(in_day, first[0] + k * F.lit(s)).when(first[-1] < M[0], last_tick(-1)).otherwise(last_tick(-2))
     nxt = first[0] + (k + F.lit(1)) * F.lit(s)
-    we = (F.when(in_day & (nxt < M[1]), nxt)
-          .when(~in_day & (first[0] < M[1]), first[0])
-          .when(first[1] < M[2], first[1])
-          .otherwise(first[2]))
+    we = (
+        F.when(in_day & (nxt < M[1]), nxt)
+        .when(~in_day & (first[0] < M[1]), first[0])
+        .when(first[1] < M[2], first[1])
+        .otherwise(first[2])
+    )
     return df.withColumns({WS_US: ws, WE_US: we}).drop("__cq_w_day", *m.values())
 
 
@@ -227,18 +244,25 @@ def _session(df: DataFrame, trig: SessionTrigger, keys, until: int) -> DataFrame
 def _state(df: DataFrame, trig: StateTrigger, keys, until: int) -> DataFrame:
     df = df.withColumn(STATE, F.expr(trig.column)).filter(F.col(STATE).isNotNull())
     o = ordered(keys)
-    df = df.withColumns({"__cq_w_prev": F.lag(STATE).over(o), "__cq_w_next": F.lead(STATE).over(o),
-                         "__cq_w_next_t": F.lead(T_US).over(o)})
+    df = df.withColumns(
+        {
+            "__cq_w_prev": F.lag(STATE).over(o),
+            "__cq_w_next": F.lead(STATE).over(o),
+            "__cq_w_next_t": F.lead(T_US).over(o),
+        }
+    )
     new = F.when(F.col(STATE).eqNullSafe(F.col("__cq_w_prev")), 0).otherwise(1)
     df = window_stats(df.withColumn(SEG, F.sum(new).over(running(keys))), keys, SEG)
     w = per_window(keys, SEG)
     next_start = F.last("__cq_w_next_t").over(w)  # first row of the next run
-    df = df.withColumns({
-        WE_US: F.col(LAST_US),
-        PREV_STATE: F.first("__cq_w_prev").over(w),
-        NEXT_STATE: F.last("__cq_w_next").over(w),
-        WCLOSED: F.coalesce(next_start <= F.lit(until), F.lit(False)),
-    })
+    df = df.withColumns(
+        {
+            WE_US: F.col(LAST_US),
+            PREV_STATE: F.first("__cq_w_prev").over(w),
+            NEXT_STATE: F.last("__cq_w_next").over(w),
+            WCLOSED: F.coalesce(next_start <= F.lit(until), F.lit(False)),
+        }
+    )
     return _true_for(df, trig.true_for)
 
 
@@ -252,18 +276,22 @@ def _event(df: DataFrame, trig: EventTrigger, keys, until: int, inputs: list[str
     before = ordered(keys).rowsBetween(Window.unboundedPreceding, -1)
     df = df.withColumn(SEG, F.coalesce(F.sum("__cq_w_e").over(before), F.lit(0)))
     started = F.max("__cq_w_s").over(
-        Window.partitionBy(*[exact_col(k) for k in keys], F.col(SEG)).orderBy(F.col(T_US))
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        Window.partitionBy(*[exact_col(k) for k in keys], F.col(SEG))
+        .orderBy(F.col(T_US))
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
     df = df.withColumn("__cq_w_in", started == 1).filter(F.col("__cq_w_in"))
     df = window_stats(df, keys, SEG)
     w = per_window(keys, SEG)
     closed = F.last("__cq_w_e").over(w) == 1
-    df = df.withColumns({
-        WE_US: F.col(LAST_US),
-        WCLOSED: closed & (F.col(LAST_US) <= F.lit(until)),
-        OPEN_ROW: F.first(_condition_struct(trig.start, inputs)).over(w),
-        "__cq_w_close": F.last(_condition_struct(trig.end, inputs)).over(w),
-    })
+    df = df.withColumns(
+        {
+            WE_US: F.col(LAST_US),
+            WCLOSED: closed & (F.col(LAST_US) <= F.lit(until)),
+            OPEN_ROW: F.first(_condition_struct(trig.start, inputs)).over(w),
+            "__cq_w_close": F.last(_condition_struct(trig.end, inputs)).over(w),
+        }
+    )
     df = df.withColumn(CLOSE_ROW, F.when(F.col(WCLOSED), F.col("__cq_w_close")))
     return _true_for(df, trig.true_for)
 
@@ -308,5 +336,6 @@ def _count(df: DataFrame, trig: CountTrigger, keys, until: int, phase_column: st
         j_min = F.greatest(F.lit(0).cast("long"), floor_div(F.col("__cq_w_i") - F.lit(n), slide) + F.lit(1))
         df = df.filter(j_min <= j_max).withColumn(SEG, F.explode(F.sequence(j_min, j_max)))
     df = window_stats(df, keys, SEG)
-    return df.withColumns({WE_US: F.col(LAST_US),
-                           WCLOSED: (F.col(WROWS) == F.lit(n)) & (F.col(LAST_US) <= F.lit(until))})
+    return df.withColumns(
+        {WE_US: F.col(LAST_US), WCLOSED: (F.col(WROWS) == F.lit(n)) & (F.col(LAST_US) <= F.lit(until))}
+    )
