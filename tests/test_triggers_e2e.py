@@ -46,7 +46,8 @@ class Daemon:
         self.env = dagster_env(settings, self.home)
         for var in ("CQ_SPARK_REMOTE", "CQ_SPARK_MASTER", "CQ_FAILPOINT"):
             self.env.pop(var, None)
-        self.env.update(CQ_CONFIG=str(root / "no-cq.toml"), PYTHONUNBUFFERED="1")
+        # The trigger class lives in the repository's examples/: the documented trigger path points there.
+        self.env.update(CQ_CONFIG=str(root / "no-cq.toml"), PYTHONUNBUFFERED="1", CQ_TRIGGER_PATH=str(REPO))
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
