@@ -243,7 +243,7 @@ class Cluster:
         (home / "dagster.yaml").write_text(DAGSTER_YAML.format(port=self.pg_port))
         workspace = self.root / "workspace.yaml"
         workspace.write_text(
-            f"load_from:\n  - python_module:\n      module_name: dagster_defs\n      working_directory: {REPO}\n"
+            f"load_from:\n  - python_module:\n      module_name: dagster_defs.location\n      working_directory: {REPO}\n"
         )
         # No CQ_SPARK_REMOTE: with the server's CQ_HOME and port, runs find it and its token there.
         self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)])
