@@ -290,7 +290,7 @@ def test_wss_with_ca_file(tls_rec, monkeypatch):
     sent = deliver([url], {"s": [close_event("w1")]}, now_ms=NOW)
     assert tls_rec.wait_for(lambda msgs: sent[0] in msgs)
     # hostname form of the same receiver also verifies (SAN covers localhost)
-    deliver([url.replace("127.0.0.1", "localhost")], {"s": [close_event("w2")]}, now_ms=NOW)
+    deliver([url.replace("127.0.0.1", "localhost")], {"s": [close_event("w2")]}, now_ms=NOW, timeout=20)
     tls_rec.wait_for(lambda msgs: any(e["windowId"] == "w2" for e in tls_rec.events()))
 
 
