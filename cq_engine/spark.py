@@ -1,4 +1,4 @@
-"""One Spark session factory, plus the engine's own local Spark Connect server (DESIGN §3).
+"""One Spark session factory, plus the engine's own local Spark Connect server (ARCHITECTURE.md §4).
 
 Limitation: classic (py4j) and Spark Connect sessions cannot coexist in one Python process. Once a
 classic ``SparkContext`` is active, pyspark refuses to build a Connect session (SESSION_ALREADY_EXIST),

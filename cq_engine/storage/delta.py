@@ -2,7 +2,7 @@
 
 Reads pin a snapshot, keep only the data files whose time-column statistics overlap the range and hand
 those to ``spark.read.parquet``; writes replace a time range (or any predicate) in one atomic delta-rs
-commit (DESIGN §2). Reading the log without Spark is ``storage.log``; predicates are ``storage.predicates``.
+commit (ARCHITECTURE.md §3). Reading the log without Spark is ``storage.log``; predicates are ``storage.predicates``.
 """
 
 from __future__ import annotations

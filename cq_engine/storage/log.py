@@ -1,4 +1,4 @@
-"""Reading the Delta log without Spark, touching only its new part (DESIGN §2, §7).
+"""Reading the Delta log without Spark, touching only its new part (ARCHITECTURE.md §3, §7).
 
 Sensors and schedules call ``latest_version`` each tick with the version they saw last, then
 ``read_commits`` for the commits after it: both cost grows with the number of new commits, not with the
