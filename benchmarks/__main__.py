@@ -20,6 +20,7 @@ from . import STORAGE, Context, Outcome, remove_tree
 BENCHMARKS = (
     "firing_scale",
     "firing_overhead",
+    "batch_firings",
     "recalculate_vs_groupby",
     "stream_sensor",
     "stream_catchup",

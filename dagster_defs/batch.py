@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import partial
 
 import dagster as dg
 from dagster._core.definitions.run_request import InstigatorType
@@ -34,6 +35,7 @@ from dagster_pyspark import PySparkResource
 
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Definition
+from cq_engine.resample.fused import Firing, run_firings
 from cq_engine.schedule.ticks import Ticks
 from cq_engine.times import UTC, iso, parse_time
 
@@ -202,19 +204,44 @@ def batch_threads() -> int:
     return int(value)
 
 
-def _fire_all(engine, d: Definition, fires: list[str], done: set, out: queue.Queue) -> None:
-    """One definition's firings in order, each result (or the first failure) put on ``out``."""
-    run = engine.run_firing if isinstance(d, ContinuousQuery) else engine.run_period
-    for text in fires:
-        fire = parse_time(text, tz=UTC)
-        if (d.name, fire) in done:
-            out.put(("skipped", d, fire, None))
-            continue
-        try:
-            out.put(("ok", d, fire, run(d.name, fire)))
-        except Exception as exc:  # one definition's failure must not stop the others
-            out.put(("failed", d, fire, exc))
-            return
+def _execute(engine, firings: dict[str, list[datetime]], done: set, out: queue.Queue) -> None:
+    """Every definition's firings in rounds (round r: each definition's r-th firing), each result
+    (or a definition's first failure, after which it stops) put on ``out``; a round's continuous
+    queries share one Spark job (``resample.fused``), its PERIOD streams run beside it."""
+    pending = {n: list(fs) for n, fs in firings.items()}
+    with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
+        while pending:
+            due = {n: fs.pop(0) for n, fs in pending.items()}
+            queries: list[Firing] = []
+            periods = []
+            for name, fire in due.items():
+                d = engine.definition(name)
+                if (name, fire) in done:
+                    out.put(("skipped", d, fire, None))
+                elif isinstance(d, ContinuousQuery):
+                    queries.append(Firing(cq=d, fire_time=fire))
+                else:
+                    periods.append(pool.submit(_period, engine, d, fire, out))
+            failed = {d.name for d, ok in (f.result() for f in periods) if not ok}
+
+            if queries:
+                outcomes = run_firings(engine.ctx, queries, on_outcome=partial(_heard, out))
+                failed |= {f.cq.name for f, o in zip(queries, outcomes) if isinstance(o, Exception)}
+            # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
+            pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
+
+
+def _heard(out: queue.Queue, f: Firing, outcome) -> None:
+    out.put(("failed" if isinstance(outcome, Exception) else "ok", f.cq, f.fire_time, outcome))
+
+
+def _period(engine, d: Definition, fire: datetime, out: queue.Queue) -> tuple[Definition, bool]:
+    try:
+        out.put(("ok", d, fire, engine.run_period(d.name, fire)))
+        return d, True
+    except Exception as exc:  # one definition's failure must not stop the others
+        out.put(("failed", d, fire, exc))
+        return d, False
 
 
 def run_batch(
@@ -222,7 +249,6 @@ def run_batch(
     engine,
     firings: dict[str, list[str]],
     *,
-    by_name: dict[str, Definition],
     sink_keys: dict[str, dg.AssetKey],
     retry: bool,
 ) -> Iterator:
@@ -238,9 +264,10 @@ def run_batch(
         }
     out: queue.Queue = queue.Queue()
     failures, failed_names = [], []
-    with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
-        futures = [pool.submit(_fire_all, engine, by_name[n], fs, done, out) for n, fs in firings.items()]
-        while not (all(f.done() for f in futures) and out.empty()):
+    times = {n: [parse_time(t, tz=UTC) for t in fs] for n, fs in firings.items()}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
+        future = pool.submit(_execute, engine, times, done, out)
+        while not (future.done() and out.empty()):
             try:
                 outcome, d, fire, value = out.get(timeout=0.5)
             except queue.Empty:
@@ -256,8 +283,7 @@ def run_batch(
                     f"{d.name}: firing {iso(fire)} committed: {value.rows_written} rows, {d.sink} v{value.sink_version}"
                 )
                 yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=materialization(d, value).metadata)
-        for f in futures:
-            f.result()  # a bug in _fire_all itself surfaces here
+        future.result()  # a bug in _execute itself surfaces here
     committed = sum(len(fs) for fs in firings.values())
     context.log.info(f"batch: {len(firings)} definition(s), {committed} firing(s) requested, {len(failures)} failed")
     if failures:
@@ -296,7 +322,6 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
                 context,
                 engine,
                 config.firings,
-                by_name=by_name,
                 sink_keys=sink_keys,
                 retry=context.run.tags.get("cq/attempt", "0") != "0",
             )

@@ -19,6 +19,7 @@ SPARK_FILES = {
     "test_delta_log.py",
     "test_ek_windows.py",
     "test_ekuiper_rules.py",
+    "test_fused.py",
     "test_plan.py",
     "test_runner.py",
     "test_seed_cq.py",

@@ -35,6 +35,7 @@ class Plan:
     """The Spark job of a run, plus a cheap Arrow step that completes its result."""
 
     frame: DataFrame
+    columns: tuple[str, ...]  # the frame's columns, known without asking Spark (a Connect round trip)
     complete: Callable[[pa.Table], pa.Table] = _as_is
 
     @property
@@ -80,7 +81,8 @@ def plan_query(
         keys.append("device")
     grouping = grouping_of(cq, coverage)
     if grouping is None:
-        return Plan(_row_wise(cq, df, time_column, keys, lo0, every, coverage.count, emit_end))
+        frame = _row_wise(cq, df, time_column, keys, lo0, every, coverage.count, emit_end)
+        return Plan(frame, _output_columns(cq, time_column, keys))
     else:
         step, interval = micros(grouping.step), micros(grouping.interval)
         windows = -(-(min(end, emit_end) - lo0) // step)
@@ -131,7 +133,7 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     having_in_agg = cq.having is not None and is_aggregate_sql(cq.having)
     if having_in_agg:
         aggs.append(F.expr(cq.having).alias(_HAVING))
-    agg = df.groupBy(_K, *keys).agg(*aggs)
+    agg = df.groupBy(F.col(_K), *[F.col(k) for k in keys]).agg(*aggs)  # Column objects: no Connect round trip
 
     counts = [i.name for i in cq.select if i.expression.upper().startswith("COUNT(")]
     # Empty windows exist in IoTDB's output (count 0, or a value FILL can reach). Where only counts
@@ -162,13 +164,16 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
         F.col(_OWNER),
     )
     out = _finish(cq, out, time_column, keys)
+    columns = _output_columns(cq, time_column, keys)
     if not complete_in_arrow:
-        return Plan(out)
+        return Plan(out, columns)
     starts = [
         w for w in (grid.anchor + k * grid.step for k in range(grid.windows)) if _covered(w, grid.anchor, every, length)
     ]
     return Plan(
-        out, lambda table: _zero_counts(table, time_column=time_column, keys=keys, starts=starts, counts=counts)
+        out,
+        columns,
+        lambda table: _zero_counts(table, time_column=time_column, keys=keys, starts=starts, counts=counts),
     )
 
 
@@ -228,6 +233,10 @@ def _fill_fits(value, dtype) -> bool:
     if isinstance(value, (int, float)):
         return isinstance(dtype, NumericType)
     return isinstance(dtype, StringType)
+
+
+def _output_columns(cq: ContinuousQuery, time_column: str, keys: list[str]) -> tuple[str, ...]:
+    return (time_column, *keys, *[i.name for i in cq.select])
 
 
 def _finish(cq: ContinuousQuery, out: DataFrame, time_column: str, keys: list[str]) -> DataFrame:

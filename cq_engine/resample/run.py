@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import reduce
 
@@ -22,9 +23,11 @@ from cq_engine.resample import timing
 from cq_engine.resample.plan import Plan, check_columns, plan_query
 from cq_engine.resample.timing import Coverage
 from cq_engine.storage.base import DataFrameWriter, Scan
+from cq_engine.storage.ledger import Recording
 from cq_engine.times import EPOCH, UTC
 
 Progress = Callable[[int, int], None]
+SINGLE_PARTITION_BYTES = 16 * 2**20  # of Parquet read: below it a run's Spark job has one partition
 
 
 def run_firing(ctx: EngineContext, cq: ContinuousQuery, fire_time: datetime) -> RunResult:
@@ -70,6 +73,89 @@ def coverages(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime]) ->
     return out
 
 
+@dataclass
+class Prepared:
+    """A run planned but not yet executed: its coverage chunks, pinned source version and plans."""
+
+    cq: ContinuousQuery
+    kind: str
+    fires: list[datetime]
+    app_version: int
+    covs: list[Coverage]
+    time_column: str = ""
+    version: int = -1
+    plans: list[Plan] = field(default_factory=list)
+    scans: list[Scan] = field(default_factory=list)
+    inputs: list = field(default_factory=list)  # each plan's source frame (Spark DataFrames)
+
+    @property
+    def whole(self) -> tuple[datetime, datetime]:
+        return (self.covs[0].start, self.covs[-1].end)
+
+    @property
+    def fire_time(self) -> datetime | None:
+        return self.fires[0] if self.kind == "firing" else None
+
+    def recording(self, ctx: EngineContext, *, into: list | None = None):
+        """The ledger entry of this run (``Ledger.recording``)."""
+        return ctx.ledger.recording(
+            definition=self.cq.name, kind=self.kind, fire_time=self.fire_time, time_range=self.whole, into=into
+        )
+
+    def plan(
+        self, ctx: EngineContext, rec: Recording | None = None, *, version: int | None = None, reads: dict | None = None
+    ) -> None:
+        """Pin the source version (``version``, else the latest; noted in ``rec``) and plan every
+        chunk (no Spark job runs). ``reads`` shares identical snapshot reads between runs."""
+        cq = self.cq
+        self.time_column = ctx.source_time_column(cq.name, cq.source, sink=cq.sink)
+        self.version = ctx.storage.version(cq.source) if version is None else version
+        if rec is not None:
+            rec.source_versions = {cq.source: self.version}
+        self.plans = _plans(ctx, cq, self.covs, self.time_column, self.version, self.scans, self.inputs, reads)
+
+    def commit(self, ctx: EngineContext, data) -> int:
+        """Replace the run's range of the sink by ``data`` (Arrow, or a Spark frame for a storage that
+        writes DataFrames) in one commit carrying the run's identity; the sink's new version."""
+        _failpoint("before-commit")
+        whole = self.whole
+        return ctx.storage.replace_range(
+            self.cq.sink,
+            data,
+            time_column=self.time_column,
+            time_range=whole,
+            app_id=f"cq-engine/{self.cq.name}/{self.kind}",
+            app_version=self.app_version,
+            source_versions={self.cq.source: self.version},
+            metadata={
+                "cq.definition": self.cq.name,
+                "cq.kind": self.kind,
+                "cq.range_start": whole[0].isoformat(),
+                "cq.range_end": whole[1].isoformat(),
+            },
+        )
+
+    def result(self, *, rows: int, sink_version: int, seconds: float) -> RunResult:
+        return RunResult(
+            definition=self.cq.name,
+            kind=self.kind,
+            fire_time=self.fire_time,
+            time_range=self.whole,
+            rows_written=rows,
+            sink_version=sink_version,
+            source_versions={self.cq.source: self.version},
+            files_read=sum(s.files_read for s in self.scans),
+            files_total=max((s.files_total for s in self.scans), default=0),
+            seconds=seconds,
+            chunks=len(self.covs),
+        )
+
+
+def prepare(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime], *, kind: str, app_version: int) -> Prepared:
+    """The run of ``fires`` cut into coverage chunks (not planned yet: see ``Prepared.plan``)."""
+    return Prepared(cq=cq, kind=kind, fires=fires, app_version=app_version, covs=coverages(ctx, cq, fires))
+
+
 def execute(
     ctx: EngineContext,
     cq: ContinuousQuery,
@@ -82,37 +168,14 @@ def execute(
     """The one execution path of firings and recalculations: every chunk's plan streamed into one commit."""
     _ = ctx.spark  # a session start is not part of the run's cost
     clock = time.perf_counter()
-    covs = coverages(ctx, cq, fires)
-    whole = (covs[0].start, covs[-1].end)
-    fire_time = fires[0] if kind == "firing" else None
-    scans: list[Scan] = []
-    with ctx.ledger.recording(definition=cq.name, kind=kind, fire_time=fire_time, time_range=whole) as rec:
-        time_column = ctx.source_time_column(cq.name, cq.source, sink=cq.sink)
-        version = ctx.storage.version(cq.source)
-        rec.source_versions = {cq.source: version}
-        plans = _plans(ctx, cq, covs, time_column, version, scans)
-        app_id = f"cq-engine/{cq.name}/{kind}"
-        metadata = {
-            "cq.definition": cq.name,
-            "cq.kind": kind,
-            "cq.range_start": whole[0].isoformat(),
-            "cq.range_end": whole[1].isoformat(),
-        }
-        storage = ctx.storage
+    run = prepare(ctx, cq, fires, kind=kind, app_version=app_version)
+    with run.recording(ctx) as rec:
+        run.plan(ctx, rec)
+        plans, storage = run.plans, ctx.storage
         if isinstance(storage, DataFrameWriter) and storage.writes_dataframes and all(p.spark_only for p in plans):
             # Spark writes the result from its executors: no row passes through this process.
-            _failpoint("before-commit")
             frame = reduce(lambda a, b: a.unionByName(b), (p.frame for p in plans))
-            rec.sink_version = storage.replace_range(
-                cq.sink,
-                frame,
-                time_column=time_column,
-                time_range=whole,
-                app_id=app_id,
-                app_version=app_version,
-                source_versions=dict(rec.source_versions),
-                metadata=metadata,
-            )
+            rec.sink_version = run.commit(ctx, frame)
             counted = _Counter(None, rows=storage.rows_written(cq.sink, rec.sink_version))
             if progress:
                 progress(len(plans), len(plans))
@@ -121,46 +184,42 @@ def execute(
             first = next(batches)
             reader = pa.RecordBatchReader.from_batches(first.schema, _chain(first, batches, first.schema))
             counted = _Counter(reader)
-            _failpoint("before-commit")
-            rec.sink_version = ctx.storage.replace_range(
-                cq.sink,
-                counted.reader(),
-                time_column=time_column,
-                time_range=whole,
-                app_id=app_id,
-                app_version=app_version,
-                source_versions=dict(rec.source_versions),
-                metadata=metadata,
-            )
+            rec.sink_version = run.commit(ctx, counted.reader())
         rec.rows_written = counted.rows
-    return RunResult(
-        definition=cq.name,
-        kind=kind,
-        fire_time=fire_time,
-        time_range=whole,
-        rows_written=counted.rows,
-        sink_version=rec.sink_version,
-        source_versions=dict(rec.source_versions),
-        files_read=sum(s.files_read for s in scans),
-        files_total=max((s.files_total for s in scans), default=0),
-        seconds=time.perf_counter() - clock,
-        chunks=len(covs),
-    )
+    return run.result(rows=counted.rows, sink_version=rec.sink_version, seconds=time.perf_counter() - clock)
 
 
 def _plans(
-    ctx: EngineContext, cq: ContinuousQuery, covs: list[Coverage], time_column: str, version: int, scans: list[Scan]
+    ctx: EngineContext,
+    cq: ContinuousQuery,
+    covs: list[Coverage],
+    time_column: str,
+    version: int,
+    scans: list[Scan],
+    inputs: list,
+    reads: dict | None = None,
 ) -> list[Plan]:
     """One Spark job (``resample.plan.Plan``) per coverage chunk."""
     # Every scan is planned before the stream starts: delta-rs consumes the stream on its own
     # runtime, from which the Delta log cannot be read again.
     plans = []
     for cov in covs:
-        df, scan = ctx.storage.read_range(
-            ctx.spark, cq.source, time_column=time_column, time_range=cov.read_range, version=version
-        )
+        key = (cq.source, time_column, cov.read_range, version)
+        if reads is not None and key in reads:
+            df, scan = reads[key]
+        else:
+            df, scan = ctx.storage.read_range(
+                ctx.spark, cq.source, time_column=time_column, time_range=cov.read_range, version=version
+            )
+            if reads is not None:
+                reads[key] = (df, scan)
         scans.append(scan)
-        check_columns(cq, df.columns, table=cq.source)
+        check_columns(cq, list(scan.columns) or df.columns, table=cq.source)
+        if 0 <= scan.bytes_read <= SINGLE_PARTITION_BYTES:
+            # Small input (a firing's few seconds of data): one partition, so the aggregation needs
+            # no shuffle and the job is one stage; larger reads keep Spark's parallelism.
+            df = df.coalesce(1)
+        inputs.append(df)
         plans.append(plan_query(ctx.spark, cq, df, time_column=time_column, coverage=cov))
     return plans
 

@@ -60,6 +60,8 @@ class Scan:
     version: int
     files_total: int
     files_read: int
+    columns: tuple[str, ...] = ()  # the snapshot's columns (known from the Delta log, no Spark call)
+    bytes_read: int = -1  # size of the files read (-1: unknown)
 
 
 @runtime_checkable

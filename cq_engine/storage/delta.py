@@ -190,10 +190,11 @@ class DeltaRsStorage(DeltaStateTables):
         uris = dt.file_uris()
         actions = pa.table(dt.get_add_actions(flatten=True))
         if time_range is None:
-            kept = uris
+            mask = [True] * len(uris)
         else:
             lo, hi = _range_bounds(time_range)
-            kept = [u for u, keep in zip(uris, _overlaps(actions, column, lo, hi)) if keep]
+            mask = _overlaps(actions, column, lo, hi)
+        kept = [u for u, keep in zip(uris, mask) if keep]
         df = _read_files(spark, dt, kept)
         if time_range is not None:
             # Exact half-open filter; microsecond literals avoid any session-time-zone interpretation.
@@ -201,7 +202,14 @@ class DeltaRsStorage(DeltaStateTables):
             df = df.where(
                 (ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi))))
             )
-        return df, Scan(table=table, version=dt.version(), files_total=len(uris), files_read=len(kept))
+        return df, Scan(
+            table=table,
+            version=dt.version(),
+            files_total=len(uris),
+            files_read=len(kept),
+            columns=snapshot_columns(dt),
+            bytes_read=kept_bytes(actions, mask),
+        )
 
     def read_added(
         self,
@@ -422,6 +430,18 @@ def _read_files(spark: SparkSession, dt: DeltaTable, uris: list[str]) -> DataFra
     # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs writes s3://.
     uris = [("s3a://" + u[5:]) if u.startswith("s3://") else u for u in uris]
     return spark.read.schema(spark_schema).parquet(*uris)
+
+
+def snapshot_columns(dt: DeltaTable) -> tuple[str, ...]:
+    """The snapshot's column names, from its log."""
+    return tuple(f.name for f in dt.schema().fields)
+
+
+def kept_bytes(actions: pa.Table, mask: list[bool]) -> int:
+    """Total size of the add actions kept by ``mask`` (-1 when the log has no sizes)."""
+    if "size_bytes" not in actions.column_names:
+        return -1
+    return sum(size or 0 for size, keep in zip(actions.column("size_bytes").to_pylist(), mask) if keep)
 
 
 def _overlaps(actions: pa.Table, column: str, lo: datetime, hi: datetime) -> list[bool]:

@@ -89,11 +89,18 @@ class Ledger:
 
     @contextmanager
     def recording(
-        self, *, definition: str, kind: str, fire_time: datetime | None, time_range: tuple[datetime, datetime]
+        self,
+        *,
+        definition: str,
+        kind: str,
+        fire_time: datetime | None,
+        time_range: tuple[datetime, datetime],
+        into: list[LedgerEntry] | None = None,
     ) -> Iterator[Recording]:
         """Record the run in the ``with`` body: a failed entry (and the exception re-raised) if it
         raises, else a succeeded one with what the body put in the :class:`Recording`. The one ledger
-        wrapper of continuous-query firings and stream runs."""
+        wrapper of continuous-query firings and stream runs. With ``into`` the entry is appended
+        there instead, for one :meth:`record_many` commit of many runs."""
         rec = Recording(started_at=datetime.now(UTC))
 
         def entry(status: str, error: str | None = None) -> LedgerEntry:
@@ -113,18 +120,27 @@ class Ledger:
                 error=error,
             )
 
+        write = into.append if into is not None else self.record
         try:
             yield rec
         except Exception as exc:
-            self.record(entry("failed", str(exc)[:2000]))
+            write(entry("failed", str(exc)[:2000]))
             raise
-        self.record(entry("succeeded"))
+        write(entry("succeeded"))
 
     def record(self, entry: LedgerEntry) -> None:
         """Append one entry (one commit)."""
-        row = asdict(entry)
-        row["source_versions"] = json.dumps(entry.source_versions, sort_keys=True)
-        self.store.append_state(STATE_NAME, pa.Table.from_pylist([row], schema=SCHEMA))
+        self.record_many([entry])
+
+    def record_many(self, entries: list[LedgerEntry]) -> None:
+        """Append ``entries`` in one commit (none: no commit)."""
+        rows = []
+        for entry in entries:
+            row = asdict(entry)
+            row["source_versions"] = json.dumps(entry.source_versions, sort_keys=True)
+            rows.append(row)
+        if rows:
+            self.store.append_state(STATE_NAME, pa.Table.from_pylist(rows, schema=SCHEMA))
 
     def to_arrow(self) -> pa.Table:
         """The whole ledger as an Arrow table with :data:`SCHEMA` (empty if nothing was recorded)."""

@@ -32,6 +32,8 @@ from cq_engine.storage.delta import (
     _check_in_range,
     _micros,
     _overlaps,
+    kept_bytes,
+    snapshot_columns,
     storable_schema,
 )
 from cq_engine.storage.predicates import _range_bounds, range_predicate
@@ -111,15 +113,22 @@ class SparkDeltaStorage(DeltaRsStorage):
         column = self._time_field(table, dt, time_column)
         df = spark.read.format("delta").option("versionAsOf", dt.version()).load(self.spark_uri(table))
         actions = pa.table(dt.get_add_actions(flatten=True))
-        kept = actions.num_rows
+        mask = [True] * actions.num_rows
         if time_range is not None:
             lo, hi = _range_bounds(time_range)
-            kept = sum(_overlaps(actions, column, lo, hi))
+            mask = _overlaps(actions, column, lo, hi)
             ts = F.col(f"`{column}`")
             df = df.where(
                 (ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi))))
             )
-        return df, Scan(table=table, version=dt.version(), files_total=actions.num_rows, files_read=kept)
+        return df, Scan(
+            table=table,
+            version=dt.version(),
+            files_total=actions.num_rows,
+            files_read=sum(mask),
+            columns=snapshot_columns(dt),
+            bytes_read=kept_bytes(actions, mask),
+        )
 
     def read_added(
         self,

@@ -1,0 +1,257 @@
+"""Many continuous-query firings, one Spark job: how a batch run executes the firings it holds.
+
+A firing's Spark work is small (a few seconds of data) and a Spark job has a fixed cost (analysis,
+scheduling, a round trip to a Connect server), so a batch of a hundred firings run one by one pays
+that cost a hundred times. Here every firing is planned exactly as on its own (``run.Prepared``: its
+own coverage, its own pinned source version, the same ``plan_query`` frame); the frames are put side by
+side in one ``UNION ALL`` (each firing's columns renamed to ``__f<i>_<n>`` and its rows tagged with
+``i``, so frames of any schema fit), collected with one job, split back per firing in Arrow, and
+each firing commits its own sink range and ledger entry exactly as ``run.execute`` would. The
+result, the commit and its identity (``app_id``/``app_version``) are those of the firing run alone.
+
+If the fused job fails (one definition's expression fails at run time, say), every firing of the
+group runs again on its own, so a bad definition costs only itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime
+from functools import reduce
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cq_engine.context import EngineContext, RunResult
+from cq_engine.durations import micros
+from cq_engine.model import ContinuousQuery
+from cq_engine.resample import timing
+from cq_engine.resample.run import Prepared, execute, prepare
+from cq_engine.storage.base import DataFrameWriter
+from cq_engine.times import EPOCH
+
+_JOB = "__cq_firing"
+FUSE_GROUP = 10  # firings per fused Spark job
+Outcome = RunResult | Exception
+
+
+@dataclass(frozen=True)
+class Firing:
+    """One firing of a continuous query to execute in a fused group."""
+
+    cq: ContinuousQuery
+    fire_time: datetime
+
+
+def run_firings(
+    ctx: EngineContext,
+    firings: Sequence[Firing],
+    *,
+    on_outcome: Callable[[Firing, Outcome], None] | None = None,
+    commit_threads: int = 4,
+) -> list[Outcome]:
+    """Execute ``firings`` (at most one per definition: their sinks' ranges are committed
+    independently) with one Spark job where they can share it; the outcome of each, in order: its
+    ``RunResult`` or the exception that failed it (recorded in the ledger as a failed firing).
+    ``on_outcome`` hears each outcome as it is known."""
+    names = [f.cq.name for f in firings]
+    if len(set(names)) != len(names):
+        raise ValueError("run_firings: at most one firing per definition")
+    outcomes: list[Outcome | None] = [None] * len(firings)
+
+    def done(i: int, outcome: Outcome) -> None:
+        outcomes[i] = outcome
+        if on_outcome is not None:
+            on_outcome(firings[i], outcome)
+
+    _ = ctx.spark
+    storage_writes = isinstance(ctx.storage, DataFrameWriter) and ctx.storage.writes_dataframes
+    runs: dict[int, Prepared] = {}
+    alone: list[int] = []
+    versions: dict[str, int] = {}  # one snapshot per source for the whole group
+    reads: dict = {}  # and one read of it per range
+    for i, f in enumerate(firings):
+        try:
+            firing = timing.check_firing_time(f.cq.name, f.cq.resample, f.fire_time)
+            run = prepare(ctx, f.cq, [firing.fire_time], kind="firing", app_version=micros(firing.fire_time - EPOCH))
+            if f.cq.source not in versions and ctx.storage.exists(f.cq.source):
+                versions[f.cq.source] = ctx.storage.version(f.cq.source)
+            run.plan(ctx, version=versions.get(f.cq.source), reads=reads)
+        except Exception:  # planned again on its own, where the ledger records the failure
+            alone.append(i)
+            continue
+        if len(run.plans) != 1 or (storage_writes and run.plans[0].spark_only):
+            alone.append(i)  # a Spark-written sink takes its own job (the rows stay on the executors)
+        else:
+            runs[i] = run
+
+    def commit(i: int, table: pa.Table, share: float, entries: list) -> Outcome:
+        run = runs[i]
+        started = time.perf_counter()
+        try:
+            with run.recording(ctx, into=entries) as rec:
+                rec.source_versions = {run.cq.source: run.version}
+                data = run.plans[0].complete(table)
+                rec.sink_version = run.commit(ctx, data)
+                rec.rows_written = data.num_rows
+        except Exception as exc:
+            return exc
+        seconds = share + time.perf_counter() - started
+        return run.result(rows=data.num_rows, sink_version=rec.sink_version, seconds=seconds)
+
+    def fuse(group: list[_Job]) -> list[int]:
+        """One Spark job for ``group``, then its firings' commits (in the commit pool) and one ledger
+        commit of their entries; the firings to run alone instead."""
+        clock = time.perf_counter()
+        members = [m.index for job in group for m in job.members]
+        try:
+            tables = _collect(group)
+        except Exception:  # one firing's failure must not take its neighbours: each runs alone
+            return members
+        share = (time.perf_counter() - clock) / len(members)
+        entries: list = []
+        futures = [committer.submit(commit, i, tables[i], share, entries) for i in members]
+        results = [f.result() for f in futures]
+        # The ledger learns of the group in one commit (one per firing would contend on one table).
+        ctx.ledger.record_many(entries)
+        for i, outcome in zip(members, results):
+            done(i, outcome)
+        return []
+
+    jobs = _jobs(ctx, runs)
+    # The plan of a fused job grows with (jobs x columns of all of them): groups keep it linear.
+    groups = [jobs[k : k + FUSE_GROUP] for k in range(0, len(jobs), FUSE_GROUP)]
+    # Each commit is one Delta transaction on its own sink (delta-rs releases the GIL while it writes);
+    # two groups' Spark jobs run at once, so one commits while the other executes.
+    with (
+        ThreadPoolExecutor(max_workers=max(1, commit_threads), thread_name_prefix="cq-commit") as committer,
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="cq-fuse") as fuser,
+    ):
+        for left in fuser.map(fuse, groups):
+            alone.extend(left)
+    for i in sorted(alone):
+        f = firings[i]
+        try:
+            done(i, execute(ctx, f.cq, [f.fire_time], kind="firing", app_version=micros(f.fire_time - EPOCH)))
+        except Exception as exc:
+            done(i, exc)
+    return [o for o in outcomes if o is not None]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One branch of a fused Spark job: a frame, its columns, and the firings it answers, each with
+    the frame's columns that hold its own (in the order of its plan's columns)."""
+
+    frame: Any  # a Spark DataFrame
+    columns: tuple[str, ...]
+    members: tuple[_Member, ...]
+
+
+@dataclass(frozen=True)
+class _Member:
+    """A firing answered by a branch: which of the branch's columns are its own, under which names,
+    and (in a shared aggregation) how many trailing value columns decide that a row is empty."""
+
+    index: int
+    source: tuple[str, ...]
+    names: tuple[str, ...]
+    values: int = 0  # 0: the branch is the firing's own plan, empty rows already dropped
+
+
+def _shape(run: Prepared) -> tuple | None:
+    """What firings must share to be answered by one aggregation over one scan (None: never)."""
+    cq, cov = run.cq, run.covs[0]
+    if cq.fill is not None or cq.having is not None or cq.limit is not None or cq.offset:
+        return None
+    return (
+        cq.source,
+        run.version,
+        run.time_column,
+        cov,
+        cq.time_grouping,
+        cq.group_keys,
+        cq.where,
+        cq.align_by_device,
+        cq.is_aggregate,
+    )
+
+
+def _jobs(ctx: EngineContext, runs: dict[int, Prepared]) -> list[_Job]:
+    """The branches: firings of the same shape (``_shape``) share one scan and one aggregation whose
+    columns are all of theirs; any other firing is a branch of its own plan."""
+    from cq_engine.resample.plan import plan_query
+
+    shapes: dict[tuple, list[int]] = {}
+    jobs = []
+    for i, run in runs.items():
+        shape = _shape(run)
+        if shape is None:
+            jobs.append(_own(i, run))
+        else:
+            shapes.setdefault(shape, []).append(i)
+    for members in shapes.values():
+        first = runs[members[0]]
+        if len(members) == 1:
+            jobs.append(_own(members[0], first))
+            continue
+        select = tuple(replace(item, name=f"__m{i}_{n}") for i in members for n, item in enumerate(runs[i].cq.select))
+        merged = plan_query(
+            ctx.spark,
+            replace(first.cq, select=select),
+            first.inputs[0],
+            time_column=first.time_column,
+            coverage=first.covs[0],
+        )
+        lead = merged.columns[: len(merged.columns) - len(select)]  # time column and group keys
+        jobs.append(
+            _Job(
+                merged.frame,
+                merged.columns,
+                tuple(
+                    _Member(
+                        i,
+                        (*lead, *[f"__m{i}_{n}" for n in range(len(runs[i].cq.select))]),
+                        runs[i].plans[0].columns,
+                        len(runs[i].cq.select),
+                    )
+                    for i in members
+                ),
+            )
+        )
+    return jobs
+
+
+def _collect(group: list[_Job]) -> dict[int, pa.Table]:
+    """One Spark job for every branch of ``group``; each firing's rows as an Arrow table with its
+    plan's columns, before its plan's Arrow step (``Plan.complete``)."""
+    from pyspark.sql import functions as F
+
+    frames = [
+        job.frame.select(
+            F.lit(j).alias(_JOB), *[F.col(f"`{c}`").alias(f"__j{j}_{n}") for n, c in enumerate(job.columns)]
+        )
+        for j, job in enumerate(group)
+    ]
+    whole = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames).toArrow()
+    tag = whole.column(_JOB)
+    out = {}
+    for j, job in enumerate(group):
+        part = whole.filter(pc.equal(tag, j))
+        position = {c: f"__j{j}_{n}" for n, c in enumerate(job.columns)}
+        for m in job.members:
+            table = part.select([position[c] for c in m.source]).rename_columns(list(m.names))
+            if m.values:  # what the firing's own plan drops: rows whose values are all NULL
+                keep = reduce(pc.or_, [pc.is_valid(table.column(c)) for c in m.names[-m.values :]])
+                table = table.filter(keep)
+            out[m.index] = table
+    return out
+
+
+def _own(i: int, run: Prepared) -> _Job:
+    plan = run.plans[0]
+    return _Job(plan.frame, plan.columns, (_Member(i, plan.columns, plan.columns),))
