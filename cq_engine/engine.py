@@ -15,7 +15,7 @@ from cq_engine.context import EngineContext, RunResult
 from cq_engine.errors import CQError
 from cq_engine.ingest import ingest
 from cq_engine.model import Catalog, ContinuousQuery, Definition, PeriodTrigger, Stream
-from cq_engine.parse.safety import check_read_only
+from cq_engine.parse.safety import check_read_only, table_names
 from cq_engine.resample import run as resample_run
 from cq_engine.resample import timing
 from cq_engine.resample.run import Progress
@@ -129,14 +129,17 @@ class Engine:
         return result.version, result.rows
 
     def query(self, sql: str, *, limit: int = 1000, allow_writes: bool = False) -> pa.Table:
-        """Run Spark SQL with every warehouse table (and ``cq_firings``, the ledger) as a view; only
-        a read (``parse.safety.check_read_only``) unless ``allow_writes``."""
+        """Run Spark SQL with the warehouse tables it names (and ``cq_firings``, the ledger) as views;
+        only a read (``parse.safety.check_read_only``) unless ``allow_writes``."""
         if not allow_writes:
             check_read_only(sql)
+        named = table_names(sql)  # each view costs a snapshot read: only the tables the query names
         for table in self.tables():
-            df, _ = self.storage.read_range(self.spark, table, time_column=self.time_column(table), time_range=None)
-            df.createOrReplaceTempView(table)
-        self.spark.createDataFrame(self.ledger.to_arrow()).createOrReplaceTempView("cq_firings")
+            if named is None or table.lower() in named:
+                df, _ = self.storage.read_range(self.spark, table, time_column=self.time_column(table), time_range=None)
+                df.createOrReplaceTempView(table)
+        if named is None or "cq_firings" in named:
+            self.spark.createDataFrame(self.ledger.to_arrow()).createOrReplaceTempView("cq_firings")
         try:
             return self.spark.sql(sql).limit(limit).toArrow()
         except Exception as exc:  # Spark's analysis errors are long; the first line names the problem

@@ -217,3 +217,16 @@ def test_tick_reports_ignored_rows_and_the_ledger_keeps_them(tmp_path, monkeypat
     assert [(e.kind, e.status) for e in entries if e.kind == "ignored"] == [("ignored", "ignored")] * 2
     assert "late: 1 row(s) ignored" in entries[-1].error
     assert engine.ledger.last("s").kind != "ignored"
+
+
+def test_query_reads_only_the_tables_it_names(project, capsys):
+    # Every view costs a snapshot read: a query registers the tables it names, not the warehouse. A
+    # broken table it does not name (a log that does not parse) therefore cannot fail it.
+    assert cq(capsys, "ingest", "ln", str(DATA / "ln.csv"))[0] == 0
+    broken = project / "wh" / "junk" / "_delta_log"
+    broken.mkdir(parents=True)
+    (broken / "00000000000000000000.json").write_text("not json\n")
+    code, out, err = cq(capsys, "query", "WITH x AS (SELECT device FROM ln) SELECT count(*) AS n FROM x")
+    assert code == 0 and "\n36\n" in out, err
+    code, _, err = cq(capsys, "query", "SELECT count(*) FROM junk")
+    assert code == 1 and "junk" in err

@@ -442,3 +442,12 @@ R = "reflect('java.lang.System', 'getenv', 'HOME')"
 )
 def test_every_clause_of_every_dialect_is_checked(sql):
     assert error_of(sql).startswith(place(sql, "reflect") + " reflect() reaches outside the data")
+
+
+def test_query_table_names():
+    from cq_engine.parse.safety import table_names
+
+    assert table_names("WITH x AS (SELECT * FROM Ln) SELECT * FROM x JOIN cq1_out ON 1 = 1") == {"ln", "cq1_out"}
+    assert table_names("SELECT * FROM range(3)") == set()
+    assert table_names("SELECT definition FROM cq_firings") == {"cq_firings"}
+    assert table_names("SHOW TABLES") is None  # not parsed into a tree: every table is registered

@@ -95,3 +95,25 @@ def _check_table(node: exp.Table, hint: str) -> None:
         )
     if node.name and name_problem(node.name) is not None:
         raise CQError(f"query: {node.name!r} is not a table name{hint}")
+
+
+def table_names(sql: str) -> set[str] | None:
+    """The lower-cased names of the tables ``sql`` reads by name (CTE names excluded); None when it
+    does not parse (then a caller must assume any table)."""
+    log = logging.getLogger("sqlglot")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
+    except (SqlglotError, RecursionError):
+        return None
+    finally:
+        log.setLevel(level)
+    names: set[str] = set()
+    ctes: set[str] = set()
+    for tree in statements:
+        if isinstance(tree, exp.Command):
+            return None  # not parsed into a tree: its tables are unknown
+        ctes |= {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+        names |= {t.name.lower() for t in tree.find_all(exp.Table) if t.name and not isinstance(t.this, exp.Func)}
+    return names - ctes

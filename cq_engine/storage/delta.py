@@ -117,7 +117,8 @@ class DeltaRsStorage(DeltaStateTables):
         except DeltaError as exc:
             if version is not None and self.exists(table):
                 raise TableError(f"table '{table}' has no version {version}: {exc}") from None
-            raise
+            # A damaged log: name the table, not delta-rs's backtrace.
+            raise TableError(f"table '{table}' cannot be read: {str(exc).splitlines()[0]}") from None
 
     def schema(self, table: str) -> pa.Schema:
         return pa.schema(self._open(table).schema().to_arrow())
