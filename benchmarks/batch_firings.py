@@ -24,7 +24,7 @@ def run(ctx: Context) -> Outcome:
     from deltalake import DeltaTable
 
     from cq_engine.cli.feed import sensor_rows
-    from cq_engine.resample.fused import Firing, run_firings
+    from cq_engine.resample.fused import FiringRequest, run_firings
 
     n = 20 if ctx.quick else 100
     rounds = 2 if ctx.quick else 3
@@ -47,7 +47,7 @@ def run(ctx: Context) -> Outcome:
             engine.run_firing(cq.name, fire_at(k))
 
     def fused(k: int) -> None:
-        outcomes = run_firings(engine.ctx, [Firing(cq=cq, fire_time=fire_at(k)) for cq in cqs])
+        outcomes = run_firings(engine.ctx, [FiringRequest(cq=cq, fire_time=fire_at(k)) for cq in cqs])
         failed = [o for o in outcomes if isinstance(o, Exception)]
         if failed:
             raise RuntimeError(f"{len(failed)} fused firing(s) failed: {failed[0]}")
@@ -67,7 +67,7 @@ def run(ctx: Context) -> Outcome:
         .to_pyarrow_table()
         .sort_by([("ts", "ascending"), ("device", "ascending")])
     )
-    run_firings(engine.ctx, [Firing(cq=cq, fire_time=fire_at(20)) for cq in cqs[:2]])
+    run_firings(engine.ctx, [FiringRequest(cq=cq, fire_time=fire_at(20)) for cq in cqs[:2]])
     got = (
         DeltaTable(engine.storage.uri(cqs[0].sink))
         .to_pyarrow_table()

@@ -35,7 +35,7 @@ from dagster_pyspark import PySparkResource
 
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Definition
-from cq_engine.resample.fused import Firing, run_firings
+from cq_engine.resample.fused import FiringRequest, run_firings
 from cq_engine.schedule.ticks import Ticks
 from cq_engine.times import UTC, iso, parse_time
 
@@ -212,14 +212,14 @@ def _execute(engine, firings: dict[str, list[datetime]], done: set, out: queue.Q
     with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
         while pending:
             due = {n: fs.pop(0) for n, fs in pending.items()}
-            queries: list[Firing] = []
+            queries: list[FiringRequest] = []
             periods = []
             for name, fire in due.items():
                 d = engine.definition(name)
                 if (name, fire) in done:
                     out.put(("skipped", d, fire, None))
                 elif isinstance(d, ContinuousQuery):
-                    queries.append(Firing(cq=d, fire_time=fire))
+                    queries.append(FiringRequest(cq=d, fire_time=fire))
                 else:
                     periods.append(pool.submit(_period, engine, d, fire, out))
             failed = {d.name for d, ok in (f.result() for f in periods) if not ok}
@@ -231,7 +231,7 @@ def _execute(engine, firings: dict[str, list[datetime]], done: set, out: queue.Q
             pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
 
 
-def _heard(out: queue.Queue, f: Firing, outcome) -> None:
+def _heard(out: queue.Queue, f: FiringRequest, outcome) -> None:
     out.put(("failed" if isinstance(outcome, Exception) else "ok", f.cq, f.fire_time, outcome))
 
 

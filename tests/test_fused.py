@@ -12,7 +12,7 @@ from seed_tables import CQ1, CQ2, CQ3, CQ4, CQ5, CST, aligned_to_rows, wide_to_r
 
 from cq_engine.config import Settings
 from cq_engine.engine import Engine
-from cq_engine.resample.fused import Firing, run_firings
+from cq_engine.resample.fused import FiringRequest, run_firings
 from cq_engine.times import parse_time
 
 DATA = Path(__file__).parent / "data"
@@ -81,7 +81,7 @@ def test_fused_firings_equal_firings_run_alone(spark, tmp_path):
     for fire in fires:
         for name in NAMES:
             alone.run_firing(name, fire)
-        outcomes = run_firings(fused.ctx, [Firing(cq=fused.continuous_query(n), fire_time=fire) for n in NAMES])
+        outcomes = run_firings(fused.ctx, [FiringRequest(cq=fused.continuous_query(n), fire_time=fire) for n in NAMES])
         assert [type(o).__name__ for o in outcomes] == ["RunResult"] * len(NAMES)
         assert [o.definition for o in outcomes] == NAMES
     for name in NAMES:
@@ -121,7 +121,8 @@ def test_fused_firings_reproduce_the_seed_tables(spark, tmp_path):
     ]
     for r in rounds:
         firings = [
-            Firing(cq=engine.continuous_query(n), fire_time=parse_time(f"2021-05-11T{t}", tz=CST)) for n, t in r.items()
+            FiringRequest(cq=engine.continuous_query(n), fire_time=parse_time(f"2021-05-11T{t}", tz=CST))
+            for n, t in r.items()
         ]
         assert all(not isinstance(o, Exception) for o in run_firings(engine.ctx, firings))
 
@@ -159,7 +160,7 @@ def test_a_failing_firing_costs_only_itself(spark, tmp_path):
     engine.storage.append("m", _rows())
     fire = T0 + timedelta(minutes=2)
     names = ["good1", "bad", "good2", "nosrc"]
-    outcomes = run_firings(engine.ctx, [Firing(cq=engine.continuous_query(n), fire_time=fire) for n in names])
+    outcomes = run_firings(engine.ctx, [FiringRequest(cq=engine.continuous_query(n), fire_time=fire) for n in names])
     by_name = dict(zip(names, outcomes))
     assert by_name["good1"].rows_written == 12 and by_name["good2"].rows_written == 12  # d3 is silent
     assert isinstance(by_name["bad"], Exception) and "a is not negative" in str(by_name["bad"])
@@ -173,4 +174,4 @@ def test_one_firing_per_definition(spark, tmp_path):
     engine = _engine(spark, tmp_path)
     cq = engine.continuous_query("s_max")
     with pytest.raises(ValueError, match="one firing per definition"):
-        run_firings(engine.ctx, [Firing(cq=cq, fire_time=T0 + timedelta(minutes=1))] * 2)
+        run_firings(engine.ctx, [FiringRequest(cq=cq, fire_time=T0 + timedelta(minutes=1))] * 2)

@@ -28,10 +28,18 @@ DAGSTER_YAML = """\
 # job, a recalculation, a stream's runs, CQ_RUN_MODEL=per_firing): one at a time per definition
 # (tag cq/name), later ones queue and run in order; DISCARD definitions skip in their sensor instead.
 # Run monitoring ends runs past their dagster/max_runtime tag (a batch whose worker died), so the
-# sensor retries their firings.
+# sensor retries their firings. Latency: the queue is read every second (Dagster's default is 5 s)
+# by several threads, and sensors are evaluated in parallel, so one slow sensor delays no other.
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: 1
+    dequeue_use_threads: true
+    dequeue_num_workers: 4
+sensors:
+  use_threads: true
+  num_workers: 4
 concurrency:
   runs:
     tag_concurrency_limits:

@@ -40,7 +40,7 @@ Outcome = RunResult | Exception
 
 
 @dataclass(frozen=True)
-class Firing:
+class FiringRequest:
     """One firing of a continuous query to execute in a fused group."""
 
     cq: ContinuousQuery
@@ -49,9 +49,9 @@ class Firing:
 
 def run_firings(
     ctx: EngineContext,
-    firings: Sequence[Firing],
+    firings: Sequence[FiringRequest],
     *,
-    on_outcome: Callable[[Firing, Outcome], None] | None = None,
+    on_outcome: Callable[[FiringRequest, Outcome], None] | None = None,
     commit_threads: int = 4,
 ) -> list[Outcome]:
     """Execute ``firings`` (at most one per definition: their sinks' ranges are committed
