@@ -1,9 +1,11 @@
 """``freshness``: commit-to-sink time of a WATERMARK(0s) INTERVAL stream under the real daemon.
 
 Every 5 s the benchmark appends one commit of meter readings whose newest event time closes the
-previous 5-second window, and polls the sink until that window's row is there: the time from the
-commit to the row, p50 and p95 over the windows of a few minutes. The ratio checked is
-max(p50 / 5 s, p95 / 10 s) (targets: p50 <= 5 s, p95 <= 10 s).
+previous 5-second window, and polls the sinks until that window's row is there: the time from the
+commit to the row, p50 and p95 over the windows of a few minutes. Two streams over the same table:
+``fresh`` (a Dagster run per sensor evaluation) and ``fresh_ll`` (``LOW_LATENCY_CALC``: the sensor
+computes live windows itself). The ratio checked is max(p50 / 5 s, p95 / 10 s) of ``fresh_ll``
+(targets: p50 <= 5 s, p95 <= 10 s); ``fresh``'s figures are printed beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ SQL = """
 CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
 CREATE STREAM fresh INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(0s))
   INTO fresh_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE STREAM fresh_ll INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname
+  OPTIONS(WATERMARK(0s) | LOW_LATENCY_CALC)
+  INTO fresh_ll_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 """
+SINKS = ("fresh_out", "fresh_ll_out")
 
 
 def rows(start: datetime, end: datetime):
@@ -63,8 +69,18 @@ def run(ctx: Context) -> Outcome:
     engine = Engine(settings=settings)
     engine.ensure_tables()
     daemon = Daemon(root=work, settings=settings)
-    sink = settings.table_uri("fresh_out")
-    latencies: list[float] = []
+    sinks = {name: settings.table_uri(name) for name in SINKS}
+    latencies: dict[str, list[float]] = {name: [] for name in SINKS}
+    waiting: dict[str, dict[datetime, float]] = {name: {} for name in SINKS}  # window start -> commit time
+
+    def poll() -> None:
+        for name, uri in sinks.items():
+            if not waiting[name] or not DeltaTable.is_deltatable(uri):
+                continue
+            found = set(pa.table(DeltaTable(uri).scan(columns=["_twstart"])).column("_twstart").to_pylist())
+            for w in [w for w in waiting[name] if w in found]:
+                latencies[name].append(time.monotonic() - waiting[name].pop(w))
+
     try:
         daemon.start()
         # The sensor's first evaluation fixes its cursor on the empty table; rows after it are real time.
@@ -72,7 +88,6 @@ def run(ctx: Context) -> Outcome:
         t = datetime.now(UTC).replace(microsecond=0)
         t -= timedelta(seconds=t.second % WIDTH)
         engine.storage.append("meters", rows(t - timedelta(seconds=WIDTH), t))
-        waiting: dict[datetime, float] = {}  # window start -> commit time
         for k in range(windows + 2):
             start_next = t + timedelta(seconds=WIDTH * k)
             end_next = start_next + timedelta(seconds=WIDTH)
@@ -80,33 +95,40 @@ def run(ctx: Context) -> Outcome:
             engine.storage.append("meters", rows(start_next + timedelta(seconds=1), end_next))
             committed = time.monotonic()
             if k >= 2:  # the first windows pay the code server's warm-up
-                waiting[start_next] = committed
+                for name in SINKS:
+                    waiting[name][start_next] = committed
             while time.monotonic() < next_commit:
-                found = set()
-                if DeltaTable.is_deltatable(sink):
-                    table = pa.table(DeltaTable(sink).scan(columns=["_twstart"]))
-                    found = set(table.column("_twstart").to_pylist())
-                for w in [w for w in waiting if w in found]:
-                    latencies.append(time.monotonic() - waiting.pop(w))
+                poll()
                 time.sleep(0.2)
         deadline = time.monotonic() + 180  # a loaded machine starts a run slowly
-        while waiting and time.monotonic() < deadline:
-            table = pa.table(DeltaTable(sink).scan(columns=["_twstart"])) if DeltaTable.is_deltatable(sink) else None
-            found = set(table.column("_twstart").to_pylist()) if table is not None else set()
-            for w in [w for w in waiting if w in found]:
-                latencies.append(time.monotonic() - waiting.pop(w))
+        while any(waiting.values()) and time.monotonic() < deadline:
+            poll()
             time.sleep(0.2)
     finally:
         daemon.stop()
-    if len(latencies) < 3:
-        return Outcome(NAME, f"{NAME}: ERROR only {len(latencies)} windows reached the sink")
-    latencies.sort()
-    p50 = statistics.median(latencies)
-    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+
+    def figures(name: str) -> tuple[float, float, str]:
+        got = sorted(latencies[name])
+        if len(got) < 3:
+            return float("inf"), float("inf"), f"only {len(got)} windows reached the sink"
+        p50 = statistics.median(got)
+        p95 = got[min(len(got) - 1, round(0.95 * (len(got) - 1)))]
+        return (
+            p50,
+            p95,
+            (
+                f"{len(got)} windows: p50 {p50:.1f}s, p95 {p95:.1f}s, max {got[-1]:.1f}s, "
+                f"{len(waiting[name])} never arrived"
+            ),
+        )
+
+    p50, p95, low_latency = figures("fresh_ll_out")
+    if p50 == float("inf"):
+        return Outcome(NAME, f"{NAME}: ERROR LOW_LATENCY_CALC stream: {low_latency}")
     ratio = max(p50 / 5, p95 / 10)
     line = (
-        f"{NAME}: commit-to-sink of a WATERMARK(0s) INTERVAL(5s) stream under the daemon, {len(latencies)} "
-        f"windows: p50 {p50:.1f}s, p95 {p95:.1f}s, max {latencies[-1]:.1f}s (targets p50 <= 5s, p95 <= 10s); "
-        f"{len(waiting)} never arrived; {verdict(ratio, 1.0)}"
+        f"{NAME}: commit-to-sink of a WATERMARK(0s) INTERVAL(5s) stream under the daemon (targets p50 <= 5s, "
+        f"p95 <= 10s): LOW_LATENCY_CALC (computed in the sensor) {low_latency}; a run per evaluation "
+        f"{figures('fresh_out')[2]}; {verdict(ratio, 1.0)}"
     )
     return Outcome(NAME, line, ratio=ratio, target=1.0)

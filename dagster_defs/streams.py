@@ -10,11 +10,12 @@ from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
 from cq_engine.notify.outbox import gate, paused_by_notify
+from cq_engine.spark import server_status
 from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork
 from cq_engine.times import UTC, iso
 
-from .builders import in_flight
+from .builders import in_flight, materialization
 from .translator import CQTranslator
 
 PRIORITY_TAG = "dagster/priority"
@@ -38,11 +39,40 @@ def work_request(stream: Stream, work: StreamWork, index: int, translator: CQTra
     return dg.RunRequest(run_key=key, tags=tags)
 
 
+def computes_inline(engine: Engine, works: list[StreamWork]) -> bool:
+    """LOW_LATENCY_CALC computes a stream's new windows in its sensor when they are live windows (not
+    history) and a Spark Connect server serves the code server (never a JVM inside it)."""
+    if any(w.kind == "history" for w in works):
+        return False
+    return bool(engine.settings.spark_remote) or server_status(engine.settings).running
+
+
+def compute_inline(context, engine: Engine, stream: Stream, works: list[StreamWork], sink_key) -> list:
+    """Run ``works`` in order in this process; one materialization per work done, up to the first
+    failure (logged; the caller hands it and the rest to runs, which retry and show it)."""
+    events = []
+    for work in works:
+        try:
+            result = engine.run_stream(stream.name, work)
+        except Exception as exc:  # the run that takes over shows the failure in full
+            context.log.warning(f"{stream.name}: computing in the sensor failed, a run takes over: {exc}")
+            engine.ctx.spark_session = None  # a broken Connect session is not reused
+            break
+        context.log.info(
+            f"{stream.name}: computed in the sensor (LOW_LATENCY_CALC): {result.kind} "
+            f"[{iso(result.time_range[0])}, {iso(result.time_range[1])}) wrote {result.rows_written} rows"
+        )
+        metadata = dict(materialization(stream, result, ignored=work.ignored).metadata or {})
+        events.append(dg.AssetMaterialization(asset_key=sink_key, metadata={**metadata, "cq/computed_in": "sensor"}))
+    return events
+
+
 def build_stream_sensor(
     stream: Stream, job, translator: CQTranslator, engine: Engine, *, default_status: dg.DefaultSensorStatus
 ) -> dg.SensorDefinition:
     # Freshness: a closed window waits on average half this before its run is requested.
     interval = 1 if stream.options.low_latency_calc else 2
+    sink_key = translator.get_sink_asset_spec(stream).key
 
     def evaluate(context: dg.SensorEvaluationContext):
         # Back-pressure: while a run of the stream still waits in the queue, leave the cursor where it
@@ -62,13 +92,22 @@ def build_stream_sensor(
             plan = evaluate_stream(engine.ctx, stream, cursor=context.cursor, now=datetime.now(UTC))
         except CQError as exc:
             return dg.SkipReason(str(exc))
-        context.update_cursor(plan.cursor.to_json())
+        cursor = plan.cursor.to_json()
         for item in plan.ignored:
             context.log.warning(f"{stream.name}: {item.text}")
         if not plan.works:
-            return dg.SkipReason("; ".join([plan.reason, *[i.text for i in plan.ignored]]))
+            return dg.SensorResult(skip_reason="; ".join([plan.reason, *[i.text for i in plan.ignored]]), cursor=cursor)
         context.log.info(f"{stream.name}: {plan.reason}")
-        return [work_request(stream, w, i, translator) for i, w in enumerate(plan.works)]
+        works, events = list(plan.works), []
+        if (
+            stream.options.low_latency_calc
+            and computes_inline(engine, works)
+            and not in_flight(context.instance, stream)
+        ):
+            events = compute_inline(context, engine, stream, works, sink_key)
+            works = works[len(events) :]  # what failed (and what follows it) goes to a run, in order
+        requests = [work_request(stream, w, i, translator) for i, w in enumerate(works)]
+        return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cursor)
 
     return dg.SensorDefinition(
         name=translator.get_sensor_name(stream),

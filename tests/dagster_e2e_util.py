@@ -65,11 +65,16 @@ END;
 TRANSLATOR = "renamed_translator:Renamed"  # the slow location's CQ_TRANSLATOR
 # A window-triggered stream in the main location, over `meters` (which only the stream test appends to).
 STREAM = "meter_5s"
+LL_STREAM = "meter_ll"  # the same over its own table, with LOW_LATENCY_CALC (computed in its sensor)
 STREAM_SQL = (
     METERS
     + f"""
 CREATE STREAM {STREAM} INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(1s))
   INTO {STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE TABLE meters_ll (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
+CREATE STREAM {LL_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_ll PARTITION BY tbname
+  OPTIONS(WATERMARK(1s) | LOW_LATENCY_CALC)
+  INTO {LL_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 """
 )
 SLOW_SQL = """

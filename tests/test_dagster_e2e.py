@@ -12,6 +12,7 @@ from itertools import pairwise
 import pyarrow as pa
 import pytest
 from dagster_e2e_util import (
+    LL_STREAM,
     MAIN_LOCATION,
     SLOW_LOCATION,
     SLOW_SECONDS,
@@ -364,7 +365,7 @@ def at(seconds: int) -> datetime:
     return STREAM_T0 + timedelta(seconds=seconds)
 
 
-def append_meters(engine: Engine, seconds: range) -> int:
+def append_meters(engine: Engine, seconds: range, *, table: str = "meters") -> int:
     """One reading per meter per second in ``seconds`` (event time), in one commit; its version."""
     rows = [(at(s), m, round(s % 7 + 0.5 * i, 2)) for s in seconds for i, m in enumerate(METER_IDS)]
     n = len(rows)
@@ -376,13 +377,13 @@ def append_meters(engine: Engine, seconds: range) -> int:
         "status": [0] * n,
         "location": ["e2e"] * n,
     }
-    return engine.storage.append("meters", pa.table({k: pa.array(v, TYPES[k]) for k, v in data.items()}))
+    return engine.storage.append(table, pa.table({k: pa.array(v, TYPES[k]) for k, v in data.items()}))
 
 
-def closed_windows(settings, until: int) -> dict[tuple, tuple]:
+def closed_windows(settings, until: int, *, table: str = "meters") -> dict[tuple, tuple]:
     """Independent computation over the table: (tbname, window start) -> (count, avg current) of every
     5 s window ending at or before event time ``until``."""
-    rows = pa.table(DeltaTable(settings.table_uri("meters")).scan(columns=["ts", "tbname", "current"])).to_pylist()
+    rows = pa.table(DeltaTable(settings.table_uri(table)).scan(columns=["ts", "tbname", "current"])).to_pylist()
     groups: dict[tuple, list[float]] = {}
     for r in rows:
         k = (r["ts"] - STREAM_T0) // timedelta(seconds=WIDTH)
@@ -391,8 +392,8 @@ def closed_windows(settings, until: int) -> dict[tuple, tuple]:
     return {key: (len(v), round(sum(v) / len(v), 6)) for key, v in groups.items()}
 
 
-def stream_sink(settings) -> dict[tuple, tuple]:
-    uri = settings.table_uri(f"{STREAM}_out")
+def stream_sink(settings, stream: str = STREAM) -> dict[tuple, tuple]:
+    uri = settings.table_uri(f"{stream}_out")
     if not DeltaTable.is_deltatable(uri):
         return {}
     return {
@@ -493,6 +494,30 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
     assert sink.keys() <= everything.keys() and sink == {k: everything[k] for k in sink}
     straddling = {(m, at(s)) for m in METER_IDS for s in (20, 50)}
     assert everything.keys() - sink.keys() - untreated - straddling == set()
+
+
+def test_low_latency_calc_stream_is_computed_in_its_sensor_without_a_run(dagster_stack):
+    # LOW_LATENCY_CALC: "computation starts immediately after a trigger". The sensor computes the
+    # windows a commit closes itself (no run to launch); each shows as a materialization of the sink.
+    stack, settings = dagster_stack, dagster_stack.settings
+    engine, sensor = Engine(settings=settings), f"{LL_STREAM}_ticks"
+    stack.wait_until(f"{sensor}'s first evaluation", lambda: stack.sensor_state(MAIN_LOCATION, sensor)[1], 60)
+    append_meters(engine, range(0, 22), table="meters_ll")
+    append_meters(engine, range(22, 42), table="meters_ll")
+    expected = closed_windows(settings, 40, table="meters_ll")
+    assert len(expected) == 8 * len(METER_IDS)
+    stack.wait_until(
+        f"{LL_STREAM}'s sink holds the closed windows",
+        lambda: expected.keys() <= stream_sink(settings, LL_STREAM).keys(),
+        STREAM_WAIT,
+    )
+    sink = stream_sink(settings, LL_STREAM)
+    assert {k: sink[k] for k in expected} == expected
+    assert stack.runs(LL_STREAM) == []  # no Dagster run: the sensor did the work
+    mats = stack.materializations(f"{LL_STREAM}_out")
+    assert mats and all(m["metadata"].get("cq/computed_in") == "sensor" and not m["runId"] for m in mats), mats
+    ledger = Engine(settings=settings).ledger.entries(LL_STREAM)
+    assert ledger and {(e.kind, e.status) for e in ledger} == {("realtime", "succeeded")}
 
 
 def test_stream_start_ignore_untreated_never_computes_the_windows_written_while_stopped():
