@@ -175,3 +175,15 @@ def test_one_firing_per_definition(spark, tmp_path):
     cq = engine.continuous_query("s_max")
     with pytest.raises(ValueError, match="one firing per definition"):
         run_firings(engine.ctx, [FiringRequest(cq=cq, fire_time=T0 + timedelta(minutes=1))] * 2)
+
+
+def test_a_time_that_is_not_a_firing_time_fails_alone(spark, tmp_path):
+    engine = _engine(spark, tmp_path)
+    at = T0 + timedelta(minutes=1)
+    requests = [
+        FiringRequest(cq=engine.continuous_query("s_max"), fire_time=at),
+        FiringRequest(cq=engine.continuous_query("s_cnt"), fire_time=at + timedelta(seconds=1)),
+    ]
+    ok, bad = run_firings(engine.ctx, requests)
+    assert ok.rows_written > 0
+    assert isinstance(bad, Exception) and "is not a firing time" in str(bad)

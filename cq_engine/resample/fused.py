@@ -30,7 +30,7 @@ from cq_engine.context import EngineContext, RunResult
 from cq_engine.durations import micros
 from cq_engine.model import ContinuousQuery
 from cq_engine.resample import timing
-from cq_engine.resample.run import Prepared, execute, prepare
+from cq_engine.resample.run import Prepared, prepare, run_firing
 from cq_engine.storage.base import DataFrameWriter
 from cq_engine.times import EPOCH
 
@@ -136,7 +136,7 @@ def run_firings(
     for i in sorted(alone):
         f = firings[i]
         try:
-            done(i, execute(ctx, f.cq, [f.fire_time], kind="firing", app_version=micros(f.fire_time - EPOCH)))
+            done(i, run_firing(ctx, f.cq, f.fire_time))
         except Exception as exc:
             done(i, exc)
     return [o for o in outcomes if o is not None]
@@ -200,13 +200,17 @@ def _jobs(ctx: EngineContext, runs: dict[int, Prepared]) -> list[_Job]:
             jobs.append(_own(members[0], first))
             continue
         select = tuple(replace(item, name=f"__m{i}_{n}") for i in members for n, item in enumerate(runs[i].cq.select))
-        merged = plan_query(
-            ctx.spark,
-            replace(first.cq, select=select),
-            first.inputs[0],
-            time_column=first.time_column,
-            coverage=first.covs[0],
-        )
+        try:
+            merged = plan_query(
+                ctx.spark,
+                replace(first.cq, select=select),
+                first.inputs[0],
+                time_column=first.time_column,
+                coverage=first.covs[0],
+            )
+        except Exception:  # planning it failed: each keeps its own plan (and its own error, if any)
+            jobs.extend(_own(i, runs[i]) for i in members)
+            continue
         lead = merged.columns[: len(merged.columns) - len(select)]  # time column and group keys
         jobs.append(
             _Job(
