@@ -20,7 +20,6 @@ from . import STORAGE, Context, Outcome, remove_tree
 BENCHMARKS = (
     "firing_scale",
     "firing_overhead",
-    "batch_firings",
     "recalculate_vs_groupby",
     "stream_sensor",
     "stream_catchup",
@@ -28,6 +27,7 @@ BENCHMARKS = (
     "stream_range_join",
     "connect_vs_inprocess",
     "write_heavy",
+    "batch_firings",
     "orchestration",
     "freshness",
 )
