@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import queue
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -111,14 +112,17 @@ def plan_batch(
     paused: set[str],
     failed: dict[str, set[str]] | None = None,
     finished: frozenset[str] = frozenset(),
+    lead: dict[str, timedelta] | None = None,
 ) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
     that run (its ``cq/failed`` tag; a failed run without it failed as a whole); ``busy``: definitions
     with another run of theirs in flight (their own job, a recalculation); ``paused``: definitions
     whose switch is stopped; ``finished``: definitions whose every firing in their still-running run
-    is committed (a long catch-up of another definition in that run does not hold them)."""
+    is committed (a long catch-up of another definition in that run does not hold them); ``lead``:
+    per definition, how long before a firing is due it may be requested (the run waits for it)."""
     failed = failed or {}
+    lead = lead or {}
     states = load_cursor(cursor)
     states = {d.name: states.get(d.name, DefinitionState()) for d in definitions}
     firings: dict[str, list[datetime]] = {}
@@ -145,7 +149,7 @@ def plan_batch(
         if d.name in paused:
             continue
         t = ticks[d.name]
-        due = t.due(cursor=parse_time(s.upto, tz=UTC) if s.upto else None, now=now)
+        due = t.due(cursor=parse_time(s.upto, tz=UTC) if s.upto else None, now=now + lead.get(d.name, timedelta(0)))
         if d.timeout_policy == "DISCARD":
             if in_flight:
                 if due:
@@ -195,6 +199,27 @@ def plan_batch(
 
 
 # -- the op's side ----------------------------------------------------------------------------------
+def batch_lead(every: timedelta) -> timedelta:
+    """How early a firing may be requested: ``CQ_BATCH_LEAD`` seconds (default 20), at most half the
+    definition's period. A run takes seconds to start (a new process); requested early, it has
+    started by the time its firings are due, and waits for each (``wait_for``)."""
+    value = os.environ.get("CQ_BATCH_LEAD", "20")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise CQError(f"CQ_BATCH_LEAD={value!r}: expected a number of seconds") from None
+    if seconds < 0:
+        raise CQError(f"CQ_BATCH_LEAD={value!r}: expected a number of seconds >= 0")
+    return min(timedelta(seconds=seconds), every / 2)
+
+
+def wait_for(fire: datetime) -> None:
+    """Sleep until ``fire``: a firing requested early runs at its time, when its range is complete."""
+    delay = (fire - datetime.now(UTC)).total_seconds()
+    if delay > 0:
+        time.sleep(delay)
+
+
 def batch_threads() -> int:
     """Definitions executed at once in a batch run (``CQ_BATCH_THREADS``, default 2): while one
     firing waits on Spark, another plans or commits. A definition's own firings stay sequential."""
@@ -212,6 +237,7 @@ def _execute(engine, firings: dict[str, list[datetime]], done: set, out: queue.Q
     with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
         while pending:
             due = {n: fs.pop(0) for n, fs in pending.items()}
+            wait_for(max(due.values()))  # a round requested early runs when its newest firing is due
             queries: list[FiringRequest] = []
             periods = []
             for name, fire in due.items():
@@ -401,6 +427,7 @@ def build_batch_sensor(
             paused=paused(context),
             failed=failed,
             finished=frozenset(finished),
+            lead={d.name: batch_lead(ticks[d.name].every) for d in definitions},
         )
         for line in batch.skipped:
             context.log.info(line)

@@ -12,6 +12,7 @@ from deltalake import write_deltalake
 
 from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings
+from cq_engine.errors import CQError
 from cq_engine.schedule.ticks import ticks_of
 from dagster_defs import build_definitions
 from dagster_defs.batch import load_cursor, plan_batch
@@ -52,6 +53,7 @@ def _plan(
     names=("b", "d"),
     failed=None,
     finished=frozenset(),
+    lead=None,
 ):
     defs = [catalog.definition(n) for n in names]
     ticks = {d.name: ticks_of(d, timezone="UTC") for d in defs}
@@ -65,6 +67,7 @@ def _plan(
         paused=set(paused),
         failed=failed,
         finished=frozenset(finished),
+        lead=lead,
     )
 
 
@@ -81,6 +84,27 @@ def test_first_evaluation_requests_only_the_latest_firing_and_repeats_are_the_sa
     assert again.run_key == first.run_key and again.cursor == first.cursor  # a repeated evaluation: same key
     state = load_cursor(first.cursor)
     assert state["b"].key == first.run_key and state["b"].first == state["b"].upto == T0.isoformat()
+
+
+def test_a_firing_due_within_its_lead_is_requested_early(project, monkeypatch):
+    from dagster_defs.batch import batch_lead
+
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    lead = {"b": timedelta(seconds=10)}
+    # At 12 s, b's firing at 20 s is within its 10 s lead: requested now (the run waits for it).
+    early = _plan(catalog, cursor=first.cursor, now=_s(12), status={first.run_key: "SUCCESS"}, lead=lead)
+    assert early.firings == {"b": [_s(20)]}
+    # At 9 s it is not yet.
+    assert _plan(catalog, cursor=first.cursor, now=_s(9), status={first.run_key: "SUCCESS"}, lead=lead).firings == {}
+    # The lead: CQ_BATCH_LEAD (default 20 s), at most half the period; a bad value is a clear error.
+    assert batch_lead(timedelta(seconds=30)) == timedelta(seconds=15)
+    assert batch_lead(timedelta(minutes=5)) == timedelta(seconds=20)
+    monkeypatch.setenv("CQ_BATCH_LEAD", "0")
+    assert batch_lead(timedelta(minutes=5)) == timedelta(0)
+    monkeypatch.setenv("CQ_BATCH_LEAD", "soon")
+    with pytest.raises(CQError, match="CQ_BATCH_LEAD='soon'"):
+        batch_lead(timedelta(minutes=5))
 
 
 def test_blocked_holds_while_its_run_is_in_flight_then_runs_every_firing_in_order(project):

@@ -97,6 +97,9 @@ def check_exactly_once(stack, name: str, sink: str | None = None) -> list[dateti
             break
         time.sleep(2)
     assert len(set(done)) == len(done), f"{name}: firings committed twice: {done}"
+    # Requested up to CQ_BATCH_LEAD early, a firing still executes at or after its time.
+    early = [e for e in stack.ledger(name) if e.kind == "firing" and e.started_at < e.fire_time]
+    assert not early, f"{name}: firings executed before they were due: {early}"
     assert consecutive(done), f"{name}: firings missing between {done[0]} and {done[-1]}: {done}"
     assert ends[: len(done)] == done and len(set(ends)) == len(ends), (ends, done)
     return done
