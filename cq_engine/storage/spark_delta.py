@@ -52,9 +52,18 @@ _MISMATCH = re.compile(
 _NEEDS_DELTA_READ = {"deletionVectors", "columnMapping"}
 
 
-def spark_predicate(predicate: str) -> str:
+# A comparison of an identifier with a ``storage.predicates`` timestamp literal, as ``spark_predicate`` emits it.
+_TS_COMPARISON = re.compile(r"(`(?:[^`]|``)+`)(\s*(?:>=|<=|<>|!=|=|<|>)\s*)$")
+_TS_LITERAL = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def spark_predicate(predicate: str, *, timestamp_columns: frozenset[str] = frozenset()) -> str:
     """A ``storage.predicates`` (delta-rs SQL) predicate in Spark SQL: "ident" becomes `ident`;
-    single-quoted literals are left alone."""
+    single-quoted literals are left alone, except a timestamp literal compared with one of
+    ``timestamp_columns`` (lower-case names of timezone-aware timestamp columns), which becomes
+    ``TIMESTAMP '...'``. Same rows either way, but delta-spark checks every written row against a
+    ``replaceWhere`` condition without folding constants: a string literal is parsed again per row
+    (write_heavy: 5,184,000 rows written in about 23 s instead of 8)."""
     out, i = [], 0
     while i < len(predicate):
         ch = predicate[i]
@@ -68,7 +77,12 @@ def spark_predicate(predicate: str) -> str:
                     break
                 j += 1
             body = predicate[i + 1 : j]
-            out.append(f"'{body}'" if ch == "'" else "`" + body.replace('""', '"').replace("`", "``") + "`")
+            if ch == "'":
+                compared = _TS_COMPARISON.search("".join(out[-8:])) if _TS_LITERAL.fullmatch(body) else None
+                typed = compared and compared.group(1)[1:-1].replace("``", "`").lower() in timestamp_columns
+                out.append(f"TIMESTAMP '{body}'" if typed else f"'{body}'")
+            else:
+                out.append("`" + body.replace('""', '"').replace("`", "``") + "`")
             i = j + 1
         else:
             out.append(ch)
@@ -258,10 +272,11 @@ class SparkDeltaStorage(DeltaRsStorage):
         else:
             frame = _spark_cast(table, data, target)
         commit_id = uuid.uuid4().hex
+        stamps = frozenset(f.name.lower() for f in target if pa.types.is_timestamp(f.type) and f.type.tz)
         writer = (
             frame.write.format("delta")
             .mode("overwrite")
-            .option("replaceWhere", spark_predicate(predicate_for(column)))
+            .option("replaceWhere", spark_predicate(predicate_for(column), timestamp_columns=stamps))
             .option("userMetadata", json.dumps({**(metadata or {}), COMMIT_ID_KEY: commit_id}))
         )
         txn = _txn(app_id, app_version, source_versions)
