@@ -66,7 +66,8 @@ def spark_predicate(predicate: str, *, timestamp_columns: frozenset[str] = froze
     ``TIMESTAMP '...'``. Same rows either way, but delta-spark checks every written row against a
     ``replaceWhere`` condition without folding constants: a string literal is parsed again per row
     (write_heavy: 5,184,000 rows written in about 23 s instead of 8)."""
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     while i < len(predicate):
         ch = predicate[i]
         if ch in "'\"":
