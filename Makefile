@@ -57,9 +57,25 @@ check: lint
 	CQ_TEST_QUICK=1 $(BIN)/python -m pytest -q -m "not spark and not dagster_e2e and not ui"
 
 # The one-machine cluster of the README's Deployment section: PostgreSQL from Debian, dagster-postgres
-# and moto's S3 server from PyPI, Spark standalone from the pip pyspark package.
-cluster-setup: setup
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+# and moto's S3 server from PyPI, Spark standalone from the pip pyspark package, delta-spark and
+# hadoop-aws through Maven. Missing Debian packages are installed when running as root; otherwise
+# this stops and names them (the test needs them: it is never skipped).
+CLUSTER_DEBS := postgresql:/usr/lib/postgresql/*/bin/initdb maven:mvn
+
+cluster-setup:
+	@missing=""; for d in $(CLUSTER_DEBS); do \
+	  pkg=$${d%%:*}; probe=$${d#*:}; \
+	  ls $$probe >/dev/null 2>&1 || command -v $$probe >/dev/null || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || exit 1; \
+	  else \
+	    echo "make cluster-setup: missing Debian package(s):$$missing; install them as root (apt-get install$$missing)" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	$(MAKE) --no-print-directory setup
 	$(BIN)/pip install --quiet -e ".[test,cluster]"
 
 cluster-test: cluster-setup

@@ -256,7 +256,7 @@ def server_status(settings: Settings) -> ServerStatus:
     )
 
 
-def start_server(settings: Settings, *, timeout: float = 90) -> ServerStatus:
+def start_server(settings: Settings, *, timeout: float = 180) -> ServerStatus:
     """Start (or find) the local Spark Connect server and wait until it accepts connections."""
     status = server_status(settings)
     if status.running:

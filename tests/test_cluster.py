@@ -1,22 +1,30 @@
-"""The engine on a real cluster on one machine (``make cluster-test``; marker ``cluster``, not in ``make test``).
+"""The engine on a real cluster on one machine (``make cluster-test``; marker ``cluster``, run by ``.ci/run``
+after ``make test``).
 
-A Spark standalone master and two workers (pip pyspark's ``sbin/spark-daemon.sh``), the engine's Spark
-Connect server attached to that master with delta-spark and hadoop-aws; Dagster's instance on
-PostgreSQL with the run queue and the BLOCKED tag limits; the warehouse on an S3-compatible object
-store (moto's server) through ``s3a://`` for Spark and delta-rs for the sensors, the ledger and the
-feed. The sample continuous queries (sql/sensors.sql, sql/resample.sql) fire through the daemon and
-their sinks must equal an independent computation over the source at the version each firing read.
-Every server binds to 127.0.0.1; everything is torn down. This is the README's "Deployment" section.
+This is the README's "Deployment" section, read from README.md and run as written, with only its ports
+and directories replaced by free ones of the test's own: the environment of step 1, the Spark standalone
+block (a master and two workers from pip pyspark's ``sbin/spark-daemon.sh``), ``cq spark start`` attaching
+the engine's Spark Connect server to that master (its command line checked conf by conf against the
+README's), the dagster.yaml (PostgreSQL, the run queue and the tag limits). The warehouse is on an
+S3-compatible object store (moto's server) through ``s3a://`` for Spark and delta-rs for the sensors, the
+ledger and the feed. The sample continuous queries (sql/sensors.sql, sql/resample.sql) fire through the
+daemon and their sinks must equal an independent computation over the source at the version each firing
+read. Every server listens on 127.0.0.1 only; everything is torn down.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import re
+import shlex
 import shutil
+import string
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -26,9 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import requests
+import yaml
 from deltalake import DeltaTable
 from netutil import free_port, port_open
 
+import cq_engine
 from cq_engine.cli.dev import DAGSTER_YAML as DEV_DAGSTER_YAML
 
 pytestmark = pytest.mark.cluster
@@ -43,16 +53,43 @@ PG_BIN = max(
 )
 MASTER, WORKER = "org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"
 CHECKED = ("temperature_1m", "temperature_fahrenheit")  # disjoint firing ranges: one firing per sink row
+FENCE = re.compile(r"^( *)```(\w+)\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
 
-# The README's dagster.yaml (Deployment): PostgreSQL storage, then `cq dev`'s run queue and tag limits.
-# postgres_url names the psycopg2 driver: SQLAlchemy 2.1 defaults to psycopg 3, with which
-# dagster-postgres 0.29.27's `NOTIFY run_events, %s` fails (server-side parameters).
-POSTGRES_STORAGE = """\
-storage:
-  postgres:
-    postgres_url: postgresql+psycopg2://postgres:postgres@127.0.0.1:{port}/dagster
-"""
-DAGSTER_YAML = POSTGRES_STORAGE + DEV_DAGSTER_YAML
+
+def deployment_blocks() -> list[tuple[str, str]]:
+    """(language, dedented body) of each fenced block of the README's Deployment section, in order:
+    the environment, Spark standalone, ``cq spark start``, the command it runs, dagster.yaml."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### Deployment\n") :]
+    section = section[: section.index("\n## ")]
+    blocks = [(m.group(2), textwrap.dedent(m.group(3))) for m in FENCE.finditer(section)]
+    assert [lang for lang, _ in blocks] == ["sh", "sh", "sh", "sh", "yaml"], blocks
+    return blocks
+
+
+def readme_exports(block: str) -> dict[str, str]:
+    """The ``export K=V ...`` assignments of a shell block (comments dropped)."""
+    out = {}
+    for line in block.splitlines():
+        words = shlex.split(line, comments=True)
+        assert words and words[0] == "export", line
+        out.update(w.split("=", 1) for w in words[1:])
+    return out
+
+
+def submit_args(words: list[str]) -> tuple[str, dict[str, str]]:
+    """The master and the Spark confs of spark-submit-style arguments (``--driver-memory`` is a conf)."""
+    master, conf = None, {}
+    for flag, value in itertools.pairwise(words):
+        if flag == "--master":
+            master = value
+        elif flag == "--conf":
+            key, val = value.split("=", 1)
+            conf[key] = val
+        elif flag == "--driver-memory":
+            conf["spark.driver.memory"] = value
+    assert master, words
+    return master, conf
 
 
 def _wait(what: str, ready, timeout: float, logs: Path | None = None) -> None:
@@ -72,40 +109,101 @@ def _wait(what: str, ready, timeout: float, logs: Path | None = None) -> None:
     raise AssertionError(f"{what} not ready within {timeout:.0f}s{tails}")
 
 
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            kids.setdefault(ppid, []).append(int(stat.parent.name))
+    return kids
+
+
+def listening(roots: list[int]) -> dict[str, list[int]]:
+    """Local address -> pids, for every TCP socket listened on by ``roots`` and their descendants."""
+    kids, pids, todo = _children(), set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in pids:
+            pids.add(pid)
+            todo += kids.get(pid, [])
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes[link[8:-1]] = pid
+    found: dict[str, list[int]] = {}
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                addr, port = cols[1].split(":")
+                found.setdefault(f"{_ip(addr)}:{int(port, 16)}", []).append(inodes[cols[9]])
+    return found
+
+
+def _ip(hex_addr: str) -> str:
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian 32-bit words
+    if len(words) == 4:
+        return ".".join(str(b) for b in words)
+    if words[:12] == b"\0" * 10 + b"\xff\xff":
+        return ".".join(str(b) for b in words[12:])  # IPv4-mapped
+    return "[" + ":".join(words[i : i + 2].hex() for i in range(0, 16, 2)) + "]"
+
+
 class Cluster:
     """Starts and stops every server of the deployment; ``stop`` is safe to call at any point."""
 
     def __init__(self, root: Path):
         self.root, self.logs = root, root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.blocks = deployment_blocks()
         self.stops: list = []
+        self.roots: list[int] = []  # the pids of the servers (listening addresses are checked)
         self.pg_port, self.s3_port, self.connect_port = free_port(), free_port(), free_port()
         self.master_port, self.master_ui = free_port(), free_port()
+        self.master = f"spark://127.0.0.1:{self.master_port}"
+        # The README's addresses and directories -> this test's own.
+        self.subst = {
+            "127.0.0.1:9000": f"127.0.0.1:{self.s3_port}",
+            "127.0.0.1:7077": f"127.0.0.1:{self.master_port}",
+            "--port 7077": f"--port {self.master_port}",
+            "--webui-port 8080": f"--webui-port {self.master_ui}",
+            "CQ_SPARK_PORT=15002": f"CQ_SPARK_PORT={self.connect_port}",
+            "binding.port=15002": f"binding.port={self.connect_port}",
+            "127.0.0.1:5432": f"127.0.0.1:{self.pg_port}",
+            "/var/tmp/cq-cluster": str(self.logs),
+        }
         self.env = {
             k: v
             for k, v in os.environ.items()
             if k not in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "CQ_SPARK_REMOTE", "CQ_FAILPOINT")
+            and not k.startswith(("AWS_", "CQ_SPARK_MASTER"))
         }
+        exports = readme_exports(self.local(self.blocks[0][1]))
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert exports[key] == "...", exports  # a placeholder: moto takes any key
+            exports[key] = "testing"
+        assert exports["CQ_WAREHOUSE"] == f"s3://{BUCKET}/warehouse", exports
+        self.env.update(exports)
         self.env.update(
             {
-                "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing",
-                "AWS_REGION": "us-east-1",
-                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_port}",
-                "AWS_ALLOW_HTTP": "true",
-                # delta-rs needs a lock or conditional puts for concurrent S3 writers; one feed per table here.
-                "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
-                "SPARK_LOCAL_IP": "127.0.0.1",
-                "CQ_WAREHOUSE": f"s3://{BUCKET}/warehouse",
+                "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                 "CQ_HOME": str(root / ".cq"),
                 "CQ_SQL_DIR": str(root / "sql"),
-                "CQ_STORAGE": "spark",
                 "CQ_SPARK_PORT": str(self.connect_port),
                 "CQ_CONFIG": str(root / "no-cq.toml"),
                 "DAGSTER_HOME": str(root / "dagster_home"),
                 "PYTHONUNBUFFERED": "1",
             }
         )
+
+    def local(self, text: str) -> str:
+        for old, new in self.subst.items():
+            text = text.replace(old, new)
+        return text
 
     def _spawn(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen:
         with open(self.logs / f"{name}.log", "w") as log:
@@ -121,11 +219,13 @@ class Cluster:
         from cq_engine.cli.dev import stop_process_group
 
         self.stops.append(lambda: stop_process_group(proc, first_signal=15))
+        self.roots.append(proc.pid)
         return proc
 
-    def _run(self, cmd: list[str], **env: str) -> None:
-        out = subprocess.run(cmd, env={**self.env, **env}, capture_output=True, text=True, timeout=300)
+    def _run(self, cmd: list[str], **env: str) -> str:
+        out = subprocess.run(cmd, cwd=self.root, env={**self.env, **env}, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}"
+        return out.stdout
 
     # -- PostgreSQL ----------------------------------------------------------------------------
     def start_postgres(self) -> None:
@@ -135,9 +235,10 @@ class Cluster:
             shutil.chown(data, "postgres", "postgres")
         self.stops.append(lambda: shutil.rmtree(data, ignore_errors=True))
         self._run([*as_pg, str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"])
-        pg_ctl = [*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w"]
+        pg_ctl = [*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-t", "300"]
         self._run([*pg_ctl, "-l", str(data / "server.log"), "-o", f"-h 127.0.0.1 -p {self.pg_port} -k {data}", "start"])
         self.stops.append(lambda: subprocess.run([*pg_ctl, "-m", "fast", "stop"], capture_output=True))
+        self.roots.append(int((data / "postmaster.pid").read_text().split()[0]))
         import psycopg
 
         with psycopg.connect(
@@ -148,99 +249,61 @@ class Cluster:
     # -- object store --------------------------------------------------------------------------
     def start_s3(self) -> None:
         self._spawn("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
-        _wait("the S3 server", lambda: port_open(self.s3_port), 60, self.logs)
+        _wait("the S3 server", lambda: port_open(self.s3_port), 120, self.logs)
         import boto3
 
         boto3.client(
             "s3",
             endpoint_url=self.env["AWS_ENDPOINT_URL"],
-            region_name="us-east-1",
+            region_name=self.env["AWS_REGION"],
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         ).create_bucket(Bucket=BUCKET)
 
-    # -- Spark standalone ----------------------------------------------------------------------
+    # -- Spark standalone (the README's block, as written) --------------------------------------
     def start_spark(self) -> None:
-        from cq_engine.spark import spark_home
-
-        home = spark_home()
-        daemon = ["bash", str(home / "sbin" / "spark-daemon.sh")]
-        env = dict(
-            SPARK_HOME=str(home),
-            SPARK_PID_DIR=str(self.logs),
-            SPARK_LOG_DIR=str(self.logs),
-            SPARK_IDENT_STRING="cqcluster",
-            SPARK_CONNECT_MODE="0",
-        )
-        self.stops.append(
-            lambda: subprocess.run([*daemon, "stop", MASTER, "1"], env={**self.env, **env}, capture_output=True)
-        )
-        self._run(
-            [
-                *daemon,
-                "start",
-                MASTER,
-                "1",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.master_port),
-                "--webui-port",
-                str(self.master_ui),
-            ],
-            **env,
-        )
-        self.master = f"spark://127.0.0.1:{self.master_port}"
-        for i in (1, 2):
-            self.stops.append(
-                lambda i=i: subprocess.run(
-                    [*daemon, "stop", WORKER, str(i)], env={**self.env, **env}, capture_output=True
-                )
-            )
-            self._run(
-                [
-                    *daemon,
-                    "start",
-                    WORKER,
-                    str(i),
-                    "--host",
-                    "127.0.0.1",
-                    "--webui-port",
-                    str(free_port()),
-                    "--cores",
-                    "1",
-                    "--memory",
-                    "1536m",
-                    "--work-dir",
-                    str(self.root / f"work{i}"),
-                    self.master,
-                ],
-                **env,
-            )
-        _wait("two Spark workers", lambda: self.master_state()["aliveworkers"] == 2, 180, self.logs)
+        script = self.local(self.blocks[1][1])
+        assert self.master in script and f"--port {self.master_port}" in script and str(self.logs) in script, script
+        # Stopping needs the block's environment (its pid directory): its export lines, then stop.
+        setup = "\n".join(line for line in script.splitlines() if line.startswith(("SPARK_HOME=", "export ")))
+        for cls, i in ((MASTER, 1), (WORKER, 1), (WORKER, 2)):
+            stop = f'{setup}\n"$SPARK_HOME/sbin/spark-daemon.sh" stop {cls} {i}'
+            self.stops.append(lambda s=stop: subprocess.run(["bash", "-c", s], env=self.env, capture_output=True))
+        self._run(["bash", "-e", "-o", "pipefail", "-c", script])
+        _wait("two Spark workers", lambda: self.master_state()["aliveworkers"] == 2, 300, self.logs)
+        self.roots += [int(p.read_text()) for p in self.logs.glob("spark-*.pid")]
 
     def master_state(self) -> dict:
         return requests.get(f"http://127.0.0.1:{self.master_ui}/json/", timeout=5).json()
 
+    # -- the engine's Spark Connect server: `cq spark start`, checked against the README's command ---
     def start_connect(self) -> None:
-        from cq_engine import spark as cq_spark
-        from cq_engine.config import load_settings
-
-        settings = load_settings(environ={**self.env, "CQ_SPARK_MASTER": self.master})
-        old = dict(os.environ)
-        os.environ.update({k: v for k, v in self.env.items() if k.startswith(("AWS_", "SPARK_LOCAL_IP"))})
-        try:
-            self.stops.append(lambda: cq_spark.stop_server(settings))
-            cq_spark.start_server(settings, timeout=300)
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
+        self.stops.append(lambda: subprocess.run([str(BIN / "cq"), "spark", "stop"], env=self.env, capture_output=True))
+        self._run(["bash", "-e", "-c", self.local(self.blocks[2][1])])
+        pid_file = next((self.root / ".cq" / "spark").glob("*SparkConnectServer-1.pid"))
+        pid = int(pid_file.read_text())
+        self.roots.append(pid)
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        running = submit_args(words[words.index("org.apache.spark.deploy.SparkSubmit") + 1 :])
+        command = string.Template(self.local(self.blocks[3][1].replace("\\\n", " "))).substitute(
+            M2=str(Path.home() / ".m2" / "repository"),
+            AWS_ENDPOINT_URL=self.env["AWS_ENDPOINT_URL"],
+            AWS_REGION=self.env["AWS_REGION"],
+            CQ_ENGINE=str(Path(cq_engine.__file__).resolve().parent),
+        )
+        assert running == submit_args(shlex.split(command)), (running, command)
 
     # -- Dagster ---------------------------------------------------------------------------------
     def start_dagster(self) -> None:
+        text = self.local(self.blocks[4][1])
+        conf = yaml.safe_load(text)
+        assert conf.pop("storage") == {
+            "postgres": {"postgres_url": f"postgresql+psycopg2://postgres:postgres@127.0.0.1:{self.pg_port}/dagster"}
+        }
+        assert conf == yaml.safe_load(DEV_DAGSTER_YAML)  # the README's dagster.yaml is `cq dev`'s plus storage
         home = Path(self.env["DAGSTER_HOME"])
         home.mkdir(parents=True)
-        (home / "dagster.yaml").write_text(DAGSTER_YAML.format(port=self.pg_port))
+        (home / "dagster.yaml").write_text(text)
         workspace = self.root / "workspace.yaml"
         workspace.write_text(
             f"load_from:\n  - python_module:\n      module_name: dagster_defs.location\n      working_directory: {REPO}\n"
@@ -317,6 +380,7 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
         cluster.start_connect()
         apps = cluster.master_state()["activeapps"]
         assert len(apps) == 1 and apps[0]["cores"] == 2, apps  # the Connect server runs on both workers
+        assert list((cluster.logs / "work").glob("app-*")), "the executors' scratch is not SPARK_WORKER_DIR"
 
         os.environ.update({k: v for k, v in cluster.env.items() if k.startswith("AWS_")})
         from cq_engine.config import load_settings
@@ -333,12 +397,31 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
             return all(len(v) >= 2 for v in done.values())
 
         _wait("two successful firings of each checked sample CQ", fired, 900, cluster.logs)
-        stop_feed.set()
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=cluster.pg_port, user="postgres", dbname="dagster") as conn:
-            statuses = dict(conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
-        assert statuses.get("SUCCESS", 0) >= 4, statuses  # the runs live in PostgreSQL
+        def query(sql: str) -> list[tuple]:
+            with psycopg.connect(host="127.0.0.1", port=cluster.pg_port, user="postgres", dbname="dagster") as conn:
+                return conn.execute(sql).fetchall()
+
+        # A batch run commits several definitions' firings, each as it is done: the first two batches
+        # (which hold the first firings) have finished a little later. The runs live in PostgreSQL.
+        _wait(
+            "two successful Dagster runs",
+            lambda: query("SELECT count(*) FROM runs WHERE status = 'SUCCESS'")[0][0] >= 2,
+            600,
+        )
+        stop_feed.set()
+        materialized = {
+            key
+            for (key,) in query(
+                "SELECT DISTINCT asset_key FROM event_logs WHERE dagster_event_type = 'ASSET_MATERIALIZATION'"
+            )
+        }
+        sinks = {feeder.continuous_query(cq).sink for cq in CHECKED}
+        assert all(any(f'"{sink}"' in str(key) for key in materialized) for sink in sinks), (sinks, materialized)
+        bound = listening(cluster.roots)
+        assert f"127.0.0.1:{cluster.master_port}" in bound and f"127.0.0.1:{cluster.connect_port}" in bound, bound
+        assert all(addr.startswith("127.0.0.1:") for addr in bound), bound  # nothing on another interface
         for cq in CHECKED:
             sink_name = feeder.continuous_query(cq).sink
             sink = pa.table(DeltaTable(feeder.settings.table_uri(sink_name)).to_pyarrow_table())

@@ -194,6 +194,17 @@ def test_rows_outside_the_range_and_predicates(spark, tmp_path):
     )
     pred = spark_predicate(groups_predicate("ts", ['de"v'], [(("it's",), T0)]))
     assert pred.count("`") == 4 and '`de"v`' in pred and "'it''s'" in pred, pred
+    # Timestamp columns get typed literals (delta-spark checks each written row without folding a cast);
+    # a string column compared with the same text keeps its string literal.
+    stamps = frozenset({"ts"})
+    assert (
+        spark_predicate(range_predicate("TS", (T0, T0 + M)), timestamp_columns=stamps)
+        == "`TS` >= TIMESTAMP '2024-03-01T00:00:00.000000Z' AND `TS` < TIMESTAMP '2024-03-01T00:01:00.000000Z'"
+    )
+    pred = spark_predicate(
+        groups_predicate("ts", ["dev"], [(("2024-03-01T00:00:00.000000Z",), T0)]), timestamp_columns=stamps
+    )
+    assert pred == "(`dev` = '2024-03-01T00:00:00.000000Z') AND `ts` >= TIMESTAMP '2024-03-01T00:00:00.000000Z'", pred
 
 
 def test_storage_choice(tmp_path, monkeypatch, caplog):
