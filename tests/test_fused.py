@@ -55,9 +55,10 @@ def _rows() -> pa.Table:
     )
 
 
-def _engine(spark, root: Path) -> Engine:
+def _engine(spark, root: Path, sql: str = MIXED) -> Engine:
+    """An engine over ``root`` with ``sql``, and `m` holding ``_rows()`` in several commits (like a live feed)."""
     (root / "sql").mkdir(parents=True)
-    (root / "sql" / "m.sql").write_text(MIXED)
+    (root / "sql" / "m.sql").write_text(sql)
     engine = Engine(
         settings=Settings(sql_dir=str(root / "sql"), warehouse=str(root / "wh"), home=str(root / ".cq")),
         spark_session=spark,
@@ -65,7 +66,7 @@ def _engine(spark, root: Path) -> Engine:
     assert not engine.catalog.errors, engine.catalog.errors
     engine.ensure_tables()
     rows = _rows()
-    for k in range(0, rows.num_rows, 90):  # several commits, like a live feed
+    for k in range(0, rows.num_rows, 90):
         engine.storage.append("m", rows.slice(k, 90))
     return engine
 
@@ -149,15 +150,7 @@ CREATE CQ nosrc RESAMPLE EVERY 1m BEGIN SELECT max_value(zz) AS v INTO nosrc_out
 
 
 def test_a_failing_firing_costs_only_itself(spark, tmp_path):
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "m.sql").write_text(BROKEN)
-    engine = Engine(
-        settings=Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq")),
-        spark_session=spark,
-    )
-    assert not engine.catalog.errors, engine.catalog.errors
-    engine.ensure_tables()
-    engine.storage.append("m", _rows())
+    engine = _engine(spark, tmp_path, BROKEN)
     fire = T0 + timedelta(minutes=2)
     names = ["good1", "bad", "good2", "nosrc"]
     outcomes = run_firings(engine.ctx, [FiringRequest(cq=engine.continuous_query(n), fire_time=fire) for n in names])
