@@ -97,6 +97,8 @@ def _tick(args, settings: Settings) -> int:
             f"{d.name}: {work.kind} run at version {work.version}: {r.rows_written} rows -> {d.sink} "
             f"v{r.sink_version} ({r.seconds:.2f}s)"
         )
+        for line in r.ignored:
+            print(f"{d.name}: {line}")
     # Saved once the requested runs succeeded, so a failed run is requested again next time.
     write_atomic(path, plan.cursor.to_json())
     return 0

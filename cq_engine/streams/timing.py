@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
 from zoneinfo import ZoneInfo
 
+from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
 from cq_engine.model import DATA_SHAPED, SlidingTrigger, Stream
 from cq_engine.schedule.cron import local_midnight
@@ -138,7 +139,7 @@ class Ignored:
     """Rows a tick leaves out: which (a row count from file statistics, their event time), and the
     line that says why and how to get them computed."""
 
-    what: str  # history | late | expired
+    what: str  # history | late | expired (rows a tick leaves out) | true_for (windows a run drops)
     rows: int
     span: TimeRange  # [first, last] event time
     text: str
@@ -320,6 +321,19 @@ def _ignored(
         fix += " (or FILL_HISTORY 1 when the stream is created)"
     text = f"{what}: {'up to ' if partly else ''}{rows} row(s) ignored, {where}: {why}; {fix}"
     return Ignored(what, rows, (lo, hi), text)
+
+
+def true_for_ignored(stream: Stream, starts: Sequence[datetime], rows: int) -> Ignored:
+    """The windows a run's TRUE_FOR dropped (closed, first to last row shorter than it): how many,
+    their rows and starts, and why."""
+    d = getattr(stream.trigger, "true_for", None)
+    assert d is not None  # only STATE and EVENT windows with TRUE_FOR drop windows
+    lo, hi = min(starts), max(starts)
+    text = (
+        f"true_for: {len(starts)} window(s) of {rows} row(s) ignored, windows starting in [{iso(lo)}, {iso(hi)}]: "
+        f"shorter than TRUE_FOR {format_duration(d)} from first to last row"
+    )
+    return Ignored("true_for", rows, (lo, hi), text)
 
 
 def history_works(
@@ -569,4 +583,5 @@ __all__ = [
     "starts_overlapping",
     "tick_after",
     "tick_floor",
+    "true_for_ignored",
 ]
