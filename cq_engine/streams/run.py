@@ -95,7 +95,7 @@ def run_work(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> RunResu
     if isinstance(stream.trigger, PeriodTrigger):
         raise CQError(f"{stream.name} is a PERIOD stream: it runs per tick (cq tick / its schedule)")
     runner = _run_data_shaped if stream.trigger.kind in DATA_SHAPED else _run_time_windows
-    lo, hi = work.extent
+    lo, hi = st.work_range(stream, work, ctx.settings.timezone)
     revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
     versions = {stream.trigger_source: work.version}
     return _recorded(
