@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from netutil import free_port
 
 from cq_engine.cli.dev import check_ports, seed_start
+from cq_engine.cli.devstop import descendant
 from cq_engine.cli.feed import FEEDS
 from cq_engine.config import DEFAULT_SPARK_PORT, Settings
 from cq_engine.engine import Engine
@@ -94,28 +95,6 @@ def _sensor_keys(settings: Settings) -> list[tuple]:
     return sorted(zip(data.column("ts").to_pylist(), data.column("device").to_pylist()))
 
 
-def _descendant(root: int, needle: str) -> int | None:
-    """A live descendant process of ``root`` whose command line holds ``needle``."""
-    parents = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    for pid in parents:
-        p = pid
-        while p in parents and p not in (0, 1, root):
-            p = parents[p]
-        if p == root and pid != root:
-            try:
-                if needle in (Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")):
-                    return pid
-            except OSError:
-                continue
-    return None
-
-
 def _ui_up(port: int) -> bool:
     try:
         return requests.get(f"http://127.0.0.1:{port}/server_info", timeout=3).status_code == 200
@@ -170,13 +149,21 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
                 proc,
                 out,
             )
+            # Ctrl-C while a run is in flight: the daemon keeps requesting and launching runs every few
+            # seconds, so the shutdown's wait for it is when a new run could start and then be killed.
+            flight = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+            _wait(
+                lambda: instance.get_run_records(dg.RunsFilter(statuses=flight), limit=1), 400, "a run", proc, out
+            )
             before = len(out.read_text())
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(400) == 0
+            assert proc.wait(600) == 0
             after = out.read_text()[before:]
             failed = instance.get_run_records(
                 dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED])
             )
+            # Nor left "in flight" with its worker gone (run monitoring would fail it at the next start).
+            left = instance.get_run_records(dg.RunsFilter(statuses=[*flight, dg.DagsterRunStatus.CANCELING]))
         assert "Traceback" not in after and "KeyboardInterrupt" not in after, after
         for line in (
             "cq dev: feed stopped (sensors)",
@@ -187,6 +174,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
             assert line in after, after
         assert len(after.strip().splitlines()) <= 8, after  # one line per component (and a wait notice)
         assert failed == [], [(r.dagster_run.run_id, r.dagster_run.tags) for r in failed]
+        assert left == [], [(r.dagster_run.run_id, r.dagster_run.status) for r in left]
         assert not (Path(settings.home) / "spark" / "port").exists()
         assert _sensor_keys(settings) == sorted(set(_sensor_keys(settings)))
 
@@ -206,7 +194,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         _wait(lambda: "Dagster UI on" in out2.read_text(), 400, "cq dev to restart", proc, out2)
         resumed = re.search(r"sensors fed from (\S+)", out2.read_text()).group(1)
         assert datetime.fromisoformat(resumed) > newest
-        daemon = _wait(lambda: _descendant(proc.pid, "dagster._daemon"), 400, "the daemon", proc, out2)
+        daemon = _wait(lambda: descendant(proc.pid, "dagster._daemon"), 400, "the daemon", proc, out2)
         os.kill(daemon, signal.SIGKILL)
         assert proc.wait(400) == 1
         text = out2.read_text()
