@@ -340,7 +340,10 @@ def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instan
     # Shown as the half-open range it is: from the first row (a stream created on an empty table), not 1970
     assert request.tags["cq/range_start"] == "2026-11-21T10:00:00+00:00"
     meta = _run(defs, instance, "s_cnt", request)
-    assert (meta["cq/range_start"], meta["cq/range_end"]) == (request.tags["cq/range_start"], request.tags["cq/range_end"])
+    assert (meta["cq/range_start"], meta["cq/range_end"]) == (
+        request.tags["cq/range_start"],
+        request.tags["cq/range_end"],
+    )
     # Windows of 3 rows per meter: [0, 1, 2] and [3, 4, 5] closed; [6] stays open.
     assert _summary(bench.sink("s_cnt_out")) == [
         (d, T0 + timedelta(seconds=k), 3, float(k + 1)) for d in ("d1", "d2") for k in (0, 3)

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 SENSORS = """CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
 CREATE CONTINUOUS QUERY hum_5s RESAMPLE EVERY 5s BEGIN
   SELECT avg(humidity) AS h INTO hum_5s FROM sensors GROUP BY (5s), device END;
+CREATE STREAM hum_s INTERVAL(5s) SLIDING(5s) FROM sensors INTO hum_s AS SELECT _twstart, avg(humidity) AS h FROM %%trows;
 """
 
 
@@ -149,12 +150,13 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
                 proc,
                 out,
             )
-            # Ctrl-C while a run is in flight: the daemon keeps requesting and launching runs every few
-            # seconds, so the shutdown's wait for it is when a new run could start and then be killed.
+            # Ctrl-C while a run is in flight: the stream's sensor and the firings' sensor keep requesting
+            # runs every few seconds, so the shutdown's wait for it is when a new run could start (and,
+            # unless nothing new may start, then be killed).
+            ok = dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS], tags={"cq/name": "hum_s"})
+            _wait(lambda: instance.get_run_records(ok, limit=1), 400, "a stream run to succeed", proc, out)
             flight = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-            _wait(
-                lambda: instance.get_run_records(dg.RunsFilter(statuses=flight), limit=1), 400, "a run", proc, out
-            )
+            _wait(lambda: instance.get_run_records(dg.RunsFilter(statuses=flight), limit=1), 400, "a run", proc, out)
             before = len(out.read_text())
             proc.send_signal(signal.SIGINT)
             assert proc.wait(600) == 0
@@ -209,3 +211,88 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         subprocess.run([*cq, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
         if holder is not None:
             holder.close()
+
+
+@pytest.mark.spark
+@pytest.mark.dagster_e2e
+def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path):
+    """`--stop-wait 0`: the runs in flight at Ctrl-C cannot finish in time. Each is canceled (not failed)
+    and queued again with the same tags (a stream's work), for the next start; nothing is left in flight.
+    (A batched-firings run is canceled and not queued again: its sensor retries those firings.)"""
+    import dagster as dg
+
+    settings = project(tmp_path)  # the stream alone: every run is one to queue again
+    (tmp_path / "sql" / "sensors.sql").write_text(
+        "\n".join(line for line in SENSORS.splitlines() if "hum_5s" not in line)
+    )
+    ui = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
+    env.update(
+        CQ_SQL_DIR=settings.sql_dir,
+        CQ_WAREHOUSE=settings.warehouse,
+        CQ_HOME=settings.home,
+        CQ_SPARK_PORT=str(free_port()),
+        DAGSTER_HOME=str(tmp_path / "dagster"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
+    )
+    out = tmp_path / "dev.out"
+    cq = [sys.executable, "-m", "cq_engine.cli.main"]
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            # In-process Spark: a run spends its first seconds starting a JVM, where a termination lands.
+            [*cq, "dev", "--port", str(ui), "--feed-every", "2", "--stop-wait", "0", "--no-spark-server"],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
+        with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+            flight = [dg.DagsterRunStatus.STARTED]
+            stream = dg.RunsFilter(statuses=flight, tags={"cq/name": "hum_s"})
+            _wait(lambda: instance.get_run_records(stream, limit=1), 600, "a stream run in flight", proc, out)
+            before = len(out.read_text())
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(600) == 0
+            after = out.read_text()[before:]
+            runs = [r.dagster_run for r in instance.get_run_records()]
+        assert "Traceback" not in after, after
+        status = {r.run_id: r.status for r in runs}
+        assert dg.DagsterRunStatus.FAILURE not in status.values(), after
+        # A run in flight either finished (a termination interrupts it between Spark calls) or was
+        # canceled and queued again.
+        canceled = [r for r in runs if r.status == dg.DagsterRunStatus.CANCELED]
+        assert all(r.tags.get("cq/name") == "hum_s" for r in canceled), status
+        assert ("did not finish in time: canceled" in after) == bool(canceled), after
+        for run in canceled:
+            again = [r for r in runs if r.tags.get("dagster/parent_run_id") == run.run_id]
+            assert [(r.status, r.tags.get("cq/work")) for r in again] == [
+                (dg.DagsterRunStatus.QUEUED, run.tags["cq/work"])
+            ], status
+        requeued = {r.tags.get("dagster/parent_run_id") for r in runs} - {None}
+        assert requeued <= {r.run_id for r in canceled}, status  # a run that finished is not run again
+        left = [s for s in status.values() if s in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)]
+        assert left == [], status
+        if canceled:  # the next start runs the queued copies
+            with open(out, "ab") as sink:
+                proc = subprocess.Popen(
+                    [*cq, "dev", "--port", str(ui), "--feed-every", "60", "--no-spark-server"],
+                    cwd=REPO,
+                    env=env,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            copies = [r.run_id for r in runs if r.tags.get("dagster/parent_run_id")]
+            done = dg.RunsFilter(run_ids=copies, statuses=[dg.DagsterRunStatus.SUCCESS])
+            with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+                _wait(lambda: len(instance.get_run_records(done)) == len(copies), 600, "the queued copies", proc, out)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(600) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        subprocess.run([*cq, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)

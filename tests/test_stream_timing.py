@@ -317,7 +317,9 @@ def test_work_ranges_are_shown_half_open_without_the_exclusive_cursor_microsecon
     session = stream(SessionTrigger(gap=10 * S))
     created = first_tick(session, version=1, span=Span(t(10, 0), t(10, 0, 40), 5), now=t(12, 0), tz="UTC", chunk_rows=9)
     assert created.cursor.origin == t(10, 0, 40) + US  # rows after the history: the exclusive cursor
-    plan = plan_tick(session, created.cursor, version=2, changes=[added(t(10, 0, 50), t(10, 1))], now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        session, created.cursor, version=2, changes=[added(t(10, 0, 50), t(10, 1))], now=t(12, 0), tz="UTC"
+    )
     (work,) = plan.works
     assert work.origin == t(10, 0, 40) + US and work.close_until == t(10, 1)  # what the run reads: unchanged
     assert work_range(session, work, "UTC") == (t(10, 0, 40), t(10, 1))  # closes what T moving :40 -> 1:00 closes
@@ -329,7 +331,9 @@ def test_work_ranges_are_shown_half_open_without_the_exclusive_cursor_microsecon
     # time windows: WINDOW_OPEN asks for the windows opened since the last max event (an exclusive
     # cursor); shown on the window grid, the same windows
     opened = stream(event_types=("WINDOW_OPEN", "WINDOW_CLOSE"))
-    plan = plan_tick(opened, cursor(t(10, 0, 40)), version=4, changes=[added(t(10, 0, 45), t(10, 2, 5))], now=t(12, 0), tz="UTC")
+    plan = plan_tick(
+        opened, cursor(t(10, 0, 40)), version=4, changes=[added(t(10, 0, 45), t(10, 2, 5))], now=t(12, 0), tz="UTC"
+    )
     (work,) = plan.works
     assert any(a.microsecond or b.microsecond for a, b in work.windows)  # the raw cursor ranges
     lo, hi = work_range(opened, work, "UTC")

@@ -105,6 +105,8 @@ def drain_runs(dagster_home: Path, *, timeout: float, ui: str) -> None:
 
 
 def _requeue(instance, flight: dict[str, dict[str, str]], *, ui: str, timeout: float = 60) -> None:
+    import dagster as dg
+
     from dagster_defs.client import GraphQL
 
     graphql = GraphQL(ui)
@@ -115,14 +117,20 @@ def _requeue(instance, flight: dict[str, dict[str, str]], *, ui: str, timeout: f
         time.sleep(1)
     for run_id in set(flight) & set(_in_flight(instance)):  # no worker answered (e.g. never started)
         graphql(_TERMINATE.replace("SAFE_TERMINATE", "MARK_AS_CANCELED_IMMEDIATELY"), id=run_id)
+    # A run may still have finished (termination interrupts it between Spark calls): only the
+    # canceled ones are run again.
+    records = instance.get_run_records(dg.RunsFilter(run_ids=list(flight)))
+    canceled = [r.dagster_run.run_id for r in records if r.dagster_run.status == dg.DagsterRunStatus.CANCELED]
+    if not canceled:
+        return
     again = []
-    for run_id, tags in flight.items():
-        if tags.get("cq/batch") != "true":
+    for run_id in canceled:
+        if flight[run_id].get("cq/batch") != "true":
             result = graphql(_REQUEUE, id=run_id)["launchRunReexecution"]
             if result.get("__typename") == "LaunchRunSuccess":
                 again.append(result["run"]["runId"])
     print(
-        f"cq dev: {len(flight)} run(s) did not finish in time: canceled, and "
+        f"cq dev: {len(canceled)} run(s) did not finish in time: canceled, and "
         + (f"queued again for the next start ({', '.join(again)})" if again else "their sensor retries them")
     )
 

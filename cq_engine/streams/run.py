@@ -59,6 +59,7 @@ from cq_engine.streams.windows.tdengine import (
     NEXT_STATE,
     OPEN_ROW,
     PREV_STATE,
+    SHORT,
     STATE,
     WCLOSED,
     WEND,
@@ -67,7 +68,6 @@ from cq_engine.streams.windows.tdengine import (
     WSTART,
     assign_windows,
 )
-from cq_engine.streams.windows.common import SHORT
 from cq_engine.times import EPOCH, UTC, epoch_ms, iso
 
 _US = timedelta(microseconds=1)
