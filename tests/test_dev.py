@@ -96,6 +96,30 @@ def _sensor_keys(settings: Settings) -> list[tuple]:
     return sorted(zip(data.column("ts").to_pylist(), data.column("device").to_pylist()))
 
 
+CQ = [sys.executable, "-m", "cq_engine.cli.main"]
+
+
+def _dev_env(tmp_path: Path, settings: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
+    env.update(
+        CQ_SQL_DIR=settings.sql_dir,
+        CQ_WAREHOUSE=settings.warehouse,
+        CQ_HOME=settings.home,
+        DAGSTER_HOME=str(tmp_path / "dagster"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
+        **extra,
+    )
+    return env
+
+
+def _start_dev(out: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """`cq dev ARGS` in the background, its output appended to ``out``."""
+    with open(out, "ab") as sink:
+        return subprocess.Popen(
+            [*CQ, "dev", *args], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+
+
 def _ui_up(port: int) -> bool:
     try:
         return requests.get(f"http://127.0.0.1:{port}/server_info", timeout=3).status_code == 200
@@ -111,25 +135,9 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
     settings = project(tmp_path)
     holder = _hold(DEFAULT_SPARK_PORT)
     ui = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
-    env.update(
-        CQ_SQL_DIR=settings.sql_dir,
-        CQ_WAREHOUSE=settings.warehouse,
-        CQ_HOME=settings.home,
-        DAGSTER_HOME=str(tmp_path / "dagster"),
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-    )
+    env = _dev_env(tmp_path, settings)
     out = tmp_path / "dev.out"
-    cq = [sys.executable, "-m", "cq_engine.cli.main"]
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(
-            [*cq, "dev", "--port", str(ui), "--feed-every", "2"],
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2")
     try:
         _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
         text = out.read_text()
@@ -138,7 +146,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         recorded = int((Path(settings.home) / "spark" / "port").read_text())
         assert recorded != DEFAULT_SPARK_PORT
         status = subprocess.run(
-            [*cq, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+            [*CQ, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
         assert f"running at sc://localhost:{recorded}" in status.stdout, status.stdout + status.stderr
         _wait(lambda: _ui_up(ui), 400, "the Dagster UI", proc, out)
@@ -184,15 +192,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         # dagster-daemon is named, and the rest stops.
         newest = max(_sensor_keys(settings))[0]
         out2 = tmp_path / "dev2.out"
-        with open(out2, "wb") as sink:
-            proc = subprocess.Popen(
-                [*cq, "dev", "--port", str(ui), "--feed-every", "2"],
-                cwd=REPO,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        proc = _start_dev(out2, env, "--port", str(ui), "--feed-every", "2")
         _wait(lambda: "Dagster UI on" in out2.read_text(), 400, "cq dev to restart", proc, out2)
         resumed = re.search(r"sensors fed from (\S+)", out2.read_text()).group(1)
         assert datetime.fromisoformat(resumed) > newest
@@ -208,7 +208,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-        subprocess.run([*cq, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        subprocess.run([*CQ, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
         if holder is not None:
             holder.close()
 
@@ -226,27 +226,10 @@ def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path
         "\n".join(line for line in SENSORS.splitlines() if "hum_5s" not in line)
     )
     ui = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
-    env.update(
-        CQ_SQL_DIR=settings.sql_dir,
-        CQ_WAREHOUSE=settings.warehouse,
-        CQ_HOME=settings.home,
-        CQ_SPARK_PORT=str(free_port()),
-        DAGSTER_HOME=str(tmp_path / "dagster"),
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-    )
+    env = _dev_env(tmp_path, settings, CQ_SPARK_PORT=str(free_port()))
     out = tmp_path / "dev.out"
-    cq = [sys.executable, "-m", "cq_engine.cli.main"]
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(
-            # In-process Spark: a run spends its first seconds starting a JVM, where a termination lands.
-            [*cq, "dev", "--port", str(ui), "--feed-every", "2", "--stop-wait", "0", "--no-spark-server"],
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    # In-process Spark: a run spends its first seconds starting a JVM, where a termination lands.
+    proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2", "--stop-wait", "0", "--no-spark-server")
     try:
         _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
         with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
@@ -276,15 +259,7 @@ def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path
         left = [s for s in status.values() if s in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)]
         assert left == [], status
         if canceled:  # the next start runs the queued copies
-            with open(out, "ab") as sink:
-                proc = subprocess.Popen(
-                    [*cq, "dev", "--port", str(ui), "--feed-every", "60", "--no-spark-server"],
-                    cwd=REPO,
-                    env=env,
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )
+            proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "60", "--no-spark-server")
             copies = [r.run_id for r in runs if r.tags.get("dagster/parent_run_id")]
             done = dg.RunsFilter(run_ids=copies, statuses=[dg.DagsterRunStatus.SUCCESS])
             with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
@@ -295,4 +270,4 @@ def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-        subprocess.run([*cq, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        subprocess.run([*CQ, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
