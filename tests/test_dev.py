@@ -137,7 +137,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
     ui = free_port()
     env = _dev_env(tmp_path, settings)
     out = tmp_path / "dev.out"
-    proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2")
+    proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2", "--stop-wait", "600")  # a loaded machine
     try:
         _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
         text = out.read_text()

@@ -244,7 +244,7 @@ def run_dev(
     if fed:
         print(f"cq dev: feed stopped ({', '.join(fed)})")
     if proc.poll() is None:
-        daemon = freeze_daemon(proc)  # first: no sensor tick, nothing leaves the run queue
+        daemon = freeze_daemon(proc, dagster_home)  # first: no sensor tick, nothing leaves the run queue
         drain_runs(dagster_home, timeout=drain_timeout, ui=f"127.0.0.1:{port}")
         kill_frozen(daemon)
         stop_process_group(proc)

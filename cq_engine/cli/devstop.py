@@ -4,7 +4,8 @@ re-queue those that cannot finish in time, then stop the rest.
 
 The daemon is frozen (SIGSTOP) rather than stopped: ``dagster dev`` takes a daemon that exits for a
 crash and shuts everything down, run workers included. It is frozen outside a SQLite transaction (no
-POSIX lock of its own in ``/proc/locks``), so it cannot block the runs' writes to the instance."""
+POSIX lock of its own in ``/proc/locks``), so it cannot block the runs' writes to the instance, and
+while no run is STARTING (it could be the one it is launching)."""
 
 from __future__ import annotations
 
@@ -49,21 +50,31 @@ def _holds_lock(pid: int) -> bool:
     return any(len(f) > 4 and f[4] == str(pid) for f in (line.split() for line in lines))
 
 
-def freeze_daemon(proc: subprocess.Popen, *, attempts: int = 50) -> int | None:
-    """SIGSTOP ``dagster dev``'s daemon between two SQLite transactions; its pid (None: not found)."""
+def freeze_daemon(proc: subprocess.Popen, dagster_home: Path, *, budget: float = 60) -> int | None:
+    """SIGSTOP ``dagster dev``'s daemon at a quiet moment: outside a SQLite transaction, and not while
+    it launches a run (frozen then, the run would stay STARTING without a worker). Tried again for up to
+    ``budget`` seconds, then frozen anyway (a run left STARTING is canceled and queued again by
+    ``drain_runs``). Its pid (None: not found)."""
     pid = descendant(proc.pid, "dagster._daemon")
     if pid is None:
         return None
-    for _ in range(attempts):
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:
-            return None
-        if not _holds_lock(pid):
-            return pid
-        os.kill(pid, signal.SIGCONT)  # mid-transaction: let it commit, then try again
-        time.sleep(0.02)
-    return pid  # always busy: frozen anyway (its lock times out the runs' writes at worst)
+    try:
+        import dagster as dg
+
+        with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+            starting = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTING])
+            deadline = time.monotonic() + budget
+            while True:
+                os.kill(pid, signal.SIGSTOP)
+                if time.monotonic() > deadline or not (_holds_lock(pid) or instance.get_run_records(starting, limit=1)):
+                    return pid
+                os.kill(pid, signal.SIGCONT)  # let it commit, or finish launching, then try again
+                time.sleep(0.2)
+    except ProcessLookupError:
+        return None
+    except Exception as exc:  # shutting down: report, never stop the shutdown
+        print(f"cq dev: could not pause the Dagster daemon cleanly ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return pid
 
 
 def kill_frozen(pid: int | None) -> None:
