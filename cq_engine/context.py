@@ -39,6 +39,7 @@ class RunResult:
     seconds: float
     chunks: int = 1
     notified: int = 0  # events a stream run put in its outbox (NOTIFY)
+    ignored: tuple[str, ...] = ()  # what a stream run dropped (TRUE_FOR windows) and why; also in the ledger
 
 
 @dataclass

@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,46 @@ def local_session(
         conf.update({k: v for k, v in LOOPBACK_CONF.items() if k.startswith("spark.driver.")})
     for key, value in conf.items():
         builder = builder.config(key, value)
+    _start_gateway({"spark.master": master, "spark.app.name": app_name, **conf})
     return builder.getOrCreate()
+
+
+# Spark 4's launcher always adds ``--add-modules=jdk.incubator.vector`` (JavaModuleOptions), and the
+# JVM then prints this on stderr at startup; no JVM flag turns it off.
+_JVM_NOISE = (b"WARNING: Using incubator modules:",)
+
+
+def _start_gateway(conf: dict[str, str]) -> None:
+    """Launch the in-process py4j JVM the way ``SparkContext`` would (same ``--conf``s), but with its
+    stderr read by a thread that passes every line on to our stderr except ``_JVM_NOISE``. A no-op when
+    a gateway already runs (or pyspark was given one, ``PYSPARK_GATEWAY_PORT``)."""
+    from pyspark import SparkConf
+    from pyspark.core.context import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+            return
+        spark_conf = SparkConf(loadDefaults=False)
+        for key, value in conf.items():
+            spark_conf.set(key, value)
+        # Our own pipe, read from before the launch: a JVM failing to start still says why.
+        read_end, write_end = os.pipe()
+        reader = os.fdopen(read_end, "rb")
+        threading.Thread(target=_pass_stderr, args=(reader,), name="jvm-stderr", daemon=True).start()
+        try:
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": write_end})
+        finally:
+            os.close(write_end)  # the JVM has its own copy: the thread ends when the JVM does
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm
+
+
+def _pass_stderr(stream) -> None:
+    # To file descriptor 2, as the JVM wrote when it inherited it (whatever sys.stderr is now).
+    for line in iter(stream.readline, b""):
+        if not line.startswith(_JVM_NOISE):
+            os.write(2, line)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,9 @@ def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_
 def materialization(
     definition: Definition, result: RunResult, *, ignored: tuple[str, ...] = (), asset_key: dg.AssetKey | None = None
 ) -> dg.MaterializeResult:
-    """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out, and why."""
+    """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out and
+    windows the run dropped (``RunResult.ignored``), and why."""
+    ignored = (*ignored, *result.ignored)
     extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
     return dg.MaterializeResult(
         asset_key=asset_key,
@@ -126,7 +128,7 @@ def execute_one(
         f"wrote {result.rows_written} rows, {definition.sink} v{result.sink_version}"
         + (f"; {result.notified} notification(s)" if result.notified else "")
     )
-    for line in ignored:
+    for line in (*ignored, *result.ignored):
         context.log.warning(f"{definition.name}: {line}")
     return materialization(definition, result, ignored=ignored, asset_key=asset_key)
 

@@ -12,7 +12,7 @@ from cq_engine.model import Stream
 from cq_engine.notify.outbox import gate, paused_by_notify
 from cq_engine.spark import server_status
 from cq_engine.streams.sensor import evaluate_stream
-from cq_engine.streams.timing import StreamWork
+from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
 from .builders import in_flight, materialization
@@ -22,9 +22,9 @@ PRIORITY_TAG = "dagster/priority"
 WAITING = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 
 
-def work_request(stream: Stream, work: StreamWork, index: int, translator: CQTranslator) -> dg.RunRequest:
+def work_request(stream: Stream, work: StreamWork, index: int, translator: CQTranslator, *, tz: str) -> dg.RunRequest:
     """The run of one ``StreamWork``; history after real time unless FILL_HISTORY_FIRST."""
-    lo, hi = work.extent
+    lo, hi = work_range(stream, work, tz)
     tags = {
         **translator.get_tags(stream),
         "cq/work": work.to_json(),
@@ -106,7 +106,8 @@ def build_stream_sensor(
         ):
             events = compute_inline(context, engine, stream, works, sink_key)
             works = works[len(events) :]  # what failed (and what follows it) goes to a run, in order
-        requests = [work_request(stream, w, i, translator) for i, w in enumerate(works)]
+        tz = engine.settings.timezone
+        requests = [work_request(stream, w, i, translator, tz=tz) for i, w in enumerate(works)]
         return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cursor)
 
     return dg.SensorDefinition(

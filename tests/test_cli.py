@@ -230,3 +230,68 @@ def test_query_reads_only_the_tables_it_names(project, capsys):
     assert code == 0 and "\n36\n" in out, err
     code, _, err = cq(capsys, "query", "SELECT count(*) FROM junk")
     assert code == 1 and "junk" in err
+
+
+def test_tick_reports_windows_dropped_by_true_for(tmp_path, monkeypatch, capsys, spark):
+    """A closed window shorter than TRUE_FOR is dropped inside the run's Spark job; `cq tick`, the run's
+    `cq/ignored` metadata and the ledger say how many and why. Later runs do not report it again."""
+    from datetime import UTC, datetime, timedelta
+
+    import pyarrow as pa
+
+    from cq_engine.engine import Engine
+    from dagster_defs.builders import materialization
+
+    engine = Engine(
+        settings=own_project(
+            tmp_path,
+            monkeypatch,
+            "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, st INT);\n"
+            "CREATE STREAM s STATE_WINDOW(st) TRUE_FOR(10s) FROM src INTO s_out AS "
+            "SELECT _twstart, count(*) AS n FROM %%trows;\n",
+        ),
+        spark_session=spark,
+    )
+    engine.ensure_tables()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def append(*rows):
+        engine.storage.append(
+            "src",
+            pa.table(
+                {
+                    "ts": pa.array([t0 + timedelta(seconds=x) for x, _ in rows], pa.timestamp("us", tz="UTC")),
+                    "st": pa.array([v for _, v in rows], pa.int32()),
+                }
+            ),
+        )
+
+    assert cq(capsys, "tick", "s")[0] == 0  # created on the empty table
+    # st=1 lasts 20s (kept), st=2 5s (dropped), st=3 15s (kept), st=4 is open at T = 60s.
+    append((0, 1), (5, 1), (20, 1), (25, 2), (30, 2), (40, 3), (55, 3), (60, 4))
+    code, out, err = cq(capsys, "tick", "s")
+    line = (
+        "s: true_for: 1 window(s) of 2 row(s) ignored, windows starting in "
+        "[2026-01-01T00:00:25+00:00, 2026-01-01T00:00:25+00:00]: shorter than TRUE_FOR 10s"
+    )
+    assert code == 0 and line in out, (out, err)
+    assert sorted(r["n"] for r in pa.table(DeltaTable(str(tmp_path / "wh" / "s_out")).scan()).to_pylist()) == [2, 3]
+    notes = [e for e in engine.ledger.entries("s") if e.kind == "ignored"]
+    assert len(notes) == 1 and notes[0].status == "ignored" and line[len("s: ") :] in notes[0].error
+    assert notes[0].range_start == t0 + timedelta(seconds=25)
+    # The same through the engine (what a Dagster run calls) and into the run's metadata.
+    append((70, 5), (72, 5), (80, 6))
+    work = engine.stream("s")
+    from cq_engine.streams.sensor import evaluate_stream
+
+    cursor = (tmp_path / ".cq" / "ticks" / "s.json").read_text()
+    plan = evaluate_stream(engine.ctx, work, cursor=cursor, now=datetime.now(UTC))
+    (w,) = plan.works
+    result = engine.run_stream("s", w)  # st=4 (0s) and st=5 (2s) closed and dropped, st=6 open
+    assert result.ignored and "2 window(s) of 3 row(s) ignored" in result.ignored[0], result.ignored
+    meta = materialization(work, result).metadata
+    assert meta["cq/ignored"].data == list(result.ignored)
+    (tmp_path / ".cq" / "ticks" / "s.json").write_text(plan.cursor.to_json())
+    append((95, 6))  # nothing closes: nothing reported
+    code, out, _ = cq(capsys, "tick", "s")
+    assert code == 0 and "true_for" not in out and "1 window(s)" not in out, out

@@ -327,6 +327,7 @@ def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instan
     from streams_util import T0
 
     from cq_engine.streams.timing import StreamWork
+    from cq_engine.times import iso
 
     bench, defs = streams
     cursor = _tick_sensor(defs, instance, "s_cnt", None).cursor
@@ -336,7 +337,13 @@ def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instan
     work = StreamWork.from_json(request.tags["cq/work"])
     assert work.close_until == T0 + timedelta(seconds=6) and not work.windows
     assert request.tags["cq/work_kind"] == "realtime" and request.tags["cq/range_end"] == "2026-11-21T10:00:06+00:00"
+    # Shown as the half-open range it is: from the first row (a stream created on an empty table), not 1970
+    assert request.tags["cq/range_start"] == "2026-11-21T10:00:00+00:00"
     meta = _run(defs, instance, "s_cnt", request)
+    assert (meta["cq/range_start"], meta["cq/range_end"]) == (
+        request.tags["cq/range_start"],
+        request.tags["cq/range_end"],
+    )
     # Windows of 3 rows per meter: [0, 1, 2] and [3, 4, 5] closed; [6] stays open.
     assert _summary(bench.sink("s_cnt_out")) == [
         (d, T0 + timedelta(seconds=k), 3, float(k + 1)) for d in ("d1", "d2") for k in (0, 3)
@@ -347,6 +354,11 @@ def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instan
     (request,) = _tick_sensor(defs, instance, "s_cnt", result.cursor).run_requests
     meta = _run(defs, instance, "s_cnt", request)
     assert meta["cq/rows_written"] == 1  # [6, 7, 8] of d1, from the frontier the first run left
+    # From the watermark the run starts after (6 s; its frontier is 6 s + 1 us) to the one it closes by
+    shown = (T0 + timedelta(seconds=6), T0 + timedelta(seconds=9))
+    assert (meta["cq/range_start"], meta["cq/range_end"]) == tuple(iso(x) for x in shown)
+    last = bench.engine.ledger.last("s_cnt")
+    assert (last.range_start, last.range_end) == shown
     assert _summary(bench.sink("s_cnt_out"))[:3] == [
         ("d1", T0 + timedelta(seconds=k), 3, float(k + 1)) for k in (0, 3, 6)
     ]

@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from netutil import free_port
 
 from cq_engine.cli.dev import check_ports, seed_start
+from cq_engine.cli.devstop import descendant
 from cq_engine.cli.feed import FEEDS
 from cq_engine.config import DEFAULT_SPARK_PORT, Settings
 from cq_engine.engine import Engine
@@ -30,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 SENSORS = """CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
 CREATE CONTINUOUS QUERY hum_5s RESAMPLE EVERY 5s BEGIN
   SELECT avg(humidity) AS h INTO hum_5s FROM sensors GROUP BY (5s), device END;
+CREATE STREAM hum_s INTERVAL(5s) SLIDING(5s) FROM sensors INTO hum_s AS SELECT _twstart, avg(humidity) AS h FROM %%trows;
 """
 
 
@@ -94,26 +96,28 @@ def _sensor_keys(settings: Settings) -> list[tuple]:
     return sorted(zip(data.column("ts").to_pylist(), data.column("device").to_pylist()))
 
 
-def _descendant(root: int, needle: str) -> int | None:
-    """A live descendant process of ``root`` whose command line holds ``needle``."""
-    parents = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                parents[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    for pid in parents:
-        p = pid
-        while p in parents and p not in (0, 1, root):
-            p = parents[p]
-        if p == root and pid != root:
-            try:
-                if needle in (Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")):
-                    return pid
-            except OSError:
-                continue
-    return None
+CQ = [sys.executable, "-m", "cq_engine.cli.main"]
+
+
+def _dev_env(tmp_path: Path, settings: Settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
+    env.update(
+        CQ_SQL_DIR=settings.sql_dir,
+        CQ_WAREHOUSE=settings.warehouse,
+        CQ_HOME=settings.home,
+        DAGSTER_HOME=str(tmp_path / "dagster"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
+        **extra,
+    )
+    return env
+
+
+def _start_dev(out: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """`cq dev ARGS` in the background, its output appended to ``out``."""
+    with open(out, "ab") as sink:
+        return subprocess.Popen(
+            [*CQ, "dev", *args], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
 
 
 def _ui_up(port: int) -> bool:
@@ -131,25 +135,9 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
     settings = project(tmp_path)
     holder = _hold(DEFAULT_SPARK_PORT)
     ui = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CQ_", "DAGSTER_", "SPARK_"))}
-    env.update(
-        CQ_SQL_DIR=settings.sql_dir,
-        CQ_WAREHOUSE=settings.warehouse,
-        CQ_HOME=settings.home,
-        DAGSTER_HOME=str(tmp_path / "dagster"),
-        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-    )
+    env = _dev_env(tmp_path, settings)
     out = tmp_path / "dev.out"
-    cq = [sys.executable, "-m", "cq_engine.cli.main"]
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(
-            [*cq, "dev", "--port", str(ui), "--feed-every", "2"],
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2", "--stop-wait", "600")  # a loaded machine
     try:
         _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
         text = out.read_text()
@@ -158,7 +146,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         recorded = int((Path(settings.home) / "spark" / "port").read_text())
         assert recorded != DEFAULT_SPARK_PORT
         status = subprocess.run(
-            [*cq, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+            [*CQ, "spark", "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
         assert f"running at sc://localhost:{recorded}" in status.stdout, status.stdout + status.stderr
         _wait(lambda: _ui_up(ui), 400, "the Dagster UI", proc, out)
@@ -170,13 +158,22 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
                 proc,
                 out,
             )
+            # Ctrl-C while a run is in flight: the stream's sensor and the firings' sensor keep requesting
+            # runs every few seconds, so the shutdown's wait for it is when a new run could start (and,
+            # unless nothing new may start, then be killed).
+            ok = dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS], tags={"cq/name": "hum_s"})
+            _wait(lambda: instance.get_run_records(ok, limit=1), 400, "a stream run to succeed", proc, out)
+            flight = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+            _wait(lambda: instance.get_run_records(dg.RunsFilter(statuses=flight), limit=1), 400, "a run", proc, out)
             before = len(out.read_text())
             proc.send_signal(signal.SIGINT)
-            assert proc.wait(400) == 0
+            assert proc.wait(600) == 0
             after = out.read_text()[before:]
             failed = instance.get_run_records(
                 dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED])
             )
+            # Nor left "in flight" with its worker gone (run monitoring would fail it at the next start).
+            left = instance.get_run_records(dg.RunsFilter(statuses=[*flight, dg.DagsterRunStatus.CANCELING]))
         assert "Traceback" not in after and "KeyboardInterrupt" not in after, after
         for line in (
             "cq dev: feed stopped (sensors)",
@@ -187,6 +184,7 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
             assert line in after, after
         assert len(after.strip().splitlines()) <= 8, after  # one line per component (and a wait notice)
         assert failed == [], [(r.dagster_run.run_id, r.dagster_run.tags) for r in failed]
+        assert left == [], [(r.dagster_run.run_id, r.dagster_run.status) for r in left]
         assert not (Path(settings.home) / "spark" / "port").exists()
         assert _sensor_keys(settings) == sorted(set(_sensor_keys(settings)))
 
@@ -194,19 +192,11 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         # dagster-daemon is named, and the rest stops.
         newest = max(_sensor_keys(settings))[0]
         out2 = tmp_path / "dev2.out"
-        with open(out2, "wb") as sink:
-            proc = subprocess.Popen(
-                [*cq, "dev", "--port", str(ui), "--feed-every", "2"],
-                cwd=REPO,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        proc = _start_dev(out2, env, "--port", str(ui), "--feed-every", "2")
         _wait(lambda: "Dagster UI on" in out2.read_text(), 400, "cq dev to restart", proc, out2)
         resumed = re.search(r"sensors fed from (\S+)", out2.read_text()).group(1)
         assert datetime.fromisoformat(resumed) > newest
-        daemon = _wait(lambda: _descendant(proc.pid, "dagster._daemon"), 400, "the daemon", proc, out2)
+        daemon = _wait(lambda: descendant(proc.pid, "dagster._daemon"), 400, "the daemon", proc, out2)
         os.kill(daemon, signal.SIGKILL)
         assert proc.wait(400) == 1
         text = out2.read_text()
@@ -218,6 +208,66 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-        subprocess.run([*cq, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        subprocess.run([*CQ, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
         if holder is not None:
             holder.close()
+
+
+@pytest.mark.spark
+@pytest.mark.dagster_e2e
+def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path):
+    """`--stop-wait 0`: the runs in flight at Ctrl-C cannot finish in time. Each is canceled (not failed)
+    and queued again with the same tags (a stream's work), for the next start; nothing is left in flight.
+    (A batched-firings run is canceled and not queued again: its sensor retries those firings.)"""
+    import dagster as dg
+
+    settings = project(tmp_path)  # the stream alone: every run is one to queue again
+    (tmp_path / "sql" / "sensors.sql").write_text(
+        "\n".join(line for line in SENSORS.splitlines() if "hum_5s" not in line)
+    )
+    ui = free_port()
+    env = _dev_env(tmp_path, settings, CQ_SPARK_PORT=str(free_port()))
+    out = tmp_path / "dev.out"
+    # In-process Spark: a run spends its first seconds starting a JVM, where a termination lands.
+    proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2", "--stop-wait", "0", "--no-spark-server")
+    try:
+        _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
+        with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+            flight = [dg.DagsterRunStatus.STARTED]
+            stream = dg.RunsFilter(statuses=flight, tags={"cq/name": "hum_s"})
+            _wait(lambda: instance.get_run_records(stream, limit=1), 600, "a stream run in flight", proc, out)
+            before = len(out.read_text())
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(600) == 0
+            after = out.read_text()[before:]
+            runs = [r.dagster_run for r in instance.get_run_records()]
+        assert "Traceback" not in after, after
+        status = {r.run_id: r.status for r in runs}
+        assert dg.DagsterRunStatus.FAILURE not in status.values(), after
+        # A run in flight either finished (a termination interrupts it between Spark calls) or was
+        # canceled and queued again.
+        canceled = [r for r in runs if r.status == dg.DagsterRunStatus.CANCELED]
+        assert all(r.tags.get("cq/name") == "hum_s" for r in canceled), status
+        assert ("did not finish in time: canceled" in after) == bool(canceled), after
+        for run in canceled:
+            again = [r for r in runs if r.tags.get("dagster/parent_run_id") == run.run_id]
+            assert [(r.status, r.tags.get("cq/work")) for r in again] == [
+                (dg.DagsterRunStatus.QUEUED, run.tags["cq/work"])
+            ], status
+        requeued = {r.tags.get("dagster/parent_run_id") for r in runs} - {None}
+        assert requeued <= {r.run_id for r in canceled}, status  # a run that finished is not run again
+        left = [s for s in status.values() if s in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)]
+        assert left == [], status
+        if canceled:  # the next start runs the queued copies
+            proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "60", "--no-spark-server")
+            copies = [r.run_id for r in runs if r.tags.get("dagster/parent_run_id")]
+            done = dg.RunsFilter(run_ids=copies, statuses=[dg.DagsterRunStatus.SUCCESS])
+            with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
+                _wait(lambda: len(instance.get_run_records(done)) == len(copies), 600, "the queued copies", proc, out)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(600) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        subprocess.run([*CQ, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)

@@ -199,3 +199,32 @@ def test_stop(server):
     assert not server_status(settings).running
     assert not list(Path(settings.home, "spark").glob("*.pid"))
     assert stop_server(settings) is False
+
+
+def test_jvm_incubator_warning_stays_off_the_terminal(tmp_path):
+    """Spark 4's launcher always starts the JVM with ``--add-modules=jdk.incubator.vector``, and the JVM
+    then prints "WARNING: Using incubator modules" on stderr: not on a user's terminal, neither from an
+    in-process session (`cq query`) nor from `cq spark start` (the server's output goes to its log)."""
+    (tmp_path / "sql").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("CQ_SPARK_REMOTE", "CQ_SPARK_MASTER")}
+    env.update(
+        CQ_HOME=str(tmp_path / ".cq"),
+        CQ_WAREHOUSE=str(tmp_path / "wh"),
+        CQ_SQL_DIR=str(tmp_path / "sql"),
+        CQ_SPARK_PORT=str(free_port()),
+        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+    )
+    cq = str(Path(sys.executable).with_name("cq"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([cq, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    out = run("query", "SELECT 1 AS x")  # no server: an in-process (py4j) JVM
+    assert out.returncode == 0 and "(1 row)" in out.stdout, out.stderr
+    assert "Using incubator modules" not in out.stderr + out.stdout, out.stderr
+    try:
+        out = run("spark", "start")
+        assert out.returncode == 0 and "running at" in out.stdout, out.stderr
+        assert "Using incubator modules" not in out.stderr + out.stdout, out.stderr
+    finally:
+        assert run("spark", "stop").returncode == 0

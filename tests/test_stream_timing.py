@@ -1,5 +1,6 @@
 """Pure stream timing: what a sensor tick requests, from cursor + commit statistics + now."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from cq_engine.model import CountTrigger, SelectItem, SessionTrigger, SlidingTrigger, Stream, StreamOptions
@@ -16,6 +17,7 @@ from cq_engine.streams.timing import (
     starts_ending_in,
     tick_after,
     tick_floor,
+    work_range,
 )
 
 US = timedelta(microseconds=1)
@@ -306,3 +308,39 @@ def test_history_without_fill_history_is_reported():
         ).ignored
         == ()
     )
+
+
+def test_work_ranges_are_shown_half_open_without_the_exclusive_cursor_microsecond():
+    """A run's range (tags, metadata, ledger, `cq tick`) is the half-open ``[start, end)`` it is about:
+    no ``...:40.000001`` from the exclusive origin or window-start cursor; the work's own fields (which
+    rows and windows it reads) keep it."""
+    session = stream(SessionTrigger(gap=10 * S))
+    created = first_tick(session, version=1, span=Span(t(10, 0), t(10, 0, 40), 5), now=t(12, 0), tz="UTC", chunk_rows=9)
+    assert created.cursor.origin == t(10, 0, 40) + US  # rows after the history: the exclusive cursor
+    plan = plan_tick(
+        session, created.cursor, version=2, changes=[added(t(10, 0, 50), t(10, 1))], now=t(12, 0), tz="UTC"
+    )
+    (work,) = plan.works
+    assert work.origin == t(10, 0, 40) + US and work.close_until == t(10, 1)  # what the run reads: unchanged
+    assert work_range(session, work, "UTC") == (t(10, 0, 40), t(10, 1))  # closes what T moving :40 -> 1:00 closes
+    assert StreamWork.from_json(work.to_json()) == work
+    # a recomputation is shown from where it recomputes
+    c = replace(plan.cursor, version=2)
+    plan = plan_tick(session, c, version=3, changes=[added(t(10, 0, 45), t(10, 1, 30))], now=t(12, 0), tz="UTC")
+    assert work_range(session, plan.works[0], "UTC") == (t(10, 0, 45), t(10, 1, 30))
+    # time windows: WINDOW_OPEN asks for the windows opened since the last max event (an exclusive
+    # cursor); shown on the window grid, the same windows
+    opened = stream(event_types=("WINDOW_OPEN", "WINDOW_CLOSE"))
+    plan = plan_tick(
+        opened, cursor(t(10, 0, 40)), version=4, changes=[added(t(10, 0, 45), t(10, 2, 5))], now=t(12, 0), tz="UTC"
+    )
+    (work,) = plan.works
+    assert any(a.microsecond or b.microsecond for a, b in work.windows)  # the raw cursor ranges
+    lo, hi = work_range(opened, work, "UTC")
+    assert (lo, hi) == (t(10, 0), t(10, 3)) and "000001" not in plan.reason, plan.reason
+    sliding_only = stream(SlidingTrigger(sliding=M))
+    late = [added(t(10, 1, 10), t(10, 1, 20))]  # recomputes the closed window [10:01, 10:02)
+    plan = plan_tick(sliding_only, cursor(t(10, 5)), version=4, changes=late, now=t(12, 0), tz="UTC")
+    assert plan.works[0].windows == ((t(10, 1), t(10, 1, 20) + US),)
+    assert work_range(sliding_only, plan.works[0], "UTC") == (t(10, 1), t(10, 2))
+    assert plan.reason == "windows starting in [2026-11-21T10:01:00+00:00, 2026-11-21T10:02:00+00:00)"

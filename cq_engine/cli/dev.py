@@ -3,7 +3,6 @@ a DAGSTER_HOME whose run queue serialises each definition, and a simulated senso
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from cq_engine.cli.devstop import drain_runs, freeze_daemon, kill_frozen, stop_process_group
 from cq_engine.cli.feed import FEEDS, floor_time
 from cq_engine.config import DEFAULT_SPARK_PORT, Settings
 from cq_engine.engine import Engine
@@ -244,7 +244,9 @@ def run_dev(
     if fed:
         print(f"cq dev: feed stopped ({', '.join(fed)})")
     if proc.poll() is None:
-        _drain_runs(dagster_home, timeout=drain_timeout)
+        daemon = freeze_daemon(proc, dagster_home)  # first: no sensor tick, nothing leaves the run queue
+        drain_runs(dagster_home, timeout=drain_timeout, ui=f"127.0.0.1:{port}")
+        kill_frozen(daemon)
         stop_process_group(proc)
         print("cq dev: Dagster webserver and daemon stopped")
     pump.join(5)
@@ -275,44 +277,3 @@ def _who_died(log_path: Path) -> str | None:
         return None
     found = [line for line in lines if "shut down unexpectedly" in line]
     return found[-1].split(" - ")[-1].strip() if found else None
-
-
-def _drain_runs(dagster_home: Path, *, timeout: float) -> None:
-    """Let the runs in flight finish (an interrupted firing would end as a failure), up to
-    ``timeout`` seconds; queued runs stay queued for the next start."""
-    try:
-        import dagster as dg
-
-        with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
-            flight = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-            # Those in flight now; a run the daemon launches meanwhile is not waited for (it could go on).
-            ids = [r.dagster_run.run_id for r in instance.get_run_records(dg.RunsFilter(statuses=flight), limit=100)]
-            if ids:
-                print(f"cq dev: waiting up to {timeout:.0f}s for {len(ids)} run(s) in flight to finish")
-            deadline = time.monotonic() + timeout
-            while ids and time.monotonic() < deadline:
-                time.sleep(1)
-                ids = [
-                    r.dagster_run.run_id
-                    for r in instance.get_run_records(dg.RunsFilter(run_ids=ids, statuses=flight), limit=100)
-                ]
-    except Exception as exc:  # shutting down: report, never stop the shutdown
-        print(f"cq dev: could not check for runs in flight ({type(exc).__name__}: {exc})", file=sys.stderr)
-
-
-def stop_process_group(proc: subprocess.Popen, *, first_signal: int = signal.SIGINT, timeout: float = 20) -> None:
-    """Signal the whole process group (``dagster dev`` forwards SIGINT to webserver, daemon and runs),
-    then SIGKILL whatever is left in it, run workers included."""
-    for sig, wait in ((first_signal, timeout), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)

@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=3000)
     sp.add_argument("--feed-every", type=float, default=5.0, metavar="SECONDS")
     sp.add_argument("--no-spark-server", action="store_true", help="use in-process Spark in each run")
+    sp.add_argument(
+        "--stop-wait",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="on Ctrl-C, how long runs in flight may take to finish (then canceled and queued again)",
+    )
     register(cmd)
     # `cq drop NAME` also drops a trigger whose statement was removed (calling its on_drop()).
     drop = sub.choices["drop"]
@@ -350,7 +357,13 @@ def _spark(args, settings: Settings) -> int:
 def _dev(args, settings: Settings) -> int:
     from cq_engine.cli.dev import run_dev
 
-    return run_dev(settings, port=args.port, feed_every=args.feed_every, spark_server=not args.no_spark_server)
+    return run_dev(
+        settings,
+        port=args.port,
+        feed_every=args.feed_every,
+        spark_server=not args.no_spark_server,
+        drain_timeout=args.stop_wait,
+    )
 
 
 def _demo(args, settings: Settings) -> int:

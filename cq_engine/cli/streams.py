@@ -94,9 +94,12 @@ def _tick(args, settings: Settings) -> int:
     for work in plan.works:
         r = engine.run_stream(d.name, work)
         print(
-            f"{d.name}: {work.kind} run at version {work.version}: {r.rows_written} rows -> {d.sink} "
+            f"{d.name}: {work.kind} run over [{iso(r.time_range[0])}, {iso(r.time_range[1])}) at version "
+            f"{work.version}: {r.rows_written} rows -> {d.sink} "
             f"v{r.sink_version} ({r.seconds:.2f}s)"
         )
+        for line in r.ignored:
+            print(f"{d.name}: {line}")
     # Saved once the requested runs succeeded, so a failed run is requested again next time.
     write_atomic(path, plan.cursor.to_json())
     return 0

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 KINDS = ("firing", "recalculate", "realtime", "history", "period", "ignored")  # the last four: streams
-# "ignored": no run; rows a stream's tick left out (late, expired, history), ``error`` says why
+# "ignored": no run; rows a stream's tick left out (late, expired, history) or windows its run dropped
+# (TRUE_FOR), ``error`` says why
 STATUSES = ("succeeded", "failed", "ignored")
 STATE_NAME = "firings"  # the ledger's state table: ``_cq/firings``
 
@@ -127,6 +128,35 @@ class Ledger:
             write(entry("failed", str(exc)[:2000]))
             raise
         write(entry("succeeded"))
+
+    def note_ignored(
+        self,
+        *,
+        definition: str,
+        fire_time: datetime | None,
+        span: tuple[datetime, datetime],
+        source_versions: dict[str, int],
+        text: str,
+    ) -> None:
+        """An ``ignored`` entry (not a run): what a stream left out over the event times ``span``
+        (both ends included), and why (``text``, in ``error``)."""
+        now = datetime.now(UTC)
+        self.record(
+            LedgerEntry(
+                definition=definition,
+                kind="ignored",
+                fire_time=fire_time,
+                range_start=span[0],
+                range_end=span[1] + timedelta(microseconds=1),  # the ledger's ranges are half-open
+                source_versions=source_versions,
+                rows_written=0,
+                sink_version=None,
+                status="ignored",
+                started_at=now,
+                finished_at=now,
+                error=text,
+            )
+        )
 
     def record(self, entry: LedgerEntry) -> None:
         """Append one entry (one commit)."""

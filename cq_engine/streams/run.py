@@ -59,10 +59,12 @@ from cq_engine.streams.windows.tdengine import (
     NEXT_STATE,
     OPEN_ROW,
     PREV_STATE,
+    SHORT,
     STATE,
     WCLOSED,
     WEND,
     WLAST,
+    WROWS,
     WSTART,
     assign_windows,
 )
@@ -71,6 +73,7 @@ from cq_engine.times import EPOCH, UTC, epoch_ms, iso
 _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
 _PHASE = "__cq_count_phase"
+_SHORT_ROWS = "__cq_short_rows"
 
 
 def _in_ranges(column: str, ranges) -> F.Column:
@@ -92,7 +95,7 @@ def run_work(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> RunResu
     if isinstance(stream.trigger, PeriodTrigger):
         raise CQError(f"{stream.name} is a PERIOD stream: it runs per tick (cq tick / its schedule)")
     runner = _run_data_shaped if stream.trigger.kind in DATA_SHAPED else _run_time_windows
-    lo, hi = work.extent
+    lo, hi = st.work_range(stream, work, ctx.settings.timezone)
     revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
     versions = {stream.trigger_source: work.version}
     return _recorded(
@@ -117,6 +120,7 @@ class _Outcome:
     scanned: tuple[int, int]
     result: pa.Table | None = None
     replaced: Callable[[int, datetime], bool] = lambda group, start: False
+    ignored: tuple[st.Ignored, ...] = ()  # windows the run dropped (TRUE_FOR)
 
 
 def _recorded(
@@ -138,6 +142,10 @@ def _recorded(
         rec.source_versions = versions
         out = body()
         rec.rows_written, rec.sink_version = out.rows, out.version
+    for item in out.ignored:
+        ctx.ledger.note_ignored(
+            definition=stream.name, fire_time=fire_time, span=item.span, source_versions=versions, text=item.text
+        )
     notified = _notify(ctx, stream, out, kind=kind, revision=revision)
     return RunResult(
         definition=stream.name,
@@ -151,6 +159,7 @@ def _recorded(
         files_total=out.scanned[1],
         seconds=time.perf_counter() - clock,
         notified=notified,
+        ignored=tuple(i.text for i in out.ignored),
     )
 
 
@@ -312,6 +321,7 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
             df = df.withColumn(_PHASE, F.when(resumed, F.lit(0)))
         df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
     phase = _PHASE if _PHASE in df.columns else None
+    true_for = getattr(stream.trigger, "true_for", None) is not None
     windows = assign_windows(
         df,
         stream.trigger,
@@ -320,16 +330,25 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
         close_until=work.close_until or lo,
         timezone=tz,
         count_phase_column=phase,
+        mark_short=true_for,
     )
     windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
+    short = None
+    if true_for:
+        short = _short_windows(stream, windows)
+        windows = windows.filter(~F.col(SHORT)).drop(SHORT)
     slack = stream.trigger.gap if isinstance(stream.trigger, SessionTrigger) else timedelta(0)
-    result = _compute(
+    computed = _compute(
         ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi + slack if hi else _FAR), version=work.version
-    ).toArrow()
+    )
+    if short is not None:  # the dropped windows ride along in the same job, one row each
+        computed = computed.withColumn(SHORT, F.lit(False)).unionByName(short, allowMissingColumns=True)
+    result = computed.toArrow()
 
     pcols = partition_columns(stream)
     groups = list(zip(*[result.column(c).to_pylist() for c in pcols])) if keys else [()] * result.num_rows
     starts, closed, last, ids = (result.column(c).to_pylist() for c in (WSTART, WCLOSED, WLAST, GROUP))
+    dropped = result.column(SHORT).to_pylist() if short is not None else [False] * result.num_rows
     moved: dict[tuple, datetime] = {}
     open_start: dict[tuple, datetime] = {}
     bounds = {g: frontier.get(g, origin) for g in set(groups)}
@@ -345,8 +364,17 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
             moved[g] = max(moved.get(g, EPOCH), t + _US)
         else:
             open_start[g] = min(open_start.get(g, _FAR), s)
+    ignored: tuple[st.Ignored, ...] = ()
+    if short is not None:
+        gone_short = [i for i, (d, c) in enumerate(zip(dropped, complete)) if d and c]
+        if gone_short:
+            rows_dropped = sum(result.column(_SHORT_ROWS).to_pylist()[i] or 0 for i in gone_short)
+            ignored = (st.true_for_ignored(stream, [starts[i] for i in gone_short], rows_dropped),)
+        complete = [c and not d for c, d in zip(complete, dropped)]
     if not all(complete):
         result = result.filter(pa.array(complete, pa.bool_()))
+    if short is not None:
+        result = result.drop_columns([SHORT, _SHORT_ROWS])
     if isinstance(stream.trigger, EkSlidingTrigger):  # a later row's window reaches back `size`
         moved = {g: m - stream.trigger.size for g, m in moved.items()}
     new_frontier = dict(frontier)
@@ -375,7 +403,19 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
     def replaced(group: int, start: datetime) -> bool:
         return group in gone or (group in by_gid and start >= by_gid[group])
 
-    return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced)
+    return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced, ignored)
+
+
+def _short_windows(stream: Stream, windows):
+    """One row per closed window TRUE_FOR drops: what the frontier needs (group, start, last row,
+    closed), its row count, and ``SHORT``; unioned into the run's result rather than a job of its own."""
+    pcols = partition_columns(stream)
+    return (
+        windows.filter(F.col(SHORT))
+        .groupBy(*pcols, GROUP, WSTART)
+        .agg(F.max(WLAST).alias(WLAST), F.max(WROWS).alias(_SHORT_ROWS))
+        .withColumns({WCLOSED: F.lit(True), SHORT: F.lit(True)})
+    )
 
 
 # --- PERIOD ---------------------------------------------------------------------------------------

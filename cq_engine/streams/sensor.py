@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from cq_engine.context import EngineContext
 from cq_engine.errors import TableError
 from cq_engine.model import DATA_SHAPED, Stream, statement_hash
-from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.streams import timing as st
 from cq_engine.streams.frontier import move_frontier
 from cq_engine.times import UTC
@@ -74,21 +73,12 @@ def _noted(ctx: EngineContext, stream: Stream, table: str, plan: st.TickPlan, *,
     """Record the rows the tick ignored in the ledger (kind and status ``ignored``, ``error`` the why),
     so they are found after the tick's output is gone."""
     for item in plan.ignored:
-        ctx.ledger.record(
-            LedgerEntry(
-                definition=stream.name,
-                kind="ignored",
-                fire_time=now,
-                range_start=item.span[0],
-                range_end=item.span[1] + timedelta(microseconds=1),
-                source_versions={table: plan.cursor.version},
-                rows_written=0,
-                sink_version=None,
-                status="ignored",
-                started_at=now,
-                finished_at=now,
-                error=item.text,
-            )
+        ctx.ledger.note_ignored(
+            definition=stream.name,
+            fire_time=now,
+            span=item.span,
+            source_versions={table: plan.cursor.version},
+            text=item.text,
         )
     return plan
 

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
 from zoneinfo import ZoneInfo
 
+from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
 from cq_engine.model import DATA_SHAPED, SlidingTrigger, Stream
 from cq_engine.schedule.cron import local_midnight
@@ -101,18 +102,10 @@ class StreamWork(_Json):
     write_open: bool = True  # False: open windows are computed only for WINDOW_OPEN notifications
     deleted: bool = False  # rows were removed from the trigger table (DELETE_OUTPUT_TABLE looks)
     ignored: tuple[str, ...] = ()  # rows the tick that requested the run left out, and why (TickPlan.ignored)
+    closed_from: datetime | None = None  # data-shaped: the watermark before this run (for its shown range)
 
-    _TIMES = ("close_until", "recompute_from", "origin", "tick")
+    _TIMES = ("close_until", "recompute_from", "origin", "tick", "closed_from")
     _RANGES = ("windows",)
-
-    @property
-    def extent(self) -> TimeRange:
-        """The event-time range the work is about (for tags, the ledger and progress lines)."""
-        if self.windows:
-            return self.windows[0][0], self.windows[-1][1]
-        lo = self.recompute_from or self.origin or EPOCH
-        hi = self.close_until or lo
-        return lo, max(hi, lo + _US)
 
 
 @dataclass(frozen=True)
@@ -138,7 +131,7 @@ class Ignored:
     """Rows a tick leaves out: which (a row count from file statistics, their event time), and the
     line that says why and how to get them computed."""
 
-    what: str  # history | late | expired
+    what: str  # history | late | expired (rows a tick leaves out) | true_for (windows a run drops)
     rows: int
     span: TimeRange  # [first, last] event time
     text: str
@@ -229,6 +222,25 @@ def key_ranges(stream: Stream, windows: Sequence[TimeRange], tz: str) -> list[Ti
     if trig.interval is not None:
         return [(a + trig.interval, b + trig.interval) for a, b in windows]
     return [(tick_after(trig, a - _US, tz), tick_after(trig, b - _US, tz) + _US) for a, b in windows]
+
+
+def _start_ceil(trigger: SlidingTrigger, t: datetime, tz: str) -> datetime:
+    """The first window start at or after ``t``."""
+    return _grid_ceil(trigger, t) if trigger.interval is not None else tick_after(trigger, t - _US, tz)
+
+
+def work_range(stream: Stream, work: StreamWork, tz: str) -> TimeRange:
+    """The half-open ``[start, end)`` a run is shown with (tags, metadata, the ledger, ``cq tick``).
+    Time windows: the starts of the windows it computes, on the window grid (cursors such as "after
+    the last event seen" make the work's ranges ``...:40.000001``; the grid holds the same windows).
+    Data-shaped: from where it recomputes, or the watermark it starts after, to the one it closes by.
+    For showing only: what a run reads comes from the work's own fields."""
+    if work.windows:
+        trig = stream.trigger
+        assert isinstance(trig, SlidingTrigger)  # the only trigger with time windows
+        return _start_ceil(trig, work.windows[0][0], tz), _start_ceil(trig, work.windows[-1][1], tz)
+    lo = work.recompute_from or work.closed_from or work.origin or EPOCH
+    return lo, max(work.close_until or lo, lo)
 
 
 def merge_ranges(ranges: Sequence[TimeRange]) -> tuple[TimeRange, ...]:
@@ -322,6 +334,19 @@ def _ignored(
     return Ignored(what, rows, (lo, hi), text)
 
 
+def true_for_ignored(stream: Stream, starts: Sequence[datetime], rows: int) -> Ignored:
+    """The windows a run's TRUE_FOR dropped (closed, first to last row shorter than it): how many,
+    their rows and starts, and why."""
+    d = getattr(stream.trigger, "true_for", None)
+    assert d is not None  # only STATE and EVENT windows with TRUE_FOR drop windows
+    lo, hi = min(starts), max(starts)
+    text = (
+        f"true_for: {len(starts)} window(s) of {rows} row(s) ignored, windows starting in [{iso(lo)}, {iso(hi)}]: "
+        f"shorter than TRUE_FOR {format_duration(d)} from first to last row"
+    )
+    return Ignored("true_for", rows, (lo, hi), text)
+
+
 def history_works(
     stream: Stream,
     *,
@@ -341,8 +366,11 @@ def history_works(
     chunks = max(1, -(-rows // max(1, chunk_rows)))
     if stream.trigger.kind in DATA_SHAPED:
         step = (hi - lo) / chunks
-        bounds = [lo + step * i for i in range(1, chunks)] + [hi]
-        return [StreamWork(version=version, kind="history", close_until=b, origin=origin, tick=now) for b in bounds]
+        bounds = [lo + step * i for i in range(chunks)] + [hi]
+        return [
+            StreamWork(version=version, kind="history", close_until=b, origin=origin, tick=now, closed_from=a)
+            for a, b in itertools.pairwise(bounds)
+        ]
     trig = stream.trigger
     assert isinstance(trig, SlidingTrigger)  # the triggers with time windows
     first = lo if stream.options.history_start is not None else starts_overlapping(trig, lo, lo, tz)[0]
@@ -431,8 +459,9 @@ def plan_tick(
             write_open=bool(writes_open),
             deleted=deleted,
             ignored=_texts(ignored),
+            closed_from=t_prev or (_first_closable(added) if added else None),
         )
-        return TickPlan(new_cursor, (work,), _describe(work), ignored)
+        return TickPlan(new_cursor, (work,), _describe(stream, work, tz), ignored)
 
     trig = stream.trigger
     assert isinstance(trig, SlidingTrigger)  # the triggers with time windows
@@ -473,7 +502,7 @@ def plan_tick(
         deleted=deleted,
         ignored=_texts(ignored),
     )
-    return TickPlan(new_cursor, (work,), _describe(work), ignored)
+    return TickPlan(new_cursor, (work,), _describe(stream, work, tz), ignored)
 
 
 def _texts(ignored: Sequence[Ignored], limit: int = 3) -> tuple[str, ...]:
@@ -537,11 +566,14 @@ def recalculation_work(
     return StreamWork(version=version, kind="recalculate", windows=merge_ranges([(a, hi)]), tick=now, close_until=t)
 
 
-def _describe(work: StreamWork) -> str:
+def _describe(stream: Stream, work: StreamWork, tz: str) -> str:
     if work.windows or work.deleted:
         if not work.windows:
             return "removing the output of deleted groups"
-        return "windows starting in " + ", ".join(f"[{iso(a)}, {iso(b)})" for a, b in work.windows)
+        trig = stream.trigger
+        assert isinstance(trig, SlidingTrigger)  # the only trigger with time windows
+        shown = [(_start_ceil(trig, a, tz), _start_ceil(trig, b, tz)) for a, b in work.windows]
+        return "windows starting in " + ", ".join(f"[{iso(a)}, {iso(b)})" for a, b in shown)
     parts = [f"close data-shaped windows up to {iso(work.close_until)}" if work.close_until else "no closing"]
     if work.recompute_from:
         parts.append(f"recompute from {iso(work.recompute_from)}")
@@ -569,4 +601,6 @@ __all__ = [
     "starts_overlapping",
     "tick_after",
     "tick_floor",
+    "true_for_ignored",
+    "work_range",
 ]

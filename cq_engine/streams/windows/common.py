@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 WSTART, WEND, WLAST, WROWS, WCLOSED = "__cq_twstart", "__cq_twend", "__cq_wlast", "__cq_twrownum", "__cq_wclosed"
 STATE, PREV_STATE, NEXT_STATE = "__cq_state", "__cq_prev_state", "__cq_next_state"
 OPEN_ROW, CLOSE_ROW = "__cq_open_row", "__cq_close_row"
+SHORT = "__cq_short"  # a closed window TRUE_FOR drops (``assign_windows(mark_short=True)``)
 
 # Internal helper columns (all dropped from the output).
 T_US, WS_US, WE_US, LAST_US, SEG = "__cq_w_t", "__cq_w_ws", "__cq_w_we", "__cq_w_last", "__cq_w_seg"

@@ -28,7 +28,8 @@ Semantics per trigger type (groups = ``keys``, rows ordered by time, timestamps 
 * ``EkSlidingTrigger``, ``EkSessionTrigger``: eKuiper's SLIDINGWINDOW and SESSIONWINDOW, see
   :mod:`cq_engine.streams.windows.ekuiper`.
 
-TRUE_FOR(d) drops closed windows whose ``last - first < d``; open windows are kept.
+TRUE_FOR(d) drops closed windows whose ``last - first < d``; open windows are kept. With
+``mark_short`` they are kept and marked (``SHORT``), so a run can report what it dropped.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from cq_engine.streams.windows.common import (
     OPEN_ROW,
     PREV_STATE,
     SEG,
+    SHORT,
     STATE,
     T_US,
     WCLOSED,
@@ -89,6 +91,7 @@ def assign_windows(
     timezone: str = "UTC",
     count_phase_column: str | None = None,
     row_stats: bool = True,
+    mark_short: bool = False,
 ) -> DataFrame:
     """One row per (input row, window containing it): all input columns, then ``WSTART``, ``WEND``,
     ``WLAST`` (timestamps), ``WROWS`` (long), ``WCLOSED`` (boolean), then the extras of STATE
@@ -104,7 +107,10 @@ def assign_windows(
     ``row_stats=False`` (time windows only; data-shaped windows need them to segment): no ``WLAST``
     or ``WROWS`` column. Per row they take a window function over (group, window), i.e. a shuffle
     and a sort of every (row, window) pair; without them a time window is an explode (sliding) or a
-    projection (tumbling), and a caller aggregates the window's ``max``/``count`` instead."""
+    projection (tumbling), and a caller aggregates the window's ``max``/``count`` instead.
+
+    ``mark_short`` (STATE and EVENT windows with TRUE_FOR): keep the windows TRUE_FOR drops, with a
+    last boolean column ``SHORT`` true on their rows."""
     if close_until.tzinfo is None or close_until.utcoffset() is None:
         raise ValueError("close_until must be timezone-aware")
     until = micros(close_until.astimezone(UTC) - EPOCH)
@@ -119,9 +125,9 @@ def assign_windows(
     elif isinstance(trigger, SessionTrigger):
         out = _session(rows, trigger, keys, until)
     elif isinstance(trigger, StateTrigger):
-        out, extras = _state(rows, trigger, keys, until), [STATE, PREV_STATE, NEXT_STATE]
+        out, extras = _state(rows, trigger, keys, until, mark_short), [STATE, PREV_STATE, NEXT_STATE]
     elif isinstance(trigger, EventTrigger):
-        out, extras = _event(rows, trigger, keys, until, inputs), [OPEN_ROW, CLOSE_ROW]
+        out, extras = _event(rows, trigger, keys, until, inputs, mark_short), [OPEN_ROW, CLOSE_ROW]
     elif isinstance(trigger, CountTrigger):
         out = _count(rows, trigger, keys, until, count_phase_column)
     elif isinstance(trigger, EkSlidingTrigger):
@@ -130,6 +136,8 @@ def assign_windows(
         out = ek_session(rows, trigger, keys, until)
     else:
         raise TypeError(f"assign_windows: unsupported trigger {trigger!r}")
+    if mark_short and getattr(trigger, "true_for", None) is not None:
+        extras.append(SHORT)
     stat_columns = {WLAST: F.timestamp_micros(F.col(LAST_US)), WROWS: F.col(WROWS).cast("long")}
     return out.select(
         *[exact_col(n) for n in inputs],
@@ -154,10 +162,11 @@ def with_next_tick(
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _true_for(df: DataFrame, d: timedelta | None) -> DataFrame:
+def _true_for(df: DataFrame, d: timedelta | None, mark: bool) -> DataFrame:
     if d is None:
         return df
-    return df.filter(~(F.col(WCLOSED) & (F.col(LAST_US) - F.col(WS_US) < F.lit(micros(d)))))
+    short = F.col(WCLOSED) & (F.col(LAST_US) - F.col(WS_US) < F.lit(micros(d)))
+    return df.withColumn(SHORT, short) if mark else df.filter(~short)
 
 
 # --- time windows ------------------------------------------------------------------------------
@@ -241,7 +250,7 @@ def _session(df: DataFrame, trig: SessionTrigger, keys, until: int) -> DataFrame
     return df.withColumns({WE_US: F.col(LAST_US) + F.lit(gap), WCLOSED: F.col(LAST_US) + F.lit(gap) < F.lit(until)})
 
 
-def _state(df: DataFrame, trig: StateTrigger, keys, until: int) -> DataFrame:
+def _state(df: DataFrame, trig: StateTrigger, keys, until: int, mark_short: bool) -> DataFrame:
     df = df.withColumn(STATE, F.expr(trig.column)).filter(F.col(STATE).isNotNull())
     o = ordered(keys)
     df = df.withColumns(
@@ -263,10 +272,10 @@ def _state(df: DataFrame, trig: StateTrigger, keys, until: int) -> DataFrame:
             WCLOSED: F.coalesce(next_start <= F.lit(until), F.lit(False)),
         }
     )
-    return _true_for(df, trig.true_for)
+    return _true_for(df, trig.true_for, mark_short)
 
 
-def _event(df: DataFrame, trig: EventTrigger, keys, until: int, inputs: list[str]) -> DataFrame:
+def _event(df: DataFrame, trig: EventTrigger, keys, until: int, inputs: list[str], mark_short: bool) -> DataFrame:
     # A window is open at row i iff some start row lies after the last end row before i: so the
     # rows between consecutive end rows (g = end rows strictly before i) hold at most one window,
     # from the segment's first start row through its closing end row (its last row).
@@ -293,7 +302,7 @@ def _event(df: DataFrame, trig: EventTrigger, keys, until: int, inputs: list[str
         }
     )
     df = df.withColumn(CLOSE_ROW, F.when(F.col(WCLOSED), F.col("__cq_w_close")))
-    return _true_for(df, trig.true_for)
+    return _true_for(df, trig.true_for, mark_short)
 
 
 def condition_columns(sql: str, columns: list[str]) -> list[str]:
