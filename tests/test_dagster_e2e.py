@@ -25,6 +25,7 @@ from streams_util import TYPES
 
 from cq_engine.engine import Engine
 from cq_engine.streams.timing import StreamCursor
+from dagster_defs.batch import batch_lead
 
 EVERY = timedelta(seconds=5)
 RANGE = timedelta(seconds=10)
@@ -78,8 +79,10 @@ def check_batches(stack, name: str) -> list[dict]:
         fires = run["firings"][name]
         assert fires == sorted(fires) and all(f.timestamp() % 5 == 0 for f in fires), fires
         assert run["tags"]["dagster/sensor_name"] == "cq_firings" and run["tags"]["cq/batch"] == "true"
-        # A firing is requested once it is due, never before.
-        assert run["creationTime"] >= fires[-1].timestamp() - 0.001, (run["creationTime"], fires[-1])
+        # A firing is requested at most its lead (CQ_BATCH_LEAD, at most half of EVERY 5s) before it
+        # is due, never earlier; check_exactly_once checks that it executes only once due.
+        lead = batch_lead(EVERY).total_seconds()
+        assert run["creationTime"] >= fires[-1].timestamp() - lead - 0.001, (run["creationTime"], fires[-1])
         requested += [f for f in fires if f not in requested]
     assert requested == sorted(requested), f"{name}: firings requested out of order: {requested}"
     return runs
