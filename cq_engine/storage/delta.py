@@ -183,26 +183,19 @@ class DeltaRsStorage(DeltaStateTables):
     ) -> tuple[DataFrame, Scan]:
         """Rows with ``time_column`` in ``time_range`` (None: all rows) at a pinned version, reading
         only the files whose statistics can hold such rows."""
-        from pyspark.sql import functions as F
+        return self._read_snapshot(spark, table, self._open(table, version), time_column, time_range)
 
-        dt = self._open(table, version)
+    def _read_snapshot(
+        self, spark: SparkSession, table: str, dt: DeltaTable, time_column: str, time_range: TimeRange | None
+    ) -> tuple[DataFrame, Scan]:
+        """``read_range`` of the open snapshot ``dt``: its parquet files whose statistics can hold the range."""
         column = self._time_field(table, dt, time_column)
         _check_readable(table, dt)
         uris = dt.file_uris()
         actions = pa.table(dt.get_add_actions(flatten=True))
-        if time_range is None:
-            mask = [True] * len(uris)
-        else:
-            lo, hi = _range_bounds(time_range)
-            mask = _overlaps(actions, column, lo, hi)
+        mask = range_mask(actions, column, time_range)
         kept = [u for u, keep in zip(uris, mask) if keep]
-        df = _read_files(spark, dt, kept)
-        if time_range is not None:
-            # Exact half-open filter; microsecond literals avoid any session-time-zone interpretation.
-            ts = F.col(f"`{column}`")
-            df = df.where(
-                (ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi))))
-            )
+        df = where_in_range(_read_files(spark, dt, kept), column, time_range)
         return df, Scan(
             table=table,
             version=dt.version(),
@@ -431,6 +424,26 @@ def _read_files(spark: SparkSession, dt: DeltaTable, uris: list[str]) -> DataFra
     # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs writes s3://.
     uris = [("s3a://" + u[5:]) if u.startswith("s3://") else u for u in uris]
     return spark.read.schema(spark_schema).parquet(*uris)
+
+
+def range_mask(actions: pa.Table, column: str, time_range: TimeRange | None) -> list[bool]:
+    """Per add action: can the file hold a row with ``column`` in ``time_range`` (None: every file)?"""
+    if time_range is None:
+        return [True] * actions.num_rows
+    lo, hi = _range_bounds(time_range)
+    return _overlaps(actions, column, lo, hi)
+
+
+def where_in_range(df: DataFrame, column: str, time_range: TimeRange | None) -> DataFrame:
+    """``df`` filtered to ``column`` in the half-open ``time_range`` (None: unfiltered)."""
+    if time_range is None:
+        return df
+    from pyspark.sql import functions as F
+
+    lo, hi = _range_bounds(time_range)
+    # Microsecond literals avoid any session-time-zone interpretation.
+    ts = F.col(f"`{column}`")
+    return df.where((ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi)))))
 
 
 def snapshot_columns(dt: DeltaTable) -> tuple[str, ...]:

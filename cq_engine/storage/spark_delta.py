@@ -32,11 +32,11 @@ from cq_engine.storage.delta import (
     DeltaRsStorage,
     _cast_to,
     _check_in_range,
-    _micros,
-    _overlaps,
     kept_bytes,
+    range_mask,
     snapshot_columns,
     storable_schema,
+    where_in_range,
 )
 from cq_engine.storage.predicates import _range_bounds, range_predicate
 
@@ -127,22 +127,14 @@ class SparkDeltaStorage(DeltaRsStorage):
         A table without reader features (no deletion vectors, no column mapping) is read as its
         parquet files, listed from the snapshot delta-rs already has open: the same rows without
         delta-spark replaying the log in the JVM (seconds per firing on a fresh session)."""
-        from pyspark.sql import functions as F
-
         dt = self._open(table, version)
         if not _reader_features(dt):
-            return super().read_range(spark, table, time_column=time_column, time_range=time_range, version=version)
+            return self._read_snapshot(spark, table, dt, time_column, time_range)
         column = self._time_field(table, dt, time_column)
         df = spark.read.format("delta").option("versionAsOf", dt.version()).load(self.spark_uri(table))
         actions = pa.table(dt.get_add_actions(flatten=True))
-        mask = [True] * actions.num_rows
-        if time_range is not None:
-            lo, hi = _range_bounds(time_range)
-            mask = _overlaps(actions, column, lo, hi)
-            ts = F.col(f"`{column}`")
-            df = df.where(
-                (ts >= F.timestamp_micros(F.lit(_micros(lo)))) & (ts < F.timestamp_micros(F.lit(_micros(hi))))
-            )
+        mask = range_mask(actions, column, time_range)
+        df = where_in_range(df, column, time_range)
         return df, Scan(
             table=table,
             version=dt.version(),
