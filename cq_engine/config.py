@@ -32,10 +32,13 @@ class Settings:
     spark_port: int = DEFAULT_SPARK_PORT
     recalculate_chunk_windows: int = 100_000
     trigger_path: str = ""  # where trigger modules are imported from; default: the parent of sql_dir
-    # "deltars": the deltalake package; "spark": Delta through Spark's own connector (delta-spark),
-    # falling back to "deltars" when its jars are not in the local Maven repository (see the README).
-    # delta-rs stays the default until the Spark-native path keeps up with sub-minute firings.
-    storage: str = "deltars"
+    # "spark": Delta through Spark's own connector (delta-spark), falling back to "deltars" when its
+    # jars are not in the local Maven repository; "deltars": the deltalake package (see the README).
+    storage: str = "spark"
+    # Under "spark": a Spark result computed from less input than this is collected and committed by
+    # delta-rs (a firing's few rows: a Spark write costs several jobs); larger ones, by the executors.
+    # 0: the executors write every commit, also results already in Arrow (stream runs).
+    spark_write_bytes: int = 16 * 1024 * 1024
 
     @property
     def tz(self) -> ZoneInfo:
@@ -71,6 +74,7 @@ _ENV = {
     "recalculate_chunk_windows": "CQ_RECALCULATE_CHUNK_WINDOWS",
     "trigger_path": "CQ_TRIGGER_PATH",
     "storage": "CQ_STORAGE",
+    "spark_write_bytes": "CQ_SPARK_WRITE_BYTES",
 }
 STORAGES = ("spark", "deltars")
 
@@ -111,7 +115,7 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
     for name, var in _ENV.items():
         if env.get(var):
             values[name] = env[var]
-    for name in ("spark_port", "recalculate_chunk_windows"):
+    for name in ("spark_port", "recalculate_chunk_windows", "spark_write_bytes"):
         if name in values:
             try:
                 values[name] = int(values[name])
@@ -124,5 +128,7 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
     settings = replace(Settings(), **values)
     if settings.storage not in STORAGES:
         raise CQError(f"CQ_STORAGE: unknown storage {settings.storage!r} (known: {', '.join(STORAGES)})")
+    if settings.spark_write_bytes < 0:
+        raise CQError(f"CQ_SPARK_WRITE_BYTES: expected a byte count >= 0, got {settings.spark_write_bytes}")
     _ = (settings.tz, settings.min_every_delta)  # validate early
     return settings

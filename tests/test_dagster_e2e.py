@@ -520,6 +520,9 @@ def test_low_latency_calc_stream_is_computed_in_its_sensor_without_a_run(dagster
     sink = stream_sink(settings, LL_STREAM)
     assert {k: sink[k] for k in expected} == expected
     assert stack.runs(LL_STREAM) == []  # no Dagster run: the sensor did the work
+    # The sensor writes the sink during its evaluation; the daemon records the materializations the
+    # evaluation returns only after it ends.
+    stack.wait_until(f"{LL_STREAM}'s materializations", lambda: stack.materializations(f"{LL_STREAM}_out"), STREAM_WAIT)
     mats = stack.materializations(f"{LL_STREAM}_out")
     assert mats and all(m["metadata"].get("cq/computed_in") == "sensor" and not m["runId"] for m in mats), mats
     ledger = Engine(settings=settings).ledger.entries(LL_STREAM)

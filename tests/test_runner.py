@@ -15,6 +15,7 @@ from cq_engine.cli.feed import sensor_rows
 from cq_engine.config import Settings
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError, TableError, TimeError
+from cq_engine.resample.run import write_identity
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -47,10 +48,10 @@ def make_engine(tmp_path, spark, sql=SQL, **settings) -> Engine:
     return engine
 
 
-@pytest.fixture(scope="module", params=STORAGES)
+@pytest.fixture(scope="module", params=list(STORAGES))
 def engine(spark, tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("runner")
-    eng = make_engine(tmp, spark, storage=request.param)
+    eng = make_engine(tmp, spark, **STORAGES[request.param])
     eng.ensure_tables()
     # 30 commits of one minute each: file skipping has something to skip.
     for m in range(30):
@@ -82,10 +83,10 @@ def test_firing_twice_leaves_one_result(engine):
     if engine.settings.storage == "spark":  # Delta skips the retry's write: same firing, same source version
         assert second.sink_version == first.sink_version
         micros = (fire - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-        app_id = f"cq-engine/sliding/firing@{micros}/sensors"
+        app_id = f"{write_identity(engine.definition('sliding'), 'firing')}@{micros}/sensors"
         assert engine.storage.transaction_version("sliding_out", app_id) == engine.storage.version("sensors")
     else:
-        assert engine.storage.transaction_version("sliding_out", "cq-engine/sliding/firing") is not None
+        assert engine.storage.transaction_version("sliding_out", write_identity(engine.definition("sliding"), "firing"))
     entries = [e for e in engine.ledger.entries("sliding") if e.fire_time == fire]
     assert [e.status for e in entries] == ["succeeded", "succeeded"]
 

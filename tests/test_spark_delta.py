@@ -1,9 +1,11 @@
 """The Spark-native Delta storage on real delta-spark tables: deletion vectors, column mapping, Delta's
 idempotent writes, concurrent commits on disjoint ranges, and the choice of storage."""
 
+import json
 import logging
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -102,10 +104,21 @@ def _append_minutes(engine, minutes: range) -> None:
         )
 
 
-def test_retried_firing_adds_no_commit_but_new_source_data_is_written(spark, tmp_path):
-    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+def writer_of(engine, table: str, version: int) -> str:
+    """Who wrote commit ``version`` of ``table``: "spark" (delta-spark's executors) or "delta-rs"."""
+    log = engine.settings.table_uri(table) + f"/_delta_log/{version:020d}.json"
+    lines = Path(log).read_text().splitlines()
+    (info,) = [json.loads(line)["commitInfo"] for line in lines if '"commitInfo"' in line]
+    return "spark" if "Apache-Spark" in info.get("engineInfo", "") else "delta-rs"
+
+
+# 0: the executors write every commit; the default: a firing's small result is committed by delta-rs.
+@pytest.mark.parametrize("write_bytes", [0, Settings.spark_write_bytes])
+def test_retried_firing_adds_no_commit_but_new_source_data_is_written(spark, tmp_path, write_bytes):
+    engine = make_engine(tmp_path, spark, SQL, storage="spark", spark_write_bytes=write_bytes)
     _append_minutes(engine, range(3))
     first = engine.run_firing("per_minute", T0 + 2 * M)
+    assert writer_of(engine, "per_minute_out", first.sink_version) == ("spark" if write_bytes == 0 else "delta-rs")
     retry = engine.run_firing("per_minute", T0 + 2 * M)
     assert retry.sink_version == first.sink_version == engine.storage.version("per_minute_out")
     assert retry.rows_written == first.rows_written == 1
@@ -120,6 +133,26 @@ def test_retried_firing_adds_no_commit_but_new_source_data_is_written(spark, tmp
     again = engine.run_firing("per_minute", T0 + 2 * M)
     assert again.sink_version == first.sink_version + 1
     assert sink(engine, "per_minute_out") == [(T0 + M, "a", 99.0, 3)]
+    # A changed definition is a new write identity: same range, same source version, new rows.
+    redefined_sql = SQL.replace("max(temperature)", "min(temperature)")
+    engine = make_engine(tmp_path, spark, redefined_sql, storage="spark", spark_write_bytes=write_bytes)
+    redefined = engine.run_firing("per_minute", T0 + 2 * M)
+    assert redefined.sink_version == again.sink_version + 1
+    assert sink(engine, "per_minute_out") == [(T0 + M, "a", 1.0, 3)]
+
+
+def test_sink_with_deletion_vectors_is_written_by_the_executors(spark, tmp_path):
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+    path = engine.settings.table_uri("per_minute_out")
+    spark.sql(
+        f"CREATE TABLE delta.`{path}` (ts TIMESTAMP, device STRING, tmax DOUBLE, n BIGINT) USING delta "
+        "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+    )
+    assert engine.storage.writes_frame("per_minute_out", input_bytes=1)  # delta-rs cannot write it
+    _append_minutes(engine, range(3))
+    r = engine.run_firing("per_minute", T0 + 2 * M)
+    assert writer_of(engine, "per_minute_out", r.sink_version) == "spark"
+    assert sink(engine, "per_minute_out") == [(T0 + M, "a", 1.5, 2)]
 
 
 def test_disjoint_ranges_committing_at_once_both_land(spark, tmp_path):
@@ -211,7 +244,11 @@ def test_storage_choice(tmp_path, monkeypatch, caplog):
     session = lambda: None
     chosen = make_storage(Settings(warehouse=str(tmp_path), storage="spark"), session=session)
     assert isinstance(chosen, SparkDeltaStorage)
-    assert type(make_storage(Settings(warehouse=str(tmp_path)), session=session)) is DeltaRsStorage  # the default
+    assert type(make_storage(Settings(warehouse=str(tmp_path)), session=session)) is SparkDeltaStorage  # the default
+    assert type(make_storage(Settings(warehouse=str(tmp_path), storage="deltars"), session=session)) is DeltaRsStorage
+    assert load_settings(environ={"CQ_SPARK_WRITE_BYTES": "0"}, config_file="/nonexistent").spark_write_bytes == 0
+    with pytest.raises(CQError, match="CQ_SPARK_WRITE_BYTES: expected a byte count >= 0, got -1"):
+        load_settings(environ={"CQ_SPARK_WRITE_BYTES": "-1"}, config_file="/nonexistent")
     assert load_settings(environ={"CQ_STORAGE": "spark"}, config_file="/nonexistent").storage == "spark"
     with pytest.raises(CQError, match="CQ_STORAGE: unknown storage 'parquet'"):
         load_settings(environ={"CQ_STORAGE": "parquet"})

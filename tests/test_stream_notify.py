@@ -41,6 +41,7 @@ def _meters(b: Bench, seconds, *, meters=("d1001",), current=lambda s: float(s))
     b.append([(s, d, current(s)) for s in seconds for d in meters])
 
 
+@pytest.mark.usefixtures("on_both_storages")
 def test_time_window_open_and_close_events_carry_the_seed_fields(tmp_path, spark, recorder):
     b = _bench(
         tmp_path,
@@ -159,6 +160,7 @@ def test_where_filters_and_events_batch_into_one_message(tmp_path, spark, record
     assert len(b.sink("hot_out")) == 12  # WHERE shapes notifications, not the sink
 
 
+@pytest.mark.usefixtures("on_both_storages")
 def test_recomputation_invalidates_a_reported_window_once(tmp_path, spark, recorder):
     b = _bench(
         tmp_path,

@@ -12,6 +12,7 @@ from typing import ClassVar
 import dagster as dg
 import pyarrow as pa
 import pytest
+from conftest import STORAGES
 from deltalake import DeltaTable
 
 from cq_engine.catalog import load_catalog
@@ -80,11 +81,13 @@ def batch(n: int, *, start: int = 0, value: float = 1.0) -> pa.Table:
     )
 
 
-def project(tmp_path, sql: str) -> Engine:
+def project(tmp_path, sql: str, **options) -> Engine:
     (tmp_path / "sql").mkdir(exist_ok=True)
     (tmp_path / "sql" / "tables.sql").write_text(TABLES)
     (tmp_path / "sql" / "triggers.sql").write_text(sql)
-    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
+    settings = Settings(
+        sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"), **options
+    )
     engine = Engine(settings=settings)
     assert not engine.catalog.errors, engine.catalog.errors
     engine.ensure_tables()
@@ -191,8 +194,9 @@ CREATE TRIGGER b_record BEFORE INSERT ON readings AS 'test_triggers:Recorder';
 """
 
 
-def test_pessimistic_before_trigger_rejects_the_batch_and_nothing_is_written(tmp_path):
-    engine = project(tmp_path, GUARD.format(strategy=""))
+@pytest.mark.parametrize("storage", list(STORAGES))
+def test_pessimistic_before_trigger_rejects_the_batch_and_nothing_is_written(tmp_path, storage):
+    engine = project(tmp_path, GUARD.format(strategy=""), **STORAGES[storage])
     first = ingest(table="readings", data=batch(3), engine=engine, now=NOW)
     assert (first.rows, first.trigger_failures) == (3, ())
     before = version(engine, "readings")
@@ -286,8 +290,9 @@ def instance():
         yield inst
 
 
-def test_after_trigger_gets_each_committed_version_once_in_order(tmp_path, instance):
-    engine = project(tmp_path, RECORD_AFTER.format(strategy="OPTIMISTIC"))
+@pytest.mark.parametrize("storage", list(STORAGES))
+def test_after_trigger_gets_each_committed_version_once_in_order(tmp_path, instance, storage):
+    engine = project(tmp_path, RECORD_AFTER.format(strategy="OPTIMISTIC"), **STORAGES[storage])
     ingest(table="readings", data=batch(2), engine=engine, now=NOW)  # before the trigger exists: not seen
     sensor = Sensor(engine, "rec", instance)
     assert sensor.tick().startswith("rec: created; watching readings* from ")

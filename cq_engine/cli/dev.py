@@ -80,6 +80,7 @@ def dagster_env(settings: Settings, dagster_home: Path) -> dict[str, str]:
             "CQ_MIN_EVERY": settings.min_every,
             "CQ_SPARK_PORT": str(settings.spark_port),
             "CQ_STORAGE": settings.storage,
+            "CQ_SPARK_WRITE_BYTES": str(settings.spark_write_bytes),
         }
     )
     return env

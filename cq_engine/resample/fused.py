@@ -31,7 +31,6 @@ from cq_engine.durations import micros
 from cq_engine.model import ContinuousQuery
 from cq_engine.resample import timing
 from cq_engine.resample.run import Prepared, prepare, run_firing
-from cq_engine.storage.base import DataFrameWriter
 from cq_engine.times import EPOCH
 
 _JOB = "__cq_firing"
@@ -69,7 +68,6 @@ def run_firings(
             on_outcome(firings[i], outcome)
 
     _ = ctx.spark
-    storage_writes = isinstance(ctx.storage, DataFrameWriter) and ctx.storage.writes_dataframes
     runs: dict[int, Prepared] = {}
     alone: list[int] = []
     versions: dict[str, int] = {}  # one snapshot per source for the whole group
@@ -84,8 +82,8 @@ def run_firings(
         except Exception:  # planned again on its own, where the ledger records the failure
             alone.append(i)
             continue
-        if len(run.plans) != 1 or (storage_writes and run.plans[0].spark_only):
-            alone.append(i)  # a Spark-written sink takes its own job (the rows stay on the executors)
+        if len(run.plans) != 1 or run.executor_writes(ctx):
+            alone.append(i)  # an executor-written result takes its own job (the rows stay on the executors)
         else:
             runs[i] = run
 

@@ -6,6 +6,7 @@ after a crash, or twice — leaves the sink exactly as one run does.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -96,6 +97,21 @@ class Prepared:
     def fire_time(self) -> datetime | None:
         return self.fires[0] if self.kind == "firing" else None
 
+    @property
+    def input_bytes(self) -> int:
+        """The size of the files the plans read (-1: unknown)."""
+        sizes = [s.bytes_read for s in self.scans]
+        return -1 if any(b < 0 for b in sizes) else sum(sizes)
+
+    def executor_writes(self, ctx: EngineContext) -> bool:
+        """Is the result handed to the storage as Spark frames, for its executors to write?"""
+        storage = ctx.storage
+        return (
+            isinstance(storage, DataFrameWriter)
+            and all(p.spark_only for p in self.plans)
+            and storage.writes_frame(self.cq.sink, input_bytes=self.input_bytes)
+        )
+
     def recording(self, ctx: EngineContext, *, into: list | None = None):
         """The ledger entry of this run (``Ledger.recording``)."""
         return ctx.ledger.recording(
@@ -124,7 +140,7 @@ class Prepared:
             data,
             time_column=self.time_column,
             time_range=whole,
-            app_id=f"cq-engine/{self.cq.name}/{self.kind}",
+            app_id=write_identity(self.cq, self.kind),
             app_version=self.app_version,
             source_versions={self.cq.source: self.version},
             metadata={
@@ -151,6 +167,13 @@ class Prepared:
         )
 
 
+def write_identity(cq: ContinuousQuery, kind: str) -> str:
+    """The application id of ``cq``'s ``kind`` commits: it names the statement's exact text, so after
+    the definition changes Delta's idempotent-write skip (same range, same source version) cannot
+    keep the old definition's rows."""
+    return f"cq-engine/{cq.name}/{kind}#{hashlib.sha256(cq.sql.encode()).hexdigest()[:12]}"
+
+
 def prepare(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime], *, kind: str, app_version: int) -> Prepared:
     """The run of ``fires`` cut into coverage chunks (not planned yet: see ``Prepared.plan``)."""
     return Prepared(cq=cq, kind=kind, fires=fires, app_version=app_version, covs=coverages(ctx, cq, fires))
@@ -172,7 +195,8 @@ def execute(
     with run.recording(ctx) as rec:
         run.plan(ctx, rec)
         plans, storage = run.plans, ctx.storage
-        if isinstance(storage, DataFrameWriter) and storage.writes_dataframes and all(p.spark_only for p in plans):
+        if run.executor_writes(ctx):
+            assert isinstance(storage, DataFrameWriter)
             # Spark writes the result from its executors: no row passes through this process.
             frame = reduce(lambda a, b: a.unionByName(b), (p.frame for p in plans))
             rec.sink_version = run.commit(ctx, frame)

@@ -69,7 +69,10 @@ class DataFrameWriter(Protocol):
     """A storage whose executors write a Spark DataFrame themselves (``replace_range`` takes the frame):
     no result row passes through the process running the firing."""
 
-    writes_dataframes: bool
+    def writes_frame(self, table: str, *, input_bytes: int) -> bool:
+        """Hand ``table`` a Spark result computed from ``input_bytes`` of input (-1: unknown) as a
+        DataFrame? False: collect it to Arrow first."""
+        ...
 
     def rows_written(self, table: str, version: int) -> int:
         """The rows the commit ``version`` of ``table`` wrote (its operation metrics)."""

@@ -346,8 +346,12 @@ class DeltaRsStorage(DeltaStateTables):
         app_id: str,
         app_version: int,
         metadata: Mapping[str, str] | None,
+        txn: tuple[str, int] | None = None,
     ) -> int:
-        """``replace_where`` with the predicate and check made from the stored time column's name."""
+        """``replace_where`` with the predicate and check made from the stored time column's name.
+        ``txn``: Delta's idempotent-write identity ``(txnAppId, txnVersion)`` as delta-spark records it:
+        a write whose identity the table already holds at that version or later is skipped (the
+        table's version is returned), else the commit records it."""
         if not self.exists(table):
             incoming = {f.name.lower(): f.type for f in data.schema}
             if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
@@ -359,13 +363,22 @@ class DeltaRsStorage(DeltaStateTables):
                 self.uri(table), storable_schema(data.schema), mode="ignore", storage_options=self.storage_options
             )
         dt = self._open(table)
+        held = None if txn is None else dt.transaction_version(txn[0])
+        if txn is not None and held is not None and held >= txn[1]:
+            if isinstance(data, pa.RecordBatchReader):
+                for _ in data:  # drained, so the caller counts the rows that identity wrote
+                    pass
+            return dt.version()  # this identity already committed these rows (delta-spark skips it too)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
         commit_id = uuid.uuid4().hex
+        transactions = [Transaction(app_id=app_id, version=app_version)]
+        if txn is not None:
+            transactions.append(Transaction(app_id=txn[0], version=txn[1]))
         props = CommitProperties(
             custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id},
             max_commit_retries=MAX_ATTEMPTS,
-            app_transactions=[Transaction(app_id=app_id, version=app_version)],
+            app_transactions=transactions,
         )
         predicate = predicate_for(column)
         check = check_for(column)

@@ -1,5 +1,5 @@
-"""The storage the settings choose: delta-rs by default, Spark's Delta connector with ``CQ_STORAGE=spark``
-(delta-rs again, with one log line, when delta-spark's jars are not in the local Maven repository)."""
+"""The storage the settings choose: Spark's Delta connector by default (``CQ_STORAGE=spark``), delta-rs
+with ``CQ_STORAGE=deltars`` (and, with one log line, when delta-spark's jars are not in the local Maven repository)."""
 
 from __future__ import annotations
 
@@ -43,5 +43,7 @@ def make_storage(settings: Settings, *, session: Callable[[], SparkSession]) -> 
     if spark_delta_available(settings):
         from cq_engine.storage.spark_delta import SparkDeltaStorage
 
-        return SparkDeltaStorage(warehouse=settings.warehouse, session=session)
+        return SparkDeltaStorage(
+            warehouse=settings.warehouse, session=session, executor_write_bytes=settings.spark_write_bytes
+        )
     return DeltaRsStorage(warehouse=settings.warehouse)

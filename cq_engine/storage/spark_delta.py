@@ -97,13 +97,32 @@ class SparkDeltaStorage(DeltaRsStorage):
     """Delta tables under ``warehouse`` read and written by Spark's Delta connector; ``session``
     gives the Spark session for writes of Arrow data (a DataFrame brings its own)."""
 
-    writes_dataframes = True
-
     def __init__(
-        self, *, warehouse: str, session: Callable[[], SparkSession], storage_options: dict[str, str] | None = None
+        self,
+        *,
+        warehouse: str,
+        session: Callable[[], SparkSession],
+        storage_options: dict[str, str] | None = None,
+        executor_write_bytes: int = 16 * 1024 * 1024,
     ):
         super().__init__(warehouse=warehouse, storage_options=storage_options)
         self._session = session
+        self.executor_write_bytes = executor_write_bytes
+
+    def writes_frame(self, table: str, *, input_bytes: int) -> bool:
+        """Is a Spark result computed from ``input_bytes`` of input (-1: unknown) handed to
+        ``replace_range`` as a DataFrame, for the executors to write? If not, the caller collects it
+        and it is committed from this process by delta-rs: a result of less input than
+        ``executor_write_bytes`` (a firing's few rows; a Spark write costs several jobs) into a table
+        delta-rs can write."""
+        small = 0 <= input_bytes < self.executor_write_bytes
+        return not (small and self._driver_writes(table))
+
+    def _driver_writes(self, table: str) -> bool:
+        """Are Arrow data for ``table`` committed by delta-rs (rather than handed to the executors)?"""
+        if self.executor_write_bytes == 0:
+            return False
+        return not self.exists(table) or _delta_rs_writes(self._open(table))
 
     def spark_uri(self, table: str) -> str:
         # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs to s3://.
@@ -244,6 +263,21 @@ class SparkDeltaStorage(DeltaRsStorage):
         outside: str,
     ) -> int:
         arrow = not hasattr(data, "sparkSession")
+        txn = _txn(app_id, app_version, source_versions)
+        if arrow and self._driver_writes(table):
+            # The rows are in this process already: shipping them to the JVM to write them there
+            # only adds Spark jobs. delta-rs commits them with the same idempotent-write identity.
+            return self._replace(
+                table,
+                data,
+                predicate_for=predicate_for,
+                check_for=check_for,
+                time_column=time_column,
+                app_id=app_id,
+                app_version=app_version,
+                metadata=metadata,
+                txn=txn,
+            )
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()
         if not self.exists(table):
@@ -279,7 +313,6 @@ class SparkDeltaStorage(DeltaRsStorage):
             .option("replaceWhere", spark_predicate(predicate_for(column), timestamp_columns=stamps))
             .option("userMetadata", json.dumps({**(metadata or {}), COMMIT_ID_KEY: commit_id}))
         )
-        txn = _txn(app_id, app_version, source_versions)
         if txn is not None:
             writer = writer.option("txnAppId", txn[0]).option("txnVersion", str(txn[1]))
         for attempt in range(MAX_ATTEMPTS):
@@ -311,6 +344,21 @@ def _reader_features(dt) -> set[str]:
     """The snapshot's reader features; reader version 2 is column mapping without a feature list."""
     protocol = dt.protocol()
     return set(protocol.reader_features or ()) | ({"columnMapping"} if protocol.min_reader_version == 2 else set())
+
+
+# Writer features delta-rs (deltalake 1.x) honours when it writes; any other, and deletion vectors or
+# column mapping on the read side, leave the table's writes to delta-spark.
+_DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
+
+
+def _delta_rs_writes(dt) -> bool:
+    """Can delta-rs write this snapshot's table exactly as delta-spark would?"""
+    protocol = dt.protocol()
+    if _NEEDS_DELTA_READ & _reader_features(dt):
+        return False
+    if protocol.min_writer_version < 7:
+        return protocol.min_writer_version <= 3  # 4+: change data feed, generated columns, column mapping
+    return set(protocol.writer_features or ()) <= _DELTA_RS_WRITER_FEATURES
 
 
 def _txn(app_id: str, app_version: int, source_versions: Mapping[str, int] | None) -> tuple[str, int] | None:
