@@ -36,8 +36,8 @@ CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS
 """
 
 
-# The storage the benchmarks' engines use (``--storage``; the engine's default when not given).
-STORAGE = {"kind": "deltars"}
+# The storage the benchmarks' engines use (``--storage``, ``--spark-write-bytes``; the engine's defaults).
+STORAGE: dict = {"kind": "spark", "write_bytes": None}
 
 
 @dataclass
@@ -116,6 +116,8 @@ def make_engine(workdir: Path, sql: str, spark, **settings):
     (workdir / "sql").mkdir(parents=True, exist_ok=True)
     (workdir / "sql" / "defs.sql").write_text(sql)
     settings.setdefault("storage", STORAGE["kind"])
+    if STORAGE["write_bytes"] is not None:
+        settings.setdefault("spark_write_bytes", STORAGE["write_bytes"])
     s = Settings(sql_dir=str(workdir / "sql"), warehouse=str(workdir / "wh"), home=str(workdir / ".cq"), **settings)
     engine = Engine(settings=s, spark_session=spark)
     if engine.catalog.errors:

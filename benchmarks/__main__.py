@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import resource
 import sys
 import tempfile
 import time
@@ -46,19 +47,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--storage",
         choices=("spark", "deltars"),
-        default="deltars",
-        help="the engine's storage (CQ_STORAGE) for the in-process benchmarks (default: deltars)",
+        default="spark",
+        help="the engine's storage (CQ_STORAGE) for the in-process benchmarks (default: spark, the engine's)",
+    )
+    p.add_argument(
+        "--spark-write-bytes",
+        type=int,
+        metavar="N",
+        help="CQ_SPARK_WRITE_BYTES for the in-process benchmarks on the spark storage (0: the executors write every commit)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print progress steps")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (its path is printed)")
     args = p.parse_args(argv)
 
     names = [n for n in BENCHMARKS if not args.only or n in args.only]
-    STORAGE["kind"] = args.storage
+    STORAGE["kind"], STORAGE["write_bytes"] = args.storage, args.spark_write_bytes
+    storage = args.storage + (
+        "" if args.spark_write_bytes is None else f", CQ_SPARK_WRITE_BYTES={args.spark_write_bytes}"
+    )
     root = Path(tempfile.mkdtemp(prefix="cq-bench-"))
     ctx = Context(quick=args.quick, root=root, verbose=args.verbose)
     print(
-        f"cq-engine benchmarks ({'quick' if args.quick else 'full'} size, {args.storage} storage; data in {root})",
+        f"cq-engine benchmarks ({'quick' if args.quick else 'full'} size, {storage} storage; data in {root})",
         flush=True,
     )
     outcomes: list[Outcome] = []
@@ -77,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             print(outcome.line, flush=True)
             for note in outcome.notes:
                 print(f"  {note}", flush=True)
+            if not getattr(module, "SUBPROCESS", False):
+                # ru_maxrss only grows: per benchmark with one --only per process.
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+                print(f"  peak RSS of this Python process so far: {peak} MiB ({storage} storage)", flush=True)
             ctx.log(f"{name} took {time.perf_counter() - clock:.1f}s")
             outcomes.append(outcome)
     finally:
