@@ -3,11 +3,13 @@
 Sources with reader features (deletion vectors, column mapping) are read with
 ``spark.read.format("delta")`` at the pinned version with the range filter, so Delta applies them;
 sources without any are read as the parquet files of the snapshot delta-rs has open (the same rows,
-without delta-spark replaying the log in the JVM). Sinks are written by Spark's
-executors with ``replaceWhere`` in one commit; with the run's source versions given, the commit carries
-the idempotent-write options ``txnAppId``/``txnVersion``, so a retried run on unchanged inputs adds no
-second commit. Metadata (exists, schema, version, table creation) and the log reads the sensors make
-stay on delta-rs (``DeltaRsStorage``, the base class): they need no JVM. Engine state tables (ledger,
+without delta-spark replaying the log in the JVM). A large result (``writes_frame``), or any result
+for a sink delta-rs cannot write (deletion vectors, column mapping, other writer features), is written
+by Spark's executors with ``replaceWhere`` in one commit; a small one, or one already in Arrow, is
+committed by delta-rs from this process (``executor_write_bytes`` = 0: the executors write them all).
+With the run's source versions given, either commit carries the idempotent-write identity
+``txnAppId``/``txnVersion``, so a retried run on unchanged inputs adds no second commit.
+Metadata (exists, schema, version, table creation) and the log reads the sensors make stay on delta-rs (``DeltaRsStorage``, the base class): they need no JVM. Engine state tables (ledger,
 frontier, outbox) are not written through this class at all and stay on delta-rs: they are small,
 written by the Dagster process itself, and must be readable where no Spark session exists (sensors).
 """
