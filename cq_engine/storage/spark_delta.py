@@ -110,6 +110,9 @@ class SparkDeltaStorage(DeltaRsStorage):
         super().__init__(warehouse=warehouse, storage_options=storage_options)
         self._session = session
         self.executor_write_bytes = executor_write_bytes
+        # table -> (version, can delta-rs write it): a firing asks twice (``writes_frame``, then the
+        # commit) and a snapshot load costs ~10 ms; a version's protocol never changes.
+        self._delta_rs_writable: dict[str, tuple[int, bool]] = {}
 
     def writes_frame(self, table: str, *, input_bytes: int) -> bool:
         """Is a Spark result computed from ``input_bytes`` of input (-1: unknown) handed to
@@ -124,7 +127,14 @@ class SparkDeltaStorage(DeltaRsStorage):
         """Are Arrow data for ``table`` committed by delta-rs (rather than handed to the executors)?"""
         if self.executor_write_bytes == 0:
             return False
-        return not self.exists(table) or _delta_rs_writes(self._open(table))
+        known = self._delta_rs_writable.get(table)
+        version = self.latest_version(table, known=known[0] if known else None)
+        if version is None:
+            return True  # not created yet: delta-rs creates it
+        if known is None or known[0] != version:
+            known = (version, _delta_rs_writes(self._open(table, version)))
+            self._delta_rs_writable[table] = known
+        return known[1]
 
     def spark_uri(self, table: str) -> str:
         # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs to s3://.
