@@ -46,14 +46,17 @@ def test_stream_declaration_is_a_source_table_named_by_its_datasource():
         ("HOPPINGWINDOW(mi, 10, 5)", SlidingTrigger(sliding=timedelta(minutes=5), interval=timedelta(minutes=10))),
         ("SLIDINGWINDOW(ss, 5, 5)", EkSlidingTrigger(size=5 * S, delay=5 * S)),
         ("SLIDINGWINDOW(ms, 1500)", EkSlidingTrigger(size=timedelta(milliseconds=1500))),
-        ("SESSIONWINDOW(mi, 2, 1)", EkSessionTrigger(timeout=timedelta(minutes=2), max_duration=timedelta(minutes=1))),
+        # eKuiper: SESSIONWINDOW(unit, max_duration, timeout)
+        ("SESSIONWINDOW(mi, 2, 1)", EkSessionTrigger(timeout=timedelta(minutes=1), max_duration=timedelta(minutes=2))),
         ("COUNTWINDOW(5)", CountTrigger(count=5, slide=5, ekuiper=True)),
         ("COUNTWINDOW(5, 2)", CountTrigger(count=5, slide=2, ekuiper=True)),
     ],
 )
 def test_window_functions_become_triggers(window, trigger):
     (rule,) = parse(f"CREATE RULE r INTO out AS SELECT count(*) FROM demo GROUP BY ID, {window}")
-    assert rule.trigger == trigger and rule.partition_by == ("ID",) and rule.form == "ekuiper"
+    # windows over the whole stream (no partition), GROUP BY ID splits each window's rows
+    assert rule.trigger == trigger and rule.form == "ekuiper"
+    assert (rule.partition_by, rule.group_by) == ((), ("ID",))
     assert [(i.name, i.is_aggregate) for i in rule.select] == [
         ("window_start", False),
         ("window_end", False),
@@ -76,7 +79,12 @@ def test_filter_over_where_having_and_window_functions():
     )
     assert rule.options.pre_filter == "revenue > 100" and rule.trigger.over == "revenue > 200"
     assert (rule.where, rule.having) == ("temperature > 20", "COUNT(*) > 2")
-    assert [(i.name, i.expression) for i in rule.select][2:] == [("we", "__cq_twend"), ("s", "SUM(revenue)")]
+    # window_end() selected is the automatic window_end column, under its alias: one column per meaning
+    assert [(i.name, i.expression) for i in rule.select] == [
+        ("window_start", "__cq_twstart"),
+        ("we", "__cq_twend"),
+        ("s", "SUM(revenue)"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -380,7 +388,7 @@ def test_a_stream_grouped_by_a_window_function_is_a_rule():
         "CREATE STREAM IF NOT EXISTS tc INTO tc_out AS SELECT count(*) AS n FROM demo "
         "GROUP BY ID, TUMBLINGWINDOW(ss, 10)"
     )
-    assert (s.form, s.if_not_exists, s.sink, s.partition_by) == ("ekuiper", True, "tc_out", ("ID",))
+    assert (s.form, s.if_not_exists, s.sink, s.group_by) == ("ekuiper", True, "tc_out", ("ID",))
     assert s.trigger == SlidingTrigger(sliding=10 * S, interval=10 * S)
     (old,) = parse(
         "CREATE STREAM avg_vol_s INTO avg_vol AS SELECT _wstart, count(*) FROM meters "

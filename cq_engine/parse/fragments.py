@@ -127,12 +127,20 @@ def is_aggregate(node: exp.Expr) -> bool:
     return any(is_aggregate_call(n) for n in node.walk())
 
 
+def under_aggregate(node: exp.Expr) -> bool:
+    """``node`` lies inside an aggregate function call's arguments."""
+    parent = node.parent
+    while parent is not None and not is_aggregate_call(parent):
+        parent = parent.parent
+    return parent is not None
+
+
 def is_aggregate_sql(sql: str) -> bool:
     """``is_aggregate`` of Spark SQL text."""
     return is_aggregate(sqlglot.parse_one(sql, read="spark"))
 
 
-def to_spark(node: exp.Expression) -> str:
+def to_spark(node: exp.Expr) -> str:
     return node.sql(dialect="spark")
 
 
