@@ -338,6 +338,8 @@ def _expression(cur: Cursor, toks: list[Token], clause: str) -> str:
     node = _parse(cur, toks)
     if isinstance(node, exp.Alias):
         raise cur.error_at(toks[0], f"{clause} takes a condition, not an alias")
+    if is_aggregate(node):  # WHERE filters each window's rows: aggregates belong in HAVING
+        raise cur.error_at(toks[0], f"aggregates are not allowed in {clause}: filter the window's result with HAVING")
     return to_spark(node)
 
 
