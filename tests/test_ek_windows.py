@@ -158,6 +158,10 @@ def test_session_on_check_point_is_cut_only_past_the_maximum(spark):
     got = _hand(spark, times, _session(60, 5), until=300)
     assert got == [(120, 205, times, True)]
     assert got == _ref_session(times, timeout=5, max_duration=60, until=300)
+    # issue 21: rows 3 s apart, SESSIONWINDOW(ss, 60, 5) (a 60 s maximum, a 5 s timeout): two windows
+    times = list(range(0, 178, 3))
+    got = _hand(spark, times, _session(60, 5), until=300)
+    assert got == [(0, 120, list(range(0, 118, 3)), True), (120, 182, list(range(120, 178, 3)), True)]
     # a session starting on a check point and running on is cut at the second check point after it
     times = list(range(0, 131, 10))
     got = _hand(spark, times, _session(60, 15), until=200)

@@ -476,6 +476,20 @@ def test_every_window_with_the_key_selected_and_the_other_forms(tmp_path, spark)
         (at(10), "a", 40.0, at(11), 1),
         (at(10), "b", 50.0, at(12), 1),
     ]
+    # without GROUP BY columns or aggregates a rule emits every row, of the windows HAVING keeps (seed 003)
+    assert rows("k_rows", "window_start", "ID", "revenue") == [
+        (at(0), "a", 15.0),
+        (at(0), "b", 20.0),
+        (at(0), "c", 30.0),
+    ]
+    # GROUP BY columns make a rule aggregate (eKuiper): one row per window group, the first row's values
+    assert rows("k_plain", "window_start", "ID", "temperature") == [
+        (at(0), "a", round(10 + x, 6)),
+        (at(0), "b", round(20 + x, 6)),
+        (at(0), "c", round(30 + x, 6)),
+        (at(10), "a", round(40 + x, 6)),
+        (at(10), "b", round(50 + x, 6)),
+    ]
     assert rows("k_having", "window_start", "ID", "c") == [(at(0), "a", 2)]
     # watermark 25 s - 2 s: [20 s, 30 s) stays open as well
     assert rows("k_late", "window_start", "ID", "c") == rows("k_tumble", "window_start", "ID", "c")

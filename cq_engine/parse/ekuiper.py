@@ -66,7 +66,7 @@ _USAGE = {
 _CLAUSES = ("FROM", "WHERE", "GROUP BY", "FILTER", "OVER", "HAVING")
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 ROW_TIME = placeholder_column("_ekrowtime")  # a row's event time (run.py adds it): the first row's values
-_OPTIONS = {"LATETOLERANCE": "lateTolerance"}
+_OPTIONS = ("LATETOLERANCE",)  # a rule's WITH (...): eKuiper's rule options that apply to a batch engine
 
 
 def has_window_function(cur: Cursor) -> bool:
@@ -132,8 +132,14 @@ def parse_ekuiper_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Table
 # eKuiper's field types (its data_types.md) as Delta types: ``float`` is a 64-bit float (eKuiper has no
 # double), ``datetime`` a timestamp, ``bytea`` bytes; ``ARRAY(type)`` and ``STRUCT(name type, ...)``
 # nest them. Other Spark/TDengine type names are accepted too.
-_EK_TYPES = {"bigint": "bigint", "float": "double", "string": "string", "datetime": "timestamp", "boolean": "boolean"}
-_EK_TYPES["bytea"] = "binary"
+_EK_TYPES = {
+    "bigint": "bigint",
+    "float": "double",
+    "string": "string",
+    "datetime": "timestamp",
+    "boolean": "boolean",
+    "bytea": "binary",
+}
 
 
 def _field_type(cur: Cursor) -> str:
@@ -223,8 +229,10 @@ def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
 def first_row_values(stream: Stream) -> Stream:
     """An aggregate rule's columns outside aggregates that are not GROUP BY columns take the value of
     the window group's first row, as in eKuiper (``min_by(col, ROW_TIME)``; rows at the same time:
-    any of them). The catalog calls it again once ``SELECT *`` is expanded."""
-    if not stream.is_aggregate and not (stream.having and is_aggregate_sql(stream.having)):
+    any of them). A rule with GROUP BY columns is aggregate, as eKuiper's ``WithAggFields`` says: one
+    row per window group (without, an aggregate HAVING keeps or drops a window's rows: eKuiper emits
+    them all). The catalog calls it again once ``SELECT *`` is expanded."""
+    if not (stream.is_aggregate or stream.group_by):
         return stream
     keys = {k.lower() for k in stream.group_by}
 

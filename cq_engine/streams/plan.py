@@ -110,13 +110,10 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
 def with_row_time(stream: Stream, df: DataFrame, time_column: str) -> DataFrame:
     """eKuiper rules: each row's event time as ``ROW_TIME``, which the SELECT reads for the value of a
     window group's first row (``parse.ekuiper.first_row_values``)."""
-    if stream.form != "ekuiper" or not any(ROW_TIME in sql for sql in [*_item_sqls(stream), stream.having or ""]):
+    sqls = [i.expression for i in stream.select] + [stream.having or ""]
+    if stream.form != "ekuiper" or not any(ROW_TIME in sql for sql in sqls):
         return df
     return df.withColumn(ROW_TIME, exact_col(time_column))
-
-
-def _item_sqls(stream: Stream) -> list[str]:
-    return [i.expression for i in stream.select]
 
 
 _CONSTANT = {WSTART, WSEQ, WEND, WLAST, WROWS, WCLOSED} | {
@@ -200,7 +197,8 @@ def evaluate(
         df = df.filter(F.expr(stream.where))
     pcols = partition_columns(stream)
     shaping = shaping_columns(stream)
-    if stream.is_aggregate or not stream.select:  # no query (NOTIFY only): one row per window
+    # no query (NOTIFY only): one row per window; eKuiper: a GROUP BY column makes one per window group
+    if stream.is_aggregate or not stream.select or stream.group_by:
         # _twrownum not computed per row (row_stats_needed): the window's row count
         as_count = WROWS not in df.columns and any(WROWS.lower() in i.expression.lower() for i in stream.select)
         items = [
@@ -227,9 +225,21 @@ def evaluate(
         if stream.having and not having:  # over the result's columns
             out = out.filter(F.expr(stream.having))
         return out
+    if stream.having:  # eKuiper: an aggregate HAVING keeps or drops a whole window's rows
+        ids = [*pcols, *(window_columns or _window_columns(stream, df, list(keep)))]
+        passed = df.groupBy(*ids).agg(F.expr(stream.having).alias(_HAVING)).filter(F.col(_HAVING))
+        df = df.alias("__cq_l").join(
+            passed.alias("__cq_r"),
+            on=[_side("__cq_l", c).eqNullSafe(_side("__cq_r", c)) for c in ids],
+            how="left_semi",
+        )
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
     return df.select(*items, *extra, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def _side(alias: str, column: str) -> Column:
+    return F.col(f"{alias}.`{column.replace('`', '``')}`")
 
 
 def _over_columns(sql: str, columns: list[str]) -> bool:

@@ -21,3 +21,6 @@ CREATE RULE k_over INTO k_over AS SELECT ID, count(*) AS c FROM demo
     GROUP BY ID, SLIDINGWINDOW(ss, 10) FILTER(WHERE revenue > 15) OVER(WHEN revenue > 35);
 CREATE RULE k_late INTO k_late WITH (lateTolerance = 2000) AS SELECT ID, count(*) AS c FROM demo
     GROUP BY ID, TUMBLINGWINDOW(ss, 10);
+CREATE RULE k_plain INTO k_plain AS SELECT ID, temperature FROM demo GROUP BY ID, TUMBLINGWINDOW(ss, 10);
+CREATE RULE k_rows INTO k_rows AS SELECT * FROM demo WHERE revenue > 12 GROUP BY TUMBLINGWINDOW(ss, 10)
+    HAVING COUNT(*) > 2;
