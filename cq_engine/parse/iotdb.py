@@ -276,9 +276,9 @@ def _unique(name: str, taken: set[str]) -> str:
     return out
 
 
-def _item_texts(cur: Cursor, toks: list[Token]) -> list[str]:
-    """The text of each SELECT item as written (split at commas outside parentheses)."""
-    items: list[list[Token]] = [[]]
+def _split_commas(toks: list[Token]) -> list[list[Token]]:
+    """``toks`` split at the commas outside parentheses."""
+    parts: list[list[Token]] = [[]]
     depth = 0
     for tok in toks:
         if tok.token_type in _OPEN:
@@ -286,10 +286,15 @@ def _item_texts(cur: Cursor, toks: list[Token]) -> list[str]:
         elif tok.token_type in _CLOSE:
             depth -= 1
         if tok.token_type == TokenType.COMMA and depth == 0:
-            items.append([])
+            parts.append([])
         else:
-            items[-1].append(tok)
-    return [cur.source.text[part[0].start : part[-1].end + 1] if part else "" for part in items]
+            parts[-1].append(tok)
+    return parts
+
+
+def _item_texts(cur: Cursor, toks: list[Token]) -> list[str]:
+    """The text of each SELECT item as written."""
+    return [cur.source.text[part[0].start : part[-1].end + 1] if part else "" for part in _split_commas(toks)]
 
 
 def _single_name(cur: Cursor, clause: Token, toks: list[Token], *, what: str) -> str:
@@ -321,17 +326,7 @@ def _parse_into(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[str, tup
 def _parse_group_by(
     cur: Cursor, clause: Token, toks: list[Token]
 ) -> tuple[TimeGrouping | None, tuple[str, ...], Token | None]:
-    parts: list[list[Token]] = [[]]
-    depth = 0
-    for tok in toks:
-        if tok.token_type in _OPEN:
-            depth += 1
-        elif tok.token_type in _CLOSE:
-            depth -= 1
-        if tok.token_type == TokenType.COMMA and depth == 0:
-            parts.append([])
-        else:
-            parts[-1].append(tok)
+    parts = _split_commas(toks)
     time_grouping, interval_tok, keys = None, None, []
     for part in parts:
         if not part:
