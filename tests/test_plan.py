@@ -248,3 +248,31 @@ def test_groups_given_to_the_plan_are_the_devices(spark, points):
         (20, "d1", 1, 2),
         (20, "d9", 0, 1),
     ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "SELECT max_value(s1) AS m, count(s2) AS n INTO o FROM t GROUP BY (5s) LIMIT 5 OFFSET 2 ALIGN BY DEVICE",
+        "SELECT max_value(s1) AS m INTO o FROM t GROUP BY (5s), device LIMIT 2 OFFSET 1",
+    ],
+)
+def test_a_run_of_several_firings_numbers_rows_as_each_firing(spark, points, body):
+    """A recalculation covers several overlapping firings in one plan: what it writes is what the
+    firings write one after another (each replacing its range), LIMIT counted per firing."""
+    sql = f"CREATE CQ q RESAMPLE EVERY 10s RANGE 20s BEGIN {body} END"
+    (cq,) = parse_text(sql, options=ParseOptions(min_every=timedelta(0)))
+    fires = [at(20), at(30), at(40)]
+
+    def rows(cov, lo=None, hi=None):
+        out = plan_query(spark, cq, points, time_column="ts", coverage=cov).to_arrow().to_pylist()
+        return {tuple(r.values()) for r in out if (lo is None or lo <= r["ts"] < hi)}
+
+    together = rows(timing.coverage_of(cq.resample, fires))
+    # Firing i's rows stay where no later firing's range starts: [its start, the next one's start).
+    one_by_one = set()
+    for i, fire in enumerate(fires):
+        lo = timing.time_range(cq.resample, fire)[0]
+        hi = timing.time_range(cq.resample, fires[i + 1])[0] if i + 1 < len(fires) else at(40)
+        one_by_one |= rows(timing.coverage_of(cq.resample, [fire]), lo, hi)
+    assert together == one_by_one and together

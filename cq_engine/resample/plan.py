@@ -249,7 +249,10 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     agg = agg.withColumn(_OWNER, _owner(ws, grid.anchor, every, count))
     if cq.fill is not None:
         agg = _fill(agg, cq, keys, order=_K)
-    agg = _limit(cq, agg, order=_K, keys=keys)
+    numbered = None
+    if count > 1 and cq.having is None and cq.time_grouping is not None:
+        numbered = (-(-length // grid.step), every // grid.step)
+    agg = _limit(cq, agg, order=_K, keys=keys, grid=numbered)
     out = agg.select(
         F.timestamp_micros(ws).alias(time_column),
         *[F.col(k) for k in keys],
@@ -400,12 +403,21 @@ def _output_columns(cq: ContinuousQuery, time_column: str, keys: list[str]) -> t
     return (time_column, *keys, *[i.name for i in cq.select])
 
 
-def _limit(cq: ContinuousQuery, out: DataFrame, *, order: str, keys: list[str]) -> DataFrame:
+def _limit(
+    cq: ContinuousQuery, out: DataFrame, *, order: str, keys: list[str], grid: tuple[int, int] | None = None
+) -> DataFrame:
     """OFFSET/LIMIT per firing over IoTDB's rows: with ALIGN BY DEVICE one row per (device, time),
-    device by device; otherwise one row per time holding every group (IoTDB's time-aligned result)."""
+    device by device; otherwise one row per time holding every group (IoTDB's time-aligned result).
+    ``grid`` (windows per firing, steps per EVERY): the run covers several firings with every window of
+    every group present, so a row's number in its firing is arithmetic, counting the firing's windows
+    that a later firing's range holds (they are the later firing's rows here)."""
     if cq.limit is None and not cq.offset:
         return out
-    if cq.align_by_device:
+    if cq.align_by_device and grid is not None:
+        per_firing, steps = grid
+        device = F.dense_rank().over(Window.partitionBy(_OWNER).orderBy(*keys)) - 1
+        rn = device * per_firing + (F.col(_K) - F.col(_OWNER) * steps) + 1
+    elif cq.align_by_device:
         rn = F.row_number().over(Window.partitionBy(_OWNER).orderBy(*keys, order))
     else:
         rn = F.dense_rank().over(Window.partitionBy(_OWNER).orderBy(order))
