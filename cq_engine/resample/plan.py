@@ -11,35 +11,25 @@ are rows whose values are all NULL left out.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import reduce
-from typing import TypeAlias
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import sqlglot
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType, StringType
-from sqlglot import exp
 
 from cq_engine.catalog import referenced_columns
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, TimeGrouping
-from cq_engine.parse.fragments import TIME_REF, is_aggregate_call, is_aggregate_sql
+from cq_engine.parse.fragments import TIME_REF, is_aggregate_sql
+from cq_engine.resample.groups import Groups, GroupSource, add_empty_windows, empty_sql, join_cells
 from cq_engine.resample.timing import Coverage
 from cq_engine.times import EPOCH
 
 _T, _K, _OWNER, _HAVING = "__cq_t", "__cq_k", "__cq_owner", "__cq_having"
-_PRESENT, _RN = "__cq_present", "__cq_rn"
-_COUNTS = (exp.Count, exp.CountIf, exp.ApproxDistinct)
-
-# The known group values of a run: an Arrow table (from the engine's state), a Spark frame, or None
-# (then the distinct keys of the frame ``plan_query`` is given).
-Groups: TypeAlias = pa.Table | DataFrame | None
+_RN = "__cq_rn"
 
 
 def _as_is(table: pa.Table) -> pa.Table:
@@ -102,7 +92,7 @@ def _needs_grid(cq: ContinuousQuery) -> bool:
         cq.fill is not None
         or cq.limit is not None
         or bool(cq.offset)
-        or any(_empty_sql(i) != "NULL" for i in cq.select)
+        or any(empty_sql(i.expression) != "NULL" for i in cq.select)
     )
 
 
@@ -136,7 +126,7 @@ def plan_query(
         if cq.time_grouping is None:  # one window per firing range
             windows = min(windows, coverage.count)
         grid = _Grid(lo0, step, interval, windows)
-        known = _GroupSource(data, keys, groups)
+        known = GroupSource(data, keys, groups)
         return _windowed(spark, cq, df, time_column, keys, grid, every, length, coverage.count, known)
 
 
@@ -172,38 +162,7 @@ def _row_wise(cq, df, time_column, keys, lo0, every, count, emit_end) -> DataFra
     return _limit(cq, out, order=_T, keys=keys).drop(_T, _OWNER)
 
 
-@dataclass(frozen=True)
-class _GroupSource:
-    """Where the known group values come from (``Groups``), and the WHERE conditions that name only
-    group columns: those pick the groups of the query (IoTDB's FROM paths), the others filter rows."""
-
-    data: DataFrame
-    keys: list[str]
-    groups: Groups
-
-    def python_rows(self, where: str | None) -> list[tuple] | None:
-        """The group tuples, if known without Spark; [()] without group columns."""
-        if not self.keys:
-            return [()]
-        if not isinstance(self.groups, pa.Table) or _group_condition(where, self.keys) is not None:
-            return None
-        return list(zip(*[self.groups.column(k).to_pylist() for k in self.keys]))
-
-    def frame(self, spark: SparkSession, where: str | None) -> DataFrame | None:
-        """The groups as a Spark frame (None without group columns)."""
-        if not self.keys:
-            return None
-        if isinstance(self.groups, pa.Table):
-            frame = spark.createDataFrame(self.groups.select(self.keys))  # a local relation: no Spark job
-        elif self.groups is None:
-            frame = self.data.select(*[F.col(k) for k in self.keys]).distinct()
-        else:
-            frame = self.groups
-        condition = _group_condition(where, self.keys)
-        return frame if condition is None else frame.filter(F.expr(condition))
-
-
-def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, count, known: _GroupSource) -> Plan:
+def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, count, known: GroupSource) -> Plan:
     rel = F.col(_T) - F.lit(grid.anchor)
     if grid.step == grid.interval:
         df = df.withColumn(_K, F.floor(rel / grid.step).cast("long"))
@@ -222,7 +181,7 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
         aggs.append(F.expr(cq.having).alias(_HAVING))
     agg = df.groupBy(F.col(_K), *[F.col(k) for k in keys]).agg(*aggs)  # Column objects: no Connect round trip
 
-    empties = {i.name: _empty_sql(i) for i in cq.select}
+    empties = {i.name: empty_sql(i.expression) for i in cq.select}
     starts = [
         w for w in (grid.anchor + k * grid.step for k in range(grid.windows)) if _covered(w, grid.anchor, every, length)
     ]
@@ -240,7 +199,18 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
         and all(v in ("NULL", "0") for v in empties.values())
     )
     if _needs_grid(cq) and not complete_in_arrow:
-        agg = _join_grid(spark, cq, agg, keys, grid, every, length, known, empties, having_in_agg)
+        grid_ws = F.lit(grid.anchor) + F.col("id") * F.lit(grid.step)
+        windows = spark.range(grid.windows).filter(_covered(grid_ws, grid.anchor, every, length))
+        having = cq.having if having_in_agg else None
+        agg = join_cells(
+            spark,
+            agg,
+            windows.select(F.col("id").alias(_K)),
+            known,
+            where=cq.where,
+            empties=empties,
+            having=(_HAVING, having),
+        )
     if having_in_agg:
         agg = agg.filter(F.col(_HAVING)).drop(_HAVING)
     elif cq.having:
@@ -267,101 +237,10 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
     return Plan(
         out,
         columns,
-        lambda table: _add_empty_windows(
+        lambda table: add_empty_windows(
             table, time_column=time_column, keys=keys, starts=starts, groups=groups, values=values
         ),
     )
-
-
-def _join_grid(spark, cq, agg, keys, grid: _Grid, every, length, known: _GroupSource, empties, having_in_agg):
-    """Every (window, known group) of the run, with the aggregates where the window has rows and
-    the aggregates of no rows (``_empty_sql``) where it has none."""
-    grid_ws = F.lit(grid.anchor) + F.col("id") * F.lit(grid.step)
-    cells = spark.range(grid.windows).filter(_covered(grid_ws, grid.anchor, every, length))
-    cells = cells.select(F.col("id").alias(_K))
-    groups = known.frame(spark, cq.where)
-    if groups is not None:
-        cells = cells.crossJoin(groups)
-    sides = [_K, *keys]
-    right = agg.select(
-        *[F.col(c).alias(f"__cq_j{n}") for n, c in enumerate(sides)],
-        *[F.col(c) for c in agg.columns if c not in sides],
-        F.lit(True).alias(_PRESENT),
-    )
-    # NULL is a group value like any other (a device column that is NULL): null-safe equality.
-    condition = reduce(lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"__cq_j{n}")) for n, c in enumerate(sides)])
-    joined = cells.join(right, condition, "left").drop(*[f"__cq_j{n}" for n in range(len(sides))])
-    missing = F.col(_PRESENT).isNull()
-    for name, empty in empties.items():
-        joined = joined.withColumn(name, F.when(missing, F.expr(empty)).otherwise(F.col(name)))
-    if having_in_agg:
-        joined = joined.withColumn(_HAVING, F.when(missing, F.expr(_empty_sql_of(cq.having))).otherwise(F.col(_HAVING)))
-    return joined.drop(_PRESENT)
-
-
-def _empty_sql(item) -> str:
-    return _empty_sql_of(item.expression)
-
-
-@functools.lru_cache(maxsize=1024)
-def _empty_sql_of(expression: str) -> str:
-    """``expression`` (Spark SQL) over a window without rows: each aggregate call replaced by its
-    value over no rows (0 for counts, NULL for the others), so ``count(a) + 1`` gives 1."""
-    node = sqlglot.parse_one(expression, read="spark")
-
-    def visit(n):
-        if is_aggregate_call(n):
-            return exp.Literal.number(0) if isinstance(n, _COUNTS) else exp.Null()
-        return n
-
-    return node.transform(visit).sql(dialect="spark")
-
-
-@functools.lru_cache(maxsize=1024)
-def _group_condition_of(where: str, keys: tuple[str, ...]) -> str | None:
-    node = sqlglot.parse_one(where, read="spark")
-    lowered = {k.lower() for k in keys}
-    picked = []
-    for part in node.flatten() if isinstance(node, exp.And) else [node]:
-        names = {c.name.lower() for c in part.find_all(exp.Column)}
-        if names and names <= lowered:
-            picked.append(part.sql(dialect="spark"))
-    return " AND ".join(f"({p})" for p in picked) or None
-
-
-def _group_condition(where: str | None, keys: list[str]) -> str | None:
-    """The AND-ed conditions of WHERE that name group columns only (``device = 'd1'``)."""
-    return None if not where or not keys else _group_condition_of(where, tuple(keys))
-
-
-def _add_empty_windows(
-    table: pa.Table,
-    *,
-    time_column: str,
-    keys: list[str],
-    starts: list[int],
-    groups: list[tuple],
-    values: dict[str, int | None],
-) -> pa.Table:
-    """Add the empty windows of every known group: counts 0, other values NULL."""
-    seen_times = pc.cast(table.column(time_column), pa.int64()).to_pylist()
-    key_rows = list(zip(*[table.column(k).to_pylist() for k in keys])) if keys else [()] * table.num_rows
-    present = set(zip(seen_times, key_rows))
-    missing = [(w, g) for w in starts for g in groups if (w, g) not in present]
-    if not missing:
-        return table
-    columns = {time_column: pa.array([w for w, _ in missing], pa.int64()).cast(table.schema.field(time_column).type)}
-    for i, k in enumerate(keys):
-        columns[k] = pa.array([g[i] for _, g in missing], table.schema.field(k).type)
-    for field in table.schema:
-        if field.name not in columns:
-            columns[field.name] = pa.array([values.get(field.name)] * len(missing), field.type)
-    extra = pa.table({f.name: columns[f.name] for f in table.schema}, schema=table.schema)
-    # Rows whose values are all NULL are not written (a group with no count among the values).
-    extra = extra.filter(
-        reduce(pc.or_, [pc.is_valid(extra.column(n)) for n in values]) if values else pa.array([False] * len(missing))
-    )
-    return pa.concat_tables([table, extra])
 
 
 def _fill(agg: DataFrame, cq: ContinuousQuery, keys: list[str], *, order: str) -> DataFrame:
