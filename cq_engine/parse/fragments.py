@@ -30,8 +30,10 @@ def _non_null_time(arg: exp.Expression) -> exp.Expression:
 IOTDB_AGGREGATES: dict[str, Callable[[exp.Expression], exp.Expression]] = {
     "MAX_VALUE": lambda a: exp.Max(this=a),
     "MIN_VALUE": lambda a: exp.Min(this=a),
-    "FIRST_VALUE": lambda a: exp.Anonymous(this="MIN_BY", expressions=[a, _time()]),
-    "LAST_VALUE": lambda a: exp.Anonymous(this="MAX_BY", expressions=[a, _time()]),
+    # IoTDB's first/last *point*: a NULL is an absent point, so rows where the value is NULL have no
+    # time to order by (MIN_BY/MAX_BY skip a NULL ordering).
+    "FIRST_VALUE": lambda a: exp.Anonymous(this="MIN_BY", expressions=[a, _non_null_time(a)]),
+    "LAST_VALUE": lambda a: exp.Anonymous(this="MAX_BY", expressions=[a, _non_null_time(a)]),
     # Largest absolute value keeping its sign; on a tie (5, -5) the positive one.
     "EXTREME": lambda a: exp.Anonymous(
         this="MAX_BY", expressions=[a, exp.Anonymous(this="STRUCT", expressions=[exp.Abs(this=a.copy()), a.copy()])]
