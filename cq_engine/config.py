@@ -39,6 +39,11 @@ class Settings:
     # delta-rs (a firing's few rows: a Spark write costs several jobs); larger ones, by the executors.
     # 0: the executors write every commit, also results already in Arrow (stream runs).
     spark_write_bytes: int = 16 * 1024 * 1024
+    # Dagster health (README "Health in Dagster"): how late a sink may be past its schedule before its
+    # freshness policy fails (a definition's `-- cq: freshness_grace` overrides it), and how far back
+    # the completeness check compares the firings owed with the ledger.
+    freshness_grace: str = "30s"
+    completeness_horizon: str = "1h"
 
     @property
     def tz(self) -> ZoneInfo:
@@ -50,6 +55,17 @@ class Settings:
     @property
     def min_every_delta(self) -> timedelta:
         return parse_duration(self.min_every, what="CQ_MIN_EVERY")
+
+    @property
+    def freshness_grace_delta(self) -> timedelta:
+        return parse_duration(self.freshness_grace, what="CQ_FRESHNESS_GRACE")
+
+    @property
+    def completeness_horizon_delta(self) -> timedelta:
+        horizon = parse_duration(self.completeness_horizon, what="CQ_COMPLETENESS_HORIZON")
+        if horizon <= timedelta(0):
+            raise CQError(f"CQ_COMPLETENESS_HORIZON: expected a positive duration, got {self.completeness_horizon!r}")
+        return horizon
 
     def table_uri(self, table: str) -> str:
         return f"{self.warehouse.rstrip('/')}/{check_name(table, what='table')}"
@@ -75,6 +91,8 @@ _ENV = {
     "trigger_path": "CQ_TRIGGER_PATH",
     "storage": "CQ_STORAGE",
     "spark_write_bytes": "CQ_SPARK_WRITE_BYTES",
+    "freshness_grace": "CQ_FRESHNESS_GRACE",
+    "completeness_horizon": "CQ_COMPLETENESS_HORIZON",
 }
 STORAGES = ("spark", "deltars")
 
@@ -130,5 +148,5 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
         raise CQError(f"CQ_STORAGE: unknown storage {settings.storage!r} (known: {', '.join(STORAGES)})")
     if settings.spark_write_bytes < 0:
         raise CQError(f"CQ_SPARK_WRITE_BYTES: expected a byte count >= 0, got {settings.spark_write_bytes}")
-    _ = (settings.tz, settings.min_every_delta)  # validate early
+    _ = (settings.tz, settings.min_every_delta, settings.freshness_grace_delta, settings.completeness_horizon_delta)
     return settings

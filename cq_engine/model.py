@@ -111,6 +111,7 @@ class ContinuousQuery:
     align_by_device: bool = False
     location: SourceLocation = field(default_factory=lambda: SourceLocation("<string>", 1, 1))
     sql: str = ""
+    freshness_grace: timedelta | None = None  # `-- cq: freshness_grace 5m`; None: the setting's
 
     @property
     def kind(self) -> str:
@@ -323,6 +324,7 @@ class Stream:
     location: SourceLocation = field(default_factory=lambda: SourceLocation("<string>", 1, 1))
     sql: str = ""
     timeout_policy: TimeoutPolicy = "BLOCKED"  # stream runs of one definition never overlap
+    freshness_grace: timedelta | None = None  # `-- cq: freshness_grace 5m`; None: the setting's
 
     @property
     def kind(self) -> str:

@@ -40,6 +40,7 @@ from cq_engine.resample.fused import FiringRequest, run_firings
 from cq_engine.schedule.ticks import Ticks
 from cq_engine.times import UTC, iso, parse_time
 
+from . import health
 from .builders import IN_FLIGHT, FiringConfig, execute_one, materialization
 from .resource import CQEngineResource
 
@@ -308,7 +309,8 @@ def run_batch(
                 context.log.info(
                     f"{d.name}: firing {iso(fire)} committed: {value.rows_written} rows, {d.sink} v{value.sink_version}"
                 )
-                yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=materialization(d, value).metadata)
+                metadata = materialization(d, value, engine=engine).metadata
+                yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=metadata)
         future.result()  # a bug in _execute itself surfaces here
     committed = sum(len(fs) for fs in firings.values())
     context.log.info(f"batch: {len(firings)} definition(s), {committed} firing(s) requested, {len(failures)} failed")
@@ -332,6 +334,7 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
     @dg.multi_asset(
         name=translator.get_batch_op_name(),
         specs=specs,
+        check_specs=[health.completeness_check_spec(by_key[s.key], s.key) for s in specs],
         can_subset=True,
         description="The firings of the location's continuous queries and PERIOD streams: a batch "
         "(run config `firings`) or one definition's firing or recalculation.",
@@ -344,13 +347,20 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
             unknown = sorted(set(config.firings) - by_name.keys())
             if unknown:
                 raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
-            yield from run_batch(
-                context,
-                engine,
-                config.firings,
-                sink_keys=sink_keys,
-                retry=context.run.tags.get("cq/attempt", "0") != "0",
-            )
+            failure = None
+            try:
+                yield from run_batch(
+                    context,
+                    engine,
+                    config.firings,
+                    sink_keys=sink_keys,
+                    retry=context.run.tags.get("cq/attempt", "0") != "0",
+                )
+            except dg.Failure as exc:  # the check reports the failed firings too, then the run fails
+                failure = exc
+            yield from health.selected_results(context, engine, by_key)
+            if failure is not None:
+                raise failure
             return
         selected = [by_key[k] for k in context.selected_asset_keys]
         if len(selected) != 1:
@@ -359,6 +369,7 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
                 f"{len(selected)} sinks are selected"
             )
         yield execute_one(context, config, engine, selected[0], asset_key=sink_keys[selected[0].name])
+        yield from health.selected_results(context, engine, by_key)
 
     return _firings, sink_keys
 

@@ -12,6 +12,7 @@ from cq_engine.schedule.ticks import Ticks, parse_tick_cursor, tick_cursor, tick
 from cq_engine.streams.timing import StreamWork
 from cq_engine.times import UTC, iso, parse_time
 
+from . import health
 from .resource import CQEngineResource
 from .translator import CQTranslator
 
@@ -58,15 +59,23 @@ def in_flight(instance: dg.DagsterInstance, definition: Definition, statuses=IN_
 
 
 def materialization(
-    definition: Definition, result: RunResult, *, ignored: tuple[str, ...] = (), asset_key: dg.AssetKey | None = None
+    definition: Definition,
+    result: RunResult,
+    *,
+    ignored: tuple[str, ...] = (),
+    asset_key: dg.AssetKey | None = None,
+    engine=None,
 ) -> dg.MaterializeResult:
     """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out and
-    windows the run dropped (``RunResult.ignored``), and why."""
+    windows the run dropped (``RunResult.ignored``), and why. With ``engine``, also Dagster's table
+    metadata (``dagster/row_count``, ``dagster/column_schema``, ...: ``health.sink_metadata``)."""
     ignored = (*ignored, *result.ignored)
     extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
+    table = health.sink_metadata(engine, definition, result.rows_written) if engine is not None else {}
     return dg.MaterializeResult(
         asset_key=asset_key,
         metadata={
+            **table,
             **extra,
             "cq/kind": result.kind,
             "cq/range_start": iso(result.time_range[0]),
@@ -130,7 +139,7 @@ def execute_one(
     )
     for line in (*ignored, *result.ignored):
         context.log.warning(f"{definition.name}: {line}")
-    return materialization(definition, result, ignored=ignored, asset_key=asset_key)
+    return materialization(definition, result, ignored=ignored, asset_key=asset_key, engine=engine)
 
 
 def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDefinition:
@@ -142,13 +151,16 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
     @dg.multi_asset(
         name=translator.get_op_name(definition),
         specs=[spec],
+        check_specs=[health.completeness_check_spec(definition, spec.key)],
         op_tags={"cq/name": definition.name},
         retry_policy=FIRING_RETRY,
     )
     def _asset(
         context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
     ):
-        yield execute_one(context, config, cq_engine.engine(pyspark.spark_session), definition)
+        engine = cq_engine.engine(pyspark.spark_session)
+        yield execute_one(context, config, engine, definition)
+        yield from health.selected_results(context, engine, {spec.key: definition})
 
     return _asset
 

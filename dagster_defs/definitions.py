@@ -38,7 +38,7 @@ def build_definitions(
     continuous query and PERIOD stream together (``dagster_defs.batch``); ``per_firing`` gives each
     firing its own run from the definition's schedule or tick sensor. Building writes nothing."""
     settings = settings or load_settings()
-    translator = translator or configured_translator()
+    translator = (translator or configured_translator()).bound(settings)
     now = now or datetime.now(UTC)
     run_model = run_model or os.environ.get("CQ_RUN_MODEL") or "batch"
     if run_model not in RUN_MODELS:
@@ -121,7 +121,10 @@ def build_definitions(
         build_trigger_sensor(t, engine, default_status=sensor_status) for t in catalog.triggers if t.event == "after"
     ]
     sinks = {d.sink.lower() for d in definitions if d.sink}
-    assets += [translator.get_source_asset_spec(s) for s in sorted(sources) if s.lower() not in sinks]
+    decls = {t.name.lower(): t for t in catalog.tables}
+    assets += [
+        translator.get_source_asset_spec(s, decls.get(s.lower())) for s in sorted(sources) if s.lower() not in sinks
+    ]
     assets += [error_placeholder(e) for e in errors]
     return dg.Definitions(assets=assets, jobs=jobs, schedules=schedules, sensors=sensors, resources=resources)
 

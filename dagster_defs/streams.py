@@ -62,7 +62,7 @@ def compute_inline(context, engine: Engine, stream: Stream, works: list[StreamWo
             f"{stream.name}: computed in the sensor (LOW_LATENCY_CALC): {result.kind} "
             f"[{iso(result.time_range[0])}, {iso(result.time_range[1])}) wrote {result.rows_written} rows"
         )
-        metadata = dict(materialization(stream, result, ignored=work.ignored).metadata or {})
+        metadata = dict(materialization(stream, result, ignored=work.ignored, engine=engine).metadata or {})
         events.append(dg.AssetMaterialization(asset_key=sink_key, metadata={**metadata, "cq/computed_in": "sensor"}))
     return events
 

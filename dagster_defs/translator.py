@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 
 import dagster as dg
 
+from cq_engine.config import Settings
 from cq_engine.errors import CQError
-from cq_engine.model import Definition, statement_hash
+from cq_engine.model import Definition, TableDecl, statement_hash
+
+from . import health
 
 TRANSLATOR_ENV = "CQ_TRANSLATOR"
 
 
 class CQTranslator:
-    """In the manner of dagster-dbt's ``DagsterDbtTranslator``: one method per Dagster attribute."""
+    """In the manner of dagster-dbt's ``DagsterDbtTranslator``: one method per Dagster attribute.
+    ``build_definitions`` hands it the location's settings (``bound``) for what depends on them:
+    freshness policies, table locations and schemas."""
+
+    settings: Settings | None = None
+
+    def bound(self, settings: Settings) -> CQTranslator:
+        """A copy of this translator that knows the location's settings (the original is untouched)."""
+        out = copy.copy(self)
+        out.settings = settings
+        return out
+
+    def _settings(self) -> Settings:
+        return self.settings if self.settings is not None else Settings()
 
     def get_asset_key(self, table: str) -> dg.AssetKey:
         return dg.AssetKey([table])
@@ -44,11 +61,19 @@ class CQTranslator:
     def get_description(self, definition: Definition) -> str:
         return f"{definition.kind} `{definition.name}` ({definition.location})\n\n```sql\n{definition.sql}\n```"
 
-    def get_source_asset_spec(self, table: str) -> dg.AssetSpec:
+    def get_freshness_policy(self, definition: Definition) -> dg.FreshnessPolicy | None:
+        """Derived from the definition's schedule or windows and the grace (``dagster_defs.health``);
+        return None for no policy."""
+        return health.freshness_policy(definition, self._settings())
+
+    def get_source_asset_spec(self, table: str, decl: TableDecl | None = None) -> dg.AssetSpec:
+        """A source table, with its location and schema (``decl``: its CREATE TABLE, if any)."""
         return dg.AssetSpec(
             key=self.get_asset_key(table),
             group_name="sources",
             description=f"Delta table `{table}` (a source of continuous queries)",
+            metadata=health.source_metadata(self._settings(), table, decl),
+            kinds={"delta"},
         )
 
     def get_sink_asset_spec(self, definition: Definition) -> dg.AssetSpec:
@@ -67,7 +92,9 @@ class CQTranslator:
                 "cq/definition": definition.name,
                 "cq/source": definition.source,
                 "cq/location": str(definition.location),
+                **(health.table_identity(self._settings(), definition.sink) if definition.sink else {}),
             },
+            freshness_policy=self.get_freshness_policy(definition),
         )
 
     def get_schedule_name(self, definition: Definition) -> str:

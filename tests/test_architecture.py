@@ -91,7 +91,7 @@ def _in(module: str, *packages: str) -> bool:
 # As ARCHITECTURE.md's table: core; parse, pure timing and storage; session; execution; facade; CLI.
 LAYERS = [
     ("errors", "names", "times", "durations", "config", "jars", "model", "statefile"),
-    ("parse", "catalog", "schedule", "resample.timing", "streams.timing", "streams.output", "storage"),
+    ("parse", "catalog", "schedule", "resample.timing", "streams.timing", "streams.output", "storage", "health"),
     ("spark", "context"),
     ("resample", "streams", "notify", "triggers", "ingest"),
     ("engine",),

@@ -14,6 +14,7 @@ from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, Stream, TableDecl, TriggerDef
 from cq_engine.names import name_problem, shorten
 from cq_engine.parse.cursor import Cursor, SourceText, split_statements
+from cq_engine.parse.directives import apply_directives
 from cq_engine.parse.ekuiper import parse_rule
 from cq_engine.parse.iotdb import parse_continuous_query
 from cq_engine.parse.options import ParseOptions
@@ -85,7 +86,7 @@ def _parse_statement(cur: Cursor, opts: ParseOptions) -> Statement:
         if cur.match(*words):
             statement = STATEMENT_PARSERS[words](cur, opts, start)
             _check_names(cur, statement)
-            return statement
+            return apply_directives(cur, start, statement)
     for words, command in COMMANDS.items():
         if cur.is_word(*words):
             raise cur.error_at(start, f"{' '.join(words)} is a command, not a definition: use `{command}`")

@@ -1,0 +1,182 @@
+"""Dagster's own ways of showing a sink's health (README "Health in Dagster"): a freshness policy on
+every sink (the daemon turns a late sink red), the ``cq_completeness`` asset check (the firings owed
+over a recent horizon against the ledger, evaluated after every batch or stream run without Spark),
+and the standard table metadata (``dagster/row_count``, ``dagster/column_schema``,
+``dagster/table_name``, ``dagster/uri``) on sinks and sources. The logic is ``cq_engine.health``;
+this module only shapes it into Dagster objects. Everything here is per definition and attached
+to its spec, so a location of N definitions pays O(N)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+
+import dagster as dg
+import pyarrow as pa
+
+from cq_engine.config import Settings
+from cq_engine.health import firing_completeness, freshness_window, run_completeness
+from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, TableDecl
+from cq_engine.storage.delta import DeltaRsStorage
+from cq_engine.times import UTC
+
+CHECK_NAME = "cq_completeness"
+ROW_COUNT, COLUMN_SCHEMA = "dagster/row_count", "dagster/column_schema"
+TABLE_NAME, URI = "dagster/table_name", "dagster/uri"
+
+
+def is_ticked(definition: Definition) -> bool:
+    """A continuous query or PERIOD stream: fired on a schedule (the others by their data)."""
+    return isinstance(definition, ContinuousQuery) or isinstance(definition.trigger, PeriodTrigger)
+
+
+# -- freshness ----------------------------------------------------------------------------------------
+def freshness_policy(definition: Definition, settings: Settings) -> dg.FreshnessPolicy:
+    """Fail when the sink's newest materialization is older than its cadence plus the grace (see
+    ``cq_engine.health.freshness_window``); warn past the cadence alone when Dagster allows it."""
+    lead = timedelta(0)
+    if is_ticked(definition):
+        from .batch import batch_lead  # the batch sensor's own lead: a firing may run that much early
+
+        lead = batch_lead(_every(definition))
+    window = freshness_window(definition, grace=settings.freshness_grace_delta, lead=lead)
+    return dg.FreshnessPolicy.time_window(fail_window=window.fail, warn_window=window.warn)
+
+
+def _every(definition: Definition) -> timedelta:
+    if isinstance(definition, ContinuousQuery):
+        return definition.resample.every
+    assert isinstance(definition.trigger, PeriodTrigger)
+    return definition.trigger.period
+
+
+# -- completeness -------------------------------------------------------------------------------------
+def completeness_check_spec(definition: Definition, key: dg.AssetKey) -> dg.AssetCheckSpec:
+    what = "firings its schedule owed" if is_ticked(definition) else "runs that failed and were not redone"
+    return dg.AssetCheckSpec(
+        CHECK_NAME,
+        asset=key,
+        description=f"The {what} over the recent horizon (CQ_COMPLETENESS_HORIZON) against the ledger; "
+        "metadata `missing_ranges` lists the gaps. A rerun or `cq recalculate` over a gap fills it.",
+    )
+
+
+def completeness_results(
+    engine, definitions: Iterable[Definition], keys: dict[str, dg.AssetKey], *, now: datetime | None = None
+) -> list[dg.AssetCheckResult]:
+    """One ``cq_completeness`` result per definition, from one read of the ledger's recent entries
+    (delta-rs, no Spark). ``keys``: definition name -> its sink's asset key."""
+    definitions = list(definitions)
+    if not definitions:
+        return []
+    now = now or datetime.now(UTC)
+    horizon = engine.settings.completeness_horizon_delta
+    since = now - horizon
+    # A firing of `since` may have started a batch lead (at most half its EVERY) before it.
+    entries = engine.ledger.entries_since(since - horizon, [d.name for d in definitions])
+    by_name: dict[str, list] = {}
+    for entry in entries:
+        by_name.setdefault(entry.definition, []).append(entry)
+    results = []
+    for d in definitions:
+        mine = by_name.get(d.name, [])
+        if is_ticked(d):
+            ticks = engine.ticks(d.name, now=now)
+            report = firing_completeness(
+                between=ticks.between,
+                range_of=ticks.range_of,
+                entries=mine,
+                since=since,
+                discard=d.timeout_policy == "DISCARD",
+            )
+        else:
+            report = run_completeness(entries=mine, since=since)
+        skipped_only = report.passed and report.count("skipped") > 0
+        results.append(
+            dg.AssetCheckResult(
+                asset_key=keys[d.name],
+                check_name=CHECK_NAME,
+                passed=report.passed and not skipped_only,
+                severity=dg.AssetCheckSeverity.WARN if skipped_only else dg.AssetCheckSeverity.ERROR,
+                description=report.description,
+                metadata={
+                    **{k: v for k, v in report.metadata().items() if k != "missing_ranges" and v is not None},
+                    "horizon": str(horizon),
+                    "missing_ranges": dg.MetadataValue.json(report.metadata()["missing_ranges"]),
+                },
+            )
+        )
+    return results
+
+
+def selected_results(context, engine, by_key: dict[dg.AssetKey, Definition]) -> Iterator[dg.AssetCheckResult]:
+    """The completeness results of the checks this run selected (a subset run selects its sinks')."""
+    selected = getattr(context, "selected_asset_check_keys", None) or set()
+    names = {k.asset_key for k in selected if k.name == CHECK_NAME}
+    definitions = [d for key, d in by_key.items() if key in names]
+    keys = {d.name: key for key, d in by_key.items() if key in names}
+    if not definitions:
+        return
+    try:
+        yield from completeness_results(engine, definitions, keys)
+    except Exception as exc:  # the check must never fail the firings it reports on
+        context.log.warning(f"{CHECK_NAME}: not evaluated: {exc}")
+
+
+# -- table metadata -----------------------------------------------------------------------------------
+_SCHEMAS: dict[str, dg.TableSchema] = {}  # sink uri -> its schema, read once per process
+
+
+def column_schema(schema: pa.Schema) -> dg.TableSchema:
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(name=f.name, type=str(f.type), constraints=dg.TableColumnConstraints(nullable=f.nullable))
+            for f in schema
+        ]
+    )
+
+
+def declared_schema(decl: TableDecl) -> dg.TableSchema:
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(name=c.name, type=c.type.lower(), tags={"cq/tag": "true"} if c.is_tag else {})
+            for c in decl.columns
+        ]
+    )
+
+
+def table_identity(settings: Settings, table: str) -> dict:
+    """``dagster/table_name`` and ``dagster/uri`` of a warehouse table (no I/O)."""
+    return {TABLE_NAME: table, URI: settings.table_uri(table)}
+
+
+def sink_metadata(engine, definition: Definition, rows_written: int) -> dict:
+    """A materialization's standard metadata: the rows the run wrote, the sink's name, location and
+    schema (its Delta schema through ``cq_engine.storage``, read once per process)."""
+    if not definition.sink:
+        return {ROW_COUNT: dg.MetadataValue.int(rows_written)}
+    out = {**table_identity(engine.settings, definition.sink), ROW_COUNT: dg.MetadataValue.int(rows_written)}
+    uri = engine.settings.table_uri(definition.sink)
+    if uri not in _SCHEMAS:
+        try:
+            _SCHEMAS[uri] = column_schema(engine.storage.schema(definition.sink))
+        except Exception:  # a sink not written yet has no schema; the next run reports it
+            return out
+    out[COLUMN_SCHEMA] = _SCHEMAS[uri]
+    return out
+
+
+def source_metadata(settings: Settings, table: str, decl: TableDecl | None) -> dict:
+    """A source table's name, location and schema: its Delta schema when the table exists (read
+    without Spark), else the schema its CREATE TABLE declares, else none."""
+    out = table_identity(settings, table)
+    try:
+        store = DeltaRsStorage(warehouse=settings.warehouse)
+        if store.exists(table):
+            out[COLUMN_SCHEMA] = column_schema(store.schema(table))
+            return out
+    except Exception:  # unreachable storage at load time: the declared schema still helps
+        pass
+    if decl is not None:
+        out[COLUMN_SCHEMA] = declared_schema(decl)
+    return out
