@@ -161,11 +161,14 @@ def firing_completeness(
     entries: Iterable[LedgerEntry],
     since: datetime,
     discard: bool,
+    every: timedelta | None = None,
+    max_owed: int | None = None,
 ) -> Completeness:
     """A continuous query's (or PERIOD stream's) firings owed from ``since`` (or its first recorded
     firing, if later) up to its newest recorded firing, against its ledger ``entries``: a firing is
     done when a succeeded firing at that time or a succeeded recalculation over its whole range is
-    recorded. What is due after the newest firing is the freshness policy's business, not this."""
+    recorded. What is due after the newest firing is the freshness policy's business, not this.
+    With ``every`` and ``max_owed``, only about the newest ``max_owed`` firings are owed."""
     entries = list(entries)
     fired = [e for e in entries if e.kind in FIRING_KINDS and e.fire_time is not None]
     if not fired:
@@ -173,6 +176,8 @@ def firing_completeness(
     first = min(e.fire_time for e in fired if e.fire_time is not None)
     until = max(e.fire_time for e in fired if e.fire_time is not None)
     start = max(since, first)
+    if every is not None and max_owed is not None:
+        start = max(start, until - every * max_owed)
     if start > until:
         return Completeness(since=None, until=until, owed=0)
     owed = between(start, until + timedelta(microseconds=1))

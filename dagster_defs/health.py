@@ -23,6 +23,9 @@ from cq_engine.times import UTC
 CHECK_NAME = "cq_completeness"
 ROW_COUNT, COLUMN_SCHEMA = "dagster/row_count", "dagster/column_schema"
 TABLE_NAME, URI = "dagster/table_name", "dagster/uri"
+# At most this many owed firings per definition and evaluation (the newest): a 1 s EVERY over a long
+# horizon would otherwise cost every batch run millions of tick comparisons.
+MAX_OWED = 1000
 
 
 def is_ticked(definition: Definition) -> bool:
@@ -87,6 +90,8 @@ def completeness_results(
                 range_of=ticks.range_of,
                 entries=mine,
                 since=since,
+                every=ticks.every,
+                max_owed=MAX_OWED,
                 discard=d.timeout_policy == "DISCARD",
             )
         else:

@@ -52,6 +52,7 @@ SENSORS_TABLE = """
 CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
 """
 MAIN_SQL = """
+-- cq: freshness_grace 5m
 CREATE CQ fast RESAMPLE EVERY 5s RANGE 10s BEGIN
   SELECT max_value(temperature) AS m, count(temperature) AS n INTO fast_out FROM sensors GROUP BY (5s), device
 END;
@@ -60,6 +61,8 @@ CREATE CQ flaky RESAMPLE EVERY 5s BEGIN
   SELECT max_value(v) AS m INTO flaky_out FROM flaky_src GROUP BY (5s), device
 END;
 """
+# fast's grace (5 minutes: a busy machine delays batches) keeps it fresh; slow_discard's default grace
+# (30 s: it fails one minute after its last materialization) lets the UI test see it turn stale.
 # `flaky_src` starts on disk without its column v, so flaky's firings fail (and share their batches
 # with fast's) until the test calls Stack.fix_flaky_source.
 TRANSLATOR = "renamed_translator:Renamed"  # the slow location's CQ_TRANSLATOR
@@ -145,6 +148,15 @@ query Mats($key: AssetKeyInput!) {
 }
 """
 DAEMONS_QUERY = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
+HEALTH_QUERY = """
+query Health($key: AssetKeyInput!) {
+  assetOrError(assetKey: $key) {
+    __typename
+    ... on Asset { assetHealth { assetHealth materializationStatus freshnessStatus assetChecksStatus } }
+  }
+}
+"""
+FRESHNESS_INTERVAL = 5  # seconds between the freshness daemon's evaluations here (Dagster's default: 30)
 
 
 def parse_iso(text: str | datetime) -> datetime:
@@ -270,6 +282,13 @@ class Stack:
         ]
         return sorted(mats, key=lambda m: m["timestamp"])
 
+    def health(self, asset: str) -> dict[str, str]:
+        """The asset's health in Dagster (assetHealth, materializationStatus, freshnessStatus,
+        assetChecksStatus: HEALTHY / WARNING / DEGRADED / UNKNOWN / NOT_APPLICABLE)."""
+        data = self.graphql(HEALTH_QUERY, {"key": {"path": [asset]}})["assetOrError"]
+        assert data["__typename"] == "Asset", data
+        return data["assetHealth"] or {}
+
     def ledger(self, name: str) -> list:
         return Engine(settings=self.settings).ledger.entries(name)
 
@@ -310,6 +329,18 @@ class Stack:
                     "v": pa.array([float(k % 7) for k in range(240)]),
                 }
             ),
+            mode="overwrite",
+            schema_mode="overwrite",
+        )
+
+    def break_flaky_source(self) -> None:
+        """Take flaky_src's column v away again: flaky's next firings fail."""
+        import pyarrow as pa
+        from deltalake import write_deltalake
+
+        write_deltalake(
+            self.settings.table_uri("flaky_src"),
+            pa.table({"ts": pa.array([datetime.now(UTC)], pa.timestamp("us", tz="UTC")), "device": ["a"]}),
             mode="overwrite",
             schema_mode="overwrite",
         )
@@ -394,7 +425,12 @@ class Stack:
         env = dagster_env(settings, self.dagster_home)
         for var in ("CQ_FAILPOINT", "CQ_SPARK_REMOTE", "CQ_SPARK_MASTER", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
             env.pop(var, None)
-        env.update(CQ_CONFIG=str(self.root / "no-cq.toml"), PYTHONUNBUFFERED="1", **extra)
+        env.update(
+            CQ_CONFIG=str(self.root / "no-cq.toml"),
+            PYTHONUNBUFFERED="1",
+            FRESHNESS_DAEMON_INTERVAL_SECONDS=str(FRESHNESS_INTERVAL),
+            **extra,
+        )
         return env
 
     def start(self) -> None:
@@ -513,7 +549,7 @@ class Stack:
 
     def _daemons_healthy(self) -> bool:
         statuses = self.graphql(DAEMONS_QUERY)["instance"]["daemonHealth"]["allDaemonStatuses"]
-        wanted = {"SENSOR", "QUEUED_RUN_COORDINATOR"}
+        wanted = {"SENSOR", "QUEUED_RUN_COORDINATOR", "FRESHNESS_DAEMON"}  # freshness: cq dev's dagster.yaml
         return wanted <= {s["daemonType"] for s in statuses if s["healthy"]}
 
     def stop(self) -> list[str]:

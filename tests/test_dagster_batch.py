@@ -175,8 +175,18 @@ def instance():
         yield inst
 
 
-def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, instance, spark, tmp_path):
+def _checks(result) -> dict[str, tuple[bool, str, list]]:
+    """The run's cq_completeness evaluations: sink -> (passed, severity, missing ranges)."""
+    out = {}
+    for e in result.get_asset_check_evaluations():
+        assert e.check_name == "cq_completeness"
+        out[e.asset_key.to_user_string()] = (e.passed, e.severity.value, e.metadata["missing_ranges"].value)
+    return out
+
+
+def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, instance, spark, tmp_path, monkeypatch):
     settings, _ = project
+    monkeypatch.setenv("CQ_COMPLETENESS_HORIZON", "36500d")  # the seed's firings are of 2021
     from cq_engine.engine import Engine
 
     engine = Engine(settings=settings, spark_session=spark)
@@ -221,6 +231,21 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         "b_out": ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"],
         "d_out": ["2021-05-11T14:19:00+00:00"],
     }
+    # Dagster's table metadata on each materialization: rows written, the sink's name, location, schema.
+    first = next(m for m in mats if m.asset_key == dg.AssetKey("b_out"))
+    assert first.metadata["dagster/row_count"].value == first.metadata["cq/rows_written"].value > 0
+    assert first.metadata["dagster/table_name"].value == "b_out"
+    assert first.metadata["dagster/uri"].value == settings.table_uri("b_out")
+    columns = {c.name: c.type for c in first.metadata["dagster/column_schema"].value.columns}
+    assert columns["m"] == "double" and columns["device"] == "string" and "timestamp" in columns["time"]
+    # The completeness check, after the batch and without Spark: broken_src's firing failed.
+    checks = _checks(result)
+    assert checks["b_out"] == (True, "ERROR", []) and checks["d_out"][0]
+    assert checks["x_out"] == (
+        False,
+        "ERROR",
+        [{"start": "2021-05-11T14:18:20+00:00", "end": "2021-05-11T14:18:40+00:00", "reason": "failed", "count": 1}],
+    )
     assert instance.get_run_by_id(result.run_id).tags["cq/failed"] == "broken_src"
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
@@ -241,6 +266,38 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     )
     assert again.success and again.asset_materializations_for_node("cq_firings") == []
     assert len(Engine(settings=settings).ledger.entries("b")) == 2
+
+    # A gap (b's 14:19:20 never ran, 14:19:40 did) fails b's check until a recalculation fills it.
+    gap = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"b": ["2021-05-11T14:19:40+00:00"]}}}}},
+        asset_selection=[dg.AssetKey("b_out")],
+    )
+    assert gap.success and _checks(gap) == {
+        "b_out": (
+            False,
+            "ERROR",
+            [
+                {
+                    "start": "2021-05-11T14:19:00+00:00",
+                    "end": "2021-05-11T14:19:20+00:00",
+                    "reason": "missing",
+                    "count": 1,
+                }
+            ],
+        )
+    }
+    filled = defs.resolve_job_def("b_recalculate").execute_in_process(
+        instance=instance,
+        run_config={
+            "ops": {
+                "cq_firings": {
+                    "config": {"recalculate_from": "2021-05-11T14:19:00Z", "recalculate_to": "2021-05-11T14:19:20Z"}
+                }
+            }
+        },
+    )
+    assert filled.success and _checks(filled) == {"b_out": (True, "ERROR", [])}
 
     # A definition's own job still runs one firing of it alone.
     one = defs.resolve_job_def("d_job").execute_in_process(

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster_e2e_util import MAIN_LOCATION, SLOW_LOCATION
+from dagster_e2e_util import MAIN_LOCATION, SLOW_LOCATION, TRANSLATOR
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM, CHROMEDRIVER = "chromium", "chromedriver"
@@ -113,6 +113,58 @@ def open_page(driver, url: str, *texts: str, shot: str) -> str:
     missing = [t for t in texts if t not in text]
     assert not missing, f"{url}: {missing} not visible; page text starts with:\n{text[:1500]}"
     return text
+
+
+def _cq(stack, monkeypatch, *args: str) -> None:
+    """``cq <args> --dagster <webserver>`` as an operator runs it for the slow location."""
+    from cq_engine.cli.main import main
+
+    settings = stack.slow_settings
+    for var, value in {
+        "CQ_SQL_DIR": settings.sql_dir,
+        "CQ_WAREHOUSE": settings.warehouse,
+        "CQ_HOME": settings.home,
+        "CQ_TRANSLATOR": TRANSLATOR,
+    }.items():
+        monkeypatch.setenv(var, value)
+    assert main([*args, "--dagster", f"127.0.0.1:{stack.web_port}"]) == 0
+
+
+def test_ui_and_graphql_show_a_healthy_a_failing_and_a_stopped_sink(dagster_stack, browser, monkeypatch):
+    """Freshness policies (evaluated by the daemon), the cq_completeness check and the table
+    metadata: fast is healthy, flaky fails (its source lost a column), slow_discard is stopped."""
+    stack, base = dagster_stack, dagster_stack.url
+    stack.wait_until("fast_out's first materialization", lambda: stack.materializations("fast_out"), 240)
+    _cq(stack, monkeypatch, "stop", "slow_discard")
+    try:
+        stack.break_flaky_source()
+        stack.wait_until(
+            "flaky's completeness check failing",
+            lambda: stack.health("flaky_out")["assetChecksStatus"] == "DEGRADED",
+            240,
+        )
+        assert stack.health("flaky_out")["materializationStatus"] == "DEGRADED"  # its last firing failed
+        browser.get(base)
+        skip_dialogs(browser, wait=15)  # shown once, a moment after the first page loads
+        open_page(
+            browser, f"{base}/assets/flaky_out?view=checks", "cq_completeness", "Failed", shot="8_flaky_out_checks"
+        )
+        stack.fix_flaky_source()
+
+        # The catalog shows the sink like any table: its row count and column schema.
+        mat = stack.materializations("fast_out")[-1]["metadata"]
+        assert {"dagster/row_count", "dagster/column_schema", "dagster/table_name", "dagster/uri"} <= set(mat)
+        open_page(browser, f"{base}/assets/fast_out", "fast_out", "device", "Row count", shot="9_fast_out_catalog")
+
+        # Stopped: no more materializations, so its freshness policy (1 minute here) fails.
+        stack.wait_until(
+            "discard_out turning stale", lambda: stack.health("discard_out")["freshnessStatus"] == "DEGRADED", 240
+        )
+        healthy = stack.health("fast_out")
+        assert (healthy["freshnessStatus"], healthy["assetChecksStatus"]) == ("HEALTHY", "HEALTHY"), healthy
+        open_page(browser, f"{base}/assets/discard_out", "discard_out", "Freshness", shot="10_discard_out_stale")
+    finally:
+        _cq(stack, monkeypatch, "start", "slow_discard")
 
 
 def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser):

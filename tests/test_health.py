@@ -157,6 +157,17 @@ def test_owed_firings_against_a_real_ledger_find_missing_failed_and_recalculated
         {"start": "2026-01-05T12:04:00+00:00", "end": "2026-01-05T12:05:00+00:00", "reason": "failed", "count": 1},
     ]
     assert r.metadata()["missing_ranges"][0]["count"] == 2 and "2 missing, 1 failed of 8 owed" in r.description
+    # A cap on the firings owed: only the newest ones (12:05 failed, 12:06, 12:07).
+    capped = firing_completeness(
+        between=ticks.between,
+        range_of=ticks.range_of,
+        entries=ledger.entries_since(T0 - timedelta(hours=2), [d.name]),
+        since=T0 - timedelta(hours=1),
+        discard=False,
+        every=m,
+        max_owed=2,
+    )
+    assert (capped.owed, capped.count("failed"), capped.count("missing")) == (3, 1, 0)
     # The horizon: only firings from `since` on are owed.
     assert report(since=T0 + 4 * m).count("missing") == 0 and report(since=T0 + 4 * m).count("failed") == 1
     # A recalculation over the gaps (`cq recalculate`) fills them; a rerun of the failed firing too.

@@ -30,6 +30,7 @@ DAGSTER_YAML = """\
 # Run monitoring ends runs past their dagster/max_runtime tag (a batch whose worker died), so the
 # sensor retries their firings. Latency: the queue is read every second (Dagster's default is 5 s)
 # by several threads, and sensors are evaluated in parallel, so one slow sensor delays no other.
+# The freshness daemon evaluates every sink's freshness policy (on by default; stated so it stays on).
 run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
@@ -53,6 +54,8 @@ concurrency:
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30
+freshness:
+  enabled: true
 telemetry:
   enabled: false
 """
