@@ -347,20 +347,9 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
             unknown = sorted(set(config.firings) - by_name.keys())
             if unknown:
                 raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
-            failure = None
-            try:
-                yield from run_batch(
-                    context,
-                    engine,
-                    config.firings,
-                    sink_keys=sink_keys,
-                    retry=context.run.tags.get("cq/attempt", "0") != "0",
-                )
-            except dg.Failure as exc:  # the check reports the failed firings too, then the run fails
-                failure = exc
-            yield from health.selected_results(context, engine, by_key)
-            if failure is not None:
-                raise failure
+            retry = context.run.tags.get("cq/attempt", "0") != "0"
+            batch = lambda: run_batch(context, engine, config.firings, sink_keys=sink_keys, retry=retry)
+            yield from health.then_checked(context, engine, by_key, batch)
             return
         selected = [by_key[k] for k in context.selected_asset_keys]
         if len(selected) != 1:
@@ -368,8 +357,9 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
                 f"select one sink (a definition's own job) or pass `firings` in the run config; "
                 f"{len(selected)} sinks are selected"
             )
-        yield execute_one(context, config, engine, selected[0], asset_key=sink_keys[selected[0].name])
-        yield from health.selected_results(context, engine, by_key)
+        key = sink_keys[selected[0].name]
+        run = lambda: [execute_one(context, config, engine, selected[0], asset_key=key)]
+        yield from health.then_checked(context, engine, by_key, run)
 
     return _firings, sink_keys
 

@@ -159,8 +159,8 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
         context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
     ):
         engine = cq_engine.engine(pyspark.spark_session)
-        yield execute_one(context, config, engine, definition)
-        yield from health.selected_results(context, engine, {spec.key: definition})
+        run = lambda: [execute_one(context, config, engine, definition)]
+        yield from health.then_checked(context, engine, {spec.key: definition}, run)
 
     return _asset
 

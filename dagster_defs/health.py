@@ -8,7 +8,7 @@ to its spec, so a location of N definitions pays O(N)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 
 import dagster as dg
@@ -112,6 +112,18 @@ def completeness_results(
             )
         )
     return results
+
+
+def then_checked(context, engine, by_key: dict[dg.AssetKey, Definition], run: Callable[[], Iterable]) -> Iterator:
+    """What ``run()`` yields (a run's materializations), then the completeness results of the selected
+    checks, also when the run fails: its failed firings are what the check reports; the error is
+    re-raised."""
+    try:
+        yield from run()
+    except Exception:
+        yield from selected_results(context, engine, by_key)
+        raise
+    yield from selected_results(context, engine, by_key)
 
 
 def selected_results(context, engine, by_key: dict[dg.AssetKey, Definition]) -> Iterator[dg.AssetCheckResult]:
