@@ -23,7 +23,7 @@ import json
 import os
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -278,10 +278,13 @@ def run_batch(
     *,
     sink_keys: dict[str, dg.AssetKey],
     retry: bool,
+    on_done: Callable[[list[str]], Iterable] | None = None,
 ) -> Iterator:
     """Execute each definition's firings in order; a failing firing stops its definition (BLOCKED
-    order) but not the others. Yields one materialization per firing as it commits; raises at the
-    end naming the definitions that failed (run tag ``cq/failed``)."""
+    order) but not the others. Yields one materialization per firing as it commits, and what
+    ``on_done(names)`` yields for the definitions done since the last lull (their completeness
+    checks: a long catch-up of one definition does not hold the others'); raises at the end naming
+    the definitions that failed (run tag ``cq/failed``)."""
     done: set[tuple[str, datetime]] = set()
     if retry:  # a retried batch: what already succeeded is not redone
         done = {
@@ -292,13 +295,21 @@ def run_batch(
     out: queue.Queue = queue.Queue()
     failures, failed_names = [], []
     times = {n: [parse_time(t, tz=UTC) for t in fs] for n, fs in firings.items()}
+    left = {n: len(fs) for n, fs in times.items()}  # firings not yet heard of, per definition
+    finished: list[str] = []  # done since the last lull
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
         future = pool.submit(_execute, engine, times, done, out)
         while not (future.done() and out.empty()):
             try:
                 outcome, d, fire, value = out.get(timeout=0.5)
             except queue.Empty:
+                if finished and on_done is not None:
+                    yield from on_done(finished)
+                    finished = []
                 continue
+            left[d.name] = 0 if outcome == "failed" else left[d.name] - 1
+            if left[d.name] == 0:
+                finished.append(d.name)
             if outcome == "skipped":
                 context.log.info(f"{d.name}: firing {iso(fire)} already succeeded (ledger); skipped")
             elif outcome == "failed":
@@ -312,6 +323,8 @@ def run_batch(
                 metadata = materialization(d, value, engine=engine).metadata
                 yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=metadata)
         future.result()  # a bug in _execute itself surfaces here
+    if finished and on_done is not None:
+        yield from on_done(finished)
     committed = sum(len(fs) for fs in firings.values())
     context.log.info(f"batch: {len(firings)} definition(s), {committed} firing(s) requested, {len(failures)} failed")
     if failures:
@@ -348,8 +361,11 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
             if unknown:
                 raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
             retry = context.run.tags.get("cq/attempt", "0") != "0"
-            batch = lambda: run_batch(context, engine, config.firings, sink_keys=sink_keys, retry=retry)
-            yield from health.then_checked(context, engine, by_key, batch)
+            checks = health.CheckReporter(context, engine, by_key)
+            batch = lambda: run_batch(
+                context, engine, config.firings, sink_keys=sink_keys, retry=retry, on_done=checks.report
+            )
+            yield from checks.around(batch)
             return
         selected = [by_key[k] for k in context.selected_asset_keys]
         if len(selected) != 1:
@@ -359,7 +375,7 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
             )
         key = sink_keys[selected[0].name]
         run = lambda: [execute_one(context, config, engine, selected[0], asset_key=key)]
-        yield from health.then_checked(context, engine, by_key, run)
+        yield from health.CheckReporter(context, engine, by_key).around(run)
 
     return _firings, sink_keys
 

@@ -160,7 +160,7 @@ def build_asset(definition: Definition, translator: CQTranslator) -> dg.AssetsDe
     ):
         engine = cq_engine.engine(pyspark.spark_session)
         run = lambda: [execute_one(context, config, engine, definition)]
-        yield from health.then_checked(context, engine, {spec.key: definition}, run)
+        yield from health.CheckReporter(context, engine, {spec.key: definition}).around(run)
 
     return _asset
 

@@ -114,30 +114,42 @@ def completeness_results(
     return results
 
 
-def then_checked(context, engine, by_key: dict[dg.AssetKey, Definition], run: Callable[[], Iterable]) -> Iterator:
-    """What ``run()`` yields (a run's materializations), then the completeness results of the selected
-    checks, also when the run fails: its failed firings are what the check reports; the error is
-    re-raised."""
-    try:
-        yield from run()
-    except Exception:
-        yield from selected_results(context, engine, by_key)
-        raise
-    yield from selected_results(context, engine, by_key)
+class CheckReporter:
+    """Reports the completeness check of each sink a run selected, once per run (Dagster takes one
+    result per check and step): as soon as the run says which definitions are done (``report``), and
+    at its end for the rest, also when it fails (``around``)."""
 
+    def __init__(self, context, engine, by_key: dict[dg.AssetKey, Definition]):
+        selected = {
+            k.asset_key for k in (getattr(context, "selected_asset_check_keys", None) or ()) if k.name == CHECK_NAME
+        }
+        self.context, self.engine = context, engine
+        self.pending = {d.name: key for key, d in by_key.items() if key in selected}
+        self.definitions = {d.name: d for d in by_key.values()}
 
-def selected_results(context, engine, by_key: dict[dg.AssetKey, Definition]) -> Iterator[dg.AssetCheckResult]:
-    """The completeness results of the checks this run selected (a subset run selects its sinks')."""
-    selected = getattr(context, "selected_asset_check_keys", None) or set()
-    names = {k.asset_key for k in selected if k.name == CHECK_NAME}
-    definitions = [d for key, d in by_key.items() if key in names]
-    keys = {d.name: key for key, d in by_key.items() if key in names}
-    if not definitions:
-        return
-    try:
-        yield from completeness_results(engine, definitions, keys)
-    except Exception as exc:  # the check must never fail the firings it reports on
-        context.log.warning(f"{CHECK_NAME}: not evaluated: {exc}")
+    def report(self, names: Iterable[str] | None = None) -> Iterator[dg.AssetCheckResult]:
+        """The results of ``names`` (default: every check not reported yet), from one ledger read."""
+        wanted = list(self.pending) if names is None else [n for n in names if n in self.pending]
+        keys = {n: self.pending.pop(n) for n in wanted}
+        if not keys:
+            return
+        try:
+            results = completeness_results(self.engine, [self.definitions[n] for n in keys], keys)
+        except Exception as exc:  # the check must never fail the firings it reports on
+            self.context.log.warning(f"{CHECK_NAME}: not evaluated for {', '.join(keys)}: {exc}")
+            return
+        yield from results
+
+    def around(self, run: Callable[[], Iterable]) -> Iterator:
+        """What ``run()`` yields (the run's materializations and early check results), then the checks
+        not reported yet; when the run fails, those first (its failed firings are what they report),
+        then its error."""
+        try:
+            yield from run()
+        except Exception:
+            yield from self.report()
+            raise
+        yield from self.report()
 
 
 # -- table metadata -----------------------------------------------------------------------------------

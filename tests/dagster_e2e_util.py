@@ -403,7 +403,17 @@ class Stack:
         assert self.feeder.is_alive(), "the feeder thread stopped"
 
     def diagnostics(self) -> str:
-        return "\n".join(log_tail(self.logs / f"{name}.log", 25) for name in self.procs)
+        lines = [log_tail(self.logs / f"{name}.log", 25) for name in self.procs]
+        try:  # the batches and the sinks' health, when the webserver still answers
+            runs = [
+                (r["runId"][:8], r["status"], r["tags"].get("cq/firings"), r["tags"].get("cq/failed"))
+                for r in self.batch_runs()
+            ]
+            lines.append(f"batch runs: {runs[-15:]}")
+            lines.append(f"health: {[(a, self.health(a)) for a in ('fast_out', 'flaky_out', 'discard_out')]}")
+        except Exception as exc:
+            lines.append(f"(no GraphQL: {exc})")
+        return "\n".join(lines)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
