@@ -148,11 +148,12 @@ query Mats($key: AssetKeyInput!) {
 }
 """
 DAEMONS_QUERY = "{ instance { daemonHealth { allDaemonStatuses { daemonType healthy required } } } }"
+# Dagster OSS answers `assetHealth` with null (a Dagster+ feature): freshness and checks one by one.
 HEALTH_QUERY = """
 query Health($key: AssetKeyInput!) {
-  assetOrError(assetKey: $key) {
-    __typename
-    ... on Asset { assetHealth { assetHealth materializationStatus freshnessStatus assetChecksStatus } }
+  assetNodeOrError(assetKey: $key) { __typename ... on AssetNode { freshnessStatusInfo { freshnessStatus } } }
+  assetCheckExecutions(assetKey: $key, checkName: "cq_completeness", limit: 10) {
+    status evaluation { severity description }
   }
 }
 """
@@ -282,12 +283,22 @@ class Stack:
         ]
         return sorted(mats, key=lambda m: m["timestamp"])
 
-    def health(self, asset: str) -> dict[str, str]:
-        """The asset's health in Dagster (assetHealth, materializationStatus, freshnessStatus,
-        assetChecksStatus: HEALTHY / WARNING / DEGRADED / UNKNOWN / NOT_APPLICABLE)."""
-        data = self.graphql(HEALTH_QUERY, {"key": {"path": [asset]}})["assetOrError"]
-        assert data["__typename"] == "Asset", data
-        return data["assetHealth"] or {}
+    def health(self, asset: str) -> dict[str, str | None]:
+        """The sink's freshness (HEALTHY / WARNING / DEGRADED / UNKNOWN) and its newest evaluated
+        completeness check: status (SUCCEEDED / FAILED), severity and description."""
+        data = self.graphql(HEALTH_QUERY, {"key": {"path": [asset]}})
+        node = data["assetNodeOrError"]
+        assert node["__typename"] == "AssetNode", node
+        # The newest evaluated one: a batch run in progress holds a planned (IN_PROGRESS) execution.
+        done = [c for c in data["assetCheckExecutions"] if c["status"] in ("SUCCEEDED", "FAILED")]
+        check = done[0] if done else {"status": None, "evaluation": None}
+        evaluation = check["evaluation"] or {}
+        return {
+            "freshness": (node["freshnessStatusInfo"] or {}).get("freshnessStatus"),
+            "check": check["status"],
+            "severity": evaluation.get("severity"),
+            "description": evaluation.get("description"),
+        }
 
     def ledger(self, name: str) -> list:
         return Engine(settings=self.settings).ledger.entries(name)

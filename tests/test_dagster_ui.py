@@ -116,6 +116,28 @@ def open_page(driver, url: str, *texts: str, shot: str) -> str:
     return text
 
 
+def click_and_wait(driver, label: str, *texts: str, shot: str) -> str:
+    """Click the visible element whose text is ``label``, then wait (bounded) for ``texts`` and save a
+    screenshot; returns the visible text."""
+    from selenium.webdriver.common.by import By
+
+    (target,) = [e for e in driver.find_elements(By.XPATH, f"//*[normalize-space()='{label}']") if e.is_displayed()][
+        -1:
+    ]
+    target.click()
+    deadline = time.monotonic() + PAGE_WAIT
+    text = ""
+    while time.monotonic() < deadline:
+        text = driver.execute_script("return document.body.innerText") or ""
+        if all(t in text for t in texts):
+            break
+        time.sleep(1)
+    driver.save_screenshot(str(ARTIFACTS / f"{shot}.png"))
+    missing = [t for t in texts if t not in text]
+    assert not missing, f"after clicking {label!r}: {missing} not visible; page text starts with:\n{text[:1500]}"
+    return text
+
+
 def _cq(stack, monkeypatch, *args: str) -> None:
     """``cq <args> --dagster <webserver>`` as an operator runs it for the slow location."""
     from cq_engine.cli.main import main
@@ -129,45 +151,6 @@ def _cq(stack, monkeypatch, *args: str) -> None:
     }.items():
         monkeypatch.setenv(var, value)
     assert main([*args, "--dagster", f"127.0.0.1:{stack.web_port}"]) == 0
-
-
-def test_ui_and_graphql_show_a_healthy_a_failing_and_a_stopped_sink(dagster_stack, browser, monkeypatch):
-    """Freshness policies (evaluated by the daemon), the cq_completeness check and the table
-    metadata: fast is healthy, flaky fails (its source lost a column), slow_discard is stopped."""
-    stack, base = dagster_stack, dagster_stack.url
-    stack.wait_until("fast_out's first materialization", lambda: stack.materializations("fast_out"), HEALTH_WAIT)
-    _cq(stack, monkeypatch, "stop", "slow_discard")
-    try:
-        stack.break_flaky_source()
-        # A batch reports a definition's check once the definition is done in it (here: failed).
-        stack.wait_until(
-            "flaky's completeness check failing",
-            lambda: stack.health("flaky_out")["assetChecksStatus"] == "DEGRADED",
-            HEALTH_WAIT,
-        )
-        # Its last materialization failed (WARNING while Dagster counts it as up for retry).
-        assert stack.health("flaky_out")["materializationStatus"] in ("DEGRADED", "WARNING")
-        browser.get(base)
-        skip_dialogs(browser, wait=15)  # shown once, a moment after the first page loads
-        open_page(browser, f"{base}/assets/flaky_out?view=checks", "cq_completeness", shot="8_flaky_out_checks")
-        stack.fix_flaky_source()
-
-        # The catalog shows the sink like any table: its row count and column schema.
-        mat = stack.materializations("fast_out")[-1]["metadata"]
-        assert {"dagster/row_count", "dagster/column_schema", "dagster/table_name", "dagster/uri"} <= set(mat)
-        open_page(browser, f"{base}/assets/fast_out", "fast_out", "device", shot="9_fast_out_catalog")
-
-        # Stopped: no more materializations, so its freshness policy (1 minute here) fails.
-        stack.wait_until(
-            "discard_out turning stale",
-            lambda: stack.health("discard_out")["freshnessStatus"] == "DEGRADED",
-            HEALTH_WAIT,
-        )
-        healthy = stack.health("fast_out")
-        assert (healthy["freshnessStatus"], healthy["assetChecksStatus"]) == ("HEALTHY", "HEALTHY"), healthy
-        open_page(browser, f"{base}/assets/discard_out", "discard_out", "Freshness", shot="10_discard_out_stale")
-    finally:
-        _cq(stack, monkeypatch, "start", "slow_discard")
 
 
 def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser):
@@ -245,3 +228,43 @@ def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser
         shot="6_run_cq_firings",
     )
     open_page(browser, f"{base}/assets/fast_out", "fast_out", shot="7_asset_fast_out")
+
+
+def test_ui_and_graphql_show_a_healthy_a_failing_and_a_stopped_sink(dagster_stack, browser, monkeypatch):
+    """Freshness policies (evaluated by the daemon), the cq_completeness check and the table
+    metadata: fast is healthy, flaky fails (its source lost a column), slow_discard is stopped. Last
+    in the module: it leaves flaky retrying a catch-up the tests before it would wait for."""
+    stack, base = dagster_stack, dagster_stack.url
+    stack.wait_until("fast_out's first materialization", lambda: stack.materializations("fast_out"), HEALTH_WAIT)
+    _cq(stack, monkeypatch, "stop", "slow_discard")
+    try:
+        stack.break_flaky_source()
+        # A batch reports a definition's check once the definition is done in it (here: failed).
+        stack.wait_until(
+            "flaky's completeness check failing", lambda: stack.health("flaky_out")["check"] == "FAILED", HEALTH_WAIT
+        )
+        failing = stack.health("flaky_out")
+        assert failing["severity"] == "ERROR" and "failed" in failing["description"], failing
+        browser.get(base)
+        skip_dialogs(browser, wait=15)  # shown once, a moment after the first page loads
+        open_page(browser, f"{base}/assets/flaky_out?view=checks", "cq_completeness", shot="8_flaky_out_checks")
+        # The latest execution may be the next batch's, still running: the history shows the failure.
+        click_and_wait(browser, "Execution history", "Failed", shot="8b_flaky_out_check_history")
+        stack.fix_flaky_source()
+
+        # The catalog shows the sink like any table: its row count and column schema.
+        mat = stack.materializations("fast_out")[-1]["metadata"]
+        assert {"dagster/row_count", "dagster/column_schema", "dagster/table_name", "dagster/uri"} <= set(mat)
+        open_page(browser, f"{base}/assets/fast_out", "fast_out", "device", shot="9_fast_out_catalog")
+
+        # Stopped: no more materializations, so its freshness policy (1 minute here) fails.
+        stack.wait_until(
+            "discard_out turning stale", lambda: stack.health("discard_out")["freshness"] == "DEGRADED", HEALTH_WAIT
+        )
+        healthy = stack.health("fast_out")
+        assert (healthy["freshness"], healthy["check"]) == ("HEALTHY", "SUCCEEDED"), healthy
+        open_page(
+            browser, f"{base}/assets/discard_out", "discard_out", "Freshness", "Failed", shot="10_discard_out_stale"
+        )
+    finally:
+        _cq(stack, monkeypatch, "start", "slow_discard")
