@@ -102,7 +102,11 @@ def test_query_formats(project, capsys):
     assert code == 0, err
     assert out.splitlines()[0] == "time,device,temperature,none,text,nan"
     first = out.splitlines()[1]
-    assert first.startswith("2021-05-11T14:18:14.598") and ",root.ln.wf01.wt01," in first and first.endswith(',,"a,""b""",nan')
+    assert (
+        first.startswith("2021-05-11T14:18:14.598")
+        and ",root.ln.wf01.wt01," in first
+        and first.endswith(',,"a,""b""",nan')
+    )
     assert len(out.splitlines()) == 3
     code, out, err = cq(capsys, "query", sql, "--format", "json")
     assert code == 0, err
