@@ -86,7 +86,7 @@ class CQPySparkResource(PySparkResource):
         super().setup_for_execution(context)
 
 
-def pyspark_resource(settings: Settings) -> PySparkResource:
+def pyspark_resource(settings: Settings) -> CQPySparkResource:
     """dagster-pyspark's resource: Spark Connect (remote or the engine's own server) or classic."""
     conf: dict[str, str] = dict(BASE_CONF)
     remote: str | None = settings.spark_remote

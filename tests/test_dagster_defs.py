@@ -1,5 +1,6 @@
 """The Dagster code location on a real ephemeral instance: schedules, tick sensors, DISCARD, runs."""
 
+import logging
 import shutil
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -132,6 +133,13 @@ def test_firing_job_runs_on_spark_and_reports_the_materialization(project, insta
     tags = {"cq/name": "cq1", "cq/fire_time": "2021-05-11T14:18:40+00:00"}
     result = job.execute_in_process(instance=instance, tags=tags)
     assert result.success
+    # No Connect server runs under the project's CQ_HOME: the run's in-process session is a fallback,
+    # and its log says so once, as a warning naming where the server was looked for.
+    said = [
+        e for e in instance.all_logs(result.run_id) if "starts an in-process Spark session" in (e.user_message or "")
+    ]
+    assert [e.level for e in said] == [logging.WARNING], said
+    assert f"CQ_HOME={Path(settings.home).resolve()}/spark" in said[0].user_message
     (mat,) = result.asset_materializations_for_node("cq_cq1")
     assert mat.metadata["cq/rows_written"].value == 8
     assert mat.metadata["cq/range_start"].value == "2021-05-11T14:18:20+00:00"
@@ -154,6 +162,15 @@ def test_firing_job_runs_on_spark_and_reports_the_materialization(project, insta
     assert recalc.success
     (mat,) = recalc.asset_materializations_for_node("cq_cq1")
     assert mat.metadata["cq/kind"].value == "recalculate" and mat.metadata["cq/rows_written"].value == 20
+
+
+def test_an_in_process_session_chosen_on_purpose_is_not_warned_about(tmp_path):
+    from dagster_defs.resource import pyspark_resource
+
+    chosen = pyspark_resource(Settings(home=str(tmp_path), spark_master="local[2]"))
+    assert chosen.spark_config["spark.master"] == "local[2]" and chosen.in_process_notice == ""
+    fallback = pyspark_resource(Settings(home=str(tmp_path)))
+    assert fallback.spark_config["spark.master"] == "local[*]" and "`cq spark start`" in fallback.in_process_notice
 
 
 def test_translator_subclass_changes_keys_and_groups(project):

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import unquote, urlparse
 
-import pyarrow as pa
 import pyarrow.fs as pafs
+
+from cq_engine.storage.base import arrow_table
 
 _LOG = "_delta_log"
 
@@ -358,7 +359,7 @@ def _snapshot_files(
 
     try:
         dt = DeltaTable(table, version=version, storage_options=dict(storage_options or {}) or None)
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = arrow_table(dt.get_add_actions(flatten=True))
     except (DeltaError, OSError, ValueError):
         return None
     names = {n.lower(): n for n in actions.column_names}
