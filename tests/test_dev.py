@@ -229,9 +229,9 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
             holder.close()
 
 
-# Recovery is a check every 2 s plus a JVM start (about 15 s on an idle 2-core machine): a minute, with
-# room for a shared machine.
-RECOVERY_DEADLINE = 120
+# Recovery is a check every 2 s plus a JVM start (about 15-30 s on an idle 2-core machine, 112 s at a load
+# average of 60): well within a minute when idle; the deadline leaves room for a shared machine.
+RECOVERY_DEADLINE = 300
 
 
 def _server_killed_while_firings_run(tmp_path: Path, settings: Settings, proc: subprocess.Popen, out: Path) -> None:
@@ -264,18 +264,19 @@ def _server_killed_while_firings_run(tmp_path: Path, settings: Settings, proc: s
     )
     after = server_status(live)
     assert after.running and after.pid != before.pid and after.port == port
-    restarted = datetime.now(UTC)
     assert f"the Spark Connect server (pid {before.pid}) is not running" in out.read_text()
     ledger = Ledger(store=DeltaRsStorage(warehouse=settings.warehouse))
 
     def firings() -> list:
         return [e for e in ledger.entries("hum_5s") if e.kind == "firing" and e.status == "succeeded"]
 
-    # Firings go on through the new server: one due well after it came back has succeeded.
-    _wait(  # after the backlog the restart of cq dev left (minutes on a loaded machine: BLOCKED, in order)
-        lambda: any(e.fire_time > restarted + timedelta(seconds=10) for e in firings()),
-        900,
-        "a firing after the restart",
+    # The firings due during the outage are committed, through the new server (the run that lost the
+    # old one failed; its retry started after the restart). BLOCKED runs them in order, after the
+    # backlog the restart of cq dev left: minutes on a loaded machine.
+    _wait(
+        lambda: any(e.fire_time > killed + timedelta(seconds=5) for e in firings()),
+        1200,
+        "the firings due during the outage",
         proc,
         out,
     )

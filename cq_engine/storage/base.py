@@ -30,13 +30,6 @@ TimeRange = tuple[datetime, datetime]  # half-open [start, end), aware UTC
 ArrowData: TypeAlias = pa.Table | pa.RecordBatchReader
 
 
-def arrow_table(stream) -> pa.Table:
-    """An Arrow C stream (delta-rs's scans and add actions) as a pyarrow Table. Not ``pa.table(stream)``:
-    that first asks pandas whether it was handed a DataFrame, importing pandas (a few tenths of a second)
-    into commands and sensors that never use it."""
-    return pa.RecordBatchReader.from_stream(stream).read_all()
-
-
 def align_columns(names: list[str], schema: pa.Schema, *, table: str) -> list[tuple[pa.Field, int | None]]:
     """Pair each field of ``schema`` with the index of the same-named column in ``names``
     (case-insensitive), or None for a missing nullable one. Unknown, doubled or missing

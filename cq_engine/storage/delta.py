@@ -22,7 +22,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from cq_engine.errors import CQError, TableError
 from cq_engine.storage import log
-from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns, arrow_table
+from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
 from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
 from cq_engine.storage.retry import MAX_ATTEMPTS, Replayable, retry_conflicts
 from cq_engine.storage.state import DeltaStateTables
@@ -213,7 +213,7 @@ class DeltaRsStorage(DeltaStateTables):
         column = self._time_field(table, dt, time_column)
         _check_readable(table, dt)
         uris = dt.file_uris()
-        actions = arrow_table(dt.get_add_actions(flatten=True))
+        actions = log.arrow_table(dt.get_add_actions(flatten=True))
         mask = range_mask(actions, column, time_range)
         kept = [u for u, keep in zip(uris, mask) if keep]
         df = where_in_range(_read_files(spark, dt, kept), column, time_range)

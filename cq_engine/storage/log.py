@@ -18,11 +18,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import unquote, urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
-from cq_engine.storage.base import arrow_table
-
 _LOG = "_delta_log"
+
+
+def arrow_table(stream) -> pa.Table:
+    """An Arrow C stream (delta-rs's scans and add actions) as a pyarrow Table. Not ``pa.table(stream)``:
+    that first asks pandas whether it was handed a DataFrame, importing pandas (a few tenths of a second)
+    into commands and sensors that never use it."""
+    return pa.RecordBatchReader.from_stream(stream).read_all()
 
 
 @dataclass(frozen=True)
