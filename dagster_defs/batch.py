@@ -379,15 +379,7 @@ def build_batch_sensor(
     op = translator.get_batch_op_name()
 
     def paused(context) -> set[str]:
-        origin = context.code_location_origin
-        states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-        return {
-            switches[s.origin.instigator_name]
-            for s in states
-            if s.origin.instigator_name in switches
-            and s.status == InstigatorStatus.STOPPED
-            and (origin is None or s.origin.location_name == origin.location_name)
-        }
+        return {name for name, (running, _) in switch_states(context, switches).items() if not running}
 
     def evaluate(context: dg.SensorEvaluationContext):
         now = datetime.now(UTC)
@@ -461,20 +453,35 @@ def build_batch_sensor(
     )
 
 
+def switch_states(context, switches: dict[str, str]) -> dict[str, tuple[bool, str | None]]:
+    """Per definition whose switch (``switches``: sensor name -> definition) has a stored state in
+    this code location: whether it runs, and its cursor."""
+    origin = context.code_location_origin
+    states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+    return {
+        switches[s.origin.instigator_name]: (
+            s.status != InstigatorStatus.STOPPED,
+            getattr(s.instigator_data, "cursor", None),
+        )
+        for s in states
+        if s.origin.instigator_name in switches and (origin is None or s.origin.location_name == origin.location_name)
+    }
+
+
 def build_switch_sensor(
-    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus
+    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus, via: str | None = None
 ) -> dg.SensorDefinition:
-    """``<name>_ticks`` under the batched model: its running state is the definition's on/off switch,
-    read by the batch sensor; its own evaluations (daily) request nothing."""
+    """``<name>_ticks`` under the batched models: its running state is the definition's on/off switch,
+    read by the sensor ``via`` (default the batch sensor); its own evaluations (daily) request nothing."""
+    via = via or translator.get_batch_sensor_name()
 
     def evaluate(context: dg.SensorEvaluationContext):
-        return dg.SkipReason(f"{definition.name} fires through the {translator.get_batch_sensor_name()} sensor")
+        return dg.SkipReason(f"{definition.name} runs through the {via} sensor")
 
     return dg.SensorDefinition(
         name=translator.get_sensor_name(definition),
         evaluation_fn=evaluate,
         minimum_interval_seconds=SWITCH_INTERVAL_SECONDS,
         default_status=default_status,
-        description=f"On/off switch of {definition.name}: while stopped, {translator.get_batch_sensor_name()} "
-        "leaves its firings out (`cq stop` / `cq start`).",
+        description=f"On/off switch of {definition.name}: while stopped, {via} leaves it out (`cq stop` / `cq start`).",
     )
