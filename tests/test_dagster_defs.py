@@ -460,10 +460,9 @@ def test_ignore_untreated_cursor_never_requests_the_windows_written_while_stoppe
     """What `cq start NAME --ignore-untreated` does to the sensor's cursor (see cli_streams._control)."""
     from streams_util import T0
 
+    from cq_engine.streams import rounds
     from cq_engine.streams.sensor import skip_untreated
     from cq_engine.streams.timing import StreamWork
-
-    from cq_engine.streams import rounds
 
     bench, defs = streams
     cursor = _tick_sensor(defs, instance, "s_int", None).cursor
@@ -518,7 +517,7 @@ def test_stream_sensor_holds_its_cursor_while_pause_notifications_fail(tmp_path,
         recorder.stop()
         bench.append([(s, "d1", 1.0) for s in range(0, 25, 5)])
         result = _tick_sensor(defs, instance, "s_note", cursor)
-        (request,) = result.run_requests
+        assert len(result.run_requests) == 1
         _run_works(defs, instance, "s_note", result)  # sink committed, its 2 closes pending
         assert len(bench.sink("s_note_out")) == 2
         bench.append([(s, "d1", 1.0) for s in range(25, 45, 5)])
@@ -527,7 +526,7 @@ def test_stream_sensor_holds_its_cursor_while_pause_notifications_fail(tmp_path,
         assert held.skip_message.startswith("s_note paused: notification delivery failing (ws://127.0.0.1:")
         recorder.start()
         resumed = _tick_sensor(defs, instance, "s_note", result.cursor)
-        (request,) = resumed.run_requests
+        assert len(resumed.run_requests) == 1
         assert StreamCursor.from_json(resumed.stream_cursor).version == 2
         assert [e["windowStart"] for e in recorder.wait_for(1) and recorder.events()] == [1795255200000, 1795255210000]
         _run_works(defs, instance, "s_note", resumed)

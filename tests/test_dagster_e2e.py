@@ -4,6 +4,7 @@ over HTTP (and the Delta tables on disk); see dagster_e2e_util for the stack."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from datetime import datetime, timedelta
@@ -12,6 +13,7 @@ from itertools import pairwise
 import pyarrow as pa
 import pytest
 from dagster_e2e_util import (
+    BAD_STREAM,
     LL_STREAM,
     MAIN_LOCATION,
     SLOW_LOCATION,
@@ -24,7 +26,6 @@ from deltalake import DeltaTable
 from streams_util import TYPES
 
 from cq_engine.engine import Engine
-from cq_engine.streams.timing import StreamCursor
 from dagster_defs.batch import batch_lead
 
 EVERY = timedelta(seconds=5)
@@ -407,22 +408,24 @@ def stream_sink(settings, stream: str = STREAM) -> dict[tuple, tuple]:
     }
 
 
-def wait_stream(stack, required: set, *, timeout: float = STREAM_WAIT) -> tuple[list[dict], dict]:
-    """Poll until the sink holds the ``required`` windows and every run of the stream succeeded."""
+def wait_stream(stack, required: set, *, version: int, timeout: float = STREAM_WAIT) -> tuple[list[dict], dict]:
+    """Poll until the sink holds the ``required`` windows, the stream's cursor in ``cq_streams`` has
+    reached ``version`` (the evaluation that computed them is recorded: its materializations too), and
+    no run holding its works failed. Returns its sink's materializations and the sink."""
     deadline = time.monotonic() + timeout
-    runs, sink = [], {}
+    sink: dict = {}
     while time.monotonic() < deadline:
         stack.check_alive()
-        runs = stack.runs(STREAM)
-        failed = [r["runId"] for r in runs if r["status"] == "FAILURE"]
+        failed = [r["runId"] for r in stack.stream_runs(STREAM) if r["status"] == "FAILURE"]
         assert not failed, f"{STREAM}: failed runs {failed}\n{stack.diagnostics()}"
         sink = stream_sink(stack.settings)
-        if required <= sink.keys() and runs and all(r["status"] == "SUCCESS" for r in runs):
-            return runs, sink
+        seen = stack.stream_cursor(MAIN_LOCATION, STREAM)[1]
+        if required <= sink.keys() and seen is not None and seen >= version:
+            return stack.materializations(f"{STREAM}_out"), sink
         time.sleep(2)
     raise AssertionError(
-        f"{STREAM}: missing windows {sorted(required - sink.keys())} after {timeout:.0f}s; runs "
-        f"{[(r['status'], r['tags'].get('cq/version')) for r in runs]}\n{stack.diagnostics()}"
+        f"{STREAM}: missing windows {sorted(required - sink.keys())} after {timeout:.0f}s; cursor "
+        f"{stack.stream_cursor(MAIN_LOCATION, STREAM)}\n{stack.diagnostics()}"
     )
 
 
@@ -431,6 +434,7 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
 
     stack, settings = dagster_stack, dagster_stack.settings
     engine, sensor = Engine(settings=settings), f"{STREAM}_ticks"
+    assert stack.sensor_state(MAIN_LOCATION, sensor)[0] == "RUNNING"  # its switch
     for var, value in {
         "CQ_SQL_DIR": settings.sql_dir,
         "CQ_WAREHOUSE": settings.warehouse,
@@ -444,16 +448,15 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
         assert code == 0, err
         return out
 
-    def state() -> tuple[str, int | None]:
-        status, cursor = stack.sensor_state(MAIN_LOCATION, sensor)
-        return status, StreamCursor.from_json(cursor).version if cursor else None
+    def state() -> tuple[str, int | None]:  # the switch, and the stream's cursor in cq_streams
+        return stack.stream_cursor(MAIN_LOCATION, STREAM)
 
     # The sensor's first evaluation creates its cursor on the empty table: later rows are real time.
     stack.wait_until(f"{sensor}'s first evaluation", lambda: state()[1] is not None, 60)
 
-    # Running: the sensor requests a run for the commit, closing the windows its watermark (21 - 1 s) closes.
+    # Running: the sensor computes the commit's work, closing the windows its watermark (21 - 1 s) closes.
     v_a = append_meters(engine, range(0, 22))
-    runs, sink = wait_stream(stack, set(closed_windows(settings, 20)))
+    runs, sink = wait_stream(stack, set(closed_windows(settings, 20)), version=v_a)
     assert sink == closed_windows(settings, 20) and len(sink) == 4 * len(METER_IDS)
 
     # cq stop: the sensor stops in Dagster and evaluates no more (its cursor stays at A's version).
@@ -463,14 +466,15 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
     for _ in range(7):  # longer than the sensor's 2 s interval
         time.sleep(1)
         assert state() == ("STOPPED", v_a)
-    assert len(stack.runs(STREAM)) == len(runs)
+    assert len(stack.materializations(f"{STREAM}_out")) == len(runs)
 
-    # cq start --ignore-untreated: the cursor moves past B, so B is never treated.
+    # cq start --ignore-untreated: the cursor moves past B, so B is never treated (the switch hands the
+    # new cursor to cq_streams, which takes it at its next evaluation).
     assert "running (data written while stopped skipped)" in cq("start", STREAM, "--ignore-untreated")
-    assert state() == ("RUNNING", v_b)
+    stack.wait_until("cq_streams to take the new cursor", lambda: state() == ("RUNNING", v_b), 60)
     v_c = append_meters(engine, range(70, 92))
     required = set(closed_windows(settings, 20)) | {k for k in closed_windows(settings, 90) if k[1] >= at(70)}
-    runs, sink = wait_stream(stack, required)
+    runs, sink = wait_stream(stack, required, version=v_c)
     untreated = {k for k in closed_windows(settings, 50) if k[1] >= at(30)}
     _untreated["leaked"] = sorted(untreated & sink.keys())
 
@@ -482,16 +486,16 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
     out = cq("resume", STREAM)
     assert "running" in out and "skipped" not in out
     required |= {k for k in closed_windows(settings, 130) if k[1] >= at(90)}
-    runs, sink = wait_stream(stack, required)
+    runs, sink = wait_stream(stack, required, version=v_d)
 
-    # One run per commit the sensor treated (none for B), each tagged with what it computed.
-    assert [r["tags"]["cq/version"] for r in runs] == [str(v) for v in (v_a, v_c, v_d)]
-    for run in runs:
-        tags = run["tags"]
-        assert run["jobName"] == f"{STREAM}_job" and tags["dagster/sensor_name"] == sensor
-        assert (tags["cq/name"], tags["cq/kind"], tags["cq/work_kind"]) == (STREAM, "stream", "realtime")
-        assert tags["dagster/run_key"].startswith(f"{STREAM}@v{tags['cq/version']}:realtime:")
-        assert "dagster/priority" not in tags and parse_iso(tags["cq/range_start"]) < parse_iso(tags["cq/range_end"])
+    # One computation per commit the sensor treated (none for B), each a materialization of the sink
+    # (computed in the sensor: no run) carrying what it computed.
+    assert [json.loads(m["metadata"]["cq/source_versions"]) for m in runs] == [{"meters": v} for v in (v_a, v_c, v_d)]
+    for mat in runs:
+        meta = mat["metadata"]
+        assert not mat["runId"] and (meta["cq/kind"], meta["cq/computed_in"]) == ("realtime", "sensor")
+        assert parse_iso(meta["cq/range_start"]) < parse_iso(meta["cq/range_end"])
+    assert stack.stream_runs(STREAM) == []
     ledger = Engine(settings=settings).ledger.entries(STREAM)
     assert [(e.kind, e.status) for e in ledger] == [("realtime", "succeeded")] * 3
     # The sink: every window it holds is what the table holds there; every closed window is in it except
@@ -506,8 +510,10 @@ def test_low_latency_calc_stream_is_computed_in_its_sensor_without_a_run(dagster
     # LOW_LATENCY_CALC: "computation starts immediately after a trigger". The sensor computes the
     # windows a commit closes itself (no run to launch); each shows as a materialization of the sink.
     stack, settings = dagster_stack, dagster_stack.settings
-    engine, sensor = Engine(settings=settings), f"{LL_STREAM}_ticks"
-    stack.wait_until(f"{sensor}'s first evaluation", lambda: stack.sensor_state(MAIN_LOCATION, sensor)[1], 60)
+    engine = Engine(settings=settings)
+    stack.wait_until(
+        f"{LL_STREAM}'s first evaluation", lambda: stack.stream_cursor(MAIN_LOCATION, LL_STREAM)[1] is not None, 60
+    )
     append_meters(engine, range(0, 22), table="meters_ll")
     append_meters(engine, range(22, 42), table="meters_ll")
     expected = closed_windows(settings, 40, table="meters_ll")
@@ -527,6 +533,62 @@ def test_low_latency_calc_stream_is_computed_in_its_sensor_without_a_run(dagster
     assert mats and all(m["metadata"].get("cq/computed_in") == "sensor" and not m["runId"] for m in mats), mats
     ledger = Engine(settings=settings).ledger.entries(LL_STREAM)
     assert ledger and {(e.kind, e.status) for e in ledger} == {("realtime", "succeeded")}
+
+
+def test_a_failing_stream_holds_back_no_other_and_is_retried_alone_until_it_succeeds(dagster_stack):
+    import shutil
+
+    from deltalake import write_deltalake
+
+    stack, settings = dagster_stack, dagster_stack.settings
+    engine = Engine(settings=settings)
+    stack.wait_until(
+        f"{BAD_STREAM}'s first evaluation", lambda: stack.stream_cursor(MAIN_LOCATION, BAD_STREAM)[1] is not None, 60
+    )
+    # Its sink exists with `n` a string: every commit of its windows fails.
+    sink_uri = settings.table_uri(f"{BAD_STREAM}_out")
+    write_deltalake(
+        sink_uri,
+        pa.table(
+            {
+                "_twstart": pa.array([STREAM_T0], pa.timestamp("us", tz="UTC")),
+                "n": ["not a count"],
+                "c": [0.0],
+                "tbname": ["x"],
+            }
+        ),
+    )
+    version = append_meters(engine, range(0, 22), table="meters_bad")
+
+    def failed_runs() -> list[dict]:
+        return [r for r in stack.stream_runs(BAD_STREAM) if r["status"] == "FAILURE"]
+
+    # The sensor's failure goes to a run of cq_streams_job; it fails naming the stream (its error in the
+    # run), and is requested again, alone, after a back-off.
+    stack.wait_until(f"two failed runs of {BAD_STREAM}", lambda: len(failed_runs()) >= 2, STREAM_WAIT)
+    failed = failed_runs()
+    assert all(r["tags"].get("cq/failed") == BAD_STREAM and list(r["works"]) for r in failed), failed
+    assert [r["tags"]["cq/attempt"] for r in failed[:2]] == ["1", "2"]
+    # Meanwhile the others go on in the sensor.
+    append_meters(engine, range(200, 222), table="meters_ll")
+    live = {k for k in closed_windows(settings, 220, table="meters_ll") if k[1] >= at(200)}
+    stack.wait_until(
+        f"{LL_STREAM}'s windows while {BAD_STREAM} fails",
+        lambda: live <= stream_sink(settings, LL_STREAM).keys(),
+        STREAM_WAIT,
+    )
+    assert len(failed_runs()) < 6 and not [r for r in stack.stream_runs(LL_STREAM) if r["status"] == "FAILURE"]
+    # Repaired (the sink goes), the next retry commits its windows, once; then it is back in the sensor.
+    shutil.rmtree(sink_uri)
+    expected = closed_windows(settings, 20, table="meters_bad")
+    stack.wait_until(
+        f"{BAD_STREAM}'s retried windows", lambda: stream_sink(settings, BAD_STREAM) == expected, STREAM_WAIT * 2
+    )
+    done = [e for e in stack.ledger(BAD_STREAM) if e.status == "succeeded"]
+    assert [(e.kind, e.source_versions) for e in done] == [("realtime", {"meters_bad": version})]
+    stack.wait_until(
+        f"{BAD_STREAM}'s successful run", lambda: stack.stream_runs(BAD_STREAM)[-1]["status"] == "SUCCESS", 120
+    )
 
 
 def test_stream_start_ignore_untreated_never_computes_the_windows_written_while_stopped():
