@@ -31,6 +31,7 @@ BENCHMARKS = (
     "batch_firings",
     "orchestration",
     "freshness",
+    "stream_scale",
 )
 
 
