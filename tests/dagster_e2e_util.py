@@ -65,6 +65,10 @@ END;
 TRANSLATOR = "renamed_translator:Renamed"  # the slow location's CQ_TRANSLATOR
 # A window-triggered stream in the main location, over `meters` (which only the stream test appends to).
 STREAM = "meter_5s"
+# FILL_HISTORY over `hist_src`, a table its test writes (with history) after the stack started; the
+# main location splits history into chunks of HISTORY_CHUNK_ROWS rows, so its run takes a while.
+HIST_STREAM = "meter_hist"
+HISTORY_CHUNK_ROWS = 100
 BAD_STREAM = "meter_bad"  # over its own table; its test makes its sink unwritable, then repairs it
 LL_STREAM = "meter_ll"  # the same over its own table, with LOW_LATENCY_CALC (computed in its sensor)
 STREAM_SQL = (
@@ -73,6 +77,9 @@ STREAM_SQL = (
 CREATE STREAM {STREAM} INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(1s))
   INTO {STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE TABLE meters_ll (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
+CREATE STREAM {HIST_STREAM} INTERVAL(5s) SLIDING(5s) FROM hist_src PARTITION BY tbname
+  OPTIONS(WATERMARK(1s) | FILL_HISTORY)
+  INTO {HIST_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE TABLE meters_bad (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
 CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY tbname OPTIONS(WATERMARK(1s))
   INTO {BAD_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
@@ -424,7 +431,12 @@ class Stack:
         env = dagster_env(settings, self.dagster_home)
         for var in ("CQ_FAILPOINT", "CQ_SPARK_REMOTE", "CQ_SPARK_MASTER", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
             env.pop(var, None)
-        env.update(CQ_CONFIG=str(self.root / "no-cq.toml"), PYTHONUNBUFFERED="1", **extra)
+        env.update(
+            CQ_CONFIG=str(self.root / "no-cq.toml"),
+            CQ_HISTORY_CHUNK_ROWS=str(HISTORY_CHUNK_ROWS),
+            PYTHONUNBUFFERED="1",
+            **extra,
+        )
         return env
 
     def start(self) -> None:

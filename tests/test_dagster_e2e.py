@@ -14,6 +14,8 @@ import pyarrow as pa
 import pytest
 from dagster_e2e_util import (
     BAD_STREAM,
+    HIST_STREAM,
+    HISTORY_CHUNK_ROWS,
     LL_STREAM,
     MAIN_LOCATION,
     SLOW_LOCATION,
@@ -595,6 +597,74 @@ def test_stream_start_ignore_untreated_never_computes_the_windows_written_while_
     if "leaked" not in _untreated:
         pytest.skip("needs test_stream_sensor_runs_and_cq_stop_start_pause_resume (run the module)")
     assert _untreated["leaked"] == [], "windows closed by data written while stopped were computed"
+
+
+# -- history in a batched run: live windows go on beside it; a daemon killed mid-round loses nothing --
+HIST_T0 = STREAM_T0 - timedelta(hours=1)  # hist_src's event times: 40 minutes of history
+
+
+def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes_each_window_once(dagster_stack):
+    from deltalake import write_deltalake
+
+    stack, settings = dagster_stack, dagster_stack.settings
+    engine = Engine(settings=settings)
+    seconds = range(0, 40 * 60)
+    rows = [
+        (HIST_T0 + timedelta(seconds=s), m, round(s % 7 + 0.5 * i, 2)) for s in seconds for i, m in enumerate(METER_IDS)
+    ]
+    write_deltalake(
+        settings.table_uri("hist_src"),
+        pa.table(
+            {
+                "ts": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
+                "tbname": [r[1] for r in rows],
+                "current": [r[2] for r in rows],
+            }
+        ),
+    )
+    chunks = len(rows) // HISTORY_CHUNK_ROWS  # about this many history works, in one run
+
+    def history_done() -> list:
+        return [e for e in stack.ledger(HIST_STREAM) if e.kind == "history" and e.status == "succeeded"]
+
+    # The sensor finds the table, plans its history in chunks and hands them to one run of cq_streams_job.
+    stack.wait_until(
+        f"{HIST_STREAM}'s history run to commit its first chunks", lambda: len(history_done()) >= 2, STREAM_WAIT
+    )
+    (run,) = stack.stream_runs(HIST_STREAM)
+    assert run["jobName"] == "cq_streams_job" and run["tags"]["cq/work_kind"] == "history"
+    assert len(run["works"]) >= chunks // 2, len(run["works"])
+    # Live windows of another stream are computed in the sensor meanwhile, not after the history.
+    append_meters(engine, range(300, 322), table="meters_ll")
+    live = {k for k in closed_windows(settings, 320, table="meters_ll") if k[1] >= at(300)}
+    stack.wait_until(
+        f"{LL_STREAM}'s live windows", lambda: live <= stream_sink(settings, LL_STREAM).keys(), STREAM_WAIT
+    )
+    assert len(history_done()) < len(run["works"]), "the history run ended before the live windows were computed"
+
+    # The daemon dies in the middle of the round (the run goes on in its own process); windows closed
+    # while it is down are computed after its restart, each exactly once.
+    stack.kill_daemon()
+    assert len(history_done()) < len(run["works"]), "the history round ended before the daemon was killed"
+    v_down = append_meters(engine, range(400, 422))
+    time.sleep(5)
+    stack.start_daemon()
+    stack.wait_until(f"{HIST_STREAM}'s history", lambda: len(history_done()) >= len(run["works"]), STREAM_WAIT * 2)
+    stack.wait_until(
+        f"{STREAM} after the restart",
+        lambda: (stack.stream_cursor(MAIN_LOCATION, STREAM)[1] or 0) >= v_down,
+        STREAM_WAIT,
+    )
+    done = history_done()
+    ranges = [(e.range_start, e.range_end) for e in done]
+    assert len(ranges) == len(set(ranges)) == len(run["works"]), "a history chunk was computed twice"
+    assert [r["runId"] for r in stack.stream_runs(HIST_STREAM)] == [run["runId"]]  # not requested again
+    # Closed at creation: every window ending by the history's watermark (its newest row - 1 s).
+    watermark = int((HIST_T0 - STREAM_T0).total_seconds()) + len(seconds) - 2
+    assert stream_sink(settings, HIST_STREAM) == closed_windows(settings, watermark, table="hist_src")
+    ledger = [e for e in stack.ledger(STREAM) if e.status == "succeeded"]
+    keys = [(e.kind, e.range_start, e.range_end, tuple(e.source_versions.items())) for e in ledger]
+    assert len(keys) == len(set(keys)), "a stream work was recorded twice across the daemon restart"
 
 
 # -- last, as it restarts the daemon: no firing lost or repeated across a daemon restart --------------
