@@ -17,7 +17,6 @@
   the sinks were committed) count: the next evaluation adopts it instead of computing again.
 """
 
-
 import contextlib
 import fcntl
 import json
