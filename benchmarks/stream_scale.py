@@ -26,6 +26,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from . import Context, Outcome, verdict
+from .orchestration import worst_lag
 
 NAME = "stream_scale"
 SUBPROCESS = True
@@ -182,7 +183,7 @@ def run(ctx: Context) -> Outcome:
                 if done is not None and closing is not None:
                     latencies.append(done.finished_at.timestamp() - closing[0])
     share = present / due if due else 0.0
-    worst = _worst_lag(by_stream, timed, start=w0, end=w1)
+    worst = worst_lag(entries, names=timed, start=w0, end=w1)
     latencies.sort()
     p50 = statistics.median(latencies) if latencies else float("inf")
     p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))] if latencies else float("inf")
@@ -214,18 +215,3 @@ def _covered(entries, lo: datetime, hi: datetime):
     """The first committed entry whose range covers ``[lo, hi)``."""
     found = [e for e in entries if e.range_start <= lo and e.range_end >= hi]
     return min(found, key=lambda e: e.finished_at) if found else None
-
-
-def _worst_lag(by_stream: dict, names: list[str], *, start: datetime, end: datetime) -> float:
-    """Max over each second t of [start, end] and every stream of t minus the newest range end committed by t."""
-    worst = 0.0
-    for name in names:
-        commits = sorted((e.finished_at, e.range_end) for e in by_stream.get(name, []))
-        newest, i, t = None, 0, start
-        while t <= end:
-            while i < len(commits) and commits[i][0] <= t:
-                newest = commits[i][1] if newest is None else max(newest, commits[i][1])
-                i += 1
-            worst = max(worst, (t - newest).total_seconds() if newest else (t - start).total_seconds() + 60)
-            t += timedelta(seconds=1)
-    return worst

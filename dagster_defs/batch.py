@@ -322,11 +322,35 @@ def run_batch(
 
 
 # -- the Dagster objects ----------------------------------------------------------------------------
+def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """Per run key among ``keys``: its run's status, its run id, and the definitions its ``cq/failed``
+    tag names (only runs that have that tag)."""
+    status: dict[str, str] = {}
+    ids: dict[str, str] = {}
+    failed: dict[str, set[str]] = {}
+    if keys:
+        for record in instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": sorted(keys)})):
+            run = record.dagster_run
+            key = run.tags["dagster/run_key"]
+            status[key], ids[key] = run.status.value, run.run_id
+            if "cq/failed" in run.tags:
+                failed[key] = set(run.tags["cq/failed"].split(","))
+    return status, ids, failed
+
+
+def sink_specs(definitions: list, translator) -> tuple[list[dg.AssetSpec], dict, dict]:
+    """The skippable sink specs of a shared multi-asset, name -> sink key and sink key -> definition."""
+    specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
+    return (
+        specs,
+        {d.name: sp.key for d, sp in zip(definitions, specs)},
+        {sp.key: d for d, sp in zip(definitions, specs)},
+    )
+
+
 def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.AssetsDefinition, dict]:
     """One subsettable multi-asset over the sinks of ``definitions``; also name -> sink key."""
-    specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
-    sink_keys = {d.name: spec.key for d, spec in zip(definitions, specs)}
-    by_key = {spec.key: d for d, spec in zip(definitions, specs)}
+    specs, sink_keys, by_key = sink_specs(definitions, translator)
     by_name = {d.name: d for d in definitions}
 
     @dg.multi_asset(
@@ -384,17 +408,7 @@ def build_batch_sensor(
     def evaluate(context: dg.SensorEvaluationContext):
         now = datetime.now(UTC)
         states = load_cursor(context.cursor)
-        keys = sorted({s.key for s in states.values() if s.key})
-        run_status: dict[str, str] = {}
-        run_ids: dict[str, str] = {}
-        failed: dict[str, set[str]] = {}
-        if keys:
-            for record in context.instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys})):
-                run = record.dagster_run
-                run_status[run.tags["dagster/run_key"]] = run.status.value
-                run_ids[run.tags["dagster/run_key"]] = run.run_id
-                if "cq/failed" in run.tags:
-                    failed[run.tags["dagster/run_key"]] = set(run.tags["cq/failed"].split(","))
+        run_status, run_ids, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
         own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": names}, statuses=IN_FLIGHT))
         busy = {r.dagster_run.tags["cq/name"] for r in own}
         ticks = {d.name: ticks_for(d) for d in definitions}

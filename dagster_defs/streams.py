@@ -38,7 +38,7 @@ from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from .batch import MAX_RUNTIME_SECONDS, switch_states
+from .batch import MAX_RUNTIME_SECONDS, keyed_runs, sink_specs, switch_states
 from .builders import IN_FLIGHT, FiringConfig, execute_one, materialization
 from .resource import CQEngineResource
 
@@ -126,9 +126,7 @@ def run_streams(context, engine: Engine, works: dict[str, list[str]], *, sink_ke
 
 def build_streams_asset(streams: list[Stream], translator) -> tuple[dg.AssetsDefinition, dict]:
     """One subsettable multi-asset over the streams' sinks; also name -> sink key."""
-    specs = [translator.get_sink_asset_spec(s).replace_attributes(skippable=True) for s in streams]
-    sink_keys = {s.name: spec.key for s, spec in zip(streams, specs)}
-    by_key = {spec.key: s for s, spec in zip(streams, specs)}
+    specs, sink_keys, by_key = sink_specs(streams, translator)
 
     @dg.multi_asset(
         name=translator.get_streams_op_name(),
@@ -235,6 +233,9 @@ def build_streams_sensor(
                 except CQError as exc:
                     notes.append(str(exc))
                     continue
+                except Exception as exc:  # one stream's unreadable log must not hold the others back
+                    notes.append(f"{name}: planning failed: {' '.join(str(exc).split())[:300]}")
+                    continue
                 for item in plan.ignored:
                     context.log.warning(f"{name}: {item.text}")
                 if plan.works and s.cursor and not plan.ignored:
@@ -273,15 +274,7 @@ def build_streams_sensor(
         )
 
     def _runs(context, states) -> tuple[dict[str, str], dict[str, set[str]]]:
-        keys = sorted({s.key for s in states.values() if s.key})
-        status: dict[str, str] = {}
-        failed: dict[str, set[str]] = {}
-        if keys:
-            for record in context.instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys})):
-                run = record.dagster_run
-                status[run.tags["dagster/run_key"]] = run.status.value
-                if "cq/failed" in run.tags:
-                    failed[run.tags["dagster/run_key"]] = set(run.tags["cq/failed"].split(","))
+        status, _, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
         return status, failed
 
     def _take_switch_cursor(s: r.StreamState, text: str | None, context, name: str) -> None:
