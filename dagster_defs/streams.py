@@ -226,12 +226,12 @@ def build_streams_sensor(
                     except CQError as exc:
                         reason = str(exc)
                     if reason:
-                        notes.append(f"{name} {reason}")
+                        quiet.append(f"{name} {reason}")
                         continue
                 try:
                     plan = evaluate_stream(engine.ctx, stream, cursor=s.cursor, now=now)
-                except CQError as exc:
-                    notes.append(str(exc))
+                except CQError as exc:  # e.g. its trigger table is not there yet: said in the tick
+                    quiet.append(str(exc))
                     continue
                 except Exception as exc:  # one stream's unreadable log must not hold the others back
                     notes.append(f"{name}: planning failed: {' '.join(str(exc).split())[:300]}")

@@ -69,7 +69,7 @@ STREAM = "meter_5s"
 # main location splits history into chunks of HISTORY_CHUNK_ROWS rows, so its run takes a while.
 HIST_STREAM = "meter_hist"
 HISTORY_CHUNK_ROWS = 100
-BAD_STREAM = "meter_bad"  # over its own table; its test makes its sink unwritable, then repairs it
+BAD_STREAM = "meter_bad"  # over its own table; its test gives it a sink it refuses, then removes it
 LL_STREAM = "meter_ll"  # the same over its own table, with LOW_LATENCY_CALC (computed in its sensor)
 STREAM_SQL = (
     METERS
@@ -81,7 +81,8 @@ CREATE STREAM {HIST_STREAM} INTERVAL(5s) SLIDING(5s) FROM hist_src PARTITION BY 
   OPTIONS(WATERMARK(1s) | FILL_HISTORY)
   INTO {HIST_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE TABLE meters_bad (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
-CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY tbname OPTIONS(WATERMARK(1s))
+CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY tbname
+  OPTIONS(WATERMARK(1s) | DELETE_OUTPUT_TABLE)
   INTO {BAD_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE STREAM {LL_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_ll PARTITION BY tbname
   OPTIONS(WATERMARK(1s) | LOW_LATENCY_CALC)
@@ -152,6 +153,15 @@ query Mats($key: AssetKeyInput!) {
     __typename
     ... on Asset { assetMaterializations(limit: 1000) { runId timestamp
       metadataEntries { label ... on TextMetadataEntry { text } ... on JsonMetadataEntry { jsonString } } } }
+  }
+}
+"""
+RUN_LOG_QUERY = """
+query Log($runId: ID!) {
+  logsForRun(runId: $runId, limit: 5000) {
+    __typename
+    ... on EventConnection { events { __typename ... on MessageEvent { message } } }
+    ... on PythonError { message }
   }
 }
 """
@@ -364,6 +374,12 @@ class Stack:
         _, shared = self.sensor_state(location, "cq_streams")
         state = ((json.loads(shared) if shared else {}).get("streams") or {}).get(stream) or {}
         return status, StreamCursor.from_json(state["cursor"]).version if state.get("cursor") else None
+
+    def run_log(self, run_id: str) -> str:
+        """The messages of a run's event log (GraphQL), one a line."""
+        data = self.graphql(RUN_LOG_QUERY, {"runId": run_id})["logsForRun"]
+        assert data["__typename"] == "EventConnection", data
+        return "\n".join(e.get("message") or "" for e in data["events"])
 
     def stream_runs(self, stream: str) -> list[dict]:
         """The runs of cq_streams_job holding works of ``stream`` (run config), oldest first."""

@@ -538,16 +538,21 @@ def test_low_latency_calc_stream_is_computed_in_its_sensor_without_a_run(dagster
 
 
 def test_a_failing_stream_holds_back_no_other_and_is_retried_alone_until_it_succeeds(dagster_stack):
-    from pathlib import Path
+    import shutil
+
+    from deltalake import write_deltalake
 
     stack, settings = dagster_stack, dagster_stack.settings
     engine = Engine(settings=settings)
     stack.wait_until(
         f"{BAD_STREAM}'s first evaluation", lambda: stack.stream_cursor(MAIN_LOCATION, BAD_STREAM)[1] is not None, 60
     )
-    # A plain file stands where its sink table should be: every commit of its windows fails.
+    # Its sink exists without the group_id column DELETE_OUTPUT_TABLE needs: every work of it fails.
     sink_uri = settings.table_uri(f"{BAD_STREAM}_out")
-    Path(sink_uri).write_text("not a Delta table")
+    write_deltalake(
+        sink_uri,
+        pa.table({"_twstart": pa.array([STREAM_T0], pa.timestamp("us", tz="UTC")), "n": [0], "tbname": ["x"]}),
+    )
     version = append_meters(engine, range(0, 22), table="meters_bad")
 
     def failed_runs() -> list[dict]:
@@ -558,6 +563,7 @@ def test_a_failing_stream_holds_back_no_other_and_is_retried_alone_until_it_succ
     stack.wait_until(f"two failed runs of {BAD_STREAM}", lambda: len(failed_runs()) >= 2, STREAM_WAIT)
     failed = failed_runs()
     assert all(r["tags"].get("cq/failed") == BAD_STREAM and list(r["works"]) for r in failed), failed
+    assert "has no 'group_id' column" in stack.run_log(failed[0]["runId"])  # its error, in the run
     assert [r["tags"]["cq/attempt"] for r in failed[:2]] == ["1", "2"]
     # Meanwhile the others go on in the sensor.
     append_meters(engine, range(200, 222), table="meters_ll")
@@ -568,8 +574,8 @@ def test_a_failing_stream_holds_back_no_other_and_is_retried_alone_until_it_succ
         STREAM_WAIT,
     )
     assert len(failed_runs()) < 6 and not [r for r in stack.stream_runs(LL_STREAM) if r["status"] == "FAILURE"]
-    # Repaired (the file goes), the next retry commits its windows, once.
-    Path(sink_uri).unlink()
+    # Repaired (the table goes), the next retry commits its windows, once.
+    shutil.rmtree(sink_uri)
     expected = closed_windows(settings, 20, table="meters_bad")
     stack.wait_until(
         f"{BAD_STREAM}'s retried windows", lambda: stream_sink(settings, BAD_STREAM) == expected, STREAM_WAIT * 2
