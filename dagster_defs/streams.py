@@ -43,7 +43,8 @@ from .builders import IN_FLIGHT, FiringConfig, execute_one, materialization
 from .resource import CQEngineResource
 
 INTERVAL_SECONDS = 1
-ADOPT = "adopt"  # key of a switch cursor carrying a StreamCursor for the sensor to take
+ADOPT = "adopt"
+LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up  # key of a switch cursor carrying a StreamCursor for the sensor to take
 
 
 def budget_seconds() -> float:
@@ -76,7 +77,7 @@ def exclusive(path) -> Iterator[bool]:
     still runs in the code server must not compute the same works)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{path}.lock", "w") as handle:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,6 +199,10 @@ def build_streams_sensor(
                 if n in sink_keys
             ]
         states = {n: cursor.streams.get(n, r.StreamState()) for n in by_name}
+        for name in r.unfinished(journal_path, cursor) if lost is None else []:
+            if name in states:  # the evaluation computing it never returned: a run takes it over
+                states[name].attempt = max(states[name].attempt, 1)
+                context.log.warning(f"{name}: the evaluation computing it did not finish; a run takes over")
         switch = switch_states(context, switches)
         status, failed = _runs(context, states)
         own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": list(by_name)}, statuses=IN_FLIGHT))
@@ -253,6 +258,8 @@ def build_streams_sensor(
                 to_run[name] = list(s.backlog)
             else:
                 to_sensor[name] = works
+        if to_sensor:
+            r.mark_inflight(journal_path, base=cursor.seq, streams=list(to_sensor))
         done = _compute(context, states, to_sensor, to_run, fresh, events)
         requests = _request(states, to_run, now=now)
         for line in notes:
@@ -265,6 +272,7 @@ def build_streams_sensor(
                 journal_path,
                 r.Journal(base=base, cursor=cursor.to_json(), events=[[n, m] for n, m in done]),
             )
+        r.clear_inflight(journal_path)
         reason = "; ".join([*notes, *quiet]) or "nothing to do"
         return dg.SensorResult(
             run_requests=requests,

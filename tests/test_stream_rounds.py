@@ -100,3 +100,14 @@ def test_the_journal_is_adopted_only_by_the_cursor_it_was_derived_from(tmp_path)
     assert lost is not None and r.load_cursor(lost.cursor).seq == 8 and lost.events == [["a", {"cq/kind": "realtime"}]]
     assert r.adopt(path, r.Cursor(seq=8, streams={"a": r.StreamState()})) is None  # saved: nothing to adopt
     assert r.adopt(path, r.Cursor()) is None  # a reset cursor never takes an old journal
+
+
+def test_streams_an_unfinished_evaluation_was_computing_go_to_runs(tmp_path):
+    path = r.journal_path(tmp_path, "cq_streams", "loc")
+    cursor = r.Cursor(seq=3, streams={"a": r.StreamState(cursor="c")})
+    assert r.unfinished(path, cursor) == []
+    r.mark_inflight(path, base=3, streams=["b", "a"])
+    assert r.unfinished(path, cursor) == ["a", "b"]  # that evaluation never returned
+    assert r.unfinished(path, r.Cursor(seq=4)) == []  # a later cursor: it did
+    r.clear_inflight(path)
+    assert r.unfinished(path, cursor) == []

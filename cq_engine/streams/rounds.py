@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from cq_engine.errors import CQError
@@ -152,8 +151,27 @@ def adopt(path: Path, cursor: Cursor) -> Journal | None:
     return Journal(base=int(data["base"]), cursor=str(data["cursor"]), events=list(data.get("events") or []))
 
 
-def stamp(now: datetime) -> float:
-    return now.timestamp()
+def mark_inflight(path: Path, *, base: int, streams: list[str]) -> None:
+    """Before the sensor computes: which streams an evaluation from cursor ``base`` is computing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(_inflight(path), json.dumps({"base": base, "streams": sorted(streams)}))
+
+
+def clear_inflight(path: Path) -> None:
+    _inflight(path).unlink(missing_ok=True)
+
+
+def unfinished(path: Path, cursor: Cursor) -> list[str]:
+    """The streams an evaluation from ``cursor`` was computing when it never finished (its process
+    died, or a work hung past the daemon's time-out): they go to runs, where a hang is visible."""
+    data = read_json_state(_inflight(path), what="stream sensor in-flight mark")
+    if not data or data.get("base") != cursor.seq:
+        return []
+    return [str(n) for n in data.get("streams") or []]
+
+
+def _inflight(path: Path) -> Path:
+    return path.with_suffix(".inflight")
 
 
 def run_rounds(
