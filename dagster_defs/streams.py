@@ -188,8 +188,6 @@ def build_streams_sensor(
         lost = r.adopt(journal_path, cursor)
         if lost is not None:  # the daemon lost the previous evaluation's cursor: its work counts
             cursor = r.load_cursor(lost.cursor, sensor=sensor_name)
-            for s in cursor.streams.values():
-                s.since = 0.0 if s.key else s.since  # its requested run may be lost too: retried
             context.log.warning(
                 f"adopted the journal of an evaluation whose cursor was lost ({len(lost.events)} works)"
             )
@@ -205,6 +203,10 @@ def build_streams_sensor(
                 context.log.warning(f"{name}: the evaluation computing it did not finish; a run takes over")
         switch = switch_states(context, switches)
         status, failed = _runs(context, states)
+        if lost is not None:  # the run it requested was lost with it unless Dagster created it: ask again
+            for s in states.values():
+                if s.key and s.key not in status:
+                    s.key, s.since = None, 0.0
         own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": list(by_name)}, statuses=IN_FLIGHT))
         busy = {rec.dagster_run.tags["cq/name"] for rec in own if "cq/batch" not in rec.dagster_run.tags}
         inline = computes_inline(engine)

@@ -69,7 +69,7 @@ STREAM = "meter_5s"
 # main location splits history into chunks of HISTORY_CHUNK_ROWS rows, so its run takes a while.
 HIST_STREAM = "meter_hist"
 HISTORY_CHUNK_ROWS = 100
-BAD_STREAM = "meter_bad"  # over its own table; its test gives it a sink it refuses, then removes it
+BAD_STREAM = "meter_bad"  # over its own table; its test gives it a sink it cannot write, then removes it
 LL_STREAM = "meter_ll"  # the same over its own table, with LOW_LATENCY_CALC (computed in its sensor)
 STREAM_SQL = (
     METERS
@@ -81,8 +81,7 @@ CREATE STREAM {HIST_STREAM} INTERVAL(5s) SLIDING(5s) FROM hist_src PARTITION BY 
   OPTIONS(WATERMARK(1s) | FILL_HISTORY)
   INTO {HIST_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE TABLE meters_bad (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
-CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY tbname
-  OPTIONS(WATERMARK(1s) | DELETE_OUTPUT_TABLE)
+CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY tbname OPTIONS(WATERMARK(1s))
   INTO {BAD_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE STREAM {LL_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_ll PARTITION BY tbname
   OPTIONS(WATERMARK(1s) | LOW_LATENCY_CALC)
