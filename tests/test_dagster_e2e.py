@@ -581,8 +581,12 @@ def test_a_failing_stream_holds_back_no_other_and_is_retried_alone_until_it_succ
     stack.wait_until(
         f"{BAD_STREAM}'s retried windows", lambda: stream_sink(settings, BAD_STREAM) == expected, STREAM_WAIT * 2
     )
-    done = [e for e in stack.ledger(BAD_STREAM) if e.status == "succeeded"]
-    assert [(e.kind, e.source_versions) for e in done] == [("realtime", {"meters_bad": version})]
+
+    def done() -> list:  # the ledger records a work just after its sink commit
+        return [(e.kind, e.source_versions) for e in stack.ledger(BAD_STREAM) if e.status == "succeeded"]
+
+    stack.wait_until(f"{BAD_STREAM}'s ledger entry", done, 60)
+    assert done() == [("realtime", {"meters_bad": version})]
     stack.wait_until(
         f"{BAD_STREAM}'s successful run", lambda: stack.stream_runs(BAD_STREAM)[-1]["status"] == "SUCCESS", 120
     )
