@@ -639,7 +639,7 @@ def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes
 
     # The sensor finds the table, plans its history in chunks and hands them to one run of cq_streams_job.
     stack.wait_until(
-        f"{HIST_STREAM}'s history run to commit its first chunks", lambda: len(history_done()) >= 2, STREAM_WAIT
+        f"{HIST_STREAM}'s history run to commit its first chunks", lambda: len(history_done()) >= 2, STREAM_WAIT * 3
     )
     (run,) = stack.stream_runs(HIST_STREAM)
     assert run["jobName"] == "cq_streams_job" and run["tags"]["cq/work_kind"] == "history"
@@ -648,7 +648,7 @@ def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes
     append_meters(engine, range(300, 322), table="meters_ll")
     live = {k for k in closed_windows(settings, 320, table="meters_ll") if k[1] >= at(300)}
     stack.wait_until(
-        f"{LL_STREAM}'s live windows", lambda: live <= stream_sink(settings, LL_STREAM).keys(), STREAM_WAIT
+        f"{LL_STREAM}'s live windows", lambda: live <= stream_sink(settings, LL_STREAM).keys(), STREAM_WAIT * 2
     )
     assert len(history_done()) < len(run["works"]), "the history run ended before the live windows were computed"
 

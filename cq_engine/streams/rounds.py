@@ -181,23 +181,37 @@ def run_rounds(
     *,
     deadline: float | None = None,
     chunk: int = 50,
+    timing: dict | None = None,
 ):
     """Execute ``pending`` (stream name -> its works, in order) in rounds — round r: each stream's
     r-th work, at most ``chunk`` streams per ``fused.run_works`` call — and yield ``(name, work,
     outcome)`` (a ``RunResult`` or the exception) as each finishes. A failing work stops its stream;
     past ``deadline`` (``time.monotonic()``) no new call starts, and what was not started stays in
-    ``pending``."""
+    ``pending``. With a deadline, each call holds as many requests as the time left allows at the
+    pace of the calls so far (at least one), so a slow machine overruns it by one work, not by a
+    round."""
     import time
 
     from cq_engine.streams.fused import WorkRequest, run_works
 
+    timing = timing if timing is not None else {}
     while any(pending.values()):
         names = [n for n, ws in pending.items() if ws]
-        for i in range(0, len(names), chunk):
-            if deadline is not None and time.monotonic() > deadline:
-                return
-            requests = [WorkRequest(streams[n], pending[n][0]) for n in names[i : i + chunk]]
-            for request, outcome in zip(requests, run_works(ctx, requests)):
+        while names:
+            size = chunk
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                pace = timing.get("pace")
+                size = max(1, min(chunk, int(left / pace))) if pace else 1
+            batch, names = names[:size], names[size:]
+            requests = [WorkRequest(streams[n], pending[n][0]) for n in batch]
+            started = time.monotonic()
+            outcomes = run_works(ctx, requests)
+            spent = (time.monotonic() - started) / len(requests)
+            timing["pace"] = spent if not timing.get("pace") else (timing["pace"] + spent) / 2
+            for request, outcome in zip(requests, outcomes):
                 name = request.stream.name
                 pending[name] = [] if isinstance(outcome, Exception) else pending[name][1:]
                 yield name, request.work, outcome
