@@ -659,7 +659,7 @@ def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes
     v_down = append_meters(engine, range(400, 422))
     time.sleep(5)
     stack.start_daemon()
-    stack.wait_until(f"{HIST_STREAM}'s history", lambda: len(history_done()) >= len(run["works"]), STREAM_WAIT * 2)
+    stack.wait_until(f"{HIST_STREAM}'s history", lambda: len(history_done()) >= len(run["works"]), STREAM_WAIT * 4)
     stack.wait_until(
         f"{STREAM} after the restart",
         lambda: (stack.stream_cursor(MAIN_LOCATION, STREAM)[1] or 0) >= v_down,
