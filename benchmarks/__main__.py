@@ -32,6 +32,7 @@ BENCHMARKS = (
     "cli_overhead",
     "orchestration",
     "freshness",
+    "stream_scale",
 )
 
 

@@ -175,11 +175,16 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
                 proc,
                 out,
             )
-            # Ctrl-C while a run is in flight: the stream's sensor and the firings' sensor keep requesting
-            # runs every few seconds, so the shutdown's wait for it is when a new run could start (and,
-            # unless nothing new may start, then be killed).
-            ok = dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS], tags={"cq/name": "hum_s"})
-            _wait(lambda: instance.get_run_records(ok, limit=1), 400, "a stream run to succeed", proc, out)
+            # Ctrl-C while a run is in flight: the firings' sensor keeps requesting runs every few seconds,
+            # so the shutdown's wait for it is when a new run could start (and, unless nothing new may
+            # start, then be killed). The stream is computed in the cq_streams sensor (Spark Connect).
+            _wait(
+                lambda: instance.get_latest_materialization_event(dg.AssetKey("hum_s")),
+                400,
+                "a stream window computed",
+                proc,
+                out,
+            )
             flight = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
             _wait(lambda: instance.get_run_records(dg.RunsFilter(statuses=flight), limit=1), 400, "a run", proc, out)
             before = len(out.read_text())
@@ -309,9 +314,10 @@ def _server_killed_while_firings_run(tmp_path: Path, settings: Settings, proc: s
 @pytest.mark.spark
 @pytest.mark.dagster_e2e
 def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path):
-    """`--stop-wait 0`: the runs in flight at Ctrl-C cannot finish in time. Each is canceled (not failed)
-    and queued again with the same tags (a stream's work), for the next start; nothing is left in flight.
-    (A batched-firings run is canceled and not queued again: its sensor retries those firings.)"""
+    """`--stop-wait 0`: the runs in flight at Ctrl-C cannot finish in time. Each is canceled (not failed),
+    nothing is left in flight; a batched run (here the stream's works: without a Spark Connect server the
+    cq_streams sensor hands them to runs) is not queued again: its sensor requests its works again at the
+    next start. (A definition's own run is queued again with the same tags.)"""
     import dagster as dg
 
     settings = project(tmp_path)  # the stream alone: every run is one to queue again
@@ -340,23 +346,29 @@ def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path
         # A run in flight either finished (a termination interrupts it between Spark calls) or was
         # canceled and queued again.
         canceled = [r for r in runs if r.status == dg.DagsterRunStatus.CANCELED]
-        assert all(r.tags.get("cq/name") == "hum_s" for r in canceled), status
+        assert all(r.tags.get("cq/name") == "hum_s" and r.tags.get("cq/batch") == "true" for r in canceled), status
         assert ("did not finish in time: canceled" in after) == bool(canceled), after
-        for run in canceled:
-            again = [r for r in runs if r.tags.get("dagster/parent_run_id") == run.run_id]
-            assert [(r.status, r.tags.get("cq/work")) for r in again] == [
-                (dg.DagsterRunStatus.QUEUED, run.tags["cq/work"])
-            ], status
         requeued = {r.tags.get("dagster/parent_run_id") for r in runs} - {None}
-        assert requeued <= {r.run_id for r in canceled}, status  # a run that finished is not run again
+        assert requeued == set(), status  # the sensor requests the works again instead
         left = [s for s in status.values() if s in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)]
         assert left == [], status
-        if canceled:  # the next start runs the queued copies
+        if canceled:  # the next start: the sensor requests the canceled works again, and they succeed
             proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "60", "--no-spark-server")
-            copies = [r.run_id for r in runs if r.tags.get("dagster/parent_run_id")]
-            done = dg.RunsFilter(run_ids=copies, statuses=[dg.DagsterRunStatus.SUCCESS])
+
+            def hum_works(run) -> set[str]:
+                return set(run.run_config["ops"]["cq_streams"]["config"]["works"].get("hum_s", []))
+
+            works = set().union(*(hum_works(r) for r in canceled))
             with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
-                _wait(lambda: len(instance.get_run_records(done)) == len(copies), 600, "the queued copies", proc, out)
+                done = dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS], tags={"cq/name": "hum_s"})
+
+                def retried() -> bool:
+                    return any(
+                        r.dagster_run.tags.get("cq/attempt", "0") != "0" and works & hum_works(r.dagster_run)
+                        for r in instance.get_run_records(done)
+                    )
+
+                _wait(retried, 600, "the canceled works, requested again", proc, out)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(600) == 0
     finally:
