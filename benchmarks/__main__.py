@@ -29,8 +29,10 @@ BENCHMARKS = (
     "connect_vs_inprocess",
     "write_heavy",
     "batch_firings",
+    "cli_overhead",
     "orchestration",
     "freshness",
+    "stream_scale",
 )
 
 

@@ -337,11 +337,35 @@ def run_batch(
 
 
 # -- the Dagster objects ----------------------------------------------------------------------------
+def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """Per run key among ``keys``: its run's status, its run id, and the definitions its ``cq/failed``
+    tag names (only runs that have that tag)."""
+    status: dict[str, str] = {}
+    ids: dict[str, str] = {}
+    failed: dict[str, set[str]] = {}
+    if keys:
+        for record in instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": sorted(keys)})):
+            run = record.dagster_run
+            key = run.tags["dagster/run_key"]
+            status[key], ids[key] = run.status.value, run.run_id
+            if "cq/failed" in run.tags:
+                failed[key] = set(run.tags["cq/failed"].split(","))
+    return status, ids, failed
+
+
+def sink_specs(definitions: list, translator) -> tuple[list[dg.AssetSpec], dict, dict]:
+    """The skippable sink specs of a shared multi-asset, name -> sink key and sink key -> definition."""
+    specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
+    return (
+        specs,
+        {d.name: sp.key for d, sp in zip(definitions, specs)},
+        {sp.key: d for d, sp in zip(definitions, specs)},
+    )
+
+
 def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.AssetsDefinition, dict]:
     """One subsettable multi-asset over the sinks of ``definitions``; also name -> sink key."""
-    specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
-    sink_keys = {d.name: spec.key for d, spec in zip(definitions, specs)}
-    by_key = {spec.key: d for d, spec in zip(definitions, specs)}
+    specs, sink_keys, by_key = sink_specs(definitions, translator)
     by_name = {d.name: d for d in definitions}
 
     @dg.multi_asset(
@@ -396,30 +420,12 @@ def build_batch_sensor(
     op = translator.get_batch_op_name()
 
     def paused(context) -> set[str]:
-        origin = context.code_location_origin
-        states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-        return {
-            switches[s.origin.instigator_name]
-            for s in states
-            if s.origin.instigator_name in switches
-            and s.status == InstigatorStatus.STOPPED
-            and (origin is None or s.origin.location_name == origin.location_name)
-        }
+        return {name for name, (running, _) in switch_states(context, switches).items() if not running}
 
     def evaluate(context: dg.SensorEvaluationContext):
         now = datetime.now(UTC)
         states = load_cursor(context.cursor)
-        keys = sorted({s.key for s in states.values() if s.key})
-        run_status: dict[str, str] = {}
-        run_ids: dict[str, str] = {}
-        failed: dict[str, set[str]] = {}
-        if keys:
-            for record in context.instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys})):
-                run = record.dagster_run
-                run_status[run.tags["dagster/run_key"]] = run.status.value
-                run_ids[run.tags["dagster/run_key"]] = run.run_id
-                if "cq/failed" in run.tags:
-                    failed[run.tags["dagster/run_key"]] = set(run.tags["cq/failed"].split(","))
+        run_status, run_ids, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
         own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": names}, statuses=IN_FLIGHT))
         busy = {r.dagster_run.tags["cq/name"] for r in own}
         ticks = {d.name: ticks_for(d) for d in definitions}
@@ -478,20 +484,35 @@ def build_batch_sensor(
     )
 
 
+def switch_states(context, switches: dict[str, str]) -> dict[str, tuple[bool, str | None]]:
+    """Per definition whose switch (``switches``: sensor name -> definition) has a stored state in
+    this code location: whether it runs, and its cursor."""
+    origin = context.code_location_origin
+    states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+    return {
+        switches[s.origin.instigator_name]: (
+            s.status != InstigatorStatus.STOPPED,
+            getattr(s.instigator_data, "cursor", None),
+        )
+        for s in states
+        if s.origin.instigator_name in switches and (origin is None or s.origin.location_name == origin.location_name)
+    }
+
+
 def build_switch_sensor(
-    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus
+    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus, via: str | None = None
 ) -> dg.SensorDefinition:
-    """``<name>_ticks`` under the batched model: its running state is the definition's on/off switch,
-    read by the batch sensor; its own evaluations (daily) request nothing."""
+    """``<name>_ticks`` under the batched models: its running state is the definition's on/off switch,
+    read by the sensor ``via`` (default the batch sensor); its own evaluations (daily) request nothing."""
+    via = via or translator.get_batch_sensor_name()
 
     def evaluate(context: dg.SensorEvaluationContext):
-        return dg.SkipReason(f"{definition.name} fires through the {translator.get_batch_sensor_name()} sensor")
+        return dg.SkipReason(f"{definition.name} runs through the {via} sensor")
 
     return dg.SensorDefinition(
         name=translator.get_sensor_name(definition),
         evaluation_fn=evaluate,
         minimum_interval_seconds=SWITCH_INTERVAL_SECONDS,
         default_status=default_status,
-        description=f"On/off switch of {definition.name}: while stopped, {translator.get_batch_sensor_name()} "
-        "leaves its firings out (`cq stop` / `cq start`).",
+        description=f"On/off switch of {definition.name}: while stopped, {via} leaves it out (`cq stop` / `cq start`).",
     )

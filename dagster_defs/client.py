@@ -4,7 +4,9 @@ translator (``CQ_TRANSLATOR``), so a translator that renames them works here too
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Callable
 
 from cq_engine.errors import CQError
@@ -128,7 +130,13 @@ def control(
     found = _check(gql(query, s=selector), f"{d.name}: looking up {kind} {name}")
     if verb == "start" and new_cursor is not None and kind == "sensor":
         cursor = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
-        _check(gql(_SET_CURSOR, s=selector, c=new_cursor(cursor)), f"{d.name}: setting the cursor of {name}")
+        if windowed(d):  # the stream's cursor is in the streams sensor's; its switch hands the new one over
+            cursor = json.dumps(
+                {"adopt": new_cursor(stream_cursor(gql, d, selector, translator)), "id": uuid.uuid4().hex}
+            )
+        else:
+            cursor = new_cursor(cursor)
+        _check(gql(_SET_CURSOR, s=selector, c=cursor), f"{d.name}: setting the cursor of {name}")
     variables = {"s": selector} if verb == "start" else {"id": found["id"]}
     mutation = _MUTATIONS[(kind, verb)]
     _check(gql(mutation, **variables), f"{d.name}: {verb}")
@@ -147,19 +155,31 @@ def control(
     return kind, name, location
 
 
+def stream_cursor(gql: GraphQL, d: Definition, selector: dict, translator: CQTranslator) -> str | None:
+    """The ``StreamCursor`` JSON of stream ``d`` in the streams sensor next to its switch (``selector``)."""
+    sensor = translator.get_streams_sensor_name()
+    found = _check(gql(_SENSOR, s={**selector, "sensorName": sensor}), f"{d.name}: looking up sensor {sensor}")
+    text = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
+    streams = (json.loads(text) if text else {}).get("streams") or {}
+    return (streams.get(d.name) or {}).get("cursor")
+
+
 def launch_recalculate(
     d: Definition, *, address: str, translator: CQTranslator, start: str, end: str | None = None
 ) -> str:
-    """Launch ``d``'s recalculate job (its range in the run's tags); the run id."""
+    """Launch ``d``'s recalculate job (a window-triggered stream: the streams job with its sink
+    selected), the range in the run's tags; the run id."""
     gql = GraphQL(address)
-    job = translator.get_recalculate_job_name(d)
+    # A window-triggered stream has no job of its own: the streams job with its sink selected.
+    job = translator.get_streams_job_name() if windowed(d) else translator.get_recalculate_job_name(d)
     _, _, location, repository = gql.locate([("job", job)])
     tags = [{"key": "cq/recalculate_from", "value": start}] + (
         [{"key": "cq/recalculate_to", "value": end}] if end else []
     )
-    params = {
-        "selector": {"repositoryLocationName": location, "repositoryName": repository, "jobName": job},
-        "executionMetadata": {"tags": tags},
-    }
+    selector: dict[str, object] = {"repositoryLocationName": location, "repositoryName": repository, "jobName": job}
+    if windowed(d):
+        selector["assetSelection"] = [{"path": list(translator.get_sink_asset_spec(d).key.path)}]
+        tags += [{"key": k, "value": v} for k, v in {**translator.get_tags(d), "cq/recalculate": "true"}.items()]
+    params = {"selector": selector, "executionMetadata": {"tags": tags}}
     outcome = _check(gql(_LAUNCH, p=params), f"{d.name}: launching {job}")
     return outcome["run"]["runId"]

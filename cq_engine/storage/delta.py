@@ -213,7 +213,7 @@ class DeltaRsStorage(DeltaStateTables):
         column = self._time_field(table, dt, time_column)
         _check_readable(table, dt)
         uris = dt.file_uris()
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = log.arrow_table(dt.get_add_actions(flatten=True))
         mask = range_mask(actions, column, time_range)
         kept = [u for u, keep in zip(uris, mask) if keep]
         df = where_in_range(_read_files(spark, dt, kept), column, time_range)

@@ -135,7 +135,7 @@ class KnownGroups:
             raise Unavailable(table)  # the query's column check names the missing column
         schema = pa.schema([pa.field(k, by_name[k.lower()].type) for k in keys])
         counts: dict[tuple, int] = {}
-        paths = pa.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+        paths = log.arrow_table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
         for path in paths:
             _add(counts, self._file_counts(table, log._full_path(log._normalize(uri), path), keys, schema), 1)
         return _State(version, schema, counts, -1)

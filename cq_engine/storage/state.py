@@ -45,7 +45,7 @@ class DeltaStateTables:
             return None
         # DeltaTable.scan (delta-rs' own engine), not to_pyarrow_table: the latter's pyarrow dataset
         # intermittently aborts the interpreter at exit in deltalake 1.6.6.
-        return pa.table(DeltaTable(uri, storage_options=self.storage_options).scan())
+        return log.arrow_table(DeltaTable(uri, storage_options=self.storage_options).scan())
 
     def append_state(self, name: str, data: pa.Table) -> None:
         """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
@@ -99,7 +99,7 @@ class DeltaStateTables:
     ) -> tuple[datetime | None, datetime | None, int]:
         """Event-time extent and row count of a snapshot, from its files' statistics."""
         dt = DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = log.arrow_table(dt.get_add_actions(flatten=True))
         names = actions.column_names
         lo_col, hi_col = f"min.{time_column}", f"max.{time_column}"
         if actions.num_rows == 0 or lo_col not in names:

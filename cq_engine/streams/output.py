@@ -8,10 +8,13 @@ not already hold), then ``group_id``: the partition group, the same BIGINT in ev
 
 from __future__ import annotations
 
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from cq_engine.errors import CQError
 from cq_engine.model import Stream, partition_placeholder, placeholder_column
+
+if TYPE_CHECKING:  # the catalog imports this module: `cq validate` needs no pyarrow
+    import pyarrow as pa
 
 GROUP_ID = "group_id"
 SUBTABLE = "tbname"
