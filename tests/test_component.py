@@ -65,9 +65,8 @@ def test_a_defs_yaml_adds_the_definitions_assets_sensors_and_jobs(tmp_path, monk
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     # The translator named in defs.yaml renames the per-definition jobs and sensors.
     assert keys == {"per_minute_out", "meter_30s_out", "sensors", "meters"}
-    assert {s.name for s in defs.sensors} == {"cq_firings", "per_minute_switch", "meter_30s_switch"}
-    jobs = {j.name for j in defs.resolve_all_job_defs()}
-    assert {"cq_firings_job", "run_per_minute", "recalc_per_minute", "run_meter_30s"} <= jobs
+    assert {s.name for s in defs.sensors} == {"cq_firings", "cq_streams", "per_minute_switch", "meter_30s_switch"}
+    assert {"cq_firings_job", "cq_streams_job"} <= {j.name for j in defs.resolve_all_job_defs()}
     # The attributes reach the engine's resource (relative paths from the defs.yaml's folder) ...
     resource = defs.resources["cq_engine"]
     assert (resource.sql_dir, resource.timezone) == (str(root / "sql"), "Asia/Shanghai")
