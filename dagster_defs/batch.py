@@ -14,8 +14,12 @@ queries and PERIOD streams) in one run, on one warm Spark session.
   other definitions of that run are not redone, and in the retried run a firing the ledger already
   holds as succeeded is skipped.
 - ``<name>_ticks`` stays per definition as its on/off switch (``cq stop/start``): a stopped switch
-  leaves the definition out of the batches. ``<name>_job`` and ``<name>_recalculate`` select its sink
-  alone, so a definition's firings can still be run and recalculated on their own.
+  leaves the definition out of the batches.
+- One definition on its own is a run of the same job with its sink alone selected: a firing
+  (``fire_time`` config or ``cq/fire_time`` tag; neither: its latest firing) or a recalculation
+  (``recalculate_from`` config or tag). There are no per-definition jobs: each would select one sink
+  out of the shared multi-asset, and Dagster resolves such a job against every sink of the asset,
+  so N jobs made loading the code location cost N² (ARCHITECTURE.md §6.2).
 """
 
 import hashlib
@@ -30,6 +34,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 import dagster as dg
+from dagster._core.definitions.assets.job.asset_job import IMPLICIT_ASSET_JOB_NAME  # the UI's "Materialize"
 from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.scheduler.instigation import InstigatorStatus
 from dagster_pyspark import PySparkResource
@@ -355,8 +360,9 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
         selected = [by_key[k] for k in context.selected_asset_keys]
         if len(selected) != 1:
             raise dg.Failure(
-                f"select one sink (a definition's own job) or pass `firings` in the run config; "
-                f"{len(selected)} sinks are selected"
+                "select one sink (one definition's firing or recalculation) or pass `firings` in the "
+                f"run config (a batch); {len(selected)} sinks are selected",
+                allow_retries=False,
             )
         yield execute_one(context, config, engine, selected[0], asset_key=sink_keys[selected[0].name])
 
@@ -403,20 +409,24 @@ def build_batch_sensor(
                 run_ids[run.tags["dagster/run_key"]] = run.run_id
                 if "cq/failed" in run.tags:
                     failed[run.tags["dagster/run_key"]] = set(run.tags["cq/failed"].split(","))
-        own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": names}, statuses=IN_FLIGHT))
-        busy = {r.dagster_run.tags["cq/name"] for r in own}
+        busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
         finished = set()
-        for d in definitions:  # done inside a batch run that is still running (others catching up)
+        # Done inside a batch run that is still running (others catching up): one query for all.
+        running: dict[str, tuple[str, str]] = {}  # name -> (run id, range end of its last firing there)
+        for d in definitions:
             s = states.get(d.name)
             if s and s.key and s.upto and run_status.get(s.key) in RUNNING and s.key in run_ids:
-                event = context.instance.get_latest_materialization_event(sink_keys[d.name])
-                if event and event.run_id == run_ids[s.key] and event.asset_materialization:
-                    end = event.asset_materialization.metadata.get("cq/range_end")
-                    # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
-                    last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
-                    if end and end.value == iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]):
-                        finished.add(d.name)
+                # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
+                last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
+                running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]))
+        latest = context.instance.get_latest_materialization_events([sink_keys[n] for n in running])
+        for name, (run_id, end) in running.items():
+            event = latest.get(sink_keys[name])
+            mat = event.asset_materialization if event and event.run_id == run_id else None
+            value = mat.metadata.get("cq/range_end") if mat else None
+            if value and value.value == end:
+                finished.add(name)
         batch = plan_batch(
             definitions,
             ticks=ticks,
@@ -459,6 +469,23 @@ def build_batch_sensor(
         "streams (BLOCKED: all, in order, one run at a time per definition; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
+
+
+def own_runs(instance, names: list[str], sink_keys: dict[str, dg.AssetKey], *, jobs: tuple[str, ...]) -> set[str]:
+    """Definitions with a run of their own queued or in progress: tagged ``cq/name`` (the CLI's), or
+    a run of the shared job (or Dagster's implicit asset job: the UI's "Materialize") that is no
+    batch and selects their sink."""
+    busy = {
+        r.dagster_run.tags["cq/name"]
+        for r in instance.get_run_records(dg.RunsFilter(tags={"cq/name": names}, statuses=IN_FLIGHT))
+    }
+    by_key = {key: name for name, key in sink_keys.items()}
+    for job in jobs:
+        for record in instance.get_run_records(dg.RunsFilter(job_name=job, statuses=IN_FLIGHT)):
+            run = record.dagster_run
+            if run.tags.get("cq/batch") != "true":
+                busy |= {by_key[k] for k in run.asset_selection or () if k in by_key}
+    return busy
 
 
 def build_switch_sensor(

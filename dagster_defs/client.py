@@ -147,19 +147,39 @@ def control(
     return kind, name, location
 
 
+def shared_job(d: Definition, translator: CQTranslator) -> str | None:
+    """The shared job that runs ``d`` when its sink alone is selected: ``cq_firings_job`` for a
+    continuous query or PERIOD stream (the batched run model); none for a window-triggered stream."""
+    return None if windowed(d) else translator.get_batch_job_name()
+
+
 def launch_recalculate(
     d: Definition, *, address: str, translator: CQTranslator, start: str, end: str | None = None
 ) -> str:
-    """Launch ``d``'s recalculate job (its range in the run's tags); the run id."""
-    gql = GraphQL(address)
-    job = translator.get_recalculate_job_name(d)
-    _, _, location, repository = gql.locate([("job", job)])
-    tags = [{"key": "cq/recalculate_from", "value": start}] + (
-        [{"key": "cq/recalculate_to", "value": end}] if end else []
-    )
-    params = {
-        "selector": {"repositoryLocationName": location, "repositoryName": repository, "jobName": job},
-        "executionMetadata": {"tags": tags},
+    """Launch a recalculation of ``d`` (its range in the run's tags); the run id. It runs in ``d``'s
+    own recalculate job where the location has one (a window-triggered stream, ``CQ_RUN_MODEL=
+    per_firing``), else in the shared job with ``d``'s sink alone selected."""
+    tags = {
+        **translator.get_tags(d),
+        "cq/recalculate": "true",
+        "cq/recalculate_from": start,
+        **({"cq/recalculate_to": end} if end else {}),
     }
+    return launch_one(
+        d, address=address, translator=translator, own_job=translator.get_recalculate_job_name(d), tags=tags
+    )
+
+
+def launch_one(d: Definition, *, address: str, translator: CQTranslator, own_job: str, tags: dict[str, str]) -> str:
+    """Launch one run of ``d`` alone with ``tags``: ``own_job`` if the location has it, else
+    ``shared_job`` with ``d``'s sink as the run's asset selection; the run id."""
+    gql = GraphQL(address)
+    shared = shared_job(d, translator)
+    candidates = [("job", own_job)] + ([("job", shared)] if shared else [])
+    _, job, location, repository = gql.locate(candidates)
+    selector: dict = {"repositoryLocationName": location, "repositoryName": repository, "jobName": job}
+    if job != own_job:
+        selector["assetSelection"] = [{"path": translator.get_sink_asset_spec(d).key.path}]
+    params = {"selector": selector, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}
     outcome = _check(gql(_LAUNCH, p=params), f"{d.name}: launching {job}")
     return outcome["run"]["runId"]
