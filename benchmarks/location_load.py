@@ -8,8 +8,9 @@ before it serves), then compute and serialize what the webserver and the daemon 
 job (``ExternalJob``). Python and Dagster imports are not counted (the same at any size).
 
 The curve: 100, 300 and 1,000 continuous queries every 30 s, and 1,000 plus 100 window-triggered
-streams. The ratio checked is the load time per definition at 1,000 against at 100 (1.0: linear; a
-quadratic load gives about 10); the 1,000 + 100 load is reported beside its 15 s target.
+streams. The ratio checked is the CPU time per definition at 1,000 against at 100 (1.0: linear; a
+quadratic load gives about 10; CPU time, because the machine's load moves wall time far more); the
+1,000 + 100 load's wall time is reported beside its 15 s target.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class LoadCost:
     build: float  # build_definitions: the catalog parsed, the Dagster objects made
     resolve: float  # every job resolved (the code server does it before it serves)
     snapshots: float  # the repository snapshot and every job snapshot, serialized
+    cpu: float  # CPU seconds of the three phases (less sensitive than wall time to a busy machine)
     jobs: int
     sensors: int
     assets: int
@@ -76,7 +78,7 @@ def load_location(settings) -> LoadCost:
 
     from dagster_defs import build_definitions
 
-    clock = time.perf_counter()
+    clock, cpu = time.perf_counter(), time.process_time()
     defs = build_definitions(settings=settings)
     built = time.perf_counter()
     repo = defs.get_repository_def()
@@ -90,6 +92,7 @@ def load_location(settings) -> LoadCost:
         build=built - clock,
         resolve=resolved - built,
         snapshots=done - resolved,
+        cpu=time.process_time() - cpu,
         jobs=len(jobs),
         sensors=len(repo.sensor_defs),
         assets=len(repo.asset_graph.get_all_asset_keys()),
@@ -142,20 +145,19 @@ def run(ctx: Context) -> Outcome:
         medians[(cqs, streams)] = best
         ctx.log(f"{cqs} + {streams}: {[round(c.seconds, 2) for c in costs]}")
         notes.append(
-            f"{cqs} CQs + {streams} streams: {best.seconds:.2f}s (build {best.build:.2f}, resolve "
+            f"{cqs} CQs + {streams} streams: {best.seconds:.2f}s, {best.cpu:.2f} CPU s (build {best.build:.2f}, resolve "
             f"{best.resolve:.2f}, snapshots {best.snapshots:.2f}; median of {repeat}: "
             f"{statistics.median(c.seconds for c in costs):.2f}s) - {best.jobs} jobs, {best.sensors} sensors, "
             f"{best.assets} assets, {best.snapshot_bytes / 1e6:.1f} MB served"
         )
     (small, _), (large, _) = sizes[0], sizes[-2]
-    per_small = medians[sizes[0]].seconds / small
-    per_large = medians[sizes[-2]].seconds / large
-    ratio = per_large / per_small
+    ratio = (medians[sizes[-2]].cpu / large) / (medians[sizes[0]].cpu / small)
     biggest = medians[sizes[-1]]
+    verdict_15s = "" if ctx.quick else " " + ("OK" if biggest.seconds <= TARGET_SECONDS else "MISSED")
     line = (
-        f"{NAME}: {large} CQs load in {medians[sizes[-2]].seconds:.2f}s vs {small} in {medians[sizes[0]].seconds:.2f}s "
-        f"(per definition {ratio:.2f}x); {sizes[-1][0]} + {sizes[-1][1]} streams: {biggest.seconds:.2f}s "
-        f"(target <= {TARGET_SECONDS:.0f}s{'' if ctx.quick else ' ' + ('OK' if biggest.seconds <= TARGET_SECONDS else 'MISSED')}); "
+        f"{NAME}: {large} CQs load in {medians[sizes[-2]].seconds:.2f}s ({medians[sizes[-2]].cpu:.2f} CPU s) vs "
+        f"{small} in {medians[sizes[0]].seconds:.2f}s ({medians[sizes[0]].cpu:.2f}); per definition {ratio:.2f}x; "
+        f"{sizes[-1][0]} + {sizes[-1][1]} streams: {biggest.seconds:.2f}s (target <= {TARGET_SECONDS:.0f}s{verdict_15s}); "
         f"load average {load[0]:.1f}; {verdict(ratio, 1.5)}"
     )
     return Outcome(NAME, line, ratio=ratio, target=1.5, notes=notes)
