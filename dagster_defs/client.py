@@ -61,20 +61,26 @@ class GraphQL:
             raise CQError(f"Dagster at {self.url}: {body['errors'][0].get('message')}")
         return body["data"]
 
-    def locate(self, candidates: list[tuple[str, str]]) -> tuple[str, str, str, str]:
+    def locate(self, candidates: list[tuple]) -> tuple[str, str, str, str]:
         """``(kind, name, location, repository)`` of the first of ``candidates`` (``(kind, name)``,
-        kind ``schedule``, ``sensor`` or ``job``) loaded in any code location of the workspace."""
+        kind ``schedule``, ``sensor`` or ``job``) loaded in any code location of the workspace. A
+        candidate ``(kind, name, (kind2, name2))`` counts only in a repository that also holds
+        ``name2``: a shared job (every location has one) in the location of one definition."""
         data = self(_REPOSITORIES)["repositoriesOrError"]
         if data["__typename"] != "RepositoryConnection":
             raise CQError(f"Dagster at {self.url}: {data.get('message', data['__typename'])}")
         nodes = data.get("nodes") or []
         if not nodes:
             raise CQError(f"Dagster at {self.url} has no code location loaded")
-        for kind, name in candidates:
+
+        def holds(node: dict, kind: str, name: str) -> bool:
+            return name in {x["name"] for x in node[f"{kind}s"]}
+
+        for kind, name, *also in candidates:
             found = [
                 (kind, name, n["location"]["name"], n["name"])
                 for n in nodes
-                if name in {x["name"] for x in n[f"{kind}s"]}
+                if holds(n, kind, name) and all(holds(n, *a) for a in also)
             ]
             if len(found) > 1:
                 raise CQError(
@@ -83,7 +89,9 @@ class GraphQL:
                 )
             if found:
                 return found[0]
-        wanted = " or ".join(f"{kind} {name}" for kind, name in candidates)
+        wanted = " or ".join(
+            f"{kind} {name}" + "".join(f" beside {k} {n}" for k, n in also) for kind, name, *also in candidates
+        )
         raise CQError(
             f"Dagster at {self.url} has no {wanted} in its code locations "
             f"({', '.join(sorted({n['location']['name'] for n in nodes}))})"
@@ -175,7 +183,10 @@ def launch_one(d: Definition, *, address: str, translator: CQTranslator, own_job
     ``shared_job`` with ``d``'s sink as the run's asset selection; the run id."""
     gql = GraphQL(address)
     shared = shared_job(d, translator)
-    candidates = [("job", own_job)] + ([("job", shared)] if shared else [])
+    # Every location has its shared job: the one to launch is beside the definition's switch sensor.
+    candidates: list[tuple] = [("job", own_job)]
+    if shared:
+        candidates.append(("job", shared, ("sensor", translator.get_sensor_name(d))))
     _, job, location, repository = gql.locate(candidates)
     selector: dict = {"repositoryLocationName": location, "repositoryName": repository, "jobName": job}
     if job != own_job:

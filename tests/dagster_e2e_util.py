@@ -164,7 +164,8 @@ RUN_QUERY = """
 query Run($id: ID!) {
   runOrError(runId: $id) {
     __typename
-    ... on Run { runId jobName status tags { key value } assetSelection { path } }
+    ... on Run { runId jobName status tags { key value } assetSelection { path }
+      eventConnection { events { __typename ... on ExecutionStepFailureEvent { error { message } } } } }
   }
 }
 """
@@ -300,7 +301,9 @@ class Stack:
         def done() -> bool:
             run = self.graphql(RUN_QUERY, {"id": run_id})["runOrError"]
             if run.get("status") in ("SUCCESS", "FAILURE", "CANCELED"):
-                ended.update(run, tags={t["key"]: t["value"] for t in run["tags"]})
+                events = run.pop("eventConnection")["events"]
+                errors = [e["error"]["message"][:2000] for e in events if e.get("error")]
+                ended.update(run, tags={t["key"]: t["value"] for t in run["tags"]}, errors=errors)
             return bool(ended)
 
         self.wait_until(f"run {run_id}", done, timeout)

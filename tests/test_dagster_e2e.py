@@ -306,8 +306,8 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
             address,
         ]
     )
-    out = capsys.readouterr().out
-    assert code == 0 and "recalculate run" in out, out
+    out, err = capsys.readouterr()
+    assert code == 0 and "recalculate run" in out, (out, err)
     run_id = out.split("recalculate run ")[1].split()[0]
     stack.wait_until(
         "the recalculation",
@@ -346,8 +346,8 @@ def test_cq_recalculate_via_dagster_launches_the_shared_job_with_its_sink_alone(
             f"127.0.0.1:{dagster_stack.web_port}",
         ]
     )
-    out = capsys.readouterr().out
-    assert code == 0 and "recalculate run" in out, out
+    out, err = capsys.readouterr()
+    assert code == 0 and "recalculate run" in out, (out, err)
     run_id = out.split("recalculate run ")[1].split()[0]
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
@@ -397,7 +397,7 @@ def test_one_definition_fires_and_recalculates_on_its_own_through_the_shared_job
     }
     for what, run_id in ids.items():
         run = stack.wait_run(run_id, WAIT)
-        assert run["status"] == "SUCCESS", (what, run, stack.diagnostics())
+        assert run["status"] == "SUCCESS", (what, run["errors"], run, stack.diagnostics())
         assert run["jobName"] == "cq_firings_job" and run["assetSelection"] == [{"path": ["solo_out"]}], run
         assert "cq/batch" not in run["tags"], run["tags"]
     mats = {m["runId"]: m["metadata"] for m in stack.materializations("solo_out")}
