@@ -349,13 +349,8 @@ def test_cq_recalculate_via_dagster_launches_the_shared_job_with_its_sink_alone(
     out, err = capsys.readouterr()
     assert code == 0 and "recalculate run" in out, (out, err)
     run_id = out.split("recalculate run ")[1].split()[0]
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        (run,) = [r for r in dagster_stack.runs("fast") if r["runId"] == run_id]
-        if run["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
-            break
-        time.sleep(2)
-    assert run["status"] == "SUCCESS" and run["tags"].get("cq/recalculate") == "true"
+    run = dagster_stack.wait_run(run_id, WAIT)
+    assert run["status"] == "SUCCESS" and run["tags"].get("cq/recalculate") == "true", (run["errors"], run)
     assert run["jobName"] == "cq_firings_job" and run["assetSelection"] == [{"path": ["fast_out"]}]
     assert "cq/batch" not in run["tags"] and run["tags"]["cq/recalculate_from"] == start.isoformat()
     (mat,) = [m for m in dagster_stack.materializations("fast_out") if m["runId"] == run_id]
