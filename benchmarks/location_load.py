@@ -63,6 +63,7 @@ class LoadCost:
     cpu: float  # CPU seconds of the three phases (less sensitive than wall time to a busy machine)
     jobs: int
     sensors: int
+    schedules: int
     assets: int
     snapshot_bytes: int
 
@@ -95,6 +96,7 @@ def load_location(settings) -> LoadCost:
         cpu=time.process_time() - cpu,
         jobs=len(jobs),
         sensors=len(repo.sensor_defs),
+        schedules=len(repo.schedule_defs),
         assets=len(repo.asset_graph.get_all_asset_keys()),
         snapshot_bytes=size,
     )
@@ -148,6 +150,7 @@ def run(ctx: Context) -> Outcome:
             f"{cqs} CQs + {streams} streams: {best.seconds:.2f}s, {best.cpu:.2f} CPU s (build {best.build:.2f}, resolve "
             f"{best.resolve:.2f}, snapshots {best.snapshots:.2f}; median of {repeat}: "
             f"{statistics.median(c.seconds for c in costs):.2f}s) - {best.jobs} jobs, {best.sensors} sensors, "
+            f"{best.schedules} schedules, "
             f"{best.assets} assets, {best.snapshot_bytes / 1e6:.1f} MB served"
         )
     (small, _), (large, _) = sizes[0], sizes[-2]

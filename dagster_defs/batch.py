@@ -14,7 +14,10 @@ queries and PERIOD streams) in one run, on one warm Spark session.
   other definitions of that run are not redone, and in the retried run a firing the ledger already
   holds as succeeded is skipped.
 - ``<name>_ticks`` stays per definition as its on/off switch (``cq stop/start``): a stopped switch
-  leaves the definition out of the batches.
+  leaves the definition out of the batches. It is a schedule that ticks once a year and requests
+  nothing, not a sensor: the sensor daemon evaluates every running sensor as soon as it sees it and
+  then at its interval, so a thousand switch sensors held ``cq_firings`` back for minutes at every
+  start (and each day); a schedule costs nothing until its cron tick, in the scheduler daemon.
 - One definition on its own is a run of the same job with its sink alone selected: a firing
   (``fire_time`` config or ``cq/fire_time`` tag; neither: its latest firing) or a recalculation
   (``recalculate_from`` config or tag). There are no per-definition jobs: each would select one sink
@@ -54,7 +57,7 @@ MAX_FIRINGS_PER_RUN = 400  # definitions beyond it wait for the next batch
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
 MAX_RUNTIME_SECONDS = 1800  # run monitoring ends a batch run older than this (its worker died): retried
-SWITCH_INTERVAL_SECONDS = 24 * 3600
+SWITCH_CRON = "0 0 1 1 *"  # a switch's running state is what counts; its yearly tick requests nothing
 RUNNING = {s.value for s in IN_FLIGHT}
 
 
@@ -386,7 +389,7 @@ def build_batch_sensor(
 
     def paused(context) -> set[str]:
         origin = context.code_location_origin
-        states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+        states = context.instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE)
         return {
             switches[s.origin.instigator_name]
             for s in states
@@ -488,20 +491,22 @@ def own_runs(instance, names: list[str], sink_keys: dict[str, dg.AssetKey], *, j
     return busy
 
 
-def build_switch_sensor(
-    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus
-) -> dg.SensorDefinition:
-    """``<name>_ticks`` under the batched model: its running state is the definition's on/off switch,
-    read by the batch sensor; its own evaluations (daily) request nothing."""
+def build_switch(
+    definition: Definition, job, translator, *, default_status: dg.DefaultScheduleStatus
+) -> dg.ScheduleDefinition:
+    """``<name>_ticks`` under the batched model: a schedule whose running state is the definition's
+    on/off switch, read by the batch sensor (see the module docstring); its yearly tick requests nothing."""
 
-    def evaluate(context: dg.SensorEvaluationContext):
+    def evaluate(context: dg.ScheduleEvaluationContext):
         return dg.SkipReason(f"{definition.name} fires through the {translator.get_batch_sensor_name()} sensor")
 
-    return dg.SensorDefinition(
+    return dg.ScheduleDefinition(
         name=translator.get_sensor_name(definition),
-        evaluation_fn=evaluate,
-        minimum_interval_seconds=SWITCH_INTERVAL_SECONDS,
+        job=job,
+        cron_schedule=SWITCH_CRON,
+        execution_timezone="UTC",
+        execution_fn=evaluate,
         default_status=default_status,
         description=f"On/off switch of {definition.name}: while stopped, {translator.get_batch_sensor_name()} "
-        "leaves its firings out (`cq stop` / `cq start`).",
+        "leaves its firings out (`cq stop` / `cq start`). Its yearly tick requests nothing.",
     )

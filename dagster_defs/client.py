@@ -128,8 +128,8 @@ def control(
     started) replaces its cursor first. Returns ``(kind, name, location)``."""
     gql = GraphQL(address)
     candidates = [("sensor", translator.get_sensor_name(d))]
-    if not windowed(d):  # a schedule, or a sensor where cron cannot express the ticks
-        candidates.insert(0, ("schedule", translator.get_schedule_name(d)))
+    if not windowed(d):  # per firing: a schedule, or a sensor where cron cannot express the ticks; batched: its switch
+        candidates[:0] = [("schedule", translator.get_schedule_name(d)), ("schedule", translator.get_sensor_name(d))]
     kind, name, location, repository = gql.locate(candidates)
     selector = {"repositoryLocationName": location, "repositoryName": repository, f"{kind}Name": name}
     query = _SENSOR if kind == "sensor" else _SCHEDULE

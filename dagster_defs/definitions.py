@@ -14,7 +14,7 @@ from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.times import UTC
 
-from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch_sensor
+from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
 from .resource import CQEngineResource, cached_catalog, pyspark_resource
 from .streams import build_stream_sensor
@@ -96,7 +96,7 @@ def build_definitions(
         )
         # No jobs of their own (a run of cq_firings_job with one sink selected is one definition's):
         # each would cost a pass over every sink when the location loads (ARCHITECTURE.md §6.2).
-        sensors += [build_switch_sensor(d, translator, default_status=sensor_status) for d in batched]
+        schedules += [build_switch(d, jobs[0], translator, default_status=schedule_status) for d in batched]
     for definition in definitions:
         if definition.name in in_batch:
             continue

@@ -77,6 +77,7 @@ class CQTranslator:
         return f"{definition.name}_schedule"
 
     def get_sensor_name(self, definition: Definition) -> str:
+        """A stream's sensor, a tick sensor (``per_firing``), or a batched definition's switch schedule."""
         return f"{definition.name}_ticks"
 
     # The batched run model (dagster_defs.batch): one op, job and sensor for the location's firings.

@@ -190,7 +190,10 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     # One job for the batches and for each definition on its own: no job per definition.
     assert [j.name for j in defs.jobs] == ["cq_firings_job"]
     sensor = defs.resolve_sensor_def("cq_firings")
-    assert {"b_ticks", "d_ticks", "broken_src_ticks"} <= {s.name for s in defs.sensors}
+    # The switches are schedules that request nothing (a sensor each would be evaluated at every start).
+    assert [s.name for s in defs.sensors] == ["cq_firings"]
+    assert {s.name for s in defs.schedules} == {"b_ticks", "d_ticks", "broken_src_ticks"}
+    assert defs.resolve_schedule_def("b_ticks").cron_schedule == "0 0 1 1 *"
 
     # The sensor: one run for every definition, its sinks selected, the firings in the run config.
     with dg.build_sensor_context(instance=instance, cursor=None) as ctx:

@@ -270,7 +270,7 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
     address = f"127.0.0.1:{stack.web_port}"
     assert main(["stop", "slow_discard", "--dagster", address]) == 0
     out = capsys.readouterr().out
-    assert f"slow_discard: sensor slow_discard_switch in {SLOW_LOCATION} stopped" in out, out
+    assert f"slow_discard: schedule slow_discard_switch in {SLOW_LOCATION} stopped" in out, out
     # Its last requested firing committed (the batch run may go on with slow_blocked's catch-up).
     last = stack.firing_runs("slow_discard")[-1]["firings"]["slow_discard"][-1]
     stack.wait_until(

@@ -25,8 +25,9 @@ def test_the_location_holds_no_job_per_continuous_query_and_serves_linearly_many
     small, large = load_location(locations[N]), load_location(locations[2 * N])
     # The shared job and Dagster's implicit asset job, plus each window-triggered stream's own two.
     assert (small.jobs, large.jobs) == (2 + 2 * 2, 2 + 2 * 4)
-    # cq_firings, one switch per continuous query, one sensor per stream.
-    assert (small.sensors, large.sensors) == (1 + N + 2, 1 + 2 * N + 4)
+    # cq_firings and one sensor per stream; one switch (a schedule) per continuous query.
+    assert (small.sensors, large.sensors) == (1 + 2, 1 + 4)
+    assert (small.schedules, large.schedules) == (N, 2 * N)
     assert (small.assets, large.assets) == (2 + N + 2, 2 + 2 * N + 4)
     # A job per definition over the shared multi-asset served every sink in each job's snapshot:
     # twice the definitions gave about four times the bytes. Linear: about twice.
