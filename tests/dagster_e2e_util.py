@@ -125,7 +125,7 @@ WORKSPACE_QUERY = """
     ... on Workspace { locationEntries { name loadStatus locationOrLoadError {
       __typename
       ... on PythonError { message }
-      ... on RepositoryLocation { repositories { name sensors { name } } }
+      ... on RepositoryLocation { repositories { name sensors { name } schedules { name } } }
     } } }
   }
 }
@@ -559,7 +559,8 @@ class Stack:
                 raise RuntimeError(f"code location {entry['name']} failed to load: {loc['message']}")
             if entry["loadStatus"] != "LOADED" or loc is None:
                 return False
-            sensors |= {s["name"] for r in loc["repositories"] for s in r["sensors"]}
+            # Sensors, and the batched definitions' switches (schedules).
+            sensors |= {s["name"] for r in loc["repositories"] for s in (*r["sensors"], *r["schedules"])}
         return {
             "cq_firings",
             "fast_ticks",
