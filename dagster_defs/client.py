@@ -183,10 +183,10 @@ def launch_one(d: Definition, *, address: str, translator: CQTranslator, own_job
     ``shared_job`` with ``d``'s sink as the run's asset selection; the run id."""
     gql = GraphQL(address)
     shared = shared_job(d, translator)
-    # Every location has its shared job: the one to launch is beside the definition's switch sensor.
+    # Every location has its shared job: the one to launch is beside the definition's switch (a schedule).
     candidates: list[tuple] = [("job", own_job)]
     if shared:
-        candidates.append(("job", shared, ("sensor", translator.get_sensor_name(d))))
+        candidates.append(("job", shared, ("schedule", translator.get_sensor_name(d))))
     _, job, location, repository = gql.locate(candidates)
     selector: dict = {"repositoryLocationName": location, "repositoryName": repository, "jobName": job}
     if job != own_job:
