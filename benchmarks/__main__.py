@@ -30,8 +30,10 @@ BENCHMARKS = (
     "write_heavy",
     "batch_firings",
     "location_load",
+    "cli_overhead",
     "orchestration",
     "freshness",
+    "stream_scale",
 )
 
 

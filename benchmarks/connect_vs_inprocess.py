@@ -3,8 +3,9 @@ Connect server versus with an in-process ``local[*]`` session started by the com
 ratio in-process / Connect is reported).
 
 Both sides are fresh ``python -m cq_engine.cli.main run NAME --at T`` subprocesses over the same warehouse:
-the Connect side with ``CQ_SPARK_REMOTE=sc://localhost:<port>``, the in-process side with a different
-``CQ_HOME`` (no server pid file there, so the engine falls back to ``local[*]``). The server is started
+the Connect side with the server's ``CQ_HOME`` (found there with its token, as a user's command finds
+it), the in-process side with a different ``CQ_HOME`` (no server pid file there, so the engine falls
+back to ``local[*]`` and says so on stderr). The server is started
 once with ``cq_engine.spark.start_server`` on a free port, warmed up, and always stopped at the end.
 """
 
@@ -21,8 +22,9 @@ from . import PER_MINUTE_SQL, T0, Context, Outcome, clean_env, free_port, make_e
 NAME = "connect_vs_inprocess"
 SUBPROCESS = True  # the runner stops its in-process Spark session first: it would only add noise
 COMMITS = 12
-# A classic session logs its start on stderr; a Connect client does not.
-_CLASSIC_MARKERS = ("Setting default log level", "log4j2-defaults.properties")
+# A command falling back to a classic session says so on stderr (and Spark may log its start); a
+# Connect client does neither.
+_CLASSIC_MARKERS = ("in-process Spark session", "Setting default log level", "log4j2-defaults.properties")
 _ENGINE_SECONDS = re.compile(r"files, ([0-9.]+)s\)")
 
 
@@ -57,7 +59,7 @@ def run(ctx: Context) -> Outcome:
         "CQ_SPARK_PORT": str(port),
     }
     envs = {
-        "connect": {**base, "CQ_HOME": server.home, "CQ_SPARK_REMOTE": f"sc://localhost:{port}"},
+        "connect": {**base, "CQ_HOME": server.home},  # the server requires its token: found in CQ_HOME
         "in-process": {**base, "CQ_HOME": str(work / "home-local")},  # no server to discover there
     }
     engine_seconds: dict[str, list[float]] = {k: [] for k in envs}

@@ -3,13 +3,15 @@
 Every 5 s the benchmark appends one commit of meter readings whose newest event time closes the
 previous 5-second window, and polls the sinks until that window's row is there: the time from the
 commit to the row, p50 and p95 over the windows of a few minutes. Two streams over the same table:
-``fresh`` (a Dagster run per sensor evaluation) and ``fresh_ll`` (``LOW_LATENCY_CALC``: the sensor
-computes live windows itself). The ratio checked is max(p50 / 5 s, p95 / 10 s) of ``fresh_ll``
-(targets: p50 <= 5 s, p95 <= 10 s); ``fresh``'s figures are printed beside it.
+``fresh`` (default options: the shared ``cq_streams`` sensor computes its live windows through the
+Spark Connect server) and ``fresh_ll`` (``LOW_LATENCY_CALC``, which now takes the same path). The
+ratio checked is max(p50 / 5 s, p95 / 10 s) of ``fresh`` (targets: p50 <= 5 s, p95 <= 10 s);
+``fresh_ll``'s figures are printed beside it.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
@@ -122,13 +124,14 @@ def run(ctx: Context) -> Outcome:
             ),
         )
 
-    p50, p95, low_latency = figures("fresh_ll_out")
+    p50, p95, default = figures("fresh_out")
     if p50 == float("inf"):
-        return Outcome(NAME, f"{NAME}: ERROR LOW_LATENCY_CALC stream: {low_latency}")
+        return Outcome(NAME, f"{NAME}: ERROR default stream: {default}")
     ratio = max(p50 / 5, p95 / 10)
+    load = "load avg " + "/".join(f"{x:.1f}" for x in os.getloadavg())
     line = (
         f"{NAME}: commit-to-sink of a WATERMARK(0s) INTERVAL(5s) stream under the daemon (targets p50 <= 5s, "
-        f"p95 <= 10s): LOW_LATENCY_CALC (computed in the sensor) {low_latency}; a run per evaluation "
-        f"{figures('fresh_out')[2]}; {verdict(ratio, 1.0)}"
+        f"p95 <= 10s): default options {default}; LOW_LATENCY_CALC {figures('fresh_ll_out')[2]}; {load}; "
+        f"{verdict(ratio, 1.0)}"
     )
     return Outcome(NAME, line, ratio=ratio, target=1.0)

@@ -13,6 +13,7 @@ from cq_engine.config import Settings
 from cq_engine.errors import CQError, ParseError
 from cq_engine.model import DATA_SHAPED, Catalog, Definition, SelectItem, SessionTrigger, Stream, TableDecl, TriggerDef
 from cq_engine.parse import ParseOptions, parse_file, sql_files
+from cq_engine.parse.ekuiper import first_row_values
 from cq_engine.parse.fragments import TIME_REF
 from cq_engine.streams.output import data_columns, sink_mismatch
 
@@ -145,7 +146,7 @@ def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:
             for c in table.columns
             if c.name.lower() not in taken
         ]
-    return replace(d, trigger_table=table.name, source=table.name, select=tuple(items))
+    return first_row_values(replace(d, trigger_table=table.name, source=table.name, select=tuple(items)))
 
 
 def _err(location, message: str) -> ParseError:
@@ -219,7 +220,8 @@ def _aliases(d: Stream) -> set[str]:
 def _query_columns(d: Stream) -> set[str]:
     """Columns a stream's query reads from its source."""
     outputs = {i.name.lower() for i in d.select}  # HAVING may name the result's columns
-    return (_names([i.expression for i in d.select] + [d.where]) | (_names([d.having]) - outputs)) - _aliases(d)
+    read = _names([i.expression for i in d.select] + [d.where]) | (_names([d.having]) - outputs)
+    return (read | {k.lower() for k in d.group_by}) - _aliases(d)
 
 
 def _trigger_columns(d: Stream) -> set[str]:

@@ -5,17 +5,13 @@ query, stream runs. It holds an :class:`~cq_engine.context.EngineContext` and di
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from cq_engine.catalog import require_definition
 from cq_engine.config import Settings
 from cq_engine.context import EngineContext, RunResult
 from cq_engine.errors import CQError
-from cq_engine.ingest import ingest
 from cq_engine.model import Catalog, ContinuousQuery, Definition, PeriodTrigger, Stream
-from cq_engine.parse.safety import check_read_only, table_names
 from cq_engine.resample import run as resample_run
 from cq_engine.resample import timing
 from cq_engine.resample.run import Progress
@@ -23,9 +19,12 @@ from cq_engine.resample.timing import Firing
 from cq_engine.schedule.ticks import Ticks, ticks_of
 from cq_engine.storage.base import Storage
 from cq_engine.storage.ledger import Ledger
-from cq_engine.streams import run as stream_run
-from cq_engine.streams.timing import StreamWork
 from cq_engine.times import UTC
+
+if TYPE_CHECKING:  # imported where used: a `cq run` of a continuous query needs neither (README, CLI reference)
+    import pyarrow as pa
+
+    from cq_engine.streams.timing import StreamWork
 
 __all__ = ["Engine", "RunResult"]
 
@@ -115,6 +114,8 @@ class Engine:
         """Recompute every firing whose range lies in ``[start, end)`` (end: the latest firing by ``now``);
         for a stream, every closed window holding event time in ``[start, end)`` (RECALCULATE STREAM)."""
         if isinstance(self.definition(name), Stream):
+            from cq_engine.streams import run as stream_run
+
             return stream_run.recalculate_stream(
                 self.ctx, self.stream(name), start=start, end=end, now=now or datetime.now(UTC)
             )
@@ -125,12 +126,16 @@ class Engine:
     def ingest(self, table: str, path: str) -> tuple[int, int]:
         """Append a CSV / JSON-lines / Parquet file to ``table`` in one commit, through its BEFORE
         INSERT triggers (``ingest.ingest``): (version, rows)."""
+        from cq_engine.ingest import ingest
+
         result = ingest(table=table, data=path, ctx=self.ctx)
         return result.version, result.rows
 
     def query(self, sql: str, *, limit: int = 1000, allow_writes: bool = False) -> pa.Table:
         """Run Spark SQL with the warehouse tables it names (and ``cq_firings``, the ledger) as views;
         only a read (``parse.safety.check_read_only``) unless ``allow_writes``."""
+        from cq_engine.parse.safety import check_read_only, table_names
+
         if not allow_writes:
             check_read_only(sql)
         named = table_names(sql)  # each view costs a snapshot read: only the tables the query names
@@ -147,6 +152,8 @@ class Engine:
 
     def run_stream(self, name: str, work: StreamWork) -> RunResult:
         """Execute one run a stream's sensor requested."""
+        from cq_engine.streams import run as stream_run
+
         return stream_run.run_work(self.ctx, self.stream(name), work)
 
     def run_period(self, name: str, tick: datetime) -> RunResult:
@@ -154,13 +161,19 @@ class Engine:
         stream = self.stream(name)
         if not isinstance(stream.trigger, PeriodTrigger):
             raise CQError(f"{name!r} is not a PERIOD stream: its runs come from its sensor (`cq tick {name}`)")
+        from cq_engine.streams import run as stream_run
+
         return stream_run.run_period(self.ctx, stream, tick, ticks=self.ticks(name, now=tick))
 
     def ticks(self, name: str, *, now: datetime) -> Ticks:
         """The firing instants of a continuous query or a PERIOD stream; a PERIOD stream's are anchored
         at its creation, recorded the first time it is asked for."""
         d = self.definition(name)
-        created = stream_run.stream_created(self.ctx, d, now=now) if isinstance(d, Stream) else now
+        created = now
+        if isinstance(d, Stream):
+            from cq_engine.streams import run as stream_run
+
+            created = stream_run.stream_created(self.ctx, d, now=now)
         return ticks_of(d, timezone=self.settings.timezone, created=created)
 
     def firing(self, name: str, fire_time: datetime) -> Firing:

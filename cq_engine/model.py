@@ -195,19 +195,21 @@ class CountTrigger:
 
 @dataclass(frozen=True)
 class EkSessionTrigger:
-    """eKuiper ``SESSIONWINDOW(unit, timeout, max_duration)``: rows at most ``timeout`` apart share a
-    window, which is also cut at the first multiple of ``max_duration`` (from the epoch, in event
-    time) at or after ``start + max_duration``."""
+    """eKuiper ``SESSIONWINDOW(unit, max_duration, timeout)``: rows at most ``timeout`` apart share a
+    window, which is also cut at the first check point (``offset`` plus a multiple of
+    ``max_duration``, in event time) after ``start + max_duration``."""
 
     timeout: timedelta
     max_duration: timedelta
+    offset: timedelta = timedelta(0)  # the check points' phase: local midnight of CQ_TIMEZONE
     kind: str = "ek_session"
 
 
 @dataclass(frozen=True)
 class EkSlidingTrigger:
     """eKuiper ``SLIDINGWINDOW(unit, size[, delay]) [OVER(WHEN cond)]``: one window per triggering
-    row (``over`` true, or every row) at time t, holding the rows in ``(t - size, t + delay]``."""
+    row (``over`` true, or every row) at time t, holding the rows in ``[t - size, t]`` (no delay) or
+    ``[t - size, t + delay)``."""
 
     size: timedelta
     delay: timedelta = timedelta(0)
@@ -304,6 +306,8 @@ class Stream:
     sink: str | None
     select: tuple[SelectItem, ...] = ()
     partition_by: tuple[str, ...] = ()  # the groups' column names (old-form aliases included)
+    # eKuiper rules: GROUP BY columns splitting each window's rows (the windows are the whole stream's)
+    group_by: tuple[str, ...] = ()
     partition_exprs: tuple[tuple[str, str], ...] = ()  # old form: (alias, Spark SQL) computed before windowing
     reads: Literal["trows", "table", "tbname"] = "trows"  # %%trows, another table (range join), %%tbname
     where: str | None = None

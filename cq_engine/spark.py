@@ -5,6 +5,8 @@ classic ``SparkContext`` is active, pyspark refuses to build a Connect session (
 and once a Connect session exists pyspark sets ``SPARK_CONNECT_MODE_ENABLED`` for the whole process,
 so later ``pyspark.sql.functions`` calls dispatch to Connect. ``get_session`` therefore only falls back
 to our own server when no classic session is active; use a subprocess to mix both (as the tests do).
+A process *started* by one holding a Connect session inherits those variables, though no session of
+its own made them: ``get_session`` drops them first (``_drop_inherited_mode``).
 """
 
 from __future__ import annotations
@@ -17,18 +19,24 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
-
-from pyspark.sql import SparkSession
 
 from cq_engine import jars
 from cq_engine.config import Settings, load_settings, recorded_port_file
 from cq_engine.errors import SparkError
 from cq_engine.statefile import read_state, write_atomic
+
+if TYPE_CHECKING:  # pyspark costs a third of a second to import: only when a session is made
+    from pyspark.sql import SparkSession
+
+LOG = logging.getLogger("cq_engine.spark")
+_told: set[str] = set()  # the in-process fallback is said once per process and server location
 
 # PySpark logs every analysis error as a JSON blob on stderr; the engine reports it as a one-line CQError.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
@@ -97,6 +105,9 @@ def local_session(
     """An in-process (classic, py4j) session, ``local[*]`` by default, tuned for small batch firings,
     with Delta's connector when its jars are available (``engine_conf``); a local master's driver
     listens on loopback only."""
+    from pyspark.sql import SparkSession
+
+    _drop_inherited_mode()
     builder = SparkSession.builder.master(master).appName(app_name)
     conf = {**engine_conf(settings), **QUIET_CONF}
     if master.startswith("local"):
@@ -250,8 +261,11 @@ def _port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool
 
 
 def port_taken(port: int) -> bool:
-    # Binding fails for any listener on the port, on loopback or on all interfaces.
+    """Does a process listen on ``port`` (on loopback or all interfaces)? Bound with SO_REUSEADDR, as
+    the JVM's and uvicorn's servers bind: connections a stopped server left in TIME_WAIT (a client was
+    connected at stop) do not count, only a listener does (Linux refuses the bind then)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
             return False
@@ -423,7 +437,9 @@ def _classic_active() -> bool:
     return SparkContext._active_spark_context is not None
 
 
-def _remote_session(url: str) -> SparkSession:
+def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
+    from pyspark.sql import SparkSession
+
     if _classic_active():
         raise SparkError(
             f"cannot connect to {url}: a classic Spark session is already active in this "
@@ -435,20 +451,70 @@ def _remote_session(url: str) -> SparkSession:
         raise SparkError(f"cannot connect to Spark Connect server at {_redact(url)}")
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
-        spark.conf.set("spark.sql.session.timeZone", "UTC")
+        if not own_server:  # ours was started with BASE_CONF's zone: spare the round trip
+            spark.conf.set("spark.sql.session.timeZone", "UTC")
     except Exception as exc:  # pyspark raises many unrelated types here
         raise SparkError(f"cannot open a Spark Connect session at {_redact(url)}: {_redact(str(exc))}") from None
     return spark
 
 
+# What pyspark sets in a process once it holds a Connect session (or reads to make one).
+_MODE_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")
+
+
+def _drop_inherited_mode() -> None:
+    """Forget pyspark's mode variables unless a Connect session of this process set them: inherited
+    from a parent holding one, they make a classic builder demand a Connect URL (CONNECT_URL_NOT_SET)
+    and would send ``pyspark.sql.functions`` to a session this process does not have. The engine says
+    which Spark to use through ``CQ_SPARK_REMOTE`` / ``CQ_SPARK_MASTER`` only."""
+    if not any(var in os.environ for var in _MODE_VARS):
+        return
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if connect is not None and (
+        connect.SparkSession.getActiveSession() is not None
+        or getattr(connect.SparkSession, "_default_session", None) is not None  # made in another thread
+    ):
+        return  # ours: this process already talks Connect
+    for var in _MODE_VARS:
+        os.environ.pop(var, None)
+
+
+def in_process_notice(settings: Settings) -> str:
+    """Why a session is in-process although no master was asked for, and how to get the server: the
+    server looked for, where, and the three ways to reach one."""
+    home = Path(settings.home).expanduser().resolve()
+    pid = _read_pid(settings)
+    found = f"its pid file names process {pid}, which is gone" if pid is not None else "no pid file there"
+    hint = ""
+    if _port_open(settings.spark_port):
+        hint = (
+            f"; port {settings.spark_port} does answer: a server started with another CQ_HOME? "
+            "set CQ_HOME to the directory `cq spark start` used"
+        )
+    return (
+        f"no Spark Connect server of this project runs (looked under CQ_HOME={home}/spark for port "
+        f"{settings.spark_port}: {found}){hint}; using an in-process Spark session instead (a JVM start: "
+        "about 10-20 s). Start one with `cq spark start` (same CQ_HOME), or point at one with "
+        "CQ_SPARK_REMOTE=sc://HOST:PORT (CQ_SPARK_MASTER=local[*] makes in-process the explicit choice)"
+    )
+
+
 def get_session(settings: Settings | None = None) -> SparkSession:
-    """CQ_SPARK_REMOTE, else CQ_SPARK_MASTER, else our running local server, else in-process local."""
+    """CQ_SPARK_REMOTE, else CQ_SPARK_MASTER, else our running local server, else in-process local
+    (said once per process on the ``cq_engine.spark`` logger: ``in_process_notice``)."""
     settings = settings or load_settings()
+    _drop_inherited_mode()
     if settings.spark_remote:
         return _remote_session(settings.spark_remote)
     if settings.spark_master:
         return local_session(master=settings.spark_master, settings=settings)
     status = server_status(settings)
-    if status.running and not _classic_active():  # see the module docstring
-        return _remote_session(client_url(settings))
+    classic = _classic_active()
+    if status.running and not classic:  # see the module docstring
+        return _remote_session(client_url(settings), own_server=True)
+    if not classic:  # a JVM is about to start: say why, once
+        key = f"{Path(settings.home).expanduser().resolve()}:{settings.spark_port}"
+        if key not in _told:
+            _told.add(key)
+            LOG.warning("%s", in_process_notice(settings))
     return local_session(settings=settings)

@@ -22,7 +22,7 @@ queries and PERIOD streams) in one run, on one warm Spark session.
   (``fire_time`` config or ``cq/fire_time`` tag; neither: its latest firing) or a recalculation
   (``recalculate_from`` config or tag). There are no per-definition jobs: each would select one sink
   out of the shared multi-asset, and Dagster resolves such a job against every sink of the asset,
-  so N jobs made loading the code location cost N² (ARCHITECTURE.md §6.2).
+  so N jobs made loading the code location cost N² (ARCHITECTURE.md §6.3).
 """
 
 import hashlib
@@ -58,6 +58,7 @@ LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requ
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
 MAX_RUNTIME_SECONDS = 1800  # run monitoring ends a batch run older than this (its worker died): retried
 SWITCH_CRON = "0 0 1 1 *"  # a switch's running state is what counts; its yearly tick requests nothing
+SWITCH_INTERVAL_SECONDS = 24 * 3600  # a stream switch sensor (it holds a cursor): evaluated daily
 RUNNING = {s.value for s in IN_FLIGHT}
 
 
@@ -330,11 +331,35 @@ def run_batch(
 
 
 # -- the Dagster objects ----------------------------------------------------------------------------
+def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """Per run key among ``keys``: its run's status, its run id, and the definitions its ``cq/failed``
+    tag names (only runs that have that tag)."""
+    status: dict[str, str] = {}
+    ids: dict[str, str] = {}
+    failed: dict[str, set[str]] = {}
+    if keys:
+        for record in instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": sorted(keys)})):
+            run = record.dagster_run
+            key = run.tags["dagster/run_key"]
+            status[key], ids[key] = run.status.value, run.run_id
+            if "cq/failed" in run.tags:
+                failed[key] = set(run.tags["cq/failed"].split(","))
+    return status, ids, failed
+
+
+def sink_specs(definitions: list, translator) -> tuple[list[dg.AssetSpec], dict, dict]:
+    """The skippable sink specs of a shared multi-asset, name -> sink key and sink key -> definition."""
+    specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
+    return (
+        specs,
+        {d.name: sp.key for d, sp in zip(definitions, specs)},
+        {sp.key: d for d, sp in zip(definitions, specs)},
+    )
+
+
 def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.AssetsDefinition, dict]:
     """One subsettable multi-asset over the sinks of ``definitions``; also name -> sink key."""
-    specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
-    sink_keys = {d.name: spec.key for d, spec in zip(definitions, specs)}
-    by_key = {spec.key: d for d, spec in zip(definitions, specs)}
+    specs, sink_keys, by_key = sink_specs(definitions, translator)
     by_name = {d.name: d for d in definitions}
 
     @dg.multi_asset(
@@ -388,30 +413,16 @@ def build_batch_sensor(
     op = translator.get_batch_op_name()
 
     def paused(context) -> set[str]:
-        origin = context.code_location_origin
-        states = context.instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE)
         return {
-            switches[s.origin.instigator_name]
-            for s in states
-            if s.origin.instigator_name in switches
-            and s.status == InstigatorStatus.STOPPED
-            and (origin is None or s.origin.location_name == origin.location_name)
+            name
+            for name, (running, _) in switch_states(context, switches, InstigatorType.SCHEDULE).items()
+            if not running
         }
 
     def evaluate(context: dg.SensorEvaluationContext):
         now = datetime.now(UTC)
         states = load_cursor(context.cursor)
-        keys = sorted({s.key for s in states.values() if s.key})
-        run_status: dict[str, str] = {}
-        run_ids: dict[str, str] = {}
-        failed: dict[str, set[str]] = {}
-        if keys:
-            for record in context.instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": keys})):
-                run = record.dagster_run
-                run_status[run.tags["dagster/run_key"]] = run.status.value
-                run_ids[run.tags["dagster/run_key"]] = run.run_id
-                if "cq/failed" in run.tags:
-                    failed[run.tags["dagster/run_key"]] = set(run.tags["cq/failed"].split(","))
+        run_status, run_ids, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
         busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
         finished = set()
@@ -489,6 +500,43 @@ def own_runs(instance, names: list[str], sink_keys: dict[str, dg.AssetKey], *, j
             if run.tags.get("cq/batch") != "true":
                 busy |= {by_key[k] for k in run.asset_selection or () if k in by_key}
     return busy
+
+
+def switch_states(
+    context, switches: dict[str, str], kind: InstigatorType = InstigatorType.SENSOR
+) -> dict[str, tuple[bool, str | None]]:
+    """Per definition whose switch (``switches``: sensor name -> definition) has a stored state in
+    this code location: whether it runs, and its cursor."""
+    origin = context.code_location_origin
+    states = context.instance.all_instigator_state(instigator_type=kind)
+    return {
+        switches[s.origin.instigator_name]: (
+            s.status != InstigatorStatus.STOPPED,
+            getattr(s.instigator_data, "cursor", None),
+        )
+        for s in states
+        if s.origin.instigator_name in switches and (origin is None or s.origin.location_name == origin.location_name)
+    }
+
+
+def build_switch_sensor(
+    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus, via: str | None = None
+) -> dg.SensorDefinition:
+    """``<name>_ticks`` of a window-triggered stream: its running state is the stream's on/off switch
+    (its cursor is used by ``cq start --ignore-untreated``), read by the sensor ``via``; its own
+    evaluations (daily) request nothing."""
+    via = via or translator.get_batch_sensor_name()
+
+    def evaluate(context: dg.SensorEvaluationContext):
+        return dg.SkipReason(f"{definition.name} runs through the {via} sensor")
+
+    return dg.SensorDefinition(
+        name=translator.get_sensor_name(definition),
+        evaluation_fn=evaluate,
+        minimum_interval_seconds=SWITCH_INTERVAL_SECONDS,
+        default_status=default_status,
+        description=f"On/off switch of {definition.name}: while stopped, {via} leaves it out (`cq stop` / `cq start`).",
+    )
 
 
 def build_switch(

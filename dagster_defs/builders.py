@@ -27,13 +27,15 @@ MAX_TICKS_PER_EVALUATION = 100
 
 class FiringConfig(dg.Config):
     """Run config of the firing ops: a firing at ``fire_time`` (or the run's ``cq/fire_time`` tag);
-    a recalculation from ``recalculate_from`` (and ``recalculate_to``); a batch from ``firings``.
-    A continuous query's or PERIOD stream's run with none of them runs its latest firing."""
+    a recalculation from ``recalculate_from`` (and ``recalculate_to``); a batch from ``firings``, a
+    round of stream works from ``works``. A continuous query's or PERIOD stream's run with none of
+    them runs its latest firing."""
 
     fire_time: str | None = None
     recalculate_from: str | None = None
     recalculate_to: str | None = None
     firings: dict[str, list[str]] | None = None  # a batch (the cq_firings job): definition -> firing times
+    works: dict[str, list[str]] | None = None  # a stream round (the cq_streams job): stream -> StreamWork JSON
 
 
 def firing_tags(definition: Definition, fire: datetime, translator: CQTranslator, ticks: Ticks) -> dict[str, str]:

@@ -4,7 +4,9 @@ translator (``CQ_TRANSLATOR``), so a translator that renames them works here too
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Callable
 
 from cq_engine.errors import CQError
@@ -136,7 +138,13 @@ def control(
     found = _check(gql(query, s=selector), f"{d.name}: looking up {kind} {name}")
     if verb == "start" and new_cursor is not None and kind == "sensor":
         cursor = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
-        _check(gql(_SET_CURSOR, s=selector, c=new_cursor(cursor)), f"{d.name}: setting the cursor of {name}")
+        if windowed(d):  # the stream's cursor is in the streams sensor's; its switch hands the new one over
+            cursor = json.dumps(
+                {"adopt": new_cursor(stream_cursor(gql, d, selector, translator)), "id": uuid.uuid4().hex}
+            )
+        else:
+            cursor = new_cursor(cursor)
+        _check(gql(_SET_CURSOR, s=selector, c=cursor), f"{d.name}: setting the cursor of {name}")
     variables = {"s": selector} if verb == "start" else {"id": found["id"]}
     mutation = _MUTATIONS[(kind, verb)]
     _check(gql(mutation, **variables), f"{d.name}: {verb}")
@@ -155,10 +163,22 @@ def control(
     return kind, name, location
 
 
-def shared_job(d: Definition, translator: CQTranslator) -> str | None:
-    """The shared job that runs ``d`` when its sink alone is selected: ``cq_firings_job`` for a
-    continuous query or PERIOD stream (the batched run model); none for a window-triggered stream."""
-    return None if windowed(d) else translator.get_batch_job_name()
+def stream_cursor(gql: GraphQL, d: Definition, selector: dict, translator: CQTranslator) -> str | None:
+    """The ``StreamCursor`` JSON of stream ``d`` in the streams sensor next to its switch (``selector``)."""
+    sensor = translator.get_streams_sensor_name()
+    found = _check(gql(_SENSOR, s={**selector, "sensorName": sensor}), f"{d.name}: looking up sensor {sensor}")
+    text = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
+    streams = (json.loads(text) if text else {}).get("streams") or {}
+    return (streams.get(d.name) or {}).get("cursor")
+
+
+def shared_job(d: Definition, translator: CQTranslator) -> tuple[str, tuple[str, str]]:
+    """The shared job that runs ``d`` when its sink alone is selected, and the switch it sits beside
+    (every location has the shared jobs): ``cq_firings_job`` beside the switch schedule of a continuous
+    query or PERIOD stream, the streams job beside a window-triggered stream's switch sensor."""
+    if windowed(d):
+        return translator.get_streams_job_name(), ("sensor", translator.get_sensor_name(d))
+    return translator.get_batch_job_name(), ("schedule", translator.get_sensor_name(d))
 
 
 def launch_recalculate(
@@ -182,11 +202,8 @@ def launch_one(d: Definition, *, address: str, translator: CQTranslator, own_job
     """Launch one run of ``d`` alone with ``tags``: ``own_job`` if the location has it, else
     ``shared_job`` with ``d``'s sink as the run's asset selection; the run id."""
     gql = GraphQL(address)
-    shared = shared_job(d, translator)
-    # Every location has its shared job: the one to launch is beside the definition's switch (a schedule).
-    candidates: list[tuple] = [("job", own_job)]
-    if shared:
-        candidates.append(("job", shared, ("schedule", translator.get_sensor_name(d))))
+    shared, switch = shared_job(d, translator)
+    candidates: list[tuple] = [("job", own_job), ("job", shared, switch)]
     _, job, location, repository = gql.locate(candidates)
     selector: dict = {"repositoryLocationName": location, "repositoryName": repository, "jobName": job}
     if job != own_job:

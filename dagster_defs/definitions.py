@@ -14,10 +14,10 @@ from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.times import UTC
 
-from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch
+from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch, build_switch_sensor
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
 from .resource import CQEngineResource, cached_catalog, pyspark_resource
-from .streams import build_stream_sensor
+from .streams import build_streams_asset, build_streams_sensor
 from .translator import CQTranslator, configured_translator
 from .triggers import build_trigger_sensor
 
@@ -95,8 +95,32 @@ def build_definitions(
             )
         )
         # No jobs of their own (a run of cq_firings_job with one sink selected is one definition's):
-        # each would cost a pass over every sink when the location loads (ARCHITECTURE.md §6.2).
+        # each would cost a pass over every sink when the location loads (ARCHITECTURE.md §6.3).
         schedules += [build_switch(d, jobs[0], translator, default_status=schedule_status) for d in batched]
+    windowed = [d for d in definitions if isinstance(d, Stream) and not isinstance(d.trigger, PeriodTrigger)]
+    if windowed:
+        # One asset, job and sensor for every window-triggered stream (dagster_defs.streams): a single
+        # stream's run or recalculation is that job with its sink selected.
+        streams_asset, stream_keys = build_streams_asset(windowed, translator)
+        streams_job = dg.define_asset_job(
+            translator.get_streams_job_name(),
+            selection=list(stream_keys.values()),
+            executor_def=dg.in_process_executor,
+            description="The window-triggered streams' works their sensor hands to a run, or one stream's "
+            "run or recalculation (select its sink; run config `recalculate_from` / `recalculate_to`).",
+        )
+        assets.append(streams_asset)
+        jobs.append(streams_job)
+        sensors.append(
+            build_streams_sensor(windowed, streams_job, translator, engine, stream_keys, default_status=sensor_status)
+        )
+        for definition in windowed:
+            sensors.append(
+                build_switch_sensor(
+                    definition, translator, default_status=sensor_status, via=translator.get_streams_sensor_name()
+                )
+            )
+    in_batch |= {d.name for d in windowed}
     for definition in definitions:
         if definition.name in in_batch:
             continue
@@ -104,11 +128,6 @@ def build_definitions(
         firing_job, recalc_job = build_jobs(definition, [asset], translator)
         assets.append(asset)
         jobs += [firing_job, recalc_job]
-        if isinstance(definition, Stream) and not isinstance(definition.trigger, PeriodTrigger):
-            sensors.append(
-                build_stream_sensor(definition, firing_job, translator, engine, default_status=sensor_status)
-            )
-            continue
         ticks_ = build_ticks(engine, definition, now=now)
         plan = ticks_.cron(now)
         if plan is not None:

@@ -11,7 +11,7 @@ from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
 from cq_engine.model import Catalog
 from cq_engine.parse import sql_files
-from cq_engine.spark import BASE_CONF, client_url, server_status
+from cq_engine.spark import BASE_CONF, client_url, in_process_notice, server_status
 
 
 class CQEngineResource(dg.ConfigurableResource):
@@ -70,15 +70,33 @@ def cached_catalog(settings: Settings) -> Catalog:
     return _CATALOGS[key]
 
 
-def pyspark_resource(settings: Settings) -> PySparkResource:
+class CQPySparkResource(PySparkResource):
+    """dagster-pyspark's resource, saying in the run's log (a warning) when the run opens an
+    in-process session only because the engine's local Spark Connect server was not running."""
+
+    in_process_notice: str = Field(default="", description="Why this run's session is in-process (empty: chosen).")
+
+    @classmethod
+    def _is_dagster_maintained(cls) -> bool:
+        return False
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        if self.in_process_notice and context.log is not None:
+            context.log.warning(f"this run starts an in-process Spark session: {self.in_process_notice}")
+        super().setup_for_execution(context)
+
+
+def pyspark_resource(settings: Settings) -> CQPySparkResource:
     """dagster-pyspark's resource: Spark Connect (remote or the engine's own server) or classic."""
     conf: dict[str, str] = dict(BASE_CONF)
     remote: str | None = settings.spark_remote
+    notice = ""
     if remote is None and settings.spark_master is None:
         status = server_status(settings)
         remote = client_url(settings) if status.running else None
+        notice = "" if status.running else in_process_notice(settings)
     if remote:
         conf = {"spark.remote": remote}
     else:
         conf["spark.master"] = settings.spark_master or "local[*]"
-    return PySparkResource(spark_config=conf)
+    return CQPySparkResource(spark_config=conf, in_process_notice=notice)

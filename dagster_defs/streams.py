@@ -1,121 +1,385 @@
-"""A window-triggered stream's sensor: it reads the trigger table's new Delta commits (no Spark)
-and requests the runs ``cq_engine.streams.sensor`` plans; the cursor is the stream's
-``StreamCursor`` (versions seen, watermark)."""
+"""Window-triggered streams and eKuiper rules: one sensor ``cq_streams`` for all of them.
 
+- Each evaluation plans every running stream from its trigger table's new Delta commits, Spark-free
+  (``evaluate_stream``); the cursor is a versioned map stream -> ``StreamCursor`` and run state
+  (``cq_engine.streams.rounds``).
+- Live works are computed in the sensor's own process through the Spark Connect server when one
+  serves (no process start on the latency path), least recently served streams first, within a time
+  budget (``CQ_STREAM_BUDGET``); each committed work is a runless materialization of the stream's sink.
+  A stream the budget did not reach keeps its cursor, so its next plan covers more commits in one work.
+- What the sensor does not compute (history chunks, a stream that failed, everything without a
+  Connect server) goes into one run per evaluation of ``cq_streams_job`` (a subsettable multi-asset
+  over the sinks, the works in its run config); a stream is never in two runs at once nor in the
+  sensor while its run is in flight; a failed stream is retried alone after a back-off.
+- ``<name>_ticks`` is the stream's on/off switch (``cq stop/start``); its cursor carries what
+  ``cq start --ignore-untreated`` computed, which the sensor adopts.
+- A journal under ``CQ_HOME`` makes an evaluation whose cursor Dagster lost (daemon killed after
+  the sinks were committed) count: the next evaluation adopts it instead of computing again.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
 from datetime import datetime
 
 import dagster as dg
+from dagster_pyspark import PySparkResource
 
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
 from cq_engine.notify.outbox import gate, paused_by_notify
 from cq_engine.spark import server_status
+from cq_engine.streams import rounds as r
 from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from .builders import in_flight, materialization
-from .translator import CQTranslator
+from .batch import MAX_RUNTIME_SECONDS, keyed_runs, sink_specs, switch_states
+from .builders import IN_FLIGHT, FiringConfig, execute_one, materialization
+from .resource import CQEngineResource
 
-PRIORITY_TAG = "dagster/priority"
-WAITING = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
-
-
-def work_request(stream: Stream, work: StreamWork, index: int, translator: CQTranslator, *, tz: str) -> dg.RunRequest:
-    """The run of one ``StreamWork``; history after real time unless FILL_HISTORY_FIRST."""
-    lo, hi = work_range(stream, work, tz)
-    tags = {
-        **translator.get_tags(stream),
-        "cq/work": work.to_json(),
-        "cq/work_kind": work.kind,
-        "cq/version": str(work.version),
-        "cq/range_start": iso(lo),
-        "cq/range_end": iso(hi),
-    }
-    if work.kind == "history" and not stream.options.fill_history_first:
-        tags[PRIORITY_TAG] = "-1"
-    key = f"{stream.name}@v{work.version}:{work.kind}:{iso(work.tick or lo)}#{index}"
-    return dg.RunRequest(run_key=key, tags=tags)
+INTERVAL_SECONDS = 1
+ADOPT = "adopt"
+LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up  # key of a switch cursor carrying a StreamCursor for the sensor to take
 
 
-def computes_inline(engine: Engine, works: list[StreamWork]) -> bool:
-    """LOW_LATENCY_CALC computes a stream's new windows in its sensor when they are live windows (not
-    history) and a Spark Connect server serves the code server (never a JVM inside it)."""
-    if any(w.kind == "history" for w in works):
-        return False
+def budget_seconds() -> float:
+    """Seconds of Spark work one evaluation may spend in the sensor (``CQ_STREAM_BUDGET``, default
+    20; Dagster's sensor gRPC timeout is 60 s by default)."""
+    value = os.environ.get("CQ_STREAM_BUDGET", "20")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise CQError(f"CQ_STREAM_BUDGET={value!r}: expected a number of seconds") from None
+    if seconds < 0:
+        raise CQError(f"CQ_STREAM_BUDGET={value!r}: expected a number of seconds >= 0")
+    return seconds
+
+
+def computes_inline(engine: Engine) -> bool:
+    """The sensor computes live works itself when a Spark Connect server serves the code server
+    (never a JVM inside it)."""
     return bool(engine.settings.spark_remote) or server_status(engine.settings).running
 
 
-def compute_inline(context, engine: Engine, stream: Stream, works: list[StreamWork], sink_key) -> list:
-    """Run ``works`` in order in this process; one materialization per work done, up to the first
-    failure (logged; the caller hands it and the rest to runs, which retry and show it)."""
-    events = []
-    for work in works:
+def stream_materialization(stream: Stream, result, work: StreamWork, sink_key, **extra) -> dg.AssetMaterialization:
+    metadata = dict(materialization(stream, result, ignored=work.ignored).metadata or {})
+    return dg.AssetMaterialization(asset_key=sink_key, metadata={**metadata, **extra})
+
+
+@contextlib.contextmanager
+def exclusive(path) -> Iterator[bool]:
+    """One evaluation at a time per location (a daemon restarted while its predecessor's evaluation
+    still runs in the code server must not compute the same works)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as handle:
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.2)
         try:
-            result = engine.run_stream(stream.name, work)
-        except Exception as exc:  # the run that takes over shows the failure in full
-            context.log.warning(f"{stream.name}: computing in the sensor failed, a run takes over: {exc}")
-            engine.ctx.spark_session = None  # a broken Connect session is not reused
-            break
-        context.log.info(
-            f"{stream.name}: computed in the sensor (LOW_LATENCY_CALC): {result.kind} "
-            f"[{iso(result.time_range[0])}, {iso(result.time_range[1])}) wrote {result.rows_written} rows"
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+def run_streams(context, engine: Engine, works: dict[str, list[str]], *, sink_keys: dict, retry: bool) -> Iterator:
+    """Execute each stream's works in order (rounds, ``rounds.run_rounds``); a failing work stops its
+    stream but not the others. One materialization per committed work; at the end a failure naming
+    the streams that failed (run tag ``cq/failed``). A retried run skips works the ledger holds."""
+    streams = {n: engine.stream(n) for n in works}
+    pending = {n: [StreamWork.from_json(w) for w in ws] for n, ws in works.items()}
+    if retry:
+        entries = engine.ledger.entries()
+        tz = engine.settings.timezone
+        for name, ws in pending.items():
+            done = r.done_works(entries, streams[name])
+            kept = [w for w in ws if r.work_identity(streams[name], w, tz) not in done]
+            if len(kept) < len(ws):
+                context.log.info(f"{name}: {len(ws) - len(kept)} work(s) already done (ledger); skipped")
+            pending[name] = kept
+    failures: list[str] = []
+    for name, work, outcome in r.run_rounds(engine.ctx, streams, pending):
+        if isinstance(outcome, Exception):
+            failures.append(name)
+            context.log.error(f"{name}: {work.kind} v{work.version} failed: {outcome}")
+            continue
+        context.log.info(f"{name}: {work.kind} v{work.version} committed: {outcome.rows_written} rows")
+        yield stream_materialization(streams[name], outcome, work, sink_keys[name])
+    if failures:
+        context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failures))})
+        raise dg.Failure(
+            description=f"{len(failures)} stream(s) failed (retried from there; the others are committed): "
+            + ", ".join(sorted(failures))
         )
-        metadata = dict(materialization(stream, result, ignored=work.ignored).metadata or {})
-        events.append(dg.AssetMaterialization(asset_key=sink_key, metadata={**metadata, "cq/computed_in": "sensor"}))
-    return events
 
 
-def build_stream_sensor(
-    stream: Stream, job, translator: CQTranslator, engine: Engine, *, default_status: dg.DefaultSensorStatus
+def build_streams_asset(streams: list[Stream], translator) -> tuple[dg.AssetsDefinition, dict]:
+    """One subsettable multi-asset over the streams' sinks; also name -> sink key."""
+    specs, sink_keys, by_key = sink_specs(streams, translator)
+
+    @dg.multi_asset(
+        name=translator.get_streams_op_name(),
+        specs=specs,
+        can_subset=True,
+        description="The works of the location's window-triggered streams and eKuiper rules that their "
+        "sensor hands to a run (run config `works`), or one stream's run or recalculation (its sink selected).",
+    )
+    def _streams(
+        context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
+    ):
+        engine = cq_engine.engine(pyspark.spark_session)
+        if config.works:
+            unknown = sorted(set(config.works) - sink_keys.keys())
+            if unknown:
+                raise dg.Failure(f"no stream named {', '.join(unknown)} in this code location")
+            retry = context.run.tags.get("cq/attempt", "0") != "0"
+            yield from run_streams(context, engine, config.works, sink_keys=sink_keys, retry=retry)
+            return
+        selected = [by_key[k] for k in context.selected_asset_keys]
+        if len(selected) != 1:
+            raise dg.Failure(
+                f"select one stream's sink (a run or recalculation of it) or pass `works` in the run config; "
+                f"{len(selected)} sinks are selected"
+            )
+        yield execute_one(context, config, engine, selected[0], asset_key=sink_keys[selected[0].name])
+
+    return _streams, sink_keys
+
+
+# -- the sensor -------------------------------------------------------------------------------------
+def build_streams_sensor(
+    streams: list[Stream],
+    job,
+    translator,
+    engine: Engine,
+    sink_keys: dict,
+    *,
+    default_status: dg.DefaultSensorStatus,
 ) -> dg.SensorDefinition:
-    # Freshness: a closed window waits on average half this before its run is requested.
-    interval = 1 if stream.options.low_latency_calc else 2
-    sink_key = translator.get_sink_asset_spec(stream).key
+    by_name = {s.name: s for s in streams}
+    switches = {translator.get_sensor_name(s): s.name for s in streams}
+    op, sensor_name = translator.get_streams_op_name(), translator.get_streams_sensor_name()
+    tz = engine.settings.timezone
+    timing: dict = {}  # seconds per work in this process, so a call fits the budget
 
     def evaluate(context: dg.SensorEvaluationContext):
-        # Back-pressure: while a run of the stream still waits in the queue, leave the cursor where it
-        # is; the next evaluation puts everything that arrived meanwhile into one run.
-        if in_flight(context.instance, stream, statuses=WAITING):
-            return dg.SkipReason(f"a run of {stream.name} is still queued; new commits wait for the next tick")
-        # ON_FAILURE PAUSE: undelivered notifications hold the cursor until a retry gets them through
-        # (not while a run is in progress: it is delivering them itself).
-        if paused_by_notify(stream) and not in_flight(context.instance, stream):
-            try:
-                reason = gate(engine.ctx, stream)
-            except CQError as exc:
-                reason = str(exc)
-            if reason:
-                return dg.SkipReason(f"{stream.name} {reason}")
+        location = context.code_location_origin.location_name if context.code_location_origin else "local"
+        journal_path = r.journal_path(engine.settings.home, sensor_name, f"{location}:{engine.settings.sql_dir}")
+        with exclusive(journal_path) as mine:
+            if not mine:
+                return dg.SkipReason("the previous evaluation is still running (its process outlived a daemon)")
+            return _evaluate(context, journal_path)
+
+    def _evaluate(context, journal_path):
+        now = datetime.now(UTC)
+        cursor = r.load_cursor(context.cursor, sensor=sensor_name)
+        events: list[dg.AssetMaterialization] = []
+        lost = r.adopt(journal_path, cursor)
+        if lost is not None:  # the daemon lost the previous evaluation's cursor: its work counts
+            cursor = r.load_cursor(lost.cursor, sensor=sensor_name)
+            context.log.warning(
+                f"adopted the journal of an evaluation whose cursor was lost ({len(lost.events)} works)"
+            )
+            events += [
+                dg.AssetMaterialization(asset_key=sink_keys[n], metadata={**m, "cq/recovered": "journal"})
+                for n, m in lost.events
+                if n in sink_keys
+            ]
+        states = {n: cursor.streams.get(n, r.StreamState()) for n in by_name}
+        for name in r.unfinished(journal_path, cursor) if lost is None else []:
+            if name in states:  # the evaluation computing it never returned: a run takes it over
+                states[name].attempt = max(states[name].attempt, 1)
+                context.log.warning(f"{name}: the evaluation computing it did not finish; a run takes over")
+        switch = switch_states(context, switches)
+        status, failed = _runs(context, states)
+        if lost is not None:  # the run it requested was lost with it unless Dagster created it: ask again
+            for s in states.values():
+                if s.key and s.key not in status:
+                    s.key, s.since = None, 0.0
+        own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": list(by_name)}, statuses=IN_FLIGHT))
+        busy = {rec.dagster_run.tags["cq/name"] for rec in own if "cq/batch" not in rec.dagster_run.tags}
+        inline = computes_inline(engine)
+        to_run: dict[str, list[str]] = {}
+        to_sensor: dict[str, list[StreamWork]] = {}
+        fresh: dict[str, str | None] = {}  # planned now from this cursor (restored if the budget ends first)
+        notes: list[str] = []  # logged, and the skip reason
+        quiet: list[str] = []  # the skip reason only (every stream, every second)
+        for name, stream in by_name.items():
+            s = states[name]
+            running, switch_cursor = switch.get(name, (True, None))
+            if not running:
+                continue
+            _take_switch_cursor(s, switch_cursor, context, name)
+            how = r.settle(
+                s, now=now.timestamp(), status=status.get(s.key or ""), failed=failed.get(s.key or ""), name=name
+            )
+            if how == "held" or (name in busy and how == "free"):
+                continue
+            if how == "free" and not s.backlog:
+                if paused_by_notify(stream):  # ON_FAILURE PAUSE: undelivered notifications hold the cursor
+                    try:
+                        reason = gate(engine.ctx, stream)
+                    except CQError as exc:
+                        reason = str(exc)
+                    if reason:
+                        quiet.append(f"{name} {reason}")
+                        continue
+                try:
+                    plan = evaluate_stream(engine.ctx, stream, cursor=s.cursor, now=now)
+                except CQError as exc:  # e.g. its trigger table is not there yet: said in the tick
+                    quiet.append(str(exc))
+                    continue
+                except Exception as exc:  # one stream's unreadable log must not hold the others back
+                    notes.append(f"{name}: planning failed: {' '.join(str(exc).split())[:300]}")
+                    continue
+                for item in plan.ignored:
+                    context.log.warning(f"{name}: {item.text}")
+                if plan.works and s.cursor and not plan.ignored:
+                    fresh[name] = s.cursor
+                s.cursor = plan.cursor.to_json()
+                s.backlog = [w.to_json() for w in plan.works]
+                if plan.works:
+                    context.log.info(f"{name}: {plan.reason}")
+                else:
+                    quiet.append(f"{name}: {plan.reason}")
+            if not s.backlog:
+                continue
+            works = [StreamWork.from_json(w) for w in s.backlog]
+            if r.destination(s, works, inline=inline) == r.RUN:
+                to_run[name] = list(s.backlog)
+            else:
+                to_sensor[name] = works
+        if to_sensor:
+            r.mark_inflight(journal_path, base=cursor.seq, streams=list(to_sensor))
+        done = _compute(context, states, to_sensor, to_run, fresh, events)
+        requests = _request(states, to_run, now=now)
+        for line in notes:
+            context.log.info(line)
+        cursor.streams = {n: s for n, s in states.items() if s.cursor or s.backlog or s.key}
+        if done or requests or lost is not None:
+            base = cursor.seq
+            cursor.seq += 1
+            r.write_journal(
+                journal_path,
+                r.Journal(base=base, cursor=cursor.to_json(), events=[[n, m] for n, m in done]),
+            )
+        r.clear_inflight(journal_path)
+        reason = "; ".join([*notes, *quiet]) or "nothing to do"
+        return dg.SensorResult(
+            run_requests=requests,
+            asset_events=events,
+            cursor=cursor.to_json(),
+            skip_reason=None if (events or requests) else reason,
+        )
+
+    def _runs(context, states) -> tuple[dict[str, str], dict[str, set[str]]]:
+        status, _, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
+        return status, failed
+
+    def _take_switch_cursor(s: r.StreamState, text: str | None, context, name: str) -> None:
+        if not text:
+            return
         try:
-            plan = evaluate_stream(engine.ctx, stream, cursor=context.cursor, now=datetime.now(UTC))
-        except CQError as exc:
-            return dg.SkipReason(str(exc))
-        cursor = plan.cursor.to_json()
-        for item in plan.ignored:
-            context.log.warning(f"{stream.name}: {item.text}")
-        if not plan.works:
-            return dg.SensorResult(skip_reason="; ".join([plan.reason, *[i.text for i in plan.ignored]]), cursor=cursor)
-        context.log.info(f"{stream.name}: {plan.reason}")
-        works, events = list(plan.works), []
-        if (
-            stream.options.low_latency_calc
-            and computes_inline(engine, works)
-            and not in_flight(context.instance, stream)
-        ):
-            events = compute_inline(context, engine, stream, works, sink_key)
-            works = works[len(events) :]  # what failed (and what follows it) goes to a run, in order
-        tz = engine.settings.timezone
-        requests = [work_request(stream, w, i, translator, tz=tz) for i, w in enumerate(works)]
-        return dg.SensorResult(run_requests=requests, asset_events=events, cursor=cursor)
+            data = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(data, dict) and data.get(ADOPT) and data.get("id") != s.adopted:
+            s.cursor, s.backlog, s.adopted = data[ADOPT], [], str(data.get("id"))
+            context.log.info(f"{name}: took the cursor `cq start --ignore-untreated` set")
+
+    def _compute(context, states, to_sensor, to_run, fresh, events) -> list:
+        """Compute ``to_sensor`` in this process within the budget; what failed goes to ``to_run``,
+        what the budget did not reach stays (a stream planned now from a cursor gets that cursor back)."""
+        done: list = []
+        if not to_sensor:
+            return done
+        order = r.service_order(states, list(to_sensor))
+        pending = {n: list(to_sensor[n]) for n in order}
+        deadline = time.monotonic() + budget_seconds()
+        started: set[str] = set()
+        try:
+            for name, work, outcome in r.run_rounds(engine.ctx, by_name, pending, deadline=deadline, timing=timing):
+                s = states[name]
+                started.add(name)
+                if isinstance(outcome, Exception):
+                    context.log.warning(f"{name}: computing in the sensor failed, a run takes over: {outcome}")
+                    engine.ctx.spark_session = None  # a broken Connect session is not reused
+                    s.attempt = max(s.attempt, 1)
+                    to_run[name] = list(s.backlog)
+                    continue
+                s.backlog, s.served = s.backlog[1:], time.time()
+                lo, hi = work_range(by_name[name], work, tz)
+                context.log.info(
+                    f"{name}: computed in the sensor: {work.kind} [{iso(lo)}, {iso(hi)}) "
+                    f"wrote {outcome.rows_written} rows"
+                )
+                event = stream_materialization(
+                    by_name[name], outcome, work, sink_keys[name], **{"cq/computed_in": "sensor"}
+                )
+                events.append(event)
+                done.append((name, {k: _plain(v) for k, v in (event.metadata or {}).items()}))
+        finally:
+            for name in set(to_sensor) - started:
+                if name in fresh:  # not reached: plan again next time, over more commits
+                    states[name].cursor, states[name].backlog = fresh[name], []
+        return done
+
+    def _request(states, to_run, *, now: datetime) -> list[dg.RunRequest]:
+        if not to_run:
+            return []
+        attempt = max(states[n].attempt for n in to_run)
+        key = r.run_key(to_run, attempt)
+        for name in to_run:
+            states[name].key, states[name].since = key, now.timestamp()
+        count = sum(len(ws) for ws in to_run.values())
+        kinds = {StreamWork.from_json(w).kind for ws in to_run.values() for w in ws}
+        tags = {
+            "cq/batch": "true",
+            "cq/streams": f"{count} work(s) of {len(to_run)} stream(s)",
+            "cq/attempt": str(attempt),
+            "cq/work_kind": ",".join(sorted(kinds)),
+            "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
+        }
+        if len(to_run) == 1:
+            tags["cq/name"] = next(iter(to_run))
+        if kinds == {"history"} and not any(by_name[n].options.fill_history_first for n in to_run):
+            tags["dagster/priority"] = "-1"
+        return [
+            dg.RunRequest(
+                run_key=key,
+                run_config={"ops": {op: {"config": {"works": to_run}}}},
+                asset_selection=[sink_keys[n] for n in to_run],
+                tags=tags,
+            )
+        ]
 
     return dg.SensorDefinition(
-        name=translator.get_sensor_name(stream),
+        name=sensor_name,
         job=job,
         evaluation_fn=evaluate,
-        minimum_interval_seconds=interval,
+        minimum_interval_seconds=INTERVAL_SECONDS,
         default_status=default_status,
-        description=f"Watches the Delta versions of `{stream.trigger_table}` for {stream.name} "
-        f"({stream.trigger.kind} windows); cursor = versions seen and watermark.",
+        description="Plans every window-triggered stream and eKuiper rule from its trigger table's new Delta "
+        "commits, computes the closed windows through the Spark Connect server, and hands history, retries "
+        "and what it cannot compute to one run of its job. Stop a stream's `<name>_ticks` to leave it out.",
     )
+
+
+def _plain(value):
+    """A metadata value as JSON (for the journal)."""
+    inner = getattr(value, "value", value)
+    if isinstance(inner, (str, int, float, bool, list, dict)) or inner is None:
+        return inner
+    return str(inner)

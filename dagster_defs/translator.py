@@ -91,6 +91,16 @@ class CQTranslator:
     def get_batch_sensor_name(self) -> str:
         return "cq_firings"
 
+    # Window-triggered streams and eKuiper rules (dagster_defs.streams): one op, job and sensor.
+    def get_streams_op_name(self) -> str:
+        return "cq_streams"
+
+    def get_streams_job_name(self) -> str:
+        return "cq_streams_job"
+
+    def get_streams_sensor_name(self) -> str:
+        return "cq_streams"
+
 
 def configured_translator(spec: str | None = None) -> CQTranslator:
     """The translator named by ``spec`` or ``$CQ_TRANSLATOR`` (``module:Class``, a ``CQTranslator``

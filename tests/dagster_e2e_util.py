@@ -69,6 +69,11 @@ END;
 TRANSLATOR = "renamed_translator:Renamed"  # the slow location's CQ_TRANSLATOR
 # A window-triggered stream in the main location, over `meters` (which only the stream test appends to).
 STREAM = "meter_5s"
+# FILL_HISTORY over `hist_src`, a table its test writes (with history) after the stack started; the
+# main location splits history into chunks of HISTORY_CHUNK_ROWS rows, so its run takes a while.
+HIST_STREAM = "meter_hist"
+HISTORY_CHUNK_ROWS = 100
+BAD_STREAM = "meter_bad"  # over its own table; its test gives it a sink it cannot write, then removes it
 LL_STREAM = "meter_ll"  # the same over its own table, with LOW_LATENCY_CALC (computed in its sensor)
 STREAM_SQL = (
     METERS
@@ -76,6 +81,12 @@ STREAM_SQL = (
 CREATE STREAM {STREAM} INTERVAL(5s) SLIDING(5s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(1s))
   INTO {STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE TABLE meters_ll (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
+CREATE STREAM {HIST_STREAM} INTERVAL(5s) SLIDING(5s) FROM hist_src PARTITION BY tbname
+  OPTIONS(WATERMARK(1s) | FILL_HISTORY)
+  INTO {HIST_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE TABLE meters_bad (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
+CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY tbname OPTIONS(WATERMARK(1s))
+  INTO {BAD_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 CREATE STREAM {LL_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_ll PARTITION BY tbname
   OPTIONS(WATERMARK(1s) | LOW_LATENCY_CALC)
   INTO {LL_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
@@ -145,7 +156,16 @@ query Mats($key: AssetKeyInput!) {
   assetOrError(assetKey: $key) {
     __typename
     ... on Asset { assetMaterializations(limit: 1000) { runId timestamp
-      metadataEntries { label ... on TextMetadataEntry { text } } } }
+      metadataEntries { label ... on TextMetadataEntry { text } ... on JsonMetadataEntry { jsonString } } } }
+  }
+}
+"""
+RUN_LOG_QUERY = """
+query Log($runId: ID!) {
+  logsForRun(runId: $runId, limit: 5000) {
+    __typename
+    ... on EventConnection { events { __typename ... on MessageEvent { message } } }
+    ... on PythonError { message }
   }
 }
 """
@@ -322,7 +342,7 @@ class Stack:
             {
                 "runId": m["runId"],
                 "timestamp": float(m["timestamp"]) / 1000,
-                "metadata": {e["label"]: e.get("text") for e in m["metadataEntries"]},
+                "metadata": {e["label"]: e.get("text", e.get("jsonString")) for e in m["metadataEntries"]},
             }
             for m in data["assetMaterializations"]
         ]
@@ -400,6 +420,38 @@ class Stack:
         state = result["sensorState"]
         return state["status"], (state["typeSpecificData"] or {}).get("lastCursor")
 
+    def stream_cursor(self, location: str, stream: str) -> tuple[str, int | None]:
+        """The stream's switch (RUNNING / STOPPED) and the trigger-table version of its cursor in the
+        shared ``cq_streams`` sensor (None before its first evaluation)."""
+        import json
+
+        from cq_engine.streams.timing import StreamCursor
+
+        status, _ = self.sensor_state(location, f"{stream}_ticks")
+        _, shared = self.sensor_state(location, "cq_streams")
+        state = ((json.loads(shared) if shared else {}).get("streams") or {}).get(stream) or {}
+        return status, StreamCursor.from_json(state["cursor"]).version if state.get("cursor") else None
+
+    def run_log(self, run_id: str) -> str:
+        """The messages of a run's event log (GraphQL), one a line."""
+        data = self.graphql(RUN_LOG_QUERY, {"runId": run_id})["logsForRun"]
+        assert data["__typename"] == "EventConnection", data
+        return "\n".join(e.get("message") or "" for e in data["events"])
+
+    def stream_runs(self, stream: str) -> list[dict]:
+        """The runs of cq_streams_job holding works of ``stream`` (run config), oldest first."""
+        import yaml
+
+        data = self.graphql(BATCH_RUNS_QUERY, {"filter": {"pipelineName": "cq_streams_job"}})["runsOrError"]
+        assert data["__typename"] == "Runs", data
+        runs = []
+        for run in data["results"]:
+            config = yaml.safe_load(run["runConfigYaml"] or "{}") or {}
+            works = ((config.get("ops") or {}).get("cq_streams") or {}).get("config", {}).get("works") or {}
+            if stream in works:
+                runs.append({**run, "tags": {t["key"]: t["value"] for t in run["tags"]}, "works": works[stream]})
+        return sorted(runs, key=lambda r: r["creationTime"])
+
     def wait_for_runs(self, cq_name: str, *, successes: int, timeout: float) -> list[dict]:
         """Poll (bounded) until ``cq_name`` has ``successes`` SUCCESS runs; no run may fail."""
         deadline = time.monotonic() + timeout
@@ -452,7 +504,12 @@ class Stack:
         env = dagster_env(settings, self.dagster_home)
         for var in ("CQ_FAILPOINT", "CQ_SPARK_REMOTE", "CQ_SPARK_MASTER", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
             env.pop(var, None)
-        env.update(CQ_CONFIG=str(self.root / "no-cq.toml"), PYTHONUNBUFFERED="1", **extra)
+        env.update(
+            CQ_CONFIG=str(self.root / "no-cq.toml"),
+            CQ_HISTORY_CHUNK_ROWS=str(HISTORY_CHUNK_ROWS),
+            PYTHONUNBUFFERED="1",
+            **extra,
+        )
         return env
 
     def start(self) -> None:
@@ -563,6 +620,7 @@ class Stack:
             sensors |= {s["name"] for r in loc["repositories"] for s in (*r["sensors"], *r["schedules"])}
         return {
             "cq_firings",
+            "cq_streams",
             "fast_ticks",
             "flaky_ticks",
             f"{STREAM}_ticks",

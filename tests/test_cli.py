@@ -90,6 +90,38 @@ def test_ingest_run_query_recalculate_show(project, capsys):
     assert "firing" in out and "recalculate" in out
 
 
+def test_query_formats(project, capsys):
+    """`--format csv` (a header, NULL empty, timestamps ISO-8601) and `--format json` (one object per
+    line, keys in column order) hold exactly what the table shows."""
+    assert cq(capsys, "ingest", "ln", str(DATA / "ln.csv"))[0] == 0
+    sql = (
+        "SELECT time, device, temperature, CAST(NULL AS DOUBLE) AS none, 'a,\"b\"' AS text, "
+        "CAST('NaN' AS DOUBLE) AS nan FROM ln WHERE device LIKE '%wf01.wt01' ORDER BY time LIMIT 2"
+    )
+    code, out, err = cq(capsys, "query", sql, "--format", "csv")
+    assert code == 0, err
+    assert out.splitlines()[0] == "time,device,temperature,none,text,nan"
+    first = out.splitlines()[1]
+    assert (
+        first.startswith("2021-05-11T14:18:14.598")
+        and ",root.ln.wf01.wt01," in first
+        and first.endswith(',,"a,""b""",nan')
+    )
+    assert len(out.splitlines()) == 3
+    code, out, err = cq(capsys, "query", sql, "--format", "json")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == 2 and list(rows[0]) == ["time", "device", "temperature", "none", "text", "nan"]
+    assert rows[0]["time"].startswith("2021-05-11T14:18:14.598") and rows[0]["device"] == "root.ln.wf01.wt01"
+    assert isinstance(rows[0]["temperature"], float) and rows[0]["none"] is None
+    assert rows[0]["text"] == 'a,"b"' and rows[0]["nan"] == "NaN"
+    code, out, _ = cq(capsys, "query", sql)  # the default: the table, as before
+    assert code == 0 and out.splitlines()[0].split() == ["time", "device", "temperature", "none", "text", "nan"]
+    assert "(2 rows)" in out and "NULL" in out
+    code, _, err = cq(capsys, "query", sql, "--format", "xml")
+    assert code == 2 and "invalid choice: 'xml'" in err
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -150,6 +182,32 @@ def test_tick_over_empty_declared_tables_creates_them(tmp_path, monkeypatch, cap
         assert DeltaTable.is_deltatable(str(tmp_path / "wh" / table))
         code, out, err = cq(capsys, "tick", name)  # and ticks cleanly again
         assert code == 0 and "does not exist" not in out + err
+
+
+def test_tick_several_names_and_all(tmp_path, monkeypatch, capsys):
+    """`cq tick A B` ticks each in order (one engine); a name that fails is a `cq: error:` line, the
+    others still tick, and the exit is 1; `--all` ticks every definition."""
+    own_project(
+        tmp_path,
+        monkeypatch,
+        "CREATE TABLE IF NOT EXISTS src (ts TIMESTAMP, v DOUBLE);\n"
+        "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM src INTO s_out AS SELECT _twstart, count(*) AS n "
+        "FROM %%trows;\n"
+        "CREATE STREAM s2 INTERVAL(1m) SLIDING(1m) FROM src INTO s2_out AS SELECT _twstart, count(*) AS n "
+        "FROM %%trows;\n",
+    )
+    code, out, err = cq(capsys, "tick", "s2", "s")
+    assert code == 0 and not err, err
+    assert [line.split(":")[0] for line in out.splitlines()] == ["s2", "s"], out
+    code, out, err = cq(capsys, "tick", "s", "nope", "s2")
+    assert code == 1 and [line.split(":")[0] for line in out.splitlines()] == ["s", "s2"], out
+    assert err.startswith("cq: error: ") and "'nope'" in err and len(err.strip().splitlines()) == 1, err
+    code, out, err = cq(capsys, "tick", "--all")
+    assert code == 0 and sorted(line.split(":")[0] for line in out.splitlines()) == ["s", "s2"], (out, err)
+    for args in ((), ("--all", "s")):
+        code, _, err = cq(capsys, "tick", *args)
+        assert code == 1 and err.strip() == "cq: error: name the definitions to tick, or pass --all (not both)"
+    assert cq(capsys, "tick", "nope")[0] == 1  # one name: its error, as before
 
 
 def test_trigger_creates_its_declared_table(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """The Dagster code location on a real ephemeral instance: schedules, tick sensors, DISCARD, runs."""
 
+import logging
 import shutil
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -132,6 +133,13 @@ def test_firing_job_runs_on_spark_and_reports_the_materialization(project, insta
     tags = {"cq/name": "cq1", "cq/fire_time": "2021-05-11T14:18:40+00:00"}
     result = job.execute_in_process(instance=instance, tags=tags)
     assert result.success
+    # No Connect server runs under the project's CQ_HOME: the run's in-process session is a fallback,
+    # and its log says so once, as a warning naming where the server was looked for.
+    said = [
+        e for e in instance.all_logs(result.run_id) if "starts an in-process Spark session" in (e.user_message or "")
+    ]
+    assert [e.level for e in said] == [logging.WARNING], said
+    assert f"CQ_HOME={Path(settings.home).resolve()}/spark" in said[0].user_message
     (mat,) = result.asset_materializations_for_node("cq_cq1")
     assert mat.metadata["cq/rows_written"].value == 8
     assert mat.metadata["cq/range_start"].value == "2021-05-11T14:18:20+00:00"
@@ -154,6 +162,15 @@ def test_firing_job_runs_on_spark_and_reports_the_materialization(project, insta
     assert recalc.success
     (mat,) = recalc.asset_materializations_for_node("cq_cq1")
     assert mat.metadata["cq/kind"].value == "recalculate" and mat.metadata["cq/rows_written"].value == 20
+
+
+def test_an_in_process_session_chosen_on_purpose_is_not_warned_about(tmp_path):
+    from dagster_defs.resource import pyspark_resource
+
+    chosen = pyspark_resource(Settings(home=str(tmp_path), spark_master="local[2]"))
+    assert chosen.spark_config["spark.master"] == "local[2]" and chosen.in_process_notice == ""
+    fallback = pyspark_resource(Settings(home=str(tmp_path)))
+    assert fallback.spark_config["spark.master"] == "local[*]" and "`cq spark start`" in fallback.in_process_notice
 
 
 def test_translator_subclass_changes_keys_and_groups(project):
@@ -208,9 +225,58 @@ def streams(tmp_path, spark):
     return bench, build_definitions(settings=bench.settings, now=STREAM_NOW, run_model="per_firing")
 
 
+class _StreamTick:
+    """One evaluation of the shared ``cq_streams`` sensor, seen from one stream: ``cursor`` the
+    sensor's (the map), ``stream_cursor`` the stream's ``StreamCursor`` JSON, ``works`` the works
+    of the stream its run request holds (no Connect server here: every work goes to a run)."""
+
+    def __init__(self, result, name: str):
+        from cq_engine.streams import rounds
+        from cq_engine.streams.timing import StreamWork
+
+        self.result, self.cursor, self.skip_message = result, result.cursor, result.skip_message or ""
+        state = rounds.load_cursor(result.cursor).streams.get(name) if result.cursor else None
+        self.stream_cursor = state.cursor if state else None
+        self.run_requests, self.works = [], []
+        for request in result.run_requests:
+            works = request.run_config["ops"]["cq_streams"]["config"]["works"]
+            if name in works:
+                self.run_requests.append(request)
+                self.works = [StreamWork.from_json(w) for w in works[name]]
+
+
 def _tick_sensor(defs, instance, name: str, cursor):
+    """Evaluate ``cq_streams`` from ``cursor`` (the runs it requested before taken as done)."""
+    from cq_engine.streams import rounds
+
+    if cursor:
+        state = rounds.load_cursor(cursor)
+        for s in state.streams.values():
+            s.key, s.backlog, s.since = None, [], 0.0
+        cursor = state.to_json()
     with dg.build_sensor_context(instance=instance, cursor=cursor) as ctx:
-        return defs.resolve_sensor_def(f"{name}_ticks").evaluate_tick(ctx)
+        return _StreamTick(defs.resolve_sensor_def("cq_streams").evaluate_tick(ctx), name)
+
+
+def _run_works(defs, instance, name: str, tick: _StreamTick) -> list[dict]:
+    """Execute the stream's works of ``tick`` in ``cq_streams_job`` (its sink selected); the
+    metadata of each materialization."""
+    result = defs.resolve_job_def("cq_streams_job").execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_streams": {"config": {"works": {name: [w.to_json() for w in tick.works]}}}}},
+        asset_selection=[dg.AssetKey(_sink_of(defs, name))],
+    )
+    assert result.success
+    return [{k: v.value for k, v in m.metadata.items()} for m in result.asset_materializations_for_node("cq_streams")]
+
+
+def _sink_of(defs, name: str) -> str:
+    for asset in defs.assets:
+        if isinstance(asset, dg.AssetsDefinition) and asset.node_def.name == "cq_streams":
+            for spec in asset.specs:
+                if spec.metadata.get("cq/definition") == name:
+                    return spec.key.path[0]
+    raise AssertionError(name)
 
 
 def _windows(rows: list[dict], *, width: int, until: datetime, members=None) -> list[tuple]:
@@ -237,11 +303,12 @@ def _run(defs, instance, name: str, request: dg.RunRequest):
 
 def test_streams_get_a_sensor_or_a_schedule_with_their_job(streams):
     _, defs = streams
+    shared = defs.resolve_sensor_def("cq_streams")  # every window-triggered stream: one sensor, one job
+    assert shared.job_name == "cq_streams_job" and shared.minimum_interval_seconds == 1
     for name in ("s_int", "s_cnt", "s_hist", "s_first"):
-        sensor = defs.resolve_sensor_def(f"{name}_ticks")
-        assert sensor.job_name == f"{name}_job" and sensor.minimum_interval_seconds == 2
-        assert "cursor = versions seen and watermark" in sensor.description
-        assert defs.resolve_job_def(f"{name}_job").tags["cq/kind"] == "stream"
+        switch = defs.resolve_sensor_def(f"{name}_ticks")  # its on/off switch
+        assert "while stopped, cq_streams leaves it out" in switch.description
+        assert f"{name}_job" not in {j.name for j in defs.jobs}  # no per-stream job selecting out of the shared asset
     schedule = defs.resolve_schedule_def("s_per_schedule")
     assert schedule.job_name == "s_per_job" and schedule.cron_schedule == "* * * * *"
     assert "s_per_ticks" not in {s.name for s in defs.sensors}
@@ -251,54 +318,49 @@ def test_streams_get_a_sensor_or_a_schedule_with_their_job(streams):
         "meters",
         "nowhere",
     } <= sources
-    assert defs.resolve_sensor_def("s_notify_ticks").job_name == "s_notify_job"
+    assert _sink_of(defs, "s_notify") == "s_notify_notifications"
 
 
 def test_stream_sensor_skips_while_its_trigger_table_is_missing(streams, instance):
     _, defs = streams
     result = _tick_sensor(defs, instance, "s_missing", None)
-    assert not result.run_requests and result.cursor is None
-    assert result.skip_message.startswith(
-        "s_missing: trigger table 'nowhere' does not exist (declare it with CREATE TABLE in "
-    )
+    assert not result.run_requests and result.stream_cursor is None
+    assert "s_missing: trigger table 'nowhere' does not exist (declare it with CREATE TABLE in " in result.skip_message
 
 
 def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
     from streams_util import T0
 
-    from cq_engine.streams.timing import StreamCursor, StreamWork
+    from cq_engine.streams.timing import StreamCursor, work_range
     from cq_engine.times import iso
 
     bench, defs = streams
     first = _tick_sensor(defs, instance, "s_int", None)  # created on the empty table
-    assert not first.run_requests and "created at version 0" in first.skip_message
-    assert StreamCursor.from_json(first.cursor).version == 0
+    assert not first.run_requests and "s_int: created at version 0" in first.skip_message
+    assert StreamCursor.from_json(first.stream_cursor).version == 0
     assert _tick_sensor(defs, instance, "s_int", first.cursor).run_requests == []
     version = bench.append([(s, d, s / 2) for s in range(0, 25, 2) for d in ("d1", "d2")])
     result = _tick_sensor(defs, instance, "s_int", first.cursor)
     (request,) = result.run_requests
-    cursor = StreamCursor.from_json(result.cursor)
+    cursor = StreamCursor.from_json(result.stream_cursor)
     assert (cursor.version, cursor.max_event, cursor.closed_until) == (
         version,
         T0 + timedelta(seconds=24),
         T0 + timedelta(seconds=22),
     )
-    tags = request.tags
-    work = StreamWork.from_json(tags["cq/work"])
+    (work,) = result.works
     assert work.windows == ((T0, T0 + timedelta(seconds=20)),) and work.version == version  # [0, 10s), [10s, 20s)
-    assert (tags["cq/name"], tags["cq/kind"], tags["cq/work_kind"], tags["cq/version"]) == (
-        "s_int",
-        "stream",
-        "realtime",
-        str(version),
+    assert work.kind == "realtime" and "realtime" in request.tags["cq/work_kind"].split(",")
+    assert tuple(iso(x) for x in work_range(bench.engine.stream("s_int"), work, "UTC")) == (
+        "2026-11-21T10:00:00+00:00",
+        "2026-11-21T10:00:20+00:00",
     )
-    assert (tags["cq/range_start"], tags["cq/range_end"]) == ("2026-11-21T10:00:00+00:00", "2026-11-21T10:00:20+00:00")
-    assert "dagster/priority" not in tags
-    assert request.run_key == f"s_int@v{version}:realtime:{iso(work.tick)}#0"
+    assert "dagster/priority" not in request.tags and request.run_key.startswith("cq_streams:")
+    assert dg.AssetKey("s_int_out") in request.asset_selection
     again = _tick_sensor(defs, instance, "s_int", result.cursor)  # nothing new since
-    assert not again.run_requests and f"no window closed or changed at version {version}" in again.skip_message
+    assert not again.run_requests and f"s_int: no window closed or changed at version {version}" in again.skip_message
 
-    meta = _run(defs, instance, "s_int", request)
+    (meta,) = _run_works(defs, instance, "s_int", result)
     expected = _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=22))
     assert _summary(bench.sink("s_int_out")) == expected
     assert expected[0] == ("d1", T0, 5, 2.0) and len(expected) == 4  # [0, 10s), [10s, 20s) per meter
@@ -307,7 +369,7 @@ def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
         4,
         {"meters": version},
     )
-    assert (meta["cq/range_start"], meta["cq/range_end"]) == (tags["cq/range_start"], tags["cq/range_end"])
+    assert (meta["cq/range_start"], meta["cq/range_end"]) == ("2026-11-21T10:00:00+00:00", "2026-11-21T10:00:20+00:00")
     assert DeltaTable(bench.settings.table_uri("s_int_out")).version() == meta["cq/sink_version"]
     ledger = bench.engine.ledger.entries("s_int")
     assert [(e.kind, e.status, e.rows_written) for e in ledger] == [("realtime", "succeeded", 4)]
@@ -315,44 +377,38 @@ def test_interval_stream_sensor_cursor_requests_and_job_run(streams, instance):
     # The next commit closes the next window; the run reads that commit's version.
     version = bench.append([(s, "d1", 1.0) for s in range(26, 36, 2)])
     result = _tick_sensor(defs, instance, "s_int", result.cursor)
-    (request,) = result.run_requests
-    assert StreamWork.from_json(request.tags["cq/work"]).windows == (
-        (T0 + timedelta(seconds=20), T0 + timedelta(seconds=30)),
-    )
-    _run(defs, instance, "s_int", request)
+    (work,) = result.works
+    assert work.windows == ((T0 + timedelta(seconds=20), T0 + timedelta(seconds=30)),)
+    _run_works(defs, instance, "s_int", result)
     assert _summary(bench.sink("s_int_out")) == _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=32))
 
 
 def test_count_window_stream_keeps_its_frontier_between_job_runs(streams, instance):
     from streams_util import T0
 
-    from cq_engine.streams.timing import StreamWork
     from cq_engine.times import iso
 
     bench, defs = streams
     cursor = _tick_sensor(defs, instance, "s_cnt", None).cursor
     bench.append([(s, d, float(s)) for s in range(7) for d in ("d1", "d2")])
     result = _tick_sensor(defs, instance, "s_cnt", cursor)
-    (request,) = result.run_requests
-    work = StreamWork.from_json(request.tags["cq/work"])
-    assert work.close_until == T0 + timedelta(seconds=6) and not work.windows
-    assert request.tags["cq/work_kind"] == "realtime" and request.tags["cq/range_end"] == "2026-11-21T10:00:06+00:00"
+    (work,) = result.works
+    assert work.close_until == T0 + timedelta(seconds=6) and not work.windows and work.kind == "realtime"
+    (meta,) = _run_works(defs, instance, "s_cnt", result)
     # Shown as the half-open range it is: from the first row (a stream created on an empty table), not 1970
-    assert request.tags["cq/range_start"] == "2026-11-21T10:00:00+00:00"
-    meta = _run(defs, instance, "s_cnt", request)
     assert (meta["cq/range_start"], meta["cq/range_end"]) == (
-        request.tags["cq/range_start"],
-        request.tags["cq/range_end"],
+        "2026-11-21T10:00:00+00:00",
+        "2026-11-21T10:00:06+00:00",
     )
     # Windows of 3 rows per meter: [0, 1, 2] and [3, 4, 5] closed; [6] stays open.
     assert _summary(bench.sink("s_cnt_out")) == [
         (d, T0 + timedelta(seconds=k), 3, float(k + 1)) for d in ("d1", "d2") for k in (0, 3)
     ]
     assert meta["cq/rows_written"] == 4
-    assert not _tick_sensor(defs, instance, "s_cnt", result.cursor).run_requests
+    assert not _tick_sensor(defs, instance, "s_cnt", result.cursor).works
     bench.append([(s, "d1", float(s)) for s in (7, 8, 9)])
-    (request,) = _tick_sensor(defs, instance, "s_cnt", result.cursor).run_requests
-    meta = _run(defs, instance, "s_cnt", request)
+    result = _tick_sensor(defs, instance, "s_cnt", result.cursor)
+    (meta,) = _run_works(defs, instance, "s_cnt", result)
     assert meta["cq/rows_written"] == 1  # [6, 7, 8] of d1, from the frontier the first run left
     # From the watermark the run starts after (6 s; its frontier is 6 s + 1 us) to the one it closes by
     shown = (T0 + timedelta(seconds=6), T0 + timedelta(seconds=9))
@@ -372,15 +428,17 @@ def test_fill_history_requests_carry_the_priority_tag_unless_history_first(strea
     monkeypatch.setattr(stream_sensor, "HISTORY_CHUNK_ROWS", 20)
     bench, defs = streams
     bench.append([(s, d, float(s % 4)) for s in range(0, 30) for d in ("d1", "d2")])  # before the streams start
-    history = _tick_sensor(defs, instance, "s_hist", None).run_requests
-    assert len(history) == 3 and {r.tags["cq/work_kind"] for r in history} == {"history"}
-    assert {r.tags["dagster/priority"] for r in history} == {"-1"}
-    assert len({r.run_key for r in history}) == 3
-    first = _tick_sensor(defs, instance, "s_first", None).run_requests
-    assert first and {r.tags["cq/work_kind"] for r in first} == {"history"}
-    assert not [r for r in first if "dagster/priority" in r.tags]
-    metas = [_run(defs, instance, "s_hist", r) for r in history]
-    assert {m["cq/kind"] for m in metas} == {"history"}
+    tick = _tick_sensor(defs, instance, "s_hist", None)
+    (request,) = tick.run_requests  # one run for the evaluation: s_hist's chunks and s_first's
+    history = tick.works
+    assert len(history) == 3 and {w.kind for w in history} == {"history"}
+    assert len({w.to_json() for w in history}) == 3
+    first = _StreamTick(tick.result, "s_first").works
+    assert first and {w.kind for w in first} == {"history"}
+    # Low priority unless a stream in it fills its history first (s_first does).
+    assert "dagster/priority" not in request.tags and request.tags["cq/work_kind"] == "history"
+    metas = _run_works(defs, instance, "s_hist", tick)
+    assert {m["cq/kind"] for m in metas} == {"history"} and len(metas) == 3
     # Windows closed by the watermark (0 s): everything before the last row's window.
     assert _summary(bench.sink("s_hist_out")) == _windows(bench.rows(), width=10, until=T0 + timedelta(seconds=29))
     assert len(bench.sink("s_hist_out")) == 4
@@ -419,6 +477,7 @@ def test_ignore_untreated_cursor_never_requests_the_windows_written_while_stoppe
     """What `cq start NAME --ignore-untreated` does to the sensor's cursor (see cli_streams._control)."""
     from streams_util import T0
 
+    from cq_engine.streams import rounds
     from cq_engine.streams.sensor import skip_untreated
     from cq_engine.streams.timing import StreamWork
 
@@ -427,10 +486,12 @@ def test_ignore_untreated_cursor_never_requests_the_windows_written_while_stoppe
     bench.append([(s, "d1", 1.0) for s in range(0, 20)])
     cursor = _tick_sensor(defs, instance, "s_int", cursor).cursor  # closes [0, 10s)
     bench.append([(s, "d1", 2.0) for s in range(30, 60)])  # while stopped: its watermark closes [30s, 50s)
-    cursor = skip_untreated(bench.engine, bench.engine.stream("s_int"), cursor)
+    state = rounds.load_cursor(cursor)  # what the sensor adopts from the switch's cursor
+    stream_state = state.streams["s_int"]
+    stream_state.cursor = skip_untreated(bench.engine, bench.engine.stream("s_int"), stream_state.cursor)
     bench.append([(s, "d1", 3.0) for s in range(80, 100)])  # after the restart
-    (request,) = _tick_sensor(defs, instance, "s_int", cursor).run_requests
-    windows = StreamWork.from_json(request.tags["cq/work"]).windows
+    (work,) = _tick_sensor(defs, instance, "s_int", state.to_json()).works
+    windows = StreamWork.from_json(work.to_json()).windows
     untreated = [(a, b) for a, b in windows if a < T0 + timedelta(seconds=50) and b > T0 + timedelta(seconds=30)]
     assert not untreated, f"requested windows {windows} cover the untreated commit's closed windows"
 
@@ -473,19 +534,19 @@ def test_stream_sensor_holds_its_cursor_while_pause_notifications_fail(tmp_path,
         recorder.stop()
         bench.append([(s, "d1", 1.0) for s in range(0, 25, 5)])
         result = _tick_sensor(defs, instance, "s_note", cursor)
-        (request,) = result.run_requests
-        _run(defs, instance, "s_note", request)  # sink committed, its 2 closes pending
+        assert len(result.run_requests) == 1
+        _run_works(defs, instance, "s_note", result)  # sink committed, its 2 closes pending
         assert len(bench.sink("s_note_out")) == 2
         bench.append([(s, "d1", 1.0) for s in range(25, 45, 5)])
         held = _tick_sensor(defs, instance, "s_note", result.cursor)
-        assert not held.run_requests and held.cursor == result.cursor  # the cursor does not move
+        assert not held.run_requests and held.stream_cursor == result.stream_cursor  # the cursor does not move
         assert held.skip_message.startswith("s_note paused: notification delivery failing (ws://127.0.0.1:")
         recorder.start()
         resumed = _tick_sensor(defs, instance, "s_note", result.cursor)
-        (request,) = resumed.run_requests
-        assert StreamCursor.from_json(resumed.cursor).version == 2
+        assert len(resumed.run_requests) == 1
+        assert StreamCursor.from_json(resumed.stream_cursor).version == 2
         assert [e["windowStart"] for e in recorder.wait_for(1) and recorder.events()] == [1795255200000, 1795255210000]
-        _run(defs, instance, "s_note", request)
+        _run_works(defs, instance, "s_note", resumed)
         recorder.wait_for(2)
         starts = [e["windowStart"] for e in recorder.events()]
         assert starts == [1795255200000, 1795255210000, 1795255220000, 1795255230000]

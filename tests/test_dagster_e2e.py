@@ -4,6 +4,7 @@ over HTTP (and the Delta tables on disk); see dagster_e2e_util for the stack."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from datetime import datetime, timedelta
@@ -12,6 +13,9 @@ from itertools import pairwise
 import pyarrow as pa
 import pytest
 from dagster_e2e_util import (
+    BAD_STREAM,
+    HIST_STREAM,
+    HISTORY_CHUNK_ROWS,
     LL_STREAM,
     MAIN_LOCATION,
     SLOW_LOCATION,
@@ -24,7 +28,6 @@ from deltalake import DeltaTable
 from streams_util import TYPES
 
 from cq_engine.engine import Engine
-from cq_engine.streams.timing import StreamCursor
 from dagster_defs.batch import batch_lead
 
 EVERY = timedelta(seconds=5)
@@ -464,22 +467,24 @@ def stream_sink(settings, stream: str = STREAM) -> dict[tuple, tuple]:
     }
 
 
-def wait_stream(stack, required: set, *, timeout: float = STREAM_WAIT) -> tuple[list[dict], dict]:
-    """Poll until the sink holds the ``required`` windows and every run of the stream succeeded."""
+def wait_stream(stack, required: set, *, version: int, timeout: float = STREAM_WAIT) -> tuple[list[dict], dict]:
+    """Poll until the sink holds the ``required`` windows, the stream's cursor in ``cq_streams`` has
+    reached ``version`` (the evaluation that computed them is recorded: its materializations too), and
+    no run holding its works failed. Returns its sink's materializations and the sink."""
     deadline = time.monotonic() + timeout
-    runs, sink = [], {}
+    sink: dict = {}
     while time.monotonic() < deadline:
         stack.check_alive()
-        runs = stack.runs(STREAM)
-        failed = [r["runId"] for r in runs if r["status"] == "FAILURE"]
+        failed = [r["runId"] for r in stack.stream_runs(STREAM) if r["status"] == "FAILURE"]
         assert not failed, f"{STREAM}: failed runs {failed}\n{stack.diagnostics()}"
         sink = stream_sink(stack.settings)
-        if required <= sink.keys() and runs and all(r["status"] == "SUCCESS" for r in runs):
-            return runs, sink
+        seen = stack.stream_cursor(MAIN_LOCATION, STREAM)[1]
+        if required <= sink.keys() and seen is not None and seen >= version:
+            return stack.materializations(f"{STREAM}_out"), sink
         time.sleep(2)
     raise AssertionError(
-        f"{STREAM}: missing windows {sorted(required - sink.keys())} after {timeout:.0f}s; runs "
-        f"{[(r['status'], r['tags'].get('cq/version')) for r in runs]}\n{stack.diagnostics()}"
+        f"{STREAM}: missing windows {sorted(required - sink.keys())} after {timeout:.0f}s; cursor "
+        f"{stack.stream_cursor(MAIN_LOCATION, STREAM)}\n{stack.diagnostics()}"
     )
 
 
@@ -488,6 +493,7 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
 
     stack, settings = dagster_stack, dagster_stack.settings
     engine, sensor = Engine(settings=settings), f"{STREAM}_ticks"
+    assert stack.sensor_state(MAIN_LOCATION, sensor)[0] == "RUNNING"  # its switch
     for var, value in {
         "CQ_SQL_DIR": settings.sql_dir,
         "CQ_WAREHOUSE": settings.warehouse,
@@ -501,16 +507,15 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
         assert code == 0, err
         return out
 
-    def state() -> tuple[str, int | None]:
-        status, cursor = stack.sensor_state(MAIN_LOCATION, sensor)
-        return status, StreamCursor.from_json(cursor).version if cursor else None
+    def state() -> tuple[str, int | None]:  # the switch, and the stream's cursor in cq_streams
+        return stack.stream_cursor(MAIN_LOCATION, STREAM)
 
     # The sensor's first evaluation creates its cursor on the empty table: later rows are real time.
     stack.wait_until(f"{sensor}'s first evaluation", lambda: state()[1] is not None, 60)
 
-    # Running: the sensor requests a run for the commit, closing the windows its watermark (21 - 1 s) closes.
+    # Running: the sensor computes the commit's work, closing the windows its watermark (21 - 1 s) closes.
     v_a = append_meters(engine, range(0, 22))
-    runs, sink = wait_stream(stack, set(closed_windows(settings, 20)))
+    runs, sink = wait_stream(stack, set(closed_windows(settings, 20)), version=v_a)
     assert sink == closed_windows(settings, 20) and len(sink) == 4 * len(METER_IDS)
 
     # cq stop: the sensor stops in Dagster and evaluates no more (its cursor stays at A's version).
@@ -520,14 +525,15 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
     for _ in range(7):  # longer than the sensor's 2 s interval
         time.sleep(1)
         assert state() == ("STOPPED", v_a)
-    assert len(stack.runs(STREAM)) == len(runs)
+    assert len(stack.materializations(f"{STREAM}_out")) == len(runs)
 
-    # cq start --ignore-untreated: the cursor moves past B, so B is never treated.
+    # cq start --ignore-untreated: the cursor moves past B, so B is never treated (the switch hands the
+    # new cursor to cq_streams, which takes it at its next evaluation).
     assert "running (data written while stopped skipped)" in cq("start", STREAM, "--ignore-untreated")
-    assert state() == ("RUNNING", v_b)
+    stack.wait_until("cq_streams to take the new cursor", lambda: state() == ("RUNNING", v_b), 60)
     v_c = append_meters(engine, range(70, 92))
     required = set(closed_windows(settings, 20)) | {k for k in closed_windows(settings, 90) if k[1] >= at(70)}
-    runs, sink = wait_stream(stack, required)
+    runs, sink = wait_stream(stack, required, version=v_c)
     untreated = {k for k in closed_windows(settings, 50) if k[1] >= at(30)}
     _untreated["leaked"] = sorted(untreated & sink.keys())
 
@@ -539,16 +545,16 @@ def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkey
     out = cq("resume", STREAM)
     assert "running" in out and "skipped" not in out
     required |= {k for k in closed_windows(settings, 130) if k[1] >= at(90)}
-    runs, sink = wait_stream(stack, required)
+    runs, sink = wait_stream(stack, required, version=v_d)
 
-    # One run per commit the sensor treated (none for B), each tagged with what it computed.
-    assert [r["tags"]["cq/version"] for r in runs] == [str(v) for v in (v_a, v_c, v_d)]
-    for run in runs:
-        tags = run["tags"]
-        assert run["jobName"] == f"{STREAM}_job" and tags["dagster/sensor_name"] == sensor
-        assert (tags["cq/name"], tags["cq/kind"], tags["cq/work_kind"]) == (STREAM, "stream", "realtime")
-        assert tags["dagster/run_key"].startswith(f"{STREAM}@v{tags['cq/version']}:realtime:")
-        assert "dagster/priority" not in tags and parse_iso(tags["cq/range_start"]) < parse_iso(tags["cq/range_end"])
+    # One computation per commit the sensor treated (none for B), each a materialization of the sink
+    # (computed in the sensor: no run) carrying what it computed.
+    assert [json.loads(m["metadata"]["cq/source_versions"]) for m in runs] == [{"meters": v} for v in (v_a, v_c, v_d)]
+    for mat in runs:
+        meta = mat["metadata"]
+        assert not mat["runId"] and (meta["cq/kind"], meta["cq/computed_in"]) == ("realtime", "sensor")
+        assert parse_iso(meta["cq/range_start"]) < parse_iso(meta["cq/range_end"])
+    assert stack.stream_runs(STREAM) == []
     ledger = Engine(settings=settings).ledger.entries(STREAM)
     assert [(e.kind, e.status) for e in ledger] == [("realtime", "succeeded")] * 3
     # The sink: every window it holds is what the table holds there; every closed window is in it except
@@ -563,8 +569,10 @@ def test_low_latency_calc_stream_is_computed_in_its_sensor_without_a_run(dagster
     # LOW_LATENCY_CALC: "computation starts immediately after a trigger". The sensor computes the
     # windows a commit closes itself (no run to launch); each shows as a materialization of the sink.
     stack, settings = dagster_stack, dagster_stack.settings
-    engine, sensor = Engine(settings=settings), f"{LL_STREAM}_ticks"
-    stack.wait_until(f"{sensor}'s first evaluation", lambda: stack.sensor_state(MAIN_LOCATION, sensor)[1], 60)
+    engine = Engine(settings=settings)
+    stack.wait_until(
+        f"{LL_STREAM}'s first evaluation", lambda: stack.stream_cursor(MAIN_LOCATION, LL_STREAM)[1] is not None, 60
+    )
     append_meters(engine, range(0, 22), table="meters_ll")
     append_meters(engine, range(22, 42), table="meters_ll")
     expected = closed_windows(settings, 40, table="meters_ll")
@@ -586,10 +594,144 @@ def test_low_latency_calc_stream_is_computed_in_its_sensor_without_a_run(dagster
     assert ledger and {(e.kind, e.status) for e in ledger} == {("realtime", "succeeded")}
 
 
+def attempt_of(run: dict) -> int:
+    return int(run["tags"]["cq/attempt"])
+
+
+def test_a_failing_stream_holds_back_no_other_and_is_retried_alone_until_it_succeeds(dagster_stack):
+    import shutil
+
+    from deltalake import write_deltalake
+
+    stack, settings = dagster_stack, dagster_stack.settings
+    engine = Engine(settings=settings)
+    stack.wait_until(
+        f"{BAD_STREAM}'s first evaluation", lambda: stack.stream_cursor(MAIN_LOCATION, BAD_STREAM)[1] is not None, 60
+    )
+    # Its sink exists with columns its query cannot fill: every work of it fails.
+    sink_uri = settings.table_uri(f"{BAD_STREAM}_out")
+    write_deltalake(
+        sink_uri,
+        pa.table({"_twstart": pa.array([STREAM_T0], pa.timestamp("us", tz="UTC")), "n": [0], "tbname": ["x"]}),
+    )
+    version = append_meters(engine, range(0, 22), table="meters_bad")
+
+    def failed_runs() -> list[dict]:
+        return [r for r in stack.stream_runs(BAD_STREAM) if r["status"] == "FAILURE"]
+
+    # The sensor's failure goes to a run of cq_streams_job; it fails naming the stream (its error in the
+    # run), and is requested again, alone, after a back-off, one attempt more.
+    stack.wait_until(f"a failed run of {BAD_STREAM}", failed_runs, STREAM_WAIT * 2)
+    first = failed_runs()[0]
+    assert first["tags"].get("cq/failed") == BAD_STREAM and first["tags"].get("cq/name") == BAD_STREAM, first
+    assert f"table '{BAD_STREAM}_out' has" in stack.run_log(first["runId"])  # its error, in the run
+
+    def retries() -> list[dict]:
+        attempt = int(first["tags"]["cq/attempt"])
+        return [r for r in stack.stream_runs(BAD_STREAM) if int(r["tags"]["cq/attempt"]) > attempt]
+
+    stack.wait_until(f"{BAD_STREAM} requested again", retries, STREAM_WAIT)
+    assert retries()[0]["works"] == first["works"] and attempt_of(first) >= 1
+    # Meanwhile the others go on in the sensor.
+    append_meters(engine, range(200, 222), table="meters_ll")
+    live = {k for k in closed_windows(settings, 220, table="meters_ll") if k[1] >= at(200)}
+    stack.wait_until(
+        f"{LL_STREAM}'s windows while {BAD_STREAM} fails",
+        lambda: live <= stream_sink(settings, LL_STREAM).keys(),
+        STREAM_WAIT,
+    )
+    assert not [r for r in stack.stream_runs(LL_STREAM) if r["status"] == "FAILURE"]
+    # Repaired (the table goes), the next retry commits its windows, once.
+    shutil.rmtree(sink_uri)
+    expected = closed_windows(settings, 20, table="meters_bad")
+    stack.wait_until(
+        f"{BAD_STREAM}'s retried windows", lambda: stream_sink(settings, BAD_STREAM) == expected, STREAM_WAIT * 2
+    )
+
+    def done() -> list:  # the ledger records a work just after its sink commit
+        return [(e.kind, e.source_versions) for e in stack.ledger(BAD_STREAM) if e.status == "succeeded"]
+
+    stack.wait_until(f"{BAD_STREAM}'s ledger entry", done, 60)
+    assert done() == [("realtime", {"meters_bad": version})]
+    stack.wait_until(
+        f"{BAD_STREAM}'s successful run",
+        lambda: stack.stream_runs(BAD_STREAM)[-1]["status"] == "SUCCESS",
+        STREAM_WAIT * 2,
+    )
+
+
 def test_stream_start_ignore_untreated_never_computes_the_windows_written_while_stopped():
     if "leaked" not in _untreated:
         pytest.skip("needs test_stream_sensor_runs_and_cq_stop_start_pause_resume (run the module)")
     assert _untreated["leaked"] == [], "windows closed by data written while stopped were computed"
+
+
+# -- history in a batched run: live windows go on beside it; a daemon killed mid-round loses nothing --
+HIST_T0 = STREAM_T0 - timedelta(hours=1)  # hist_src's event times: 40 minutes of history
+
+
+def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes_each_window_once(dagster_stack):
+    from deltalake import write_deltalake
+
+    stack, settings = dagster_stack, dagster_stack.settings
+    engine = Engine(settings=settings)
+    seconds = range(0, 40 * 60)
+    rows = [
+        (HIST_T0 + timedelta(seconds=s), m, round(s % 7 + 0.5 * i, 2)) for s in seconds for i, m in enumerate(METER_IDS)
+    ]
+    write_deltalake(
+        settings.table_uri("hist_src"),
+        pa.table(
+            {
+                "ts": pa.array([r[0] for r in rows], pa.timestamp("us", tz="UTC")),
+                "tbname": [r[1] for r in rows],
+                "current": [r[2] for r in rows],
+            }
+        ),
+    )
+    chunks = len(rows) // HISTORY_CHUNK_ROWS  # about this many history works, in one run
+
+    def history_done() -> list:
+        return [e for e in stack.ledger(HIST_STREAM) if e.kind == "history" and e.status == "succeeded"]
+
+    # The sensor finds the table, plans its history in chunks and hands them to one run of cq_streams_job.
+    stack.wait_until(
+        f"{HIST_STREAM}'s history run to commit its first chunks", lambda: len(history_done()) >= 2, STREAM_WAIT * 3
+    )
+    (run,) = stack.stream_runs(HIST_STREAM)
+    assert run["jobName"] == "cq_streams_job" and run["tags"]["cq/work_kind"] == "history"
+    assert len(run["works"]) >= chunks // 2, len(run["works"])
+    # Live windows of another stream are computed in the sensor meanwhile, not after the history.
+    append_meters(engine, range(300, 322), table="meters_ll")
+    live = {k for k in closed_windows(settings, 320, table="meters_ll") if k[1] >= at(300)}
+    stack.wait_until(
+        f"{LL_STREAM}'s live windows", lambda: live <= stream_sink(settings, LL_STREAM).keys(), STREAM_WAIT * 2
+    )
+    assert len(history_done()) < len(run["works"]), "the history run ended before the live windows were computed"
+
+    # The daemon dies in the middle of the round (the run goes on in its own process); windows closed
+    # while it is down are computed after its restart, each exactly once.
+    stack.kill_daemon()
+    assert len(history_done()) < len(run["works"]), "the history round ended before the daemon was killed"
+    v_down = append_meters(engine, range(400, 422))
+    time.sleep(5)
+    stack.start_daemon()
+    stack.wait_until(f"{HIST_STREAM}'s history", lambda: len(history_done()) >= len(run["works"]), STREAM_WAIT * 4)
+    stack.wait_until(
+        f"{STREAM} after the restart",
+        lambda: (stack.stream_cursor(MAIN_LOCATION, STREAM)[1] or 0) >= v_down,
+        STREAM_WAIT,
+    )
+    done = history_done()
+    ranges = [(e.range_start, e.range_end) for e in done]
+    assert len(ranges) == len(set(ranges)) == len(run["works"]), "a history chunk was computed twice"
+    assert [r["runId"] for r in stack.stream_runs(HIST_STREAM)] == [run["runId"]]  # not requested again
+    # Closed at creation: every window ending by the history's watermark (its newest row - 1 s).
+    watermark = int((HIST_T0 - STREAM_T0).total_seconds()) + len(seconds) - 2
+    assert stream_sink(settings, HIST_STREAM) == closed_windows(settings, watermark, table="hist_src")
+    ledger = [e for e in stack.ledger(STREAM) if e.status == "succeeded"]
+    keys = [(e.kind, e.range_start, e.range_end, tuple(e.source_versions.items())) for e in ledger]
+    assert len(keys) == len(set(keys)), "a stream work was recorded twice across the daemon restart"
 
 
 # -- last, as it restarts the daemon: no firing lost or repeated across a daemon restart --------------

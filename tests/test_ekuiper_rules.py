@@ -4,6 +4,7 @@ end to end on real Spark and Delta through the stream sensor (``streams_util.Ben
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -46,14 +47,17 @@ def test_stream_declaration_is_a_source_table_named_by_its_datasource():
         ("HOPPINGWINDOW(mi, 10, 5)", SlidingTrigger(sliding=timedelta(minutes=5), interval=timedelta(minutes=10))),
         ("SLIDINGWINDOW(ss, 5, 5)", EkSlidingTrigger(size=5 * S, delay=5 * S)),
         ("SLIDINGWINDOW(ms, 1500)", EkSlidingTrigger(size=timedelta(milliseconds=1500))),
-        ("SESSIONWINDOW(mi, 2, 1)", EkSessionTrigger(timeout=timedelta(minutes=2), max_duration=timedelta(minutes=1))),
+        # eKuiper: SESSIONWINDOW(unit, max_duration, timeout)
+        ("SESSIONWINDOW(mi, 2, 1)", EkSessionTrigger(timeout=timedelta(minutes=1), max_duration=timedelta(minutes=2))),
         ("COUNTWINDOW(5)", CountTrigger(count=5, slide=5, ekuiper=True)),
         ("COUNTWINDOW(5, 2)", CountTrigger(count=5, slide=2, ekuiper=True)),
     ],
 )
 def test_window_functions_become_triggers(window, trigger):
     (rule,) = parse(f"CREATE RULE r INTO out AS SELECT count(*) FROM demo GROUP BY ID, {window}")
-    assert rule.trigger == trigger and rule.partition_by == ("ID",) and rule.form == "ekuiper"
+    # windows over the whole stream (no partition), GROUP BY ID splits each window's rows
+    assert rule.trigger == trigger and rule.form == "ekuiper"
+    assert (rule.partition_by, rule.group_by) == ((), ("ID",))
     assert [(i.name, i.is_aggregate) for i in rule.select] == [
         ("window_start", False),
         ("window_end", False),
@@ -68,6 +72,77 @@ def test_day_windows_end_at_local_midnight():
     assert rule.trigger.interval_offset == timedelta(hours=16)  # 00:00 +08:00
 
 
+def test_natural_time_is_local_for_every_unit():
+    # eKuiper aligns windows on the local day, hour, minute... of its time zone: in +05:30 an hour
+    # window ends at hh:30 UTC (offset 30 min), a 60-minute one too; hopping windows end at the hop's
+    # multiples; session check points likewise
+    def trigger(window):
+        (rule,) = parse(f"CREATE RULE r INTO out AS SELECT count(*) FROM demo GROUP BY {window}", tz="Asia/Kolkata")
+        return rule.trigger
+
+    half = timedelta(minutes=30)
+    assert trigger("TUMBLINGWINDOW(hh, 1)").interval_offset == half
+    assert trigger("TUMBLINGWINDOW(mi, 60)").interval_offset == half
+    assert trigger("TUMBLINGWINDOW(mi, 10)").interval_offset == timedelta(0)
+    assert trigger("TUMBLINGWINDOW(dd, 1)").interval_offset == timedelta(hours=18, minutes=30)
+    hop = trigger("HOPPINGWINDOW(hh, 2, 1)")  # windows [k h + 30 min, + 2 h): ending at hh:30
+    assert (hop.interval_offset, hop.sliding, hop.interval) == (half, timedelta(hours=1), timedelta(hours=2))
+    assert trigger("SESSIONWINDOW(hh, 1, 5)").offset == half
+    assert trigger("HOPPINGWINDOW(ss, 10, 4)").interval_offset == timedelta(seconds=2)  # ends at 4k s
+
+
+def test_field_types_are_ekuipers():
+    (decl,) = parse(
+        "CREATE STREAM s (a FLOAT, b BIGINT, c DATETIME, d BYTEA, e BOOLEAN, f STRING, g ARRAY(FLOAT), "
+        'h STRUCT(x BIGINT, y ARRAY(STRING)), ts BIGINT) WITH (TIMESTAMP="ts")'
+    )
+    assert [c.type for c in decl.columns] == [
+        "double",  # eKuiper's float is 64-bit
+        "bigint",
+        "timestamp",
+        "binary",
+        "boolean",
+        "string",
+        "array<double>",
+        "struct<x:bigint,y:array<string>>",
+        "timestamp",
+    ]
+
+
+def test_late_tolerance_rule_option():
+    (rule,) = parse(
+        "CREATE RULE r INTO out WITH (lateTolerance = 1500) AS SELECT count(*) FROM demo "
+        "GROUP BY TUMBLINGWINDOW(ss, 10)"
+    )
+    assert (rule.options.watermark, rule.options.ignore_disorder) == (timedelta(milliseconds=1500), True)
+    (default,) = parse("CREATE RULE r INTO out AS SELECT count(*) FROM demo GROUP BY TUMBLINGWINDOW(ss, 10)")
+    assert (default.options.watermark, default.options.ignore_disorder) == (timedelta(0), False)
+    assert error(
+        "CREATE RULE r INTO out WITH (isEventTime = 1) AS SELECT count(*) FROM demo GROUP BY COUNTWINDOW(2)"
+    ) == ("r.sql:1:30: a rule's WITH takes lateTolerance = milliseconds, such as WITH (lateTolerance = 1000)")
+    assert error(
+        "CREATE RULE r INTO out WITH (lateTolerance = 1.5) AS SELECT count(*) FROM demo GROUP BY COUNTWINDOW(2)"
+    ).startswith("r.sql:1:46: lateTolerance must be a whole number of milliseconds")
+
+
+def test_selected_bounds_keys_having_aliases_and_first_row_values():
+    (rule,) = parse(
+        "CREATE RULE r INTO out AS SELECT window_start(), ID, temperature, count(*) AS c FROM demo "
+        "GROUP BY ID, TUMBLINGWINDOW(ss, 10) HAVING c > 1 AND max(revenue) > 2"
+    )
+    assert [(i.name, i.expression) for i in rule.select] == [
+        ("window_start", "__cq_twstart"),  # the one window_start column
+        ("window_end", "__cq_twend"),
+        ("ID", "ID"),  # a GROUP BY column: its value
+        ("temperature", "MIN_BY(temperature, __cq_ekrowtime)"),  # else the first row's (eKuiper)
+        ("c", "COUNT(*)"),
+    ]
+    assert rule.having == "(COUNT(*)) > 1 AND MAX(revenue) > 2"
+    assert error(
+        "CREATE RULE r INTO out AS SELECT window_start(), window_start() AS s FROM demo GROUP BY COUNTWINDOW(2)"
+    ).startswith("r.sql:1:50: window_start() is selected twice")
+
+
 def test_filter_over_where_having_and_window_functions():
     (rule,) = parse(
         "CREATE RULE r INTO out AS SELECT window_end() AS we, sum(revenue) AS s FROM demo "
@@ -76,7 +151,12 @@ def test_filter_over_where_having_and_window_functions():
     )
     assert rule.options.pre_filter == "revenue > 100" and rule.trigger.over == "revenue > 200"
     assert (rule.where, rule.having) == ("temperature > 20", "COUNT(*) > 2")
-    assert [(i.name, i.expression) for i in rule.select][2:] == [("we", "__cq_twend"), ("s", "SUM(revenue)")]
+    # window_end() selected is the automatic window_end column, under its alias: one column per meaning
+    assert [(i.name, i.expression) for i in rule.select] == [
+        ("window_start", "__cq_twstart"),
+        ("we", "__cq_twend"),
+        ("s", "SUM(revenue)"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -240,7 +320,7 @@ def test_day_window_ends_at_local_midnight_end_to_end(tmp_path, spark):
 
 # --- data-shaped eKuiper windows: incremental runs (a tick after each commit) against the reference ------
 
-from ekuiper_reference import count_windows, session_windows, sliding_windows  # noqa: E402
+import ekuiper_reference as ref  # noqa: E402
 
 US = 1_000_000
 
@@ -253,56 +333,229 @@ def _at(us: int) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
-def _closed(windows, rows_by_t) -> list[tuple]:
-    """(start, count, sum of temperature) of every closed reference window."""
-    return sorted(
-        (_at(w["start"]), len(w["members"]), round(sum(rows_by_t[t] for t in w["members"]), 6))
-        for w in windows
-        if w["closed"]
-    )
-
-
 def _feed_in_commits(b: Bench, name: str, rows: list[tuple], commits: int) -> None:
-    """Append ``rows`` in ``commits`` time-ordered commits, with a tick after each."""
+    """Append ``rows`` in about ``commits`` time-ordered commits, with a tick after each; the rows of
+    one time (a sensor tick's readings) arrive in one commit."""
     b.tick(name)
-    step = -(-len(rows) // commits)
-    for i in range(0, len(rows), step):
-        _demo(b, rows[i : i + step])
+    step, i = -(-len(rows) // commits), 0
+    while i < len(rows):
+        j = min(i + step, len(rows))
+        while j < len(rows) and rows[j][0] == rows[j - 1][0]:
+            j += 1
+        _demo(b, rows[i:j])
         b.tick(name)
+        i = j
+
+
+def _reference_rows(window: str, rows: list[tuple], until: int) -> list[tuple]:
+    """What eKuiper emits for ``SELECT ID, count(*), sum(temperature) ... GROUP BY ID, window``:
+    the stream's windows (tests/ekuiper_reference.py), each split by ID; closed windows only."""
+    times = [_us(sec) for sec, _, _ in rows]
+    if window.startswith("COUNT"):
+        n, k = (int(x) for x in window[12:-1].split(","))
+        windows = ref.count_windows(times, count=n, interval=k, until=until)
+    elif window.startswith("SLIDING"):
+        size, *delay = (int(x) for x in window[18:-1].split(","))
+        windows = ref.sliding_windows(times, size=size * US, delay=(delay or [0])[0] * US, until=until)
+    else:
+        d, timeout = (int(x) for x in window[18:-1].split(","))
+        windows = ref.session_windows(times, timeout=timeout * US, max_duration=d * US, until=until)
+    dicts = [dict(t=t, ID=r[1], temp=r[2]) for t, r in zip(times, rows)]
+    return sorted(
+        (_at(w["start"]), k, len(rs), round(sum(r["temp"] for r in rs), 6))
+        for w, k, rs in ref.split([w for w in windows if w["closed"]], dicts, key=lambda r: r["ID"])
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize(
-    "window", ["COUNTWINDOW(5, 2)", "COUNTWINDOW(4)", "SLIDINGWINDOW(ss, 20, 5)", "SESSIONWINDOW(ss, 15, 60)"]
+    "window", ["COUNTWINDOW(5, 2)", "SLIDINGWINDOW(ss, 20, 5)", "SLIDINGWINDOW(ss, 10)", "SESSIONWINDOW(ss, 60, 15)"]
 )
 def test_data_shaped_rules_match_the_reference_across_ticks(tmp_path, spark, window, seed):
+    # eKuiper's windows are the stream's: several devices, often at one time (not for COUNTWINDOW,
+    # whose order among rows of one time is their arrival); GROUP BY ID splits each window's rows and
+    # the key is selected (issue 21: that crashed)
     import random
 
     rng = random.Random(seed)
-    seconds, t = [], 0
-    while len(seconds) < 60:
+    rows, t = [], 0
+    while len(rows) < 60:
         t += rng.choice([1, 3, 5, 10, 15, 16, 40])
-        seconds.append(t)
-    rows = [(s, "a", float(rng.randint(0, 50))) for s in seconds]
+        ties = 1 if window.startswith("COUNT") else rng.choice([1, 1, 2, 3])
+        rows += [(t, d, float(rng.randint(0, 50))) for d in rng.sample(["a", "b", "c"], ties)]
     b = Bench(
         tmp_path,
         spark,
-        DEMO + f"CREATE RULE r INTO r_out AS SELECT count(*) AS n, sum(temperature) AS s "
+        DEMO + f"CREATE RULE r INTO r_out AS SELECT ID, count(*) AS n, sum(temperature) AS s "
         f"FROM demo GROUP BY ID, {window};",
     )
     _feed_in_commits(b, "r", rows, commits=4)
-    times = [_us(s) for s, _, _ in rows]
-    by_t = dict(zip(times, (temp for _, _, temp in rows)))
-    until = max(times)  # the watermark: the latest event time (WATERMARK 0)
-    if window.startswith("COUNT"):
-        n, k = (int(x) for x in window[12:-1].replace(" ", "").split(",")) if "," in window else (4, 4)
-        ref = count_windows(times, count=n, interval=k, until=until)
-    elif window.startswith("SLIDING"):
-        ref = sliding_windows(times, size=20 * US, delay=5 * US, until=until)
-    else:
-        ref = session_windows(times, timeout=15 * US, max_duration=60 * US, until=until)
-    got = sorted((r["window_start"], r["n"], round(r["s"], 6)) for r in b.sink("r_out"))
-    assert got == _closed(ref, by_t) and got
+    until = _us(rows[-1][0])  # the watermark: the latest event time (lateTolerance 0)
+    got = sorted((r["window_start"], r["ID"], r["n"], round(r["s"], 6)) for r in b.sink("r_out"))
+    assert got == _reference_rows(window, rows, until) and got
+
+
+FORMS = (Path(__file__).parent / "data" / "ekuiper_forms.sql").read_text()
+
+
+def test_every_window_with_the_key_selected_and_the_other_forms(tmp_path, spark):
+    b = Bench(tmp_path, spark, FORMS)
+    names = [line.split()[2] for line in FORMS.splitlines() if line.startswith("CREATE RULE")]
+    for name in names:
+        b.tick(name)
+    x = 22.123456789  # FLOAT is eKuiper's 64-bit float: stored exactly
+    data = [(1, "a", 10), (5, "b", 20), (5, "c", 30), (7, "a", 15), (11, "a", 40), (12, "b", 50), (25, "c", 60)]
+    _demo(b, [(sec, d, v + x, v) for sec, d, v in data])
+    for name in names:
+        b.tick(name)
+    at = lambda sec: T0 + timedelta(seconds=sec)
+
+    def rows(table, *cols):
+        return sorted(tuple(round(r[c], 6) if isinstance(r[c], float) else r[c] for c in cols) for r in b.sink(table))
+
+    # windows of the whole stream, split by device; the watermark is 25 s
+    assert rows("k_tumble", "window_start", "ID", "c", "t") == [
+        (at(0), "a", 2, round(25 + 2 * x, 6)),
+        (at(0), "b", 1, round(20 + x, 6)),
+        (at(0), "c", 1, round(30 + x, 6)),
+        (at(10), "a", 1, round(40 + x, 6)),
+        (at(10), "b", 1, round(50 + x, 6)),
+    ]
+    assert [r["t"] for r in b.sink("k_tumble") if r["ID"] == "b"] == [20 + x, 50 + x]
+    assert rows("k_hop", "window_start", "ID", "c") == [
+        (at(-5), "a", 1),
+        (at(0), "a", 2),
+        (at(0), "b", 1),
+        (at(0), "c", 1),
+        (at(5), "a", 2),
+        (at(5), "b", 2),
+        (at(5), "c", 1),
+        (at(10), "a", 1),
+        (at(10), "b", 1),
+    ]
+    # a window at every row, both rows at 5 s included: [t - 10 s, t]
+    assert rows("k_slide", "window_start", "ID", "c", "s") == sorted(
+        [(at(-9), "a", 1, 10.0)]
+        + [(at(-5), d, 1, v) for d, v in (("a", 10.0), ("b", 20.0), ("c", 30.0))] * 2
+        + [(at(-3), "a", 2, 25.0), (at(-3), "b", 1, 20.0), (at(-3), "c", 1, 30.0)]
+        + [(at(1), "a", 3, 65.0), (at(1), "b", 1, 20.0), (at(1), "c", 1, 30.0)]
+        + [(at(2), "a", 2, 55.0), (at(2), "b", 2, 70.0), (at(2), "c", 1, 30.0)]
+        + [(at(15), "c", 1, 60.0)]
+    )
+    # one session of the stream (gaps up to 4 s) from 1 s to 12 s + 5 s; 25 s opens the next
+    assert rows("k_session", "window_start", "window_end", "ID", "c") == [
+        (at(1), at(17), "a", 3),
+        (at(1), at(17), "b", 2),
+        (at(1), at(17), "c", 1),
+    ]
+    # every 3 rows of the stream
+    assert rows("k_count", "window_start", "ID", "c") == [
+        (at(1), "a", 1),
+        (at(1), "b", 1),
+        (at(1), "c", 1),
+        (at(7), "a", 2),
+        (at(7), "b", 1),
+    ]
+    # window_start() selected is the window_start column, under its alias; window_end() is window_end
+    assert [c for c in b.sink("k_bounds")[0]] == ["ws", "window_end", "ID", "c", "group_id"]
+    assert rows("k_bounds", "ws", "ID", "c") == rows("k_tumble", "window_start", "ID", "c")
+    assert len(b.sink("k_star")) == 6 and list(b.sink("k_star")[0]) == [
+        "window_start",
+        "window_end",
+        "ID",
+        "temperature",
+        "revenue",
+        "ts",
+        "group_id",
+    ]
+    # columns outside aggregates take the window group's first row's values (eKuiper)
+    assert rows("k_first", "window_start", "ID", "revenue", "ts", "n") == [
+        (at(0), "a", 10.0, at(1), 2),
+        (at(0), "b", 20.0, at(5), 1),
+        (at(0), "c", 30.0, at(5), 1),
+        (at(10), "a", 40.0, at(11), 1),
+        (at(10), "b", 50.0, at(12), 1),
+    ]
+    # without GROUP BY columns or aggregates a rule emits every row, of the windows HAVING keeps (seed 003)
+    assert rows("k_rows", "window_start", "ID", "revenue") == [
+        (at(0), "a", 15.0),
+        (at(0), "b", 20.0),
+        (at(0), "c", 30.0),
+    ]
+    # GROUP BY columns make a rule aggregate (eKuiper): one row per window group, the first row's values
+    assert rows("k_plain", "window_start", "ID", "temperature") == [
+        (at(0), "a", round(10 + x, 6)),
+        (at(0), "b", round(20 + x, 6)),
+        (at(0), "c", round(30 + x, 6)),
+        (at(10), "a", round(40 + x, 6)),
+        (at(10), "b", round(50 + x, 6)),
+    ]
+    assert rows("k_having", "window_start", "ID", "c") == [(at(0), "a", 2)]
+    # watermark 25 s - 2 s: [20 s, 30 s) stays open as well
+    assert rows("k_late", "window_start", "ID", "c") == rows("k_tumble", "window_start", "ID", "c")
+    # FILTER before windowing, OVER picks the triggering rows (revenue > 35: 11 s, 12 s, 25 s)
+    assert rows("k_over", "window_start", "ID", "c") == [
+        (at(1), "a", 1),
+        (at(1), "b", 1),
+        (at(1), "c", 1),
+        (at(2), "a", 1),
+        (at(2), "b", 2),
+        (at(2), "c", 1),
+        (at(15), "c", 1),
+    ]
+
+
+def test_hour_and_minute_windows_align_on_local_time(tmp_path, spark):
+    # Asia/Kolkata is +05:30: eKuiper's hour windows end on local hours, at hh:30 UTC
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO + "CREATE RULE hourly INTO hourly AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(hh, 1);\n"
+        "CREATE RULE minutes INTO minutes AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(mi, 60);\n"
+        "CREATE RULE hops INTO hops AS SELECT count(*) AS n FROM demo GROUP BY HOPPINGWINDOW(hh, 2, 1);",
+        timezone="Asia/Kolkata",
+    )
+    for name in ("hourly", "minutes", "hops"):
+        b.tick(name)
+    m = timedelta(minutes=1)
+    _demo(b, [(sec * 60, "a", 1.0) for sec in (20, 40, 70, 95, 151)])  # T0 is 10:00 UTC
+    for name in ("hourly", "minutes", "hops"):
+        b.tick(name, now=T0 + timedelta(hours=4))
+    at = lambda minutes: T0 + minutes * m
+    expected = [(at(-30), at(30), 1), (at(30), at(90), 2), (at(90), at(150), 1)]  # 12:31 is past 12:30
+    for name in ("hourly", "minutes"):
+        assert [(r["window_start"], r["window_end"], r["n"]) for r in b.sink(name)] == expected
+    assert [(r["window_start"], r["window_end"], r["n"]) for r in b.sink("hops")] == [
+        (at(-90), at(30), 1),
+        (at(-30), at(90), 3),
+        (at(30), at(150), 3),
+    ]
+
+
+def test_late_rows_recomputed_by_default_dropped_with_late_tolerance(tmp_path, spark):
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO + "CREATE RULE again INTO again AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n"
+        "CREATE RULE dropped INTO dropped WITH (lateTolerance = 5000) AS SELECT count(*) AS n FROM demo "
+        "GROUP BY TUMBLINGWINDOW(ss, 10);",
+    )
+    for name in ("again", "dropped"):
+        b.tick(name)
+    _demo(b, [(1, "a", 1.0), (5, "a", 1.0), (12, "a", 1.0), (25, "a", 1.0)])
+    for name in ("again", "dropped"):
+        b.tick(name)
+    at = lambda sec: T0 + timedelta(seconds=sec)
+    _demo(b, [(27, "a", 1.0)])
+    _demo(b, [(3, "a", 1.0)])  # late for both (their watermarks: 25 s, 20 s)
+    plans = {name: b.tick(name) for name in ("again", "dropped")}
+    # the default recomputes [0, 10 s) with the late row
+    assert [(r["window_start"], r["n"]) for r in b.sink("again")] == [(at(0), 3), (at(10), 1)]
+    # eKuiper drops it (watermark = latest event time - lateTolerance): reported as ignored
+    assert [(r["window_start"], r["n"]) for r in b.sink("dropped")] == [(at(0), 2), (at(10), 1)]
+    assert not plans["again"].ignored
+    (ignored,) = plans["dropped"].ignored
+    assert ignored.rows == 1 and "lateTolerance 5s drops rows older than the watermark" in ignored.text
 
 
 def test_seed_countwindow_having_and_filter_versus_where(tmp_path, spark):
@@ -380,7 +633,7 @@ def test_a_stream_grouped_by_a_window_function_is_a_rule():
         "CREATE STREAM IF NOT EXISTS tc INTO tc_out AS SELECT count(*) AS n FROM demo "
         "GROUP BY ID, TUMBLINGWINDOW(ss, 10)"
     )
-    assert (s.form, s.if_not_exists, s.sink, s.partition_by) == ("ekuiper", True, "tc_out", ("ID",))
+    assert (s.form, s.if_not_exists, s.sink, s.group_by) == ("ekuiper", True, "tc_out", ("ID",))
     assert s.trigger == SlidingTrigger(sliding=10 * S, interval=10 * S)
     (old,) = parse(
         "CREATE STREAM avg_vol_s INTO avg_vol AS SELECT _wstart, count(*) FROM meters "

@@ -57,7 +57,9 @@ def test_every_clause():
     assert (q.limit, q.offset, q.align_by_device) == (10, 2, True)
     exprs = {i.name: i.expression for i in q.select}
     assert exprs["temperature_max"] == "MAX(temperature)" and exprs["tmin"] == "MIN(temperature)"
-    assert exprs["f"] == "MIN_BY(temperature, __cq_time)" and exprs["l"] == "MAX_BY(temperature, __cq_time)"
+    # first/last *point*: a NULL value is no point, so it has no time to order by
+    assert exprs["f"] == "MIN_BY(temperature, IF(NOT temperature IS NULL, __cq_time, NULL))"
+    assert exprs["l"] == "MAX_BY(temperature, IF(NOT temperature IS NULL, __cq_time, NULL))"
     assert exprs["e"] == "MAX_BY(temperature, STRUCT(ABS(temperature), temperature))"
     assert "MAX(" in exprs["mt"] and "__cq_time" in exprs["mt"]
     assert all(i.is_aggregate for i in q.select)
@@ -168,7 +170,7 @@ REJECTIONS = [
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s, 0ms) END", "1:67", "greater than 0"),
     ("CREATE CQ a RESAMPLE EVERY 10x BEGIN SELECT t AS m INTO b FROM c END", "1:28", "unknown unit 'x'"),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) FILL(foo) END", "1:72", "FILL takes"),
-    ("CREATE CQ a BEGIN SELECT max(t) INTO b FROM c GROUP BY (10s) END", "1:26", "needs a name"),
+    ("CREATE CQ a BEGIN SELECT max(t) AS m, min(t) AS M INTO b FROM c GROUP BY (10s) END", "1:49", "named twice"),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) ORDER BY m END", "1:67", "ORDER BY"),
     ("CREATE CQ a BEGIN SELECT max(t AS m INTO b FROM c GROUP BY (10s) END", "1:29", "unclosed '('"),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s)", "1:66", "expected END"),
@@ -189,7 +191,7 @@ REJECTIONS = [
     ("CREATE CQ a BEGIN SELECT * INTO b FROM c GROUP BY (1s) END", "1:26", "SELECT *"),
     ("CREATE CQ a BEGIN SELECT max(t) + AS m INTO b FROM c GROUP BY (1s) END", "1:35", "near"),
     ("CREATE CQ a BEGIN SELECT t AS m INTO b FROM c WHERE count(t) > 1 GROUP BY (1s) END", "1:59", "HAVING"),
-    ("CREATE CQ a BEGIN SELECT t AS m INTO b FROM c FILL(previous) END", "1:47", "FILL needs GROUP BY"),
+    ("CREATE CQ a BEGIN SELECT t AS m INTO b FROM c FILL(previous) END", "1:11", "or RESAMPLE EVERY"),
     ("CREATE CQ a BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END extra", "1:70", "after END"),
     ("DROP CQ a", "1:1", "is a command"),
     ("SELECT 1", "1:1", "unknown statement"),
@@ -233,3 +235,14 @@ def test_catalog_loads_good_files_and_reports_bad_ones(tmp_path):
     assert "already writes" in errors
     assert "time filter" in errors
     assert len(catalog.errors) == 4
+
+
+def test_select_items_without_a_name_get_one_from_their_text():
+    (cq,) = parse_text(
+        "CREATE CQ a BEGIN SELECT count(s1), Max_Value( temperature ), avg(s1) * 2, s2, 1 + 2, count(s1) "
+        "INTO b FROM c GROUP BY (10s) END"
+    )
+    assert [i.name for i in cq.select] == ["count_s1", "max_value_temperature", "avg_s1_2", "s2", "_1_2", "count_s1_2"]
+    # AS and the INTO list still win; FILL is allowed without GROUP BY (rows are filled per device).
+    (cq,) = parse_text("CREATE CQ a RESAMPLE EVERY 1m BEGIN SELECT s1 + 1 INTO b(x) FROM c FILL(PREVIOUS) END")
+    assert [i.name for i in cq.select] == ["x"] and cq.fill is not None and cq.time_grouping is None

@@ -105,7 +105,9 @@ def test_where_having_limit_offset(spark, data):
     )
     assert rows == [(0, "b", 10.0), (10, "a", 5.0), (20, "b", 20.0)]
     rows = secs(run(spark, data, "SELECT max(v) AS m INTO o FROM t GROUP BY (10s), device LIMIT 2 OFFSET 1"))
-    assert rows == [(0, "b", 10.0), (10, "a", 5.0)]  # ordered by time then device: skip (0,a), keep 2
+    # Without ALIGN BY DEVICE a row of IoTDB's result is a window holding every device: skip the
+    # window at 0 s, keep those at 10 s and 20 s (b has no value at 10 s, a none at 20 s).
+    assert rows == [(10, "a", 5.0), (20, "b", 20.0)]
 
 
 def test_iotdb_aggregates(spark, data):
@@ -128,3 +130,149 @@ def test_row_wise_align_by_device_respects_range_edges(spark, data):
     rows = secs(run(spark, data, "SELECT v * 2 AS w INTO o FROM t ALIGN BY DEVICE", fire=31, range_="30s"))
     # range [1, 31): 1s included, 31s excluded; the NULL row is all-null and not written
     assert rows == [(1, "a", 2.0), (2, "a", 6.0), (5, "b", 20.0), (12, "a", 10.0), (25, "b", 40.0)]
+
+
+# --- IoTDB's rules (issue 22), on the rows a side-by-side run with IoTDB used -----------------------
+# In IoTDB every measurement is its own series: a NULL here is a point that does not exist there.
+# d1: s1 = 1 @0s, 2 @5s, 3 @8s, 4 @21s; s2 = NULL @0s, 7 @5s, NULL @8s, 5 @21s. d2: one row @3s
+# (s2 NULL). d3: one row @40s, outside the firing's range [0s, 30s), so it is a known, silent device.
+# Every expected value below is written out from IoTDB's rules, not from the engine.
+
+
+@pytest.fixture(scope="module")
+def points(spark):
+    rows = [
+        (0, "d1", 1.0, None),
+        (5, "d1", 2.0, 7.0),
+        (8, "d1", 3.0, None),
+        (21, "d1", 4.0, 5.0),
+        (3, "d2", 10.0, None),
+        (40, "d3", 9.0, 9.0),
+    ]
+    table = pa.table(
+        {
+            "ts": pa.array([at(r[0]) for r in rows], pa.timestamp("us", tz="UTC")),
+            "device": [r[1] for r in rows],
+            "s1": pa.array([r[2] for r in rows], pa.float64()),
+            "s2": pa.array([r[3] for r in rows], pa.float64()),
+        }
+    )
+    return spark.createDataFrame(table)
+
+
+def fire30(spark, points, body: str, **kw) -> list[tuple]:
+    return secs(run(spark, points, body, fire=30, every="30s", range_="30s", **kw))
+
+
+def test_first_and_last_value_are_the_first_and_last_points(spark, points):
+    rows = fire30(
+        spark, points, "SELECT first_value(s2) AS f, last_value(s2) AS l INTO o FROM t GROUP BY (10s) ALIGN BY DEVICE"
+    )
+    # d1's s2 points: 7 @5s, 5 @21s (the NULLs at 0s and 8s are no points); d2 has no s2 point.
+    assert rows == [(0, "d1", 7.0, 7.0), (20, "d1", 5.0, 5.0)]
+    # Every IoTDB aggregate over a window whose first and last rows hold NULL.
+    rows = fire30(
+        spark,
+        points,
+        "SELECT first_value(s2) AS f, last_value(s2) AS l, max_value(s2) AS mx, min_value(s2) AS mn, "
+        "extreme(s2) AS e, max_time(s2) AS mt, min_time(s2) AS nt, count(s2) AS c, sum(s2) AS su, avg(s2) AS a "
+        "INTO o FROM t WHERE device = 'd1' GROUP BY (30s)",
+    )
+    assert rows == [(0, 7.0, 5.0, 7.0, 5.0, 7.0, at(21), at(5), 2, 12.0, 6.0)]
+
+
+def test_limit_and_offset_number_empty_windows(spark, points):
+    # IoTDB's rows after OFFSET 1 are 5s = 3.0 and 10s = NULL: only 5s = 3.0 is written.
+    rows = fire30(
+        spark, points, "SELECT max_value(s1) AS m INTO o FROM t WHERE device = 'd1' GROUP BY (5s) LIMIT 2 OFFSET 1"
+    )
+    assert rows == [(5, 3.0)]
+    # ALIGN BY DEVICE: device by device (d1, d2, d3: every known device), each with its 3 windows:
+    # d1@0 3, d1@10 -, d1@20 4, d2@0 10, d2@10 -, d2@20 -, d3@0 -, ... OFFSET 2 LIMIT 4 keeps rows 3-6.
+    rows = fire30(
+        spark, points, "SELECT max_value(s1) AS m INTO o FROM t GROUP BY (10s) LIMIT 4 OFFSET 2 ALIGN BY DEVICE"
+    )
+    assert rows == [(0, "d2", 10.0), (20, "d1", 4.0)]
+
+
+def test_fill_without_group_by_fills_rows_per_device(spark, points):
+    rows = fire30(spark, points, "SELECT s1, s2 INTO o FROM t FILL(PREVIOUS) ALIGN BY DEVICE")
+    assert rows == [
+        (0, "d1", 1.0, None),
+        (3, "d2", 10.0, None),
+        (5, "d1", 2.0, 7.0),
+        (8, "d1", 3.0, 7.0),
+        (21, "d1", 4.0, 5.0),
+    ]
+    rows = fire30(spark, points, "SELECT s1, s2 INTO o FROM t WHERE device = 'd1' FILL(LINEAR) ALIGN BY DEVICE")
+    # 8s lies between 7 @5s and 5 @21s: 7 + (5 - 7) * 3/16; 0s has no point before it.
+    assert rows == [(0, "d1", 1.0, None), (5, "d1", 2.0, 7.0), (8, "d1", 3.0, 6.625), (21, "d1", 4.0, 5.0)]
+    rows = fire30(spark, points, "SELECT s1, s2 INTO o FROM t FILL(0.5) ALIGN BY DEVICE")
+    assert rows == [
+        (0, "d1", 1.0, 0.5),
+        (3, "d2", 10.0, 0.5),
+        (5, "d1", 2.0, 7.0),
+        (8, "d1", 3.0, 0.5),
+        (21, "d1", 4.0, 5.0),
+    ]
+    # A row exists where a selected series has a point: selecting s2 alone, 0s and 8s are no rows.
+    rows = fire30(spark, points, "SELECT s2 INTO o FROM t FILL(PREVIOUS) ALIGN BY DEVICE")
+    assert rows == [(5, "d1", 7.0), (21, "d1", 5.0)]
+
+
+def test_known_devices_without_rows_in_the_range_are_rows(spark, points):
+    rows = fire30(spark, points, "SELECT count(s1) AS n INTO o FROM t GROUP BY (10s) ALIGN BY DEVICE")
+    assert [r for r in rows if r[1] == "d3"] == [(0, "d3", 0), (10, "d3", 0), (20, "d3", 0)]
+    assert len(rows) == 9
+    # FILL's constant reaches them too; a WHERE on the device column picks the devices.
+    rows = fire30(spark, points, "SELECT max_value(s1) AS m INTO o FROM t GROUP BY (10s), device FILL(-1.0)")
+    assert [r for r in rows if r[1] == "d3"] == [(0, "d3", -1.0), (10, "d3", -1.0), (20, "d3", -1.0)]
+    rows = fire30(
+        spark, points, "SELECT count(s1) AS n INTO o FROM t WHERE device <> 'd3' AND s1 > 1 GROUP BY (10s), device"
+    )
+    assert rows == [(0, "d1", 2), (0, "d2", 1), (10, "d1", 0), (10, "d2", 0), (20, "d1", 1), (20, "d2", 0)]
+
+
+def test_groups_given_to_the_plan_are_the_devices(spark, points):
+    sql = "CREATE CQ q RESAMPLE EVERY 30s RANGE 30s BEGIN SELECT count(s1) AS n, count(s1) + 1 AS m INTO o FROM t GROUP BY (10s), device END"
+    (cq,) = parse_text(sql, options=ParseOptions(min_every=timedelta(0)))
+    cov = timing.coverage_of(cq.resample, [at(30)])
+    groups = pa.table({"device": ["d1", "d9"]})  # d9: a device the source holds, none of its rows read
+    out = plan_query(spark, cq, points, time_column="ts", coverage=cov, groups=groups).to_arrow().to_pylist()
+    got = sorted(((r["ts"] - T0).total_seconds(), r["device"], r["n"], r["m"]) for r in out)
+    assert got == [
+        (0, "d1", 3, 4),
+        (0, "d9", 0, 1),
+        (10, "d1", 0, 1),
+        (10, "d9", 0, 1),
+        (20, "d1", 1, 2),
+        (20, "d9", 0, 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "SELECT max_value(s1) AS m, count(s2) AS n INTO o FROM t GROUP BY (5s) LIMIT 5 OFFSET 2 ALIGN BY DEVICE",
+        "SELECT max_value(s1) AS m INTO o FROM t GROUP BY (5s), device LIMIT 2 OFFSET 1",
+    ],
+)
+def test_a_run_of_several_firings_numbers_rows_as_each_firing(spark, points, body):
+    """A recalculation covers several overlapping firings in one plan: what it writes is what the
+    firings write one after another (each replacing its range), LIMIT counted per firing."""
+    sql = f"CREATE CQ q RESAMPLE EVERY 10s RANGE 20s BEGIN {body} END"
+    (cq,) = parse_text(sql, options=ParseOptions(min_every=timedelta(0)))
+    fires = [at(20), at(30), at(40)]
+
+    def rows(cov, lo=None, hi=None):
+        out = plan_query(spark, cq, points, time_column="ts", coverage=cov).to_arrow().to_pylist()
+        return {tuple(r.values()) for r in out if (lo is None or lo <= r["ts"] < hi)}
+
+    together = rows(timing.coverage_of(cq.resample, fires))
+    # Firing i's rows stay where no later firing's range starts: [its start, the next one's start).
+    one_by_one = set()
+    for i, fire in enumerate(fires):
+        lo = timing.time_range(cq.resample, fire)[0]
+        hi = timing.time_range(cq.resample, fires[i + 1])[0] if i + 1 < len(fires) else at(40)
+        one_by_one |= rows(timing.coverage_of(cq.resample, [fire]), lo, hi)
+    assert together == one_by_one and together

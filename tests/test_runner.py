@@ -168,3 +168,65 @@ def test_missing_source_and_missing_time_column(spark, tmp_path):
         eng.run_firing("q", T0)
     assert not eng.storage.exists("out_q")
     assert eng.ledger.last("q").status == "failed"
+
+
+SILENT = """
+CREATE TABLE IF NOT EXISTS t (ts TIMESTAMP, device STRING, s1 DOUBLE);
+CREATE CQ counted RESAMPLE EVERY 30s RANGE 30s BEGIN
+  SELECT count(s1) AS n INTO counted_out FROM t GROUP BY (10s) ALIGN BY DEVICE
+END;
+CREATE CQ filled RESAMPLE EVERY 30s RANGE 30s BEGIN
+  SELECT max_value(s1) AS m INTO filled_out FROM t GROUP BY (10s), device FILL(-1.0)
+END;
+"""
+
+
+def test_devices_silent_in_the_range_report_zero_counts(spark, tmp_path):
+    """IoTDB takes a query's devices from its schema: a device that sent nothing in the range gets
+    a row per window (count 0, FILL's constant). Here: every device the source holds at the version
+    read, kept from the Delta log as devices come and go."""
+    eng = make_engine(tmp_path, spark, sql=SILENT)
+    eng.ensure_tables()
+
+    def table(*rows):
+        return pa.table(
+            {
+                "ts": pa.array([T0 + timedelta(seconds=s) for s, _, _ in rows], pa.timestamp("us", tz="UTC")),
+                "device": [d for _, d, _ in rows],
+                "s1": pa.array([v for _, _, v in rows], pa.float64()),
+            }
+        )
+
+    eng.storage.append("t", table((1, "d1", 1.0), (12, "d1", 2.0), (40, "d2", 5.0)))  # d2: nothing in [0s, 30s)
+    fire = T0 + timedelta(seconds=30)
+
+    def written(name):
+        return sorted(
+            ((r["ts"] - T0).total_seconds(), r["device"], r.get("n", r.get("m"))) for r in rows(eng, f"{name}_out")
+        )
+
+    eng.run_firing("counted", fire)
+    assert written("counted") == [
+        (0, "d1", 1),
+        (0, "d2", 0),
+        (10, "d1", 1),
+        (10, "d2", 0),
+        (20, "d1", 0),
+        (20, "d2", 0),
+    ]
+    eng.run_firing("filled", fire)
+    assert [r for r in written("filled") if r[1] == "d2"] == [(0, "d2", -1.0), (10, "d2", -1.0), (20, "d2", -1.0)]
+
+    eng.storage.append("t", table((100, "d3", 1.0)))  # a new device, long after the range
+    assert eng.run_firing("counted", fire).rows_written == 9
+    # d3's only row is deleted (a range replace, as a CQ writing its sink does): d3 is gone again.
+    eng.storage.replace_range(
+        "t",
+        table(),
+        time_column="ts",
+        time_range=(T0 + timedelta(seconds=90), T0 + timedelta(seconds=120)),
+        app_id="test",
+        app_version=1,
+    )
+    assert eng.run_firing("counted", fire).rows_written == 6
+    assert {r[1] for r in written("counted")} == {"d1", "d2"}

@@ -12,7 +12,7 @@ from netutil import free_port, port_open
 
 from cq_engine.config import Settings
 from cq_engine.errors import SparkError
-from cq_engine.spark import _alive, server_status, start_server, stop_server
+from cq_engine.spark import _alive, in_process_notice, port_taken, server_status, start_server, stop_server
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -190,6 +190,72 @@ def test_streams_run_over_spark_connect(server, tmp_path):
     }  # the first tick only sets the %%trows baseline (no rows, no group)
 
 
+HOLD_A_SESSION = """
+import sys, time
+from pyspark.sql import SparkSession
+SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(3).count()
+print("connected", flush=True)
+time.sleep(600)
+"""
+
+
+def test_restart_at_once_on_the_same_port_with_a_client_connected(server):
+    """`cq spark stop` then `cq spark start` while a client is connected: the stopped server's
+    connections stay in TIME_WAIT on the port (a plain bind is refused for about a minute), and the
+    new server starts at once anyway (the port check binds as the JVM does)."""
+    from cq_engine.spark import client_url
+
+    settings, _ = server
+    client = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_SESSION, client_url(settings)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "connected"
+        assert stop_server(settings) is True
+        with socket.socket() as plain, pytest.raises(OSError):  # what the old check did: a live process?
+            plain.bind(("127.0.0.1", settings.spark_port))
+        assert not port_taken(settings.spark_port)
+        again = start_server(settings, timeout=300)
+        assert again.running and again.port == settings.spark_port and server_status(settings) == again
+    finally:
+        client.kill()
+        client.wait(30)
+
+
+def test_port_check_sees_listeners_not_time_wait():
+    """The kernel's own TIME_WAIT (the server side closed first, as a stopping server does) is not a
+    process on the port; a listener is."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM's server socket
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert port_taken(port)
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = listener.accept()
+            conn.close()  # the server's end closes first: it goes to TIME_WAIT
+            assert client.recv(1) == b""
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
+    assert not port_taken(port)
+
+
+def test_in_process_notice_names_the_server_looked_for(tmp_path):
+    settings = Settings(home=str(tmp_path / ".cq"), spark_port=free_port())
+    text = in_process_notice(settings)
+    assert f"CQ_HOME={tmp_path / '.cq'}/spark" in text and f"port {settings.spark_port}" in text
+    assert "no pid file" in text and "`cq spark start`" in text and "CQ_SPARK_REMOTE=sc://" in text
+    assert "does answer" not in text
+    with socket.socket() as other:  # a server another CQ_HOME started answers on the port
+        other.bind(("127.0.0.1", settings.spark_port))
+        other.listen()
+        assert "does answer: a server started with another CQ_HOME?" in in_process_notice(settings)
+
+
 def test_stop(server):
     settings, status = server
     assert stop_server(settings) is True
@@ -204,7 +270,9 @@ def test_stop(server):
 def test_jvm_incubator_warning_stays_off_the_terminal(tmp_path):
     """Spark 4's launcher always starts the JVM with ``--add-modules=jdk.incubator.vector``, and the JVM
     then prints "WARNING: Using incubator modules" on stderr: not on a user's terminal, neither from an
-    in-process session (`cq query`) nor from `cq spark start` (the server's output goes to its log)."""
+    in-process session (`cq query`) nor from `cq spark start` (the server's output goes to its log).
+    The in-process command says once why it starts a JVM (no server under its CQ_HOME), and pyspark's
+    mode variables inherited from a parent holding a Connect session do not derail it."""
     (tmp_path / "sql").mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("CQ_SPARK_REMOTE", "CQ_SPARK_MASTER")}
     env.update(
@@ -213,6 +281,9 @@ def test_jvm_incubator_warning_stays_off_the_terminal(tmp_path):
         CQ_SQL_DIR=str(tmp_path / "sql"),
         CQ_SPARK_PORT=str(free_port()),
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        # What a process holding a (local) Connect session passes on to the commands it starts.
+        SPARK_CONNECT_MODE_ENABLED="1",
+        SPARK_LOCAL_REMOTE="1",
     )
     cq = str(Path(sys.executable).with_name("cq"))
 
@@ -222,6 +293,9 @@ def test_jvm_incubator_warning_stays_off_the_terminal(tmp_path):
     out = run("query", "SELECT 1 AS x")  # no server: an in-process (py4j) JVM
     assert out.returncode == 0 and "(1 row)" in out.stdout, out.stderr
     assert "Using incubator modules" not in out.stderr + out.stdout, out.stderr
+    assert "Traceback" not in out.stderr and "CONNECT_URL_NOT_SET" not in out.stderr, out.stderr
+    assert out.stderr.count("using an in-process Spark session") == 1, out.stderr
+    assert f"CQ_HOME={tmp_path / '.cq'}/spark" in out.stderr and "`cq spark start`" in out.stderr, out.stderr
     try:
         out = run("spark", "start")
         assert out.returncode == 0 and "running at" in out.stdout, out.stderr

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from cq_engine.config import Settings
 from cq_engine.names import name_problem
-from cq_engine.storage.delta import DeltaRsStorage
-from cq_engine.storage.ledger import Ledger
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: pyarrow and deltalake cost `cq validate` and `cq --help` nothing
     from cq_engine.engine import Engine
+    from cq_engine.storage.delta import DeltaRsStorage
+    from cq_engine.storage.ledger import Ledger
 
 
 def open_engine(settings: Settings) -> Engine:
@@ -25,10 +25,14 @@ def open_engine(settings: Settings) -> Engine:
 
 def open_storage(settings: Settings) -> DeltaRsStorage:
     """The warehouse's storage, without loading the catalog or Spark."""
+    from cq_engine.storage.delta import DeltaRsStorage
+
     return DeltaRsStorage(warehouse=settings.warehouse)
 
 
 def open_ledger(settings: Settings) -> Ledger:
+    from cq_engine.storage.ledger import Ledger
+
     return Ledger(store=open_storage(settings))
 
 

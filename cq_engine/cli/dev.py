@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cq_engine.cli.devstop import drain_runs, freeze_daemon, kill_frozen, stop_process_group
 from cq_engine.cli.feed import FEEDS, floor_time
+from cq_engine.cli.supervise import ServerSupervisor
 from cq_engine.config import DEFAULT_SPARK_PORT, Settings
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError
@@ -66,8 +67,11 @@ def write_dagster_home(path: str | Path) -> Path:
     return home
 
 
-def dagster_env(settings: Settings, dagster_home: Path) -> dict[str, str]:
+def dagster_env(settings: Settings, dagster_home: Path, *, spark_server: bool = True) -> dict[str, str]:
     env = dict(os.environ)
+    if not spark_server and not settings.spark_remote:
+        # --no-spark-server: in-process sessions are the choice, not a fallback to warn about.
+        env.setdefault("CQ_SPARK_MASTER", settings.spark_master or "local[*]")
     env.update(
         {
             "DAGSTER_HOME": str(dagster_home),
@@ -165,6 +169,8 @@ def run_dev(
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     settings = check_ports(settings, port=port, spark_server=spark_server)
     proc: subprocess.Popen | None = None
+    # Only our own server is supervised (not a CQ_SPARK_REMOTE one, which `cq dev` does not start).
+    supervisor = ServerSupervisor(settings, say=_say) if spark_server and not settings.spark_remote else None
     try:
         engine = Engine(settings=settings)
         for err in engine.catalog.errors:
@@ -191,7 +197,7 @@ def run_dev(
         cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
         proc = subprocess.Popen(
             cmd,
-            env=dagster_env(settings, dagster_home),
+            env=dagster_env(settings, dagster_home, spark_server=spark_server),
             start_new_session=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -205,8 +211,12 @@ def run_dev(
             f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
             "Ctrl-C stops everything"
         )
+        if supervisor is not None:
+            supervisor.start()
     except KeyboardInterrupt:  # Ctrl-C while starting: undo what was started, quietly
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if supervisor is not None:
+            supervisor.stop()
         if proc is not None:
             stop_process_group(proc)
         if spark_server and spark.stop_server(settings):
@@ -251,11 +261,17 @@ def run_dev(
         stop_process_group(proc)
         print("cq dev: Dagster webserver and daemon stopped")
     pump.join(5)
+    if supervisor is not None:
+        supervisor.stop()  # no restart of the server we are about to stop
     if spark_server:
         spark.stop_server(settings)
         print("cq dev: Spark Connect server stopped")
     print(f"cq dev: stopped at {iso(datetime.now(UTC))}")
     return code
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event) -> None:

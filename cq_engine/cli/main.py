@@ -1,9 +1,14 @@
-"""``cq``: every command is a thin call into the library (the same functions Dagster calls)."""
+"""``cq``: every command is a thin call into the library (the same functions Dagster calls).
+
+Start-up is part of every command's cost (README, CLI reference): modules a command does not need are
+imported inside its handler, and the ``cq`` executable (``console``) ends without the interpreter's
+teardown when no in-process JVM needs an orderly stop."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -32,6 +37,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def console() -> None:
+    """The ``cq`` executable: ``main()``, then exit. Tearing the interpreter down (pandas, pyarrow,
+    gRPC, a Connect client) costs a few tenths of a second and does nothing a finished command needs
+    (its files are closed, its commits done, a Connect server keeps no state of ours), so the process
+    ends at once after flushing; only a classic session's JVM gets pyspark's orderly stop."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    context = sys.modules.get("pyspark.core.context")
+    if context is not None and context.SparkContext._gateway is not None:
+        sys.exit(code)
+    os._exit(code)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     sp = cmd("query", _query, "run Spark SQL over the warehouse tables")
     sp.add_argument("sql")
     sp.add_argument("--limit", type=int, default=1000)
+    sp.add_argument(
+        "--format",
+        choices=list(FORMATS),
+        default="table",
+        help="table (default), csv (a header, then RFC 4180 rows), or json (one JSON object per line)",
+    )
     sp.add_argument(
         "--allow-writes",
         action="store_true",
@@ -330,7 +355,7 @@ def _query(args, settings: Settings) -> int:
         check_read_only(args.sql)  # before Spark starts
     engine = open_engine(settings)
     table = engine.query(args.sql, limit=args.limit, allow_writes=args.allow_writes)
-    _print_rows(table.column_names, [[_cell(v) for v in row.values()] for row in table.to_pylist()])
+    FORMATS[args.format](table.column_names, table.to_pylist())
     return 0
 
 
@@ -338,6 +363,51 @@ def _cell(v) -> str:
     if isinstance(v, datetime):
         return iso(v)
     return "NULL" if v is None else str(v)
+
+
+def _print_table(columns: list[str], rows: list[dict]) -> None:
+    _print_rows(columns, [[_cell(v) for v in row.values()] for row in rows])
+
+
+def _print_csv(columns: list[str], rows: list[dict]) -> None:
+    """A header line, then one line per row: timestamps ISO-8601, NULL as an empty field."""
+    import csv
+
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if v is None else iso(v) if isinstance(v, datetime) else v for v in row.values()])
+
+
+def _print_json_lines(columns: list[str], rows: list[dict]) -> None:
+    """One JSON object per row, keys in column order: timestamps and dates as ISO-8601 strings,
+    decimals and bytes as strings, NaN and infinities as the strings "NaN", "Infinity", "-Infinity"
+    (JSON has no such numbers), NULL as null."""
+    for row in rows:
+        print(json.dumps({k: _json_value(v) for k, v in row.items()}, default=_json_default, allow_nan=False))
+
+
+def _json_value(v):
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, list):
+        return [_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _json_value(x) for k, x in v.items()}
+    return v
+
+
+def _json_default(v) -> str:
+    if isinstance(v, datetime):
+        return iso(v)
+    if hasattr(v, "isoformat"):  # date, time
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)  # Decimal and anything else: its exact text
+
+
+FORMATS = {"table": _print_table, "csv": _print_csv, "json": _print_json_lines}
 
 
 def _spark(args, settings: Settings) -> int:
@@ -383,4 +453,4 @@ def _print_rows(header: list[str], rows: list[list[str]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -4,23 +4,26 @@ RESUME/DROP STREAM) for a file-defined system whose running state lives in Dagst
 from __future__ import annotations
 
 import json
+import sys
 from datetime import datetime
 from pathlib import Path
 
 from cq_engine.cli.common import name_arg, open_engine, open_ledger, open_storage
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
-from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
+from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, Stream
 from cq_engine.statefile import read_state, write_atomic
-from cq_engine.streams.timing import StreamCursor
 from cq_engine.times import UTC, iso, parse_time
 
 
 def register(cmd) -> None:
     sp = cmd(
-        "tick", _tick, "evaluate a definition's schedule or sensor once, as the daemon would, and run what it requests"
+        "tick",
+        _tick,
+        "evaluate definitions' schedules or sensors once, as the daemon would, and run what they request",
     )
-    sp.add_argument("name", type=name_arg)
+    sp.add_argument("names", nargs="*", type=name_arg, metavar="NAME", help="one or more definitions, in this order")
+    sp.add_argument("--all", action="store_true", help="every definition of CQ_SQL_DIR, in file order")
     sp.add_argument("--at", metavar="T", help="evaluation time (a schedule: its tick; default: now)")
     for name, verb in (("stop", "stop"), ("start", "start"), ("pause", "stop"), ("resume", "start")):
         sp = cmd(name, _control, f"{name} a definition's sensor or schedule in Dagster (STREAM {name.upper()})")
@@ -52,12 +55,37 @@ def cursor_path(settings: Settings, name: str) -> Path:
 
 
 def _tick(args, settings: Settings) -> int:
+    """Tick each NAME (or ``--all``) in order with one engine (one Spark session); a definition that
+    fails is reported as ``cq: error:`` and the others still tick; exit 1 if any failed."""
+    if bool(args.names) == args.all:
+        raise CQError("name the definitions to tick, or pass --all (not both)")
     engine = open_engine(settings)
-    d = engine.definition(args.name)
     now = parse_time(args.at, tz=settings.tz, what="--at") if args.at else datetime.now(UTC)
+    failed = 0
+    if args.all:
+        for err in engine.catalog.errors:  # a definition that failed to load cannot tick
+            print(f"cq: error: {err}", file=sys.stderr)
+            failed += 1
+        targets: list = list(engine.catalog.definitions)
+    else:
+        targets = list(dict.fromkeys(args.names))
+    for target in targets:
+        try:
+            d = target if args.all else engine.definition(target)
+            _tick_one(engine, d, settings=settings, now=now, exact=bool(args.at))
+        except CQError as exc:
+            if len(targets) == 1 and not args.all:
+                raise
+            print(f"cq: error: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def _tick_one(engine, d: Definition, *, settings: Settings, now: datetime, exact: bool) -> None:
+    """One definition's tick at ``now`` (``exact``: ``now`` must be a schedule's tick, else its latest)."""
     if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger):
         ticks = engine.ticks(d.name, now=now)
-        fire = now if args.at else ticks.latest(now)
+        fire = now if exact else ticks.latest(now)
         if fire is None or not ticks.is_tick(fire):
             nearest = ticks.between(now, now + ticks.every * 2)
             raise CQError(
@@ -69,14 +97,15 @@ def _tick(args, settings: Settings) -> int:
             f"{d.name}: tick {iso(fire)} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
             f"{r.rows_written} rows -> {d.sink} v{r.sink_version}"
         )
-        return 0
+        return
     from cq_engine.notify.outbox import gate
     from cq_engine.streams.sensor import evaluate_stream
+    from cq_engine.streams.timing import StreamCursor
 
     paused = gate(engine.ctx, d)
     if paused:  # ON_FAILURE PAUSE: the cursor stays until the pending notifications are delivered
         print(f"{d.name}: {paused}")
-        return 0
+        return
     path = cursor_path(settings, d.name)
     cursor = read_state(path, what="stream cursor")
     if cursor is not None:
@@ -102,7 +131,6 @@ def _tick(args, settings: Settings) -> int:
             print(f"{d.name}: {line}")
     # Saved once the requested runs succeeded, so a failed run is requested again next time.
     write_atomic(path, plan.cursor.to_json())
-    return 0
 
 
 def _control(args, settings: Settings) -> int:

@@ -4,15 +4,19 @@
 Delta table ``DATASOURCE`` (default: ``name``) as a source that rules call ``name``; its TIMESTAMP
 field is the event time (stored as a timestamp; ``cq ingest`` takes epoch milliseconds for it).
 
-``CREATE RULE [IF NOT EXISTS] name INTO sink AS SELECT ... FROM stream [WHERE ...] GROUP BY [col, ...,]
-window [FILTER (WHERE ...)] [OVER (WHEN ...)] [HAVING ...]`` becomes a ``Stream`` (``form="ekuiper"``)
-whose windows are the window function's; the sink gets ``window_start`` and ``window_end`` first.
+``CREATE RULE [IF NOT EXISTS] name INTO sink [WITH (lateTolerance = ms)] AS SELECT ... FROM stream
+[WHERE ...] GROUP BY [col, ...,] window [FILTER (WHERE ...)] [OVER (WHEN ...)] [HAVING ...]`` becomes a
+``Stream`` (``form="ekuiper"``) whose windows are the window function's over the whole stream, each
+window's rows split by the GROUP BY columns (``Stream.group_by``), as eKuiper computes them; the sink
+gets ``window_start`` and ``window_end`` first.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
+import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
@@ -32,7 +36,7 @@ from cq_engine.model import (
     placeholder_column,
 )
 from cq_engine.parse.cursor import Cursor, split_top
-from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
+from cq_engine.parse.fragments import Fragment, is_aggregate, is_aggregate_sql, to_spark, under_aggregate
 from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tables import column_type
 from cq_engine.parse.tdengine.select import derived_name
@@ -56,11 +60,13 @@ _USAGE = {
     "TUMBLINGWINDOW": "TUMBLINGWINDOW(unit, size)",
     "HOPPINGWINDOW": "HOPPINGWINDOW(unit, size, hop)",
     "SLIDINGWINDOW": "SLIDINGWINDOW(unit, size[, delay])",
-    "SESSIONWINDOW": "SESSIONWINDOW(unit, timeout, max_duration)",
+    "SESSIONWINDOW": "SESSIONWINDOW(unit, max_duration, timeout)",
     "COUNTWINDOW": "COUNTWINDOW(count[, interval])",
 }
 _CLAUSES = ("FROM", "WHERE", "GROUP BY", "FILTER", "OVER", "HAVING")
 WINDOW_START, WINDOW_END = "window_start", "window_end"
+ROW_TIME = placeholder_column("_ekrowtime")  # a row's event time (run.py adds it): the first row's values
+_OPTIONS = ("LATETOLERANCE",)  # a rule's WITH (...): eKuiper's rule options that apply to a batch engine
 
 
 def has_window_function(cur: Cursor) -> bool:
@@ -83,7 +89,7 @@ def parse_ekuiper_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Table
     columns: list[tuple[Token, str]] = []
     while True:
         col = cur.identifier("a field name")
-        columns.append((col, column_type(cur)))
+        columns.append((col, _field_type(cur)))
         if cur.match(","):
             continue
         cur.expect(")", what="',' or ')'")
@@ -123,12 +129,53 @@ def parse_ekuiper_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Table
     )
 
 
+# eKuiper's field types (its data_types.md) as Delta types: ``float`` is a 64-bit float (eKuiper has no
+# double), ``datetime`` a timestamp, ``bytea`` bytes; ``ARRAY(type)`` and ``STRUCT(name type, ...)``
+# nest them. Other Spark/TDengine type names are accepted too.
+_EK_TYPES = {
+    "bigint": "bigint",
+    "float": "double",
+    "string": "string",
+    "datetime": "timestamp",
+    "boolean": "boolean",
+    "bytea": "binary",
+}
+
+
+def _field_type(cur: Cursor) -> str:
+    tok = cur.peek()
+    word = tok.text.lower() if tok is not None else ""
+    nxt = cur.peek(1)
+    if word in ("array", "struct") and nxt is not None and nxt.token_type == TokenType.L_PAREN:
+        cur.advance()
+        _, inner, close = cur.group()
+        sub = cur.sub(inner, close.start)
+        if word == "array":
+            element = _field_type(sub)
+            if not sub.at_end():
+                raise sub.unexpected("ARRAY takes one element type, such as ARRAY(BIGINT)")
+            return f"array<{element}>"
+        fields = []
+        while True:
+            field = sub.identifier("a field name in STRUCT(name type, ...)")
+            fields.append(f"{field.text}:{_field_type(sub)}")
+            if sub.at_end():
+                break
+            sub.expect(",", what="',' or ')' in STRUCT(name type, ...)")
+        return f"struct<{','.join(fields)}>"
+    if word in _EK_TYPES:
+        cur.advance()
+        return _EK_TYPES[word]
+    return column_type(cur)
+
+
 def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
     """``CREATE RULE`` (and ``CREATE STREAM ... INTO ... AS`` a SELECT grouped by a window function)."""
     if_not_exists = cur.match("IF", "NOT", "EXISTS")
     name = cur.table_name("a rule name")
     into = cur.expect("INTO", what="INTO sink (where the rule's results go)")
     sink = cur.table_name("a table name after INTO").text
+    late = _rule_options(cur) if cur.match("WITH") else None
     cur.expect("AS", what="AS SELECT ...")
     query = cur.tokens[cur.pos :]
     cur.pos = len(cur.tokens)
@@ -142,30 +189,32 @@ def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
     if "GROUP BY" not in clauses:
         raise cur.error_at(query[0], "a rule needs GROUP BY with a window function: " + ", ".join(_USAGE.values()))
     keys, trigger, wtok = _group_by(cur, opts, *clauses["GROUP BY"])
-    options = StreamOptions()
+    # eKuiper drops rows older than the watermark (latest event time - lateTolerance); here they are
+    # reported as ignored instead of recomputing the windows they fall in (the default).
+    options = StreamOptions() if late is None else StreamOptions(watermark=late, ignore_disorder=True)
     if "FILTER" in clauses:
-        options = StreamOptions(pre_filter=_condition(cur, clauses["FILTER"], "WHERE", "FILTER"))
+        options = replace(options, pre_filter=_condition(cur, clauses["FILTER"], "WHERE", "FILTER"))
     if "OVER" in clauses:
         if not isinstance(trigger, EkSlidingTrigger):
             raise cur.error_at(clauses["OVER"][0], "OVER (WHEN ...) only follows SLIDINGWINDOW")
-        trigger = EkSlidingTrigger(
-            size=trigger.size, delay=trigger.delay, over=_condition(cur, clauses["OVER"], "WHEN", "OVER")
-        )
+        trigger = replace(trigger, over=_condition(cur, clauses["OVER"], "WHEN", "OVER"))
     items = _items(cur, clauses["SELECT"][1])
     where = _expression(cur, clauses["WHERE"][1], "WHERE") if "WHERE" in clauses else None
-    having = _expression(cur, clauses["HAVING"][1], "HAVING") if "HAVING" in clauses else None
-    if having and not any(i.is_aggregate for i in items) and not is_aggregate(_parse(cur, clauses["HAVING"][1])):
-        raise cur.error_at(clauses["HAVING"][0], "HAVING needs an aggregate (in it or in SELECT)")
+    having = None
+    if "HAVING" in clauses:
+        having = _having(cur, clauses["HAVING"], items)
+        if not any(i.is_aggregate for i in items) and not is_aggregate_sql(having):
+            raise cur.error_at(clauses["HAVING"][0], "HAVING needs an aggregate (in it or in SELECT)")
     line, col = cur.source.line_col(start.start)
     del wtok
-    return Stream(
+    stream = Stream(
         name=name.text,
         trigger=trigger,
         trigger_table=source,
         source=source,
         sink=sink,
         select=items,
-        partition_by=keys,
+        group_by=keys,
         where=where,
         having=having,
         options=options,
@@ -174,6 +223,69 @@ def parse_rule(cur: Cursor, opts: ParseOptions, start: Token) -> Stream:
         location=SourceLocation(cur.source.file, line, col),
         sql=" ".join(cur.source.text[start.start : cur.end].split()),
     )
+    return first_row_values(stream)
+
+
+def first_row_values(stream: Stream) -> Stream:
+    """An aggregate rule's columns outside aggregates that are not GROUP BY columns take the value of
+    the window group's first row, as in eKuiper (``min_by(col, ROW_TIME)``; rows at the same time:
+    any of them). A rule with GROUP BY columns is aggregate, as eKuiper's ``WithAggFields`` says: one
+    row per window group (without, an aggregate HAVING keeps or drops a window's rows: eKuiper emits
+    them all). The catalog calls it again once ``SELECT *`` is expanded."""
+    if not (stream.is_aggregate or stream.group_by):
+        return stream
+    keys = {k.lower() for k in stream.group_by}
+
+    def first(node: exp.Expr) -> exp.Expr:
+        if not isinstance(node, exp.Column) or node.name.lower() in keys or node.name.lower().startswith("__cq_"):
+            return node
+        if under_aggregate(node):
+            return node
+        return exp.Anonymous(this="MIN_BY", expressions=[node.copy(), exp.column(ROW_TIME)])
+
+    def rewrite(sql: str) -> str:
+        return to_spark(sqlglot.parse_one(sql, read="spark").transform(first))
+
+    items = tuple(replace(i, expression=rewrite(i.expression)) for i in stream.select)
+    items = tuple(replace(i, is_aggregate=is_aggregate_sql(i.expression)) for i in items)
+    having = rewrite(stream.having) if stream.having else None
+    return replace(stream, select=items, having=having)
+
+
+def _rule_options(cur: Cursor) -> timedelta:
+    """``WITH (lateTolerance = ms)`` (eKuiper's rule option, in milliseconds) → the tolerance."""
+    _, inner, _ = cur.group()
+    late = None
+    for part in split_top(inner):
+        if len(part) != 3 or part[1].token_type != TokenType.EQ or part[0].text.upper() not in _OPTIONS:
+            raise cur.error_at(
+                part[0] if part else None,
+                "a rule's WITH takes lateTolerance = milliseconds, such as WITH (lateTolerance = 1000)",
+            )
+        text = part[2].text
+        if not (text.isascii() and text.isdigit() and int(text) < 2**53):
+            raise cur.error_at(part[2], f"lateTolerance must be a whole number of milliseconds, not {text!r}")
+        late = timedelta(milliseconds=int(text))
+    if late is None:
+        raise cur.error_at(cur.tokens[cur.pos - 1], "WITH (...) is empty: WITH (lateTolerance = milliseconds)")
+    return late
+
+
+def _having(cur: Cursor, clause: tuple[Token, list[Token]], items: tuple[SelectItem, ...]) -> str:
+    """HAVING, with the SELECT's aliases replaced by their expressions (eKuiper lets HAVING name them)."""
+    node = _parse(cur, clause[1])
+    if isinstance(node, exp.Alias):
+        raise cur.error_at(clause[1][0], "HAVING takes a condition, not an alias")
+    aliases = {i.name.lower(): i.expression for i in items if i.expression != "*"}
+
+    def swap(n: exp.Expr) -> exp.Expr:
+        if isinstance(n, exp.Column) and not n.table and n.name.lower() in aliases:
+            sql = aliases[n.name.lower()]
+            if sql.strip("`").lower() != n.name.lower():
+                return exp.Paren(this=sqlglot.parse_one(sql, read="spark"))
+        return n
+
+    return to_spark(node.transform(swap))
 
 
 def _clauses(cur: Cursor, query: list[Token]) -> dict[str, tuple[Token, list[Token]]]:
@@ -234,6 +346,8 @@ def _expression(cur: Cursor, toks: list[Token], clause: str) -> str:
     node = _parse(cur, toks)
     if isinstance(node, exp.Alias):
         raise cur.error_at(toks[0], f"{clause} takes a condition, not an alias")
+    if is_aggregate(node):  # WHERE filters each window's rows: aggregates belong in HAVING
+        raise cur.error_at(toks[0], f"aggregates are not allowed in {clause}: filter the window's result with HAVING")
     return to_spark(node)
 
 
@@ -254,32 +368,48 @@ def _condition(cur: Cursor, clause: tuple[Token, list[Token]], word: str, name: 
 
 
 def _items(cur: Cursor, toks: list[Token]) -> tuple[SelectItem, ...]:
-    items = [
-        SelectItem(expression=placeholder_column("_twstart"), name=WINDOW_START, is_aggregate=False),
-        SelectItem(expression=placeholder_column("_twend"), name=WINDOW_END, is_aggregate=False),
-    ]
-    seen = {WINDOW_START: 0, WINDOW_END: 0}
+    """The automatic ``window_start`` / ``window_end`` columns, then the selected items. A selected
+    ``window_start()`` / ``window_end()`` (under its alias, if any) is that automatic column: one
+    column per meaning, and the sink's time column stays the window start."""
+    auto = {
+        "_twstart": SelectItem(expression=placeholder_column("_twstart"), name=WINDOW_START, is_aggregate=False),
+        "_twend": SelectItem(expression=placeholder_column("_twend"), name=WINDOW_END, is_aggregate=False),
+    }
+    items: list[SelectItem] = []
+    taken: set[str] = set()
     for part in split_top(toks):
         if not part:
             raise cur.error_at(toks[0], "empty item in SELECT")
         if len(part) == 1 and part[0].token_type == TokenType.STAR:
-            items.append(
-                SelectItem(expression="*", name="*", is_aggregate=False)
-            )  # the catalog expands it to the fields
+            items.append(SelectItem(expression="*", name="*", is_aggregate=False))  # the catalog expands it
             continue
         node = _parse(cur, part)
         body = node.this if isinstance(node, exp.Alias) else node
+        bound = body.name[len("__cq") :] if isinstance(body, exp.Column) and body.name in _BOUNDS else None
+        if bound is not None and bound in taken:
+            raise cur.error_at(part[0], f"{_BOUNDS[body.name]}() is selected twice")
         if isinstance(node, exp.Alias):
             name = node.alias
-        elif isinstance(body, exp.Column):
+        elif isinstance(body, exp.Column) and bound is None:
             name = body.name
         else:
             name = derived_name(cur.source.text[part[0].start : part[-1].end + 1])
-        if name.lower() in seen:
-            raise cur.error_at(part[0], f"two result columns are named {name!r}: give one an alias with AS name")
-        seen[name.lower()] = len(items)
+        if bound is not None:
+            taken.add(bound)
+            name = name if isinstance(node, exp.Alias) else auto[bound].name
+            auto[bound] = replace(auto[bound], name=name)
+            continue
         items.append(SelectItem(expression=to_spark(body), name=name, is_aggregate=is_aggregate(body)))
-    return tuple(items)
+    out = [*auto.values(), *items]
+    seen: set[str] = set()
+    for item in out:
+        if item.name != "*" and item.name.lower() in seen:
+            raise cur.error_at(toks[0], f"two result columns are named {item.name!r}: give one an alias with AS name")
+        seen.add(item.name.lower())
+    return tuple(out)
+
+
+_BOUNDS = {placeholder_column("_twstart"): "window_start", placeholder_column("_twend"): "window_end"}
 
 
 def _group_by(cur: Cursor, opts: ParseOptions, keyword: Token, toks: list[Token]):
@@ -331,22 +461,26 @@ def _window(cur: Cursor, opts: ParseOptions, part: list[Token]):
             sizes.append(bounded(micros(unit) * n, what=f"{fn} size", text=f"{n} {unit_tok.text}"))
         except CQError as exc:
             raise cur.error_at(a[0], str(exc)) from None
+    anchor = _local_midnight(opts)
     if fn == "TUMBLINGWINDOW":
-        return SlidingTrigger(sliding=sizes[0], interval=sizes[0], interval_offset=_natural(unit, opts))
+        return SlidingTrigger(sliding=sizes[0], interval=sizes[0], interval_offset=anchor % sizes[0])
     if fn == "HOPPINGWINDOW":
         if sizes[1] > sizes[0]:
             raise cur.error_at(args[2][0], "HOPPINGWINDOW's hop must not exceed its size")
-        return SlidingTrigger(sliding=sizes[1], interval=sizes[0], interval_offset=_natural(unit, opts))
+        # windows end at the hop's multiples: they start `size` earlier
+        return SlidingTrigger(sliding=sizes[1], interval=sizes[0], interval_offset=(anchor - sizes[0]) % sizes[1])
     if fn == "SLIDINGWINDOW":
         return EkSlidingTrigger(size=sizes[0], delay=sizes[1] if len(sizes) > 1 else timedelta(0))
-    return EkSessionTrigger(timeout=sizes[0], max_duration=sizes[1])
+    # eKuiper reads SESSIONWINDOW(unit, length, interval) as (max duration, timeout)
+    return EkSessionTrigger(timeout=sizes[1], max_duration=sizes[0], offset=anchor % sizes[0])
 
 
-def _natural(unit: timedelta, opts: ParseOptions) -> timedelta:
-    """Windows end on natural time (seed 003): multiples of their size from the epoch, and day windows at
-    local midnight of ``CQ_TIMEZONE`` (its standard offset: a day window stays 24 h across DST)."""
-    if unit < timedelta(days=1):
-        return timedelta(0)
+def _local_midnight(opts: ParseOptions) -> timedelta:
+    """Where natural time starts: eKuiper aligns windows (and session check points) in its time zone,
+    on multiples of the size from the start of the local day, hour, minute... (ends at 10, 20, 30 s;
+    an hour window in +05:30 ends at hh:30 UTC; a day window at local midnight). Here: multiples of the
+    size from local midnight of ``CQ_TIMEZONE``'s standard offset (a day window stays 24 h across DST);
+    the same whenever the size divides the unit above it."""
     offset = datetime(2001, 1, 15, tzinfo=opts.tz).utcoffset() or timedelta(0)
     return -offset % timedelta(days=1)
 

@@ -30,8 +30,10 @@ def _non_null_time(arg: exp.Expression) -> exp.Expression:
 IOTDB_AGGREGATES: dict[str, Callable[[exp.Expression], exp.Expression]] = {
     "MAX_VALUE": lambda a: exp.Max(this=a),
     "MIN_VALUE": lambda a: exp.Min(this=a),
-    "FIRST_VALUE": lambda a: exp.Anonymous(this="MIN_BY", expressions=[a, _time()]),
-    "LAST_VALUE": lambda a: exp.Anonymous(this="MAX_BY", expressions=[a, _time()]),
+    # IoTDB's first/last *point*: a NULL is an absent point, so rows where the value is NULL have no
+    # time to order by (MIN_BY/MAX_BY skip a NULL ordering).
+    "FIRST_VALUE": lambda a: exp.Anonymous(this="MIN_BY", expressions=[a, _non_null_time(a)]),
+    "LAST_VALUE": lambda a: exp.Anonymous(this="MAX_BY", expressions=[a, _non_null_time(a)]),
     # Largest absolute value keeping its sign; on a tie (5, -5) the positive one.
     "EXTREME": lambda a: exp.Anonymous(
         this="MAX_BY", expressions=[a, exp.Anonymous(this="STRUCT", expressions=[exp.Abs(this=a.copy()), a.copy()])]
@@ -127,12 +129,20 @@ def is_aggregate(node: exp.Expr) -> bool:
     return any(is_aggregate_call(n) for n in node.walk())
 
 
+def under_aggregate(node: exp.Expr) -> bool:
+    """``node`` lies inside an aggregate function call's arguments."""
+    parent = node.parent
+    while parent is not None and not is_aggregate_call(parent):
+        parent = parent.parent
+    return parent is not None
+
+
 def is_aggregate_sql(sql: str) -> bool:
     """``is_aggregate`` of Spark SQL text."""
     return is_aggregate(sqlglot.parse_one(sql, read="spark"))
 
 
-def to_spark(node: exp.Expression) -> str:
+def to_spark(node: exp.Expr) -> str:
     return node.sql(dialect="spark")
 
 

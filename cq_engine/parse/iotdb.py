@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -199,6 +200,8 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     if sink_columns is not None and len(sink_columns) != len(items):
         raise cur.error_at(clauses["INTO"][0], f"INTO lists {len(sink_columns)} columns but SELECT has {len(items)}")
     select_items = []
+    texts = _item_texts(cur, clauses["SELECT"][1])
+    taken: set[str] = set()
     for i, item in enumerate(items):
         if isinstance(item, exp.Star) or item.find(exp.Star) is item:
             raise select_frag.error(item, "SELECT * is not supported: name the columns")
@@ -208,9 +211,10 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
             else (item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else "")
         )
         if not name:
-            raise select_frag.error(
-                item, f"select item {to_spark(item)!r} needs a name: add AS name or INTO table(col, ...)"
-            )
+            name = _unique(default_name(texts[i] if len(texts) == len(items) else to_spark(item)), taken)
+        if name.lower() in taken:
+            raise select_frag.error(item, f"output column {name!r} is named twice: give one of them AS another name")
+        taken.add(name.lower())
         body = item.this if isinstance(item, exp.Alias) else item
         body = rewrite_iotdb_functions(body, select_frag)
         select_items.append(SelectItem(expression=to_spark(body), name=name, is_aggregate=is_aggregate(body)))
@@ -248,9 +252,49 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         if [t.text.upper() for t in toks] != ["BY", "DEVICE"]:
             raise cur.error_at(tok, "expected ALIGN BY DEVICE")
         fields["align_by_device"] = True
-    if time_grouping is None and "FILL" in clauses:
-        raise cur.error_at(clauses["FILL"][0], "FILL needs GROUP BY (interval)")
     return _Body(fields, time_grouping, grouping_tok)
+
+
+def default_name(text: str) -> str:
+    """The output column of a SELECT item without ``AS`` or an INTO column list. IoTDB names it after
+    its expression (``count(root.ln.d1.s1)``); here the item's text as written, lower-cased, with every
+    run of characters other than letters, digits and ``_`` made one ``_``, and trimmed of ``_``:
+    ``count(s1)`` → ``count_s1``, ``avg(a) * 2`` → ``avg_a_2``. A name that would start with a digit
+    gets ``_`` in front; one with nothing left is ``expr``; at most 64 characters."""
+    name = re.sub(r"\W+", "_", text.lower()).strip("_")[:64].rstrip("_")
+    if not name:
+        return "expr"
+    return f"_{name}" if name[0].isdigit() else name
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``... when an earlier item has it (a derived name never fails)."""
+    out, n = name, 1
+    while out.lower() in taken:
+        n += 1
+        out = f"{name}_{n}"
+    return out
+
+
+def _split_commas(toks: list[Token]) -> list[list[Token]]:
+    """``toks`` split at the commas outside parentheses."""
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for tok in toks:
+        if tok.token_type in _OPEN:
+            depth += 1
+        elif tok.token_type in _CLOSE:
+            depth -= 1
+        if tok.token_type == TokenType.COMMA and depth == 0:
+            parts.append([])
+        else:
+            parts[-1].append(tok)
+    return parts
+
+
+def _item_texts(cur: Cursor, toks: list[Token]) -> list[str]:
+    """The text of each SELECT item as written."""
+    return [cur.source.text[part[0].start : part[-1].end + 1] if part else "" for part in _split_commas(toks)]
 
 
 def _single_name(cur: Cursor, clause: Token, toks: list[Token], *, what: str) -> str:
@@ -282,17 +326,7 @@ def _parse_into(cur: Cursor, clause: Token, toks: list[Token]) -> tuple[str, tup
 def _parse_group_by(
     cur: Cursor, clause: Token, toks: list[Token]
 ) -> tuple[TimeGrouping | None, tuple[str, ...], Token | None]:
-    parts: list[list[Token]] = [[]]
-    depth = 0
-    for tok in toks:
-        if tok.token_type in _OPEN:
-            depth += 1
-        elif tok.token_type in _CLOSE:
-            depth -= 1
-        if tok.token_type == TokenType.COMMA and depth == 0:
-            parts.append([])
-        else:
-            parts[-1].append(tok)
+    parts = _split_commas(toks)
     time_grouping, interval_tok, keys = None, None, []
     for part in parts:
         if not part:

@@ -205,6 +205,7 @@ def _jobs(ctx: EngineContext, runs: dict[int, Prepared]) -> list[_Job]:
                 first.inputs[0],
                 time_column=first.time_column,
                 coverage=first.covs[0],
+                groups=first.groups,
             )
         except Exception:  # planning it failed: each keeps its own plan (and its own error, if any)
             jobs.extend(_own(i, runs[i]) for i in members)

@@ -2,6 +2,11 @@
 
 Times become integer microseconds so window arithmetic is exact. Every window of the run is
 ``[anchor + k*step, anchor + k*step + interval)`` on one grid anchored at the coverage start.
+
+IoTDB's rules (README, IoTDB continuous queries): a NULL is an absent point; every window of every
+known group is a row of the GROUP BY result (the groups are every value the source holds, not only
+those present in the range); HAVING, then FILL, then OFFSET/LIMIT work on those rows, and only then
+are rows whose values are all NULL left out.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType, StringType
@@ -20,10 +24,12 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, TimeGrouping
 from cq_engine.parse.fragments import TIME_REF, is_aggregate_sql
+from cq_engine.resample.groups import Groups, GroupSource, add_empty_windows, empty_sql, join_cells
 from cq_engine.resample.timing import Coverage
 from cq_engine.times import EPOCH
 
 _T, _K, _OWNER, _HAVING = "__cq_t", "__cq_k", "__cq_owner", "__cq_having"
+_RN = "__cq_rn"
 
 
 def _as_is(table: pa.Table) -> pa.Table:
@@ -65,10 +71,43 @@ def grouping_of(cq: ContinuousQuery, cov: Coverage) -> TimeGrouping | None:
     return None
 
 
+def group_columns(cq: ContinuousQuery) -> tuple[str, ...]:
+    """The columns a row of ``cq``'s result is grouped by besides its window (ALIGN BY DEVICE adds ``device``)."""
+    keys = list(cq.group_keys)
+    if cq.align_by_device and not any(k.lower() == "device" for k in keys):
+        keys.append("device")
+    return tuple(keys)
+
+
+def needs_groups(cq: ContinuousQuery) -> bool:
+    """Do the rows of groups without data in a window matter (a count of 0, FILL, LIMIT's numbering)?
+    Only then are the known groups asked for."""
+    return bool(group_columns(cq)) and _needs_grid(cq)
+
+
+def _needs_grid(cq: ContinuousQuery) -> bool:
+    if not cq.is_aggregate:
+        return False
+    return (
+        cq.fill is not None
+        or cq.limit is not None
+        or bool(cq.offset)
+        or any(empty_sql(i.expression) != "NULL" for i in cq.select)
+    )
+
+
 def plan_query(
-    spark: SparkSession, cq: ContinuousQuery, data: DataFrame, *, time_column: str, coverage: Coverage
+    spark: SparkSession,
+    cq: ContinuousQuery,
+    data: DataFrame,
+    *,
+    time_column: str,
+    coverage: Coverage,
+    groups: Groups = None,
 ) -> Plan:
-    """The rows ``cq`` writes for ``coverage``; ``data`` holds at least the source rows it covers."""
+    """The rows ``cq`` writes for ``coverage``; ``data`` holds at least the source rows it covers.
+    ``groups``: every value of ``group_columns(cq)`` the source holds at the version read (None: the
+    distinct ones of ``data``)."""
     lo0, every, length = micros(coverage.start - EPOCH), micros(coverage.every), micros(coverage.length)
     end, emit_end = micros(coverage.end - EPOCH), micros(coverage.emit_end - EPOCH)
     t = F.unix_micros(F.col(time_column))
@@ -76,9 +115,7 @@ def plan_query(
     df = df.filter((F.col(_T) >= lo0) & (F.col(_T) < end) & _covered(F.col(_T), lo0, every, length))
     if cq.where:
         df = df.filter(F.expr(cq.where))
-    keys = list(cq.group_keys)
-    if cq.align_by_device and not any(k.lower() == "device" for k in keys):
-        keys.append("device")
+    keys = list(group_columns(cq))
     grouping = grouping_of(cq, coverage)
     if grouping is None:
         frame = _row_wise(cq, df, time_column, keys, lo0, every, coverage.count, emit_end)
@@ -89,7 +126,8 @@ def plan_query(
         if cq.time_grouping is None:  # one window per firing range
             windows = min(windows, coverage.count)
         grid = _Grid(lo0, step, interval, windows)
-        return _windowed(spark, cq, df, time_column, keys, grid, every, length, coverage.count)
+        known = GroupSource(data, keys, groups)
+        return _windowed(spark, cq, df, time_column, keys, grid, every, length, coverage.count, known)
 
 
 def _covered(x, lo0: int, every: int, length: int):
@@ -111,12 +149,20 @@ def _row_wise(cq, df, time_column, keys, lo0, every, count, emit_end) -> DataFra
     df = df.filter(F.col(_T) < emit_end)
     values = [F.expr(i.expression).alias(i.name) for i in cq.select]
     out = df.select(
-        F.col(time_column), *[F.col(k) for k in keys], *values, _owner(F.col(_T), lo0, every, count).alias(_OWNER)
+        F.col(time_column),
+        F.col(_T),
+        *[F.col(k) for k in keys],
+        *values,
+        _owner(F.col(_T), lo0, every, count).alias(_OWNER),
     )
-    return _finish(cq, out, time_column, keys)
+    # A row of IoTDB's raw result exists where one of the selected series has a point.
+    out = _drop_empty(cq, out)
+    if cq.fill is not None:
+        out = _fill(out, cq, keys, order=_T)
+    return _limit(cq, out, order=_T, keys=keys).drop(_T, _OWNER)
 
 
-def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, count) -> Plan:
+def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, count, known: GroupSource) -> Plan:
     rel = F.col(_T) - F.lit(grid.anchor)
     if grid.step == grid.interval:
         df = df.withColumn(_K, F.floor(rel / grid.step).cast("long"))
@@ -135,20 +181,36 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
         aggs.append(F.expr(cq.having).alias(_HAVING))
     agg = df.groupBy(F.col(_K), *[F.col(k) for k in keys]).agg(*aggs)  # Column objects: no Connect round trip
 
-    counts = [i.name for i in cq.select if i.expression.upper().startswith("COUNT(")]
-    # Empty windows exist in IoTDB's output (count 0, or a value FILL can reach). Where only counts
-    # need them, they are added to the (small) result in Arrow: a grid join in Spark would scan the
-    # source a second time.
-    complete_in_arrow = bool(counts) and cq.fill is None and cq.having is None and cq.limit is None and not cq.offset
-    if cq.fill is not None or (counts and not complete_in_arrow):
+    empties = {i.name: empty_sql(i.expression) for i in cq.select}
+    starts = [
+        w for w in (grid.anchor + k * grid.step for k in range(grid.windows)) if _covered(w, grid.anchor, every, length)
+    ]
+    groups = known.python_rows(cq.where)
+    # Empty windows of every known group are rows, as in IoTDB: they count 0, FILL reaches them and
+    # LIMIT numbers them. Where only constant values (a count's 0) need them, they are added to the
+    # (small) result in Arrow; otherwise a grid of (window, group) is joined in Spark.
+    complete_in_arrow = (
+        _needs_grid(cq)
+        and groups is not None
+        and cq.fill is None
+        and cq.having is None
+        and cq.limit is None
+        and not cq.offset
+        and all(v in ("NULL", "0") for v in empties.values())
+    )
+    if _needs_grid(cq) and not complete_in_arrow:
         grid_ws = F.lit(grid.anchor) + F.col("id") * F.lit(grid.step)
         windows = spark.range(grid.windows).filter(_covered(grid_ws, grid.anchor, every, length))
-        windows = windows.select(F.col("id").alias(_K))
-        if keys:
-            windows = windows.crossJoin(df.select(*keys).distinct())
-        agg = windows.join(agg, on=[_K, *keys], how="left")
-        for name in counts:
-            agg = agg.withColumn(name, F.coalesce(F.col(name), F.lit(0).cast("long")))
+        having = cq.having if having_in_agg else None
+        agg = join_cells(
+            spark,
+            agg,
+            windows.select(F.col("id").alias(_K)),
+            known,
+            where=cq.where,
+            empties=empties,
+            having=(_HAVING, having),
+        )
     if having_in_agg:
         agg = agg.filter(F.col(_HAVING)).drop(_HAVING)
     elif cq.having:
@@ -156,57 +218,38 @@ def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, coun
 
     agg = agg.withColumn(_OWNER, _owner(ws, grid.anchor, every, count))
     if cq.fill is not None:
-        agg = _fill(agg, cq, keys)
+        agg = _fill(agg, cq, keys, order=_K)
+    numbered = None
+    if count > 1 and cq.having is None and cq.time_grouping is not None:
+        numbered = (-(-length // grid.step), every // grid.step)
+    agg = _limit(cq, agg, order=_K, keys=keys, grid=numbered)
     out = agg.select(
         F.timestamp_micros(ws).alias(time_column),
         *[F.col(k) for k in keys],
         *[F.col(i.name) for i in cq.select],
-        F.col(_OWNER),
     )
-    out = _finish(cq, out, time_column, keys)
+    out = _drop_empty(cq, out)
     columns = _output_columns(cq, time_column, keys)
     if not complete_in_arrow:
         return Plan(out, columns)
-    starts = [
-        w for w in (grid.anchor + k * grid.step for k in range(grid.windows)) if _covered(w, grid.anchor, every, length)
-    ]
+    assert groups is not None
+    values = {name: (0 if v == "0" else None) for name, v in empties.items()}
     return Plan(
         out,
         columns,
-        lambda table: _zero_counts(table, time_column=time_column, keys=keys, starts=starts, counts=counts),
+        lambda table: add_empty_windows(
+            table, time_column=time_column, keys=keys, starts=starts, groups=groups, values=values
+        ),
     )
 
 
-def _zero_counts(
-    table: pa.Table, *, time_column: str, keys: list[str], starts: list[int], counts: list[str]
-) -> pa.Table:
-    """Add the empty windows of every group present: counts 0, other values NULL."""
-    if table.num_rows == 0:
-        return table
-    seen_times = pc.cast(table.column(time_column), pa.int64()).to_pylist()
-    key_rows = list(zip(*[table.column(k).to_pylist() for k in keys])) if keys else [()] * table.num_rows
-    present = set(zip(seen_times, key_rows))
-    groups = list(dict.fromkeys(key_rows))
-    missing = [(w, g) for w in starts for g in groups if (w, g) not in present]
-    if not missing:
-        return table
-    columns = {time_column: pa.array([w for w, _ in missing], pa.int64()).cast(table.schema.field(time_column).type)}
-    for i, k in enumerate(keys):
-        columns[k] = pa.array([g[i] for _, g in missing], table.schema.field(k).type)
-    for field in table.schema:
-        if field.name not in columns:
-            value = 0 if field.name in counts else None
-            columns[field.name] = pa.array([value] * len(missing), field.type)
-    extra = pa.table({f.name: columns[f.name] for f in table.schema}, schema=table.schema)
-    return pa.concat_tables([table, extra])
-
-
-def _fill(agg: DataFrame, cq: ContinuousQuery, keys: list[str]) -> DataFrame:
+def _fill(agg: DataFrame, cq: ContinuousQuery, keys: list[str], *, order: str) -> DataFrame:
+    """FILL inside each group and firing, in ``order`` (the window index, or the row time)."""
     fill = cq.fill
     assert fill is not None  # called for a FILL clause only
-    order = Window.partitionBy(*keys, _OWNER).orderBy(_K)
-    before = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    after = order.rowsBetween(Window.currentRow, Window.unboundedFollowing)
+    window = Window.partitionBy(*keys, _OWNER).orderBy(order)
+    before = window.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    after = window.rowsBetween(Window.currentRow, Window.unboundedFollowing)
     types = {f.name: f.dataType for f in agg.schema.fields}
     for item in cq.select:
         c, dtype = F.col(item.name), types[item.name]
@@ -215,7 +258,7 @@ def _fill(agg: DataFrame, cq: ContinuousQuery, keys: list[str]) -> DataFrame:
         elif fill.kind == "linear":
             if not isinstance(dtype, NumericType):
                 continue  # IoTDB interpolates numbers only
-            k = F.col(_K)
+            k = F.col(order)
             prev_v, next_v = F.last(c, True).over(before), F.first(c, True).over(after)
             prev_k = F.last(F.when(c.isNotNull(), k), True).over(before)
             next_k = F.first(F.when(c.isNotNull(), k), True).over(after)
@@ -239,21 +282,38 @@ def _output_columns(cq: ContinuousQuery, time_column: str, keys: list[str]) -> t
     return (time_column, *keys, *[i.name for i in cq.select])
 
 
-def _finish(cq: ContinuousQuery, out: DataFrame, time_column: str, keys: list[str]) -> DataFrame:
-    """Drop all-null rows, apply LIMIT/OFFSET per firing, and drop engine columns."""
+def _limit(
+    cq: ContinuousQuery, out: DataFrame, *, order: str, keys: list[str], grid: tuple[int, int] | None = None
+) -> DataFrame:
+    """OFFSET/LIMIT per firing over IoTDB's rows: with ALIGN BY DEVICE one row per (device, time),
+    device by device; otherwise one row per time holding every group (IoTDB's time-aligned result).
+    ``grid`` (windows per firing, steps per EVERY): the run covers several firings with every window of
+    every group present, so a row's number in its firing is arithmetic, counting the firing's windows
+    that a later firing's range holds (they are the later firing's rows here)."""
+    if cq.limit is None and not cq.offset:
+        return out
+    if cq.align_by_device and grid is not None:
+        per_firing, steps = grid
+        device = F.dense_rank().over(Window.partitionBy(_OWNER).orderBy(*keys)) - 1
+        rn = device * per_firing + (F.col(_K) - F.col(_OWNER) * steps) + 1
+    elif cq.align_by_device:
+        rn = F.row_number().over(Window.partitionBy(_OWNER).orderBy(*keys, order))
+    else:
+        rn = F.dense_rank().over(Window.partitionBy(_OWNER).orderBy(order))
+    out = out.withColumn(_RN, rn).filter(F.col(_RN) > cq.offset)
+    if cq.limit is not None:
+        out = out.filter(F.col(_RN) <= cq.offset + cq.limit)
+    return out.drop(_RN)
+
+
+def _drop_empty(cq: ContinuousQuery, out: DataFrame) -> DataFrame:
+    """Leave out rows whose selected values are all NULL (IoTDB writes no point for a NULL)."""
     names = [i.name for i in cq.select]
-    if names:
-        out = out.filter(
-            F.greatest(*[F.col(n).isNotNull() for n in names]) if len(names) > 1 else F.col(names[0]).isNotNull()
-        )
-    if cq.limit is not None or cq.offset:
-        order = [*keys, time_column] if cq.align_by_device else [time_column, *keys]
-        rn = F.row_number().over(Window.partitionBy(_OWNER).orderBy(*order))
-        out = out.withColumn("__cq_rn", rn).filter(F.col("__cq_rn") > cq.offset)
-        if cq.limit is not None:
-            out = out.filter(F.col("__cq_rn") <= cq.offset + cq.limit)
-        out = out.drop("__cq_rn")
-    return out.drop(_OWNER)
+    if not names:
+        return out
+    return out.filter(
+        F.greatest(*[F.col(n).isNotNull() for n in names]) if len(names) > 1 else F.col(names[0]).isNotNull()
+    )
 
 
 def check_columns(cq: ContinuousQuery, columns: list[str], *, table: str) -> None:

@@ -21,7 +21,7 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery
 from cq_engine.resample import timing
-from cq_engine.resample.plan import Plan, check_columns, plan_query
+from cq_engine.resample.plan import Groups, Plan, check_columns, group_columns, needs_groups, plan_query
 from cq_engine.resample.timing import Coverage
 from cq_engine.storage.base import DataFrameWriter, Scan
 from cq_engine.storage.ledger import Recording
@@ -88,6 +88,7 @@ class Prepared:
     plans: list[Plan] = field(default_factory=list)
     scans: list[Scan] = field(default_factory=list)
     inputs: list = field(default_factory=list)  # each plan's source frame (Spark DataFrames)
+    groups: Groups = None  # the known group values at ``version`` (``plan.needs_groups``)
 
     @property
     def whole(self) -> tuple[datetime, datetime]:
@@ -128,7 +129,7 @@ class Prepared:
         self.version = ctx.storage.version(cq.source) if version is None else version
         if rec is not None:
             rec.source_versions = {cq.source: self.version}
-        self.plans = _plans(ctx, cq, self.covs, self.time_column, self.version, self.scans, self.inputs, reads)
+        self.plans = _plans(ctx, self, reads)
 
     def commit(self, ctx: EngineContext, data) -> int:
         """Replace the run's range of the sink by ``data`` (Arrow, or a Spark frame for a storage that
@@ -213,21 +214,13 @@ def execute(
     return run.result(rows=counted.rows, sink_version=rec.sink_version, seconds=time.perf_counter() - clock)
 
 
-def _plans(
-    ctx: EngineContext,
-    cq: ContinuousQuery,
-    covs: list[Coverage],
-    time_column: str,
-    version: int,
-    scans: list[Scan],
-    inputs: list,
-    reads: dict | None = None,
-) -> list[Plan]:
-    """One Spark job (``resample.plan.Plan``) per coverage chunk."""
+def _plans(ctx: EngineContext, run: Prepared, reads: dict | None = None) -> list[Plan]:
+    """One Spark job (``resample.plan.Plan``) per coverage chunk of ``run``."""
     # Every scan is planned before the stream starts: delta-rs consumes the stream on its own
     # runtime, from which the Delta log cannot be read again.
-    plans = []
-    for cov in covs:
+    cq, time_column, version = run.cq, run.time_column, run.version
+    plans: list[Plan] = []
+    for cov in run.covs:
         key = (cq.source, time_column, cov.read_range, version)
         if reads is not None and key in reads:
             df, scan = reads[key]
@@ -237,15 +230,29 @@ def _plans(
             )
             if reads is not None:
                 reads[key] = (df, scan)
-        scans.append(scan)
+        run.scans.append(scan)
         check_columns(cq, list(scan.columns) or df.columns, table=cq.source)
+        if not plans and needs_groups(cq):
+            run.groups = known_groups(ctx, cq, time_column=time_column, version=version)
         if 0 <= scan.bytes_read <= SINGLE_PARTITION_BYTES:
             # Small input (a firing's few seconds of data): one partition, so the aggregation needs
             # no shuffle and the job is one stage; larger reads keep Spark's parallelism.
             df = df.coalesce(1)
-        inputs.append(df)
-        plans.append(plan_query(ctx.spark, cq, df, time_column=time_column, coverage=cov))
+        run.inputs.append(df)
+        plans.append(plan_query(ctx.spark, cq, df, time_column=time_column, coverage=cov, groups=run.groups))
     return plans
+
+
+def known_groups(ctx: EngineContext, cq: ContinuousQuery, *, time_column: str, version: int) -> Groups:
+    """Every value of ``cq``'s group columns its source holds at ``version``: from the engine's state
+    (``storage.groups``, no Spark job), or for a table whose files cannot be read one by one, a
+    distinct over the snapshot's key columns inside the run's own Spark job."""
+    keys = group_columns(cq)
+    known = ctx.storage.known_groups(cq.source, keys, version=version, time_column=time_column)
+    if known is not None:
+        return known
+    df, _ = ctx.storage.read_range(ctx.spark, cq.source, time_column=time_column, time_range=None, version=version)
+    return df.select(*keys).distinct()
 
 
 def _stream(plans: list[Plan], progress: Progress | None) -> Iterator[pa.RecordBatch]:

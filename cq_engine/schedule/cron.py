@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
-
 from cq_engine.times import EPOCH, UTC
 
 _SECOND = timedelta(seconds=1)
@@ -310,6 +308,8 @@ def _parse(cron: str):
     """Fields of a 5-field cron string as croniter expands them; ``None`` for a ``*`` day field."""
     if len(cron.split()) != 5:
         raise ValueError(f"not a 5-field cron string: {cron!r}")
+    from croniter import croniter  # only here: a command that never expands a cron string skips its import
+
     fields, nth_weekday, *_ = croniter.expand(cron)
     if nth_weekday:
         raise ValueError(f"unsupported cron field in {cron!r}")

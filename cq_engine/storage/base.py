@@ -167,6 +167,13 @@ class Storage(Protocol):
     def commit_rows(self, table: str, commit: Commit, *, schemas: dict[str, pa.Schema] | None = None) -> pa.Table:
         """The rows of the files ``commit`` added, as Arrow in the table's current schema (no Spark)."""
 
+    def read_file(self, table: str, path: str, *, columns: tuple[str, ...] | None = None) -> pa.Table:
+        """One data file of ``table`` by its full path, optionally only some of its columns (no Spark)."""
+
+    def known_groups(self, table: str, keys: tuple[str, ...], *, version: int, time_column: str) -> pa.Table | None:
+        """Every distinct ``keys`` tuple ``table`` holds at ``version``, maintained incrementally from the
+        Delta log (``storage.groups``); None when the table's files cannot be read one by one."""
+
     # -- engine state: small tables at ``_cq/<name>`` (the ledger, frontiers, outboxes, ticks) --------
 
     def read_state(self, name: str) -> pa.Table | None:

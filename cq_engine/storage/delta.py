@@ -67,10 +67,20 @@ _DISPLAY = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "ti
 
 
 def arrow_type(spark_type: str) -> pa.DataType:
-    """The Arrow type for a Spark SQL type name (``double``, ``varchar(64)``, ``decimal(10,2)``...)."""
-    name = re.sub(r"\s+", "", spark_type.lower())
+    """The Arrow type for a Spark SQL type name (``double``, ``varchar(64)``, ``decimal(10,2)``,
+    ``array<bigint>``, ``struct<a:bigint,b:string>``...)."""
+    raw = re.sub(r"\s+", "", spark_type)
+    name = raw.lower()
     if name in _SIMPLE_TYPES:
         return _SIMPLE_TYPES[name]
+    if name.startswith("array<") and name.endswith(">"):
+        return pa.list_(arrow_type(raw[6:-1]))
+    if name.startswith("struct<") and name.endswith(">"):
+        fields = []
+        for part in _split_fields(raw[7:-1]):
+            field, _, type_ = part.partition(":")
+            fields.append(pa.field(field, arrow_type(type_)))
+        return pa.struct(fields)
     if re.fullmatch(r"(varchar|char)\(\d+\)", name):
         return pa.string()
     match = re.fullmatch(r"decimal(?:\((\d+)(?:,(\d+))?\))?", name)
@@ -83,6 +93,17 @@ def arrow_type(spark_type: str) -> pa.DataType:
         f"unknown column type {spark_type!r} (known: {', '.join(sorted(_SIMPLE_TYPES))}, "
         "varchar(n), char(n), decimal(p,s))"
     )
+
+
+def _split_fields(inner: str) -> list[str]:
+    """``a:bigint,b:struct<c:string,d:bigint>`` → its top-level ``name:type`` parts."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(inner):
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(inner[start:i])
+            start = i + 1
+    return [*parts, inner[start:]] if inner else []
 
 
 def _delta_types(schema: Schema) -> list[tuple[str, str]]:
@@ -192,7 +213,7 @@ class DeltaRsStorage(DeltaStateTables):
         column = self._time_field(table, dt, time_column)
         _check_readable(table, dt)
         uris = dt.file_uris()
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = log.arrow_table(dt.get_add_actions(flatten=True))
         mask = range_mask(actions, column, time_range)
         kept = [u for u, keep in zip(uris, mask) if keep]
         df = where_in_range(_read_files(spark, dt, kept), column, time_range)

@@ -24,6 +24,13 @@ import pyarrow.fs as pafs
 _LOG = "_delta_log"
 
 
+def arrow_table(stream) -> pa.Table:
+    """An Arrow C stream (delta-rs's scans and add actions) as a pyarrow Table. Not ``pa.table(stream)``:
+    that first asks pandas whether it was handed a DataFrame, importing pandas (a few tenths of a second)
+    into commands and sensors that never use it."""
+    return pa.RecordBatchReader.from_stream(stream).read_all()
+
+
 @dataclass(frozen=True)
 class FileChange:
     """One data file a commit added or removed: its location and its time-column statistics.
@@ -358,7 +365,7 @@ def _snapshot_files(
 
     try:
         dt = DeltaTable(table, version=version, storage_options=dict(storage_options or {}) or None)
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = arrow_table(dt.get_add_actions(flatten=True))
     except (DeltaError, OSError, ValueError):
         return None
     names = {n.lower(): n for n in actions.column_names}

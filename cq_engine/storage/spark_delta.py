@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from cq_engine.errors import CQError, TableError
+from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange
 from cq_engine.storage.delta import (
     COMMIT_ID_KEY,
@@ -163,7 +164,7 @@ class SparkDeltaStorage(DeltaRsStorage):
             return self._read_snapshot(spark, table, dt, time_column, time_range)
         column = self._time_field(table, dt, time_column)
         df = spark.read.format("delta").option("versionAsOf", dt.version()).load(self.spark_uri(table))
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = log.arrow_table(dt.get_add_actions(flatten=True))
         mask = range_mask(actions, column, time_range)
         df = where_in_range(df, column, time_range)
         return df, Scan(

@@ -15,6 +15,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from cq_engine.errors import TableError
 from cq_engine.names import check_name
 from cq_engine.storage import log
+from cq_engine.storage.groups import KnownGroups
 from cq_engine.storage.retry import retry_conflicts
 
 
@@ -44,7 +45,7 @@ class DeltaStateTables:
             return None
         # DeltaTable.scan (delta-rs' own engine), not to_pyarrow_table: the latter's pyarrow dataset
         # intermittently aborts the interpreter at exit in deltalake 1.6.6.
-        return pa.table(DeltaTable(uri, storage_options=self.storage_options).scan())
+        return log.arrow_table(DeltaTable(uri, storage_options=self.storage_options).scan())
 
     def append_state(self, name: str, data: pa.Table) -> None:
         """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
@@ -98,7 +99,7 @@ class DeltaStateTables:
     ) -> tuple[datetime | None, datetime | None, int]:
         """Event-time extent and row count of a snapshot, from its files' statistics."""
         dt = DeltaTable(self.uri(table), version=version, storage_options=self.storage_options)
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        actions = log.arrow_table(dt.get_add_actions(flatten=True))
         names = actions.column_names
         lo_col, hi_col = f"min.{time_column}", f"max.{time_column}"
         if actions.num_rows == 0 or lo_col not in names:
@@ -121,16 +122,34 @@ class DeltaStateTables:
                 )
             schemas[table] = pa.schema(dt.schema().to_arrow())
         schema = schemas[table]
-        uri = log._normalize(self.uri(table))
-        fs, root = log._filesystem(uri, self.storage_options)
-        parts = []
-        for change in commit.added:
-            path = change.path
-            if path.startswith(uri + "/"):
-                parts.append(pq.read_table(f"{root}/{path[len(uri) + 1 :]}", filesystem=fs))
-            else:  # an absolute URI elsewhere (a shallow clone's files)
-                parts.append(pq.read_table(path))
+        parts = [self.read_file(table, change.path) for change in commit.added]
         return pa.concat_tables([_to_schema(p, schema) for p in parts]) if parts else schema.empty_table()
+
+    def read_file(self, table: str, path: str, *, columns: tuple[str, ...] | None = None) -> pa.Table:
+        """One data file of ``table`` by its full path (``log.FileChange.path``); with ``columns``, only
+        those of them the file has (names matched ignoring case)."""
+        uri = log._normalize(self.uri(table))
+        if path.startswith(uri + "/"):
+            fs, root = log._filesystem(uri, self.storage_options)
+            with fs.open_input_file(f"{root}/{path[len(uri) + 1 :]}") as source:
+                return _read_parquet(source, columns)
+        return _read_parquet(path, columns)  # an absolute URI elsewhere (a shallow clone's files)
+
+    def known_groups(self, table: str, keys: tuple[str, ...], *, version: int, time_column: str) -> pa.Table | None:
+        """Every distinct ``keys`` tuple ``table`` holds at ``version``, kept incrementally from its log
+        (``storage.groups``); None when its files cannot be read one by one (ask Spark)."""
+        known = self.__dict__.get("_known_groups")
+        if known is None:
+            known = self.__dict__.setdefault("_known_groups", KnownGroups(self))
+        return known.groups(table, keys, version=version, time_column=time_column)
+
+
+def _read_parquet(source, columns: tuple[str, ...] | None) -> pa.Table:
+    if columns is None:
+        return pq.read_table(source)
+    wanted = {c.lower() for c in columns}
+    names = [n for n in pq.read_schema(source).names if n.lower() in wanted]
+    return pq.read_table(source, columns=names)
 
 
 def _to_schema(data: pa.Table, schema: pa.Schema) -> pa.Table:

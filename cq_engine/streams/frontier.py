@@ -36,8 +36,8 @@ def load_frontier(
         return {}, {}, []
     names = {n.lower(): n for n in data.column_names}
     stored = [names.get(k.lower(), k) for k in keys]
-    if any(k not in data.column_names for k in stored):
-        return {}, {}, []  # the partitioning changed: the groups start over
+    if any(k not in data.column_names for k in stored) or set(data.column_names) - {*stored, GROUP, RESUME}:
+        return {}, {}, []  # the partitioning changed (other or fewer keys): the groups start over
     resume, gids = _frontier_of(data, stored)
     return (
         resume,

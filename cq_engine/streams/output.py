@@ -8,10 +8,13 @@ not already hold), then ``group_id``: the partition group, the same BIGINT in ev
 
 from __future__ import annotations
 
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from cq_engine.errors import CQError
 from cq_engine.model import Stream, partition_placeholder, placeholder_column
+
+if TYPE_CHECKING:  # the catalog imports this module: `cq validate` needs no pyarrow
+    import pyarrow as pa
 
 GROUP_ID = "group_id"
 SUBTABLE = "tbname"
@@ -37,6 +40,8 @@ def shaping_columns(stream: Stream) -> list[tuple[str, str]]:
             # With OUTPUT_SUBTABLE, ``tbname`` is the output subtable's name; the trigger's moves aside.
             column = "tag_tbname" if name.lower() == "tbname" and stream.output_subtable else name
             out.append((column, partition_placeholder(i + 1)))
+        # eKuiper: the GROUP BY columns the items leave out, so each row says whose it is
+        out += [(k, f"`{k}`") for k in stream.group_by if k.lower() not in items]
     out.append((GROUP_ID, _GROUP))
     return out
 

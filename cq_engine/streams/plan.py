@@ -20,7 +20,8 @@ from sqlglot import exp
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
-from cq_engine.parse.fragments import is_aggregate, is_aggregate_call, is_aggregate_sql
+from cq_engine.parse.ekuiper import ROW_TIME
+from cq_engine.parse.fragments import is_aggregate, is_aggregate_sql, under_aggregate
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.windows.tdengine import (
     CLOSE_ROW,
@@ -32,7 +33,9 @@ from cq_engine.streams.windows.tdengine import (
     WEND,
     WLAST,
     WROWS,
+    WSEQ,
     WSTART,
+    exact_col,
     with_next_tick,
 )
 
@@ -104,7 +107,16 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
     return df
 
 
-_CONSTANT = {WSTART, WEND, WLAST, WROWS, WCLOSED} | {
+def with_row_time(stream: Stream, df: DataFrame, time_column: str) -> DataFrame:
+    """eKuiper rules: each row's event time as ``ROW_TIME``, which the SELECT reads for the value of a
+    window group's first row (``parse.ekuiper.first_row_values``)."""
+    sqls = [i.expression for i in stream.select] + [stream.having or ""]
+    if stream.form != "ekuiper" or not any(ROW_TIME in sql for sql in sqls):
+        return df
+    return df.withColumn(ROW_TIME, exact_col(time_column))
+
+
+_CONSTANT = {WSTART, WSEQ, WEND, WLAST, WROWS, WCLOSED} | {
     placeholder_column(p)
     for p in (
         "_twduration",
@@ -144,14 +156,7 @@ def row_stats_needed(stream: Stream) -> bool:
 
 
 def _rownum_in_aggregate(tree: exp.Expr) -> bool:
-    return any(c.name.lower() == WROWS.lower() and _under_aggregate(c) for c in tree.find_all(exp.Column))
-
-
-def _under_aggregate(node: exp.Expr) -> bool:
-    parent = node.parent
-    while parent is not None and not is_aggregate_call(parent):
-        parent = parent.parent
-    return parent is not None
+    return any(c.name.lower() == WROWS.lower() and under_aggregate(c) for c in tree.find_all(exp.Column))
 
 
 def _rownum_as_count(sql: str) -> str:
@@ -166,9 +171,11 @@ def _rownum_as_count(sql: str) -> str:
 
 
 def _window_columns(stream: Stream, df: DataFrame, keep: list[str]) -> list[str]:
-    """The window-constant columns to group on: the window start, those the SQL uses, ``keep``."""
+    """The window-constant columns to group on: the window start (and ``WSEQ``, telling apart windows
+    sharing it), those the SQL uses, ``keep``."""
     sql = _sql_of(stream)
-    return [c for c in df.columns if c in _CONSTANT | set(keep) and (c == WSTART or c in keep or c.lower() in sql)]
+    ids = (WSTART, WSEQ)
+    return [c for c in df.columns if c in _CONSTANT | set(keep) and (c in ids or c in keep or c.lower() in sql)]
 
 
 def evaluate(
@@ -190,7 +197,8 @@ def evaluate(
         df = df.filter(F.expr(stream.where))
     pcols = partition_columns(stream)
     shaping = shaping_columns(stream)
-    if stream.is_aggregate or not stream.select:  # no query (NOTIFY only): one row per window
+    # no query (NOTIFY only): one row per window; eKuiper: a GROUP BY column makes one per window group
+    if stream.is_aggregate or not stream.select or stream.group_by:
         # _twrownum not computed per row (row_stats_needed): the window's row count
         as_count = WROWS not in df.columns and any(WROWS.lower() in i.expression.lower() for i in stream.select)
         items = [
@@ -199,21 +207,39 @@ def evaluate(
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
         group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))
+        keys = [exact_col(k) for k in stream.group_by]  # eKuiper: GROUP BY splits each window's rows
         extra = [
-            (F.expr(sql) if _over_columns(sql, group) else F.first(F.expr(sql))).alias(name) for name, sql in shaping
+            (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by]) else F.first(F.expr(sql))).alias(name)
+            for name, sql in shaping
         ]
         having = []
         if stream.having and is_aggregate_sql(stream.having):  # over the window's rows
             having = [F.expr(stream.having).alias(_HAVING)]
-        out = df.groupBy(*group).agg(*items, *extra, *having)
+        # Aggregated under engine names, renamed after: an item may share a GROUP BY column's name.
+        names = [i.name for i in stream.select] + [n for n, _ in shaping]
+        inner = [f"__cq_out{n}" for n in range(len(names))]
+        out = df.groupBy(*group, *keys).agg(*[c.alias(a) for c, a in zip(items + extra, inner)], *having)
         if having:
             out = out.filter(F.col(_HAVING))
-        elif stream.having:  # over the result's columns
+        out = out.select(*[F.col(a).alias(n) for a, n in zip(inner, names)], *_kept(keep, group))
+        if stream.having and not having:  # over the result's columns
             out = out.filter(F.expr(stream.having))
-        return out.select(*[i.name for i in stream.select], *[n for n, _ in shaping], *_kept(keep, group))
+        return out
+    if stream.having:  # eKuiper: an aggregate HAVING keeps or drops a whole window's rows
+        ids = [*pcols, *(window_columns or _window_columns(stream, df, list(keep)))]
+        passed = df.groupBy(*ids).agg(F.expr(stream.having).alias(_HAVING)).filter(F.col(_HAVING))
+        df = df.alias("__cq_l").join(
+            passed.alias("__cq_r"),
+            on=[_side("__cq_l", c).eqNullSafe(_side("__cq_r", c)) for c in ids],
+            how="left_semi",
+        )
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
     return df.select(*items, *extra, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def _side(alias: str, column: str) -> Column:
+    return F.col(f"{alias}.`{column.replace('`', '``')}`")
 
 
 def _over_columns(sql: str, columns: list[str]) -> bool:

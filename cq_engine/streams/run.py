@@ -24,6 +24,7 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import (
     DATA_SHAPED,
+    EkSessionTrigger,
     EkSlidingTrigger,
     PeriodTrigger,
     SessionTrigger,
@@ -51,6 +52,7 @@ from cq_engine.streams.plan import (
     window_frame,
     with_empty_windows,
     with_placeholders,
+    with_row_time,
 )
 from cq_engine.streams.sensor import table_span
 from cq_engine.streams.sink import gone_groups, write_sink
@@ -74,6 +76,7 @@ _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
 _PHASE = "__cq_count_phase"
 _SHORT_ROWS = "__cq_short_rows"
+_RESUMED = "__cq_resumed_at"
 
 
 def _in_ranges(column: str, ranges) -> F.Column:
@@ -244,7 +247,8 @@ def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -
             timezone=tz,
             row_stats=row_stats_needed(stream),
         )
-        windows = with_placeholders(stream, windows.filter(_in_ranges(WSTART, work.windows)), tick=work.tick, tz=tz)
+        windows = with_row_time(stream, windows.filter(_in_ranges(WSTART, work.windows)), time_column)
+        windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
         result = _compute(
             ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi), version=work.version
         ).toArrow()
@@ -316,11 +320,14 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
         cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
         df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
         df = df.filter(F.col(time_column) >= F.coalesce(F.col(RESUME), F.lit(origin).cast("timestamp")))
+        resumed = F.col(RESUME).isNotNull() & (F.col(RESUME) > F.lit(origin).cast("timestamp"))
         if stream.trigger.kind == "count":  # a resumed group's first row starts a window
-            resumed = F.col(RESUME).isNotNull() & (F.col(RESUME) > F.lit(origin).cast("timestamp"))
             df = df.withColumn(_PHASE, F.when(resumed, F.lit(0)))
+        if isinstance(stream.trigger, EkSessionTrigger):  # a window resumed after a cut starts there
+            df = df.withColumn(_RESUMED, F.when(resumed, F.col(RESUME)))
         df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
     phase = _PHASE if _PHASE in df.columns else None
+    resumed_at = _RESUMED if _RESUMED in df.columns else None
     true_for = getattr(stream.trigger, "true_for", None) is not None
     windows = assign_windows(
         df,
@@ -330,9 +337,10 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
         close_until=work.close_until or lo,
         timezone=tz,
         count_phase_column=phase,
+        session_start_column=resumed_at,
         mark_short=true_for,
     )
-    windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
+    windows = with_placeholders(stream, with_row_time(stream, windows, time_column), tick=work.tick, tz=tz)
     short = None
     if true_for:
         short = _short_windows(stream, windows)
@@ -375,8 +383,8 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
         result = result.filter(pa.array(complete, pa.bool_()))
     if short is not None:
         result = result.drop_columns([SHORT, _SHORT_ROWS])
-    if isinstance(stream.trigger, EkSlidingTrigger):  # a later row's window reaches back `size`
-        moved = {g: m - stream.trigger.size for g, m in moved.items()}
+    if isinstance(stream.trigger, EkSlidingTrigger):  # a later row's window reaches back `size` (inclusive)
+        moved = {g: m - _US - stream.trigger.size for g, m in moved.items()}
     new_frontier = dict(frontier)
     new_frontier.update(moved)
     new_frontier.update(open_start)

@@ -4,17 +4,28 @@ both call :func:`evaluate_stream`."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 from cq_engine.context import EngineContext
-from cq_engine.errors import TableError
+from cq_engine.errors import CQError, TableError
 from cq_engine.model import DATA_SHAPED, Stream, statement_hash
 from cq_engine.streams import timing as st
 from cq_engine.streams.frontier import move_frontier
 from cq_engine.times import UTC
 
-HISTORY_CHUNK_ROWS = 5_000_000
+HISTORY_CHUNK_ROWS = 5_000_000  # default rows per FILL_HISTORY chunk (CQ_HISTORY_CHUNK_ROWS overrides)
+
+
+def history_chunk_rows() -> int:
+    """Rows per FILL_HISTORY chunk: ``CQ_HISTORY_CHUNK_ROWS``, else :data:`HISTORY_CHUNK_ROWS`."""
+    value = os.environ.get("CQ_HISTORY_CHUNK_ROWS", "")
+    if not value:
+        return HISTORY_CHUNK_ROWS
+    if not value.isdigit() or int(value) < 1:
+        raise CQError(f"CQ_HISTORY_CHUNK_ROWS={value!r}: expected a positive integer")
+    return int(value)
 
 
 def table_span(ctx: EngineContext, table: str, *, version: int | None, time_column: str) -> st.Span:
@@ -51,7 +62,7 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
     tz = ctx.settings.timezone
     if known is None:
         span = table_span(ctx, table, version=version, time_column=time_column)
-        plan = st.first_tick(stream, version=version, span=span, now=now, tz=tz, chunk_rows=HISTORY_CHUNK_ROWS)
+        plan = st.first_tick(stream, version=version, span=span, now=now, tz=tz, chunk_rows=history_chunk_rows())
         return _noted(
             ctx, stream, table, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))), now=now
         )

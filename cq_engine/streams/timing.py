@@ -531,11 +531,10 @@ def _late_ignored(
         if o.trigger_mode == "force_window_close":
             why = "FORCE_WINDOW_CLOSE closes windows by processing time and never reopens one"
         elif o.ignore_disorder:
-            why = (
-                "IGNORE EXPIRED 1 drops rows of closed windows"
-                if stream.form == "old"
-                else "IGNORE_DISORDER drops rows of closed windows"
-            )
+            why = {
+                "old": "IGNORE EXPIRED 1 drops rows of closed windows",
+                "ekuiper": f"lateTolerance {format_duration(o.watermark)} drops rows older than the watermark, as eKuiper does",
+            }.get(stream.form, "IGNORE_DISORDER drops rows of closed windows")
         elif floor is not None and s.min_time < floor:
             hi = min(hi, floor - _US)
             horizon = "EXPIRED_TIME" if o.expired_time is not None else "DELETE_MARK"

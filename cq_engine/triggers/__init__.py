@@ -11,10 +11,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from cq_engine.errors import CQError
+
+if TYPE_CHECKING:  # `cq validate` looks for trigger modules without loading pyarrow
+    import pyarrow as pa
 
 __all__ = ["BatchInfo", "FailureStrategy", "Trigger", "TriggerAttributes", "TriggerError", "batch_info"]
 

@@ -22,9 +22,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, TypeVar
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
@@ -33,6 +31,9 @@ from cq_engine.names import check_name, inside
 from cq_engine.statefile import read_json_state, write_atomic
 from cq_engine.times import iso
 from cq_engine.triggers import BatchInfo, FailureStrategy, Trigger, TriggerAttributes, TriggerError, with_info
+
+if TYPE_CHECKING:  # `cq validate` looks for trigger modules without loading pyarrow
+    import pyarrow as pa
 
 log = logging.getLogger("cq_engine.triggers")
 _T = TypeVar("_T")

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 WSTART, WEND, WLAST, WROWS, WCLOSED = "__cq_twstart", "__cq_twend", "__cq_wlast", "__cq_twrownum", "__cq_wclosed"
 STATE, PREV_STATE, NEXT_STATE = "__cq_state", "__cq_prev_state", "__cq_next_state"
 OPEN_ROW, CLOSE_ROW = "__cq_open_row", "__cq_close_row"
+WSEQ = "__cq_twseq"  # tells apart windows sharing a start (eKuiper: one sliding window per triggering row)
 SHORT = "__cq_short"  # a closed window TRUE_FOR drops (``assign_windows(mark_short=True)``)
 
 # Internal helper columns (all dropped from the output).

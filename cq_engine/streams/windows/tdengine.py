@@ -26,7 +26,8 @@ Semantics per trigger type (groups = ``keys``, rows ordered by time, timestamps 
   ``ceil(n/k)*k - n`` rows (earlier rows are in no window); not yet full windows are open, as for
   TDengine. ``count_phase_column`` overrides the shift per group (resuming from saved state).
 * ``EkSlidingTrigger``, ``EkSessionTrigger``: eKuiper's SLIDINGWINDOW and SESSIONWINDOW, see
-  :mod:`cq_engine.streams.windows.ekuiper`.
+  :mod:`cq_engine.streams.windows.ekuiper` (sliding windows add ``WSEQ``: one window per triggering
+  row, so several may share a start).
 
 TRUE_FOR(d) drops closed windows whose ``last - first < d``; open windows are kept. With
 ``mark_short`` they are kept and marked (``SHORT``), so a run can report what it dropped.
@@ -66,6 +67,7 @@ from cq_engine.streams.windows.common import (
     WLAST,
     WROWS,
     WS_US,
+    WSEQ,
     WSTART,
     check_positive,
     exact_col,
@@ -90,6 +92,7 @@ def assign_windows(
     close_until: datetime,
     timezone: str = "UTC",
     count_phase_column: str | None = None,
+    session_start_column: str | None = None,
     row_stats: bool = True,
     mark_short: bool = False,
 ) -> DataFrame:
@@ -103,6 +106,10 @@ def assign_windows(
     counted row is the 0-based index (among the group's counted rows) of its first window start;
     NULL (or no column) keeps the default: 0 for TDengine, ``ceil(n/k)*k - n`` for eKuiper. A caller
     resuming a group from saved state at a window start sets 0 there. Negative values count as 0.
+
+    ``session_start_column`` (eKuiper sessions only): a timestamp column, on a resumed run the
+    frontier, which the first window reports as its start when it is a check point before its first
+    row (the window followed a cut, see ``windows.ekuiper``).
 
     ``row_stats=False`` (time windows only; data-shaped windows need them to segment): no ``WLAST``
     or ``WROWS`` column. Per row they take a window function over (group, window), i.e. a shuffle
@@ -129,11 +136,11 @@ def assign_windows(
     elif isinstance(trigger, EventTrigger):
         out, extras = _event(rows, trigger, keys, until, inputs, mark_short), [OPEN_ROW, CLOSE_ROW]
     elif isinstance(trigger, CountTrigger):
-        out = _count(rows, trigger, keys, until, count_phase_column)
+        out = _count(rows, trigger, keys, until, count_phase_column, inputs)
     elif isinstance(trigger, EkSlidingTrigger):
-        out = ek_sliding(rows, trigger, keys, until)
+        out, extras = ek_sliding(rows, trigger, keys, until), [WSEQ]
     elif isinstance(trigger, EkSessionTrigger):
-        out = ek_session(rows, trigger, keys, until)
+        out = ek_session(rows, trigger, keys, until, session_start_column)
     else:
         raise TypeError(f"assign_windows: unsupported trigger {trigger!r}")
     if mark_short and getattr(trigger, "true_for", None) is not None:
@@ -323,14 +330,19 @@ def _condition_struct(sql: str, inputs: list[str]) -> Column:
     return F.struct(*[exact_col(n).alias(n) for n in condition_columns(sql, inputs)])
 
 
-def _count(df: DataFrame, trig: CountTrigger, keys, until: int, phase_column: str | None) -> DataFrame:
+def _count(
+    df: DataFrame, trig: CountTrigger, keys, until: int, phase_column: str | None, inputs: list[str]
+) -> DataFrame:
     n, slide = trig.count, trig.slide
     check_positive(n, "count")
     check_positive(slide, "slide")
     if trig.columns:
         valid = [exact_col(c).isNotNull() for c in trig.columns]
         df = df.filter(valid[0] if len(valid) == 1 else F.greatest(*valid))
-    idx = F.row_number().over(ordered(keys)) - F.lit(1)
+    order = ordered(keys)
+    if trig.ekuiper:  # over the whole stream, rows share times: ties in one order, the same every run
+        order = order.orderBy(F.col(T_US), F.xxhash64(*[exact_col(c) for c in inputs]))
+    idx = F.row_number().over(order) - F.lit(1)
     phase = -(-n // slide) * slide - n if trig.ekuiper else 0  # eKuiper: full windows end at rows k, 2k, ...
     if phase_column is not None:
         first = F.first(exact_col(phase_column).cast("long")).over(per_window(keys))

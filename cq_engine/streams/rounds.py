@@ -1,0 +1,217 @@
+"""The shared stream sensor's bookkeeping, pure: per stream its ``StreamCursor``, the works planned
+and not yet done (its *backlog*), the run holding them and its failed attempts; where each stream's
+works go this evaluation (computed in the sensor, or into the evaluation's run); and the journal
+that makes an evaluation's progress survive a daemon that dies before it saves the cursor.
+
+Dagster's objects stay in ``dagster_defs.streams``; this module is tested without them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cq_engine.errors import CQError
+from cq_engine.model import Stream
+from cq_engine.statefile import read_json_state, write_atomic
+from cq_engine.streams.timing import StreamWork, work_range
+
+CURSOR_VERSION = 1
+LOST_AFTER_SECONDS = 300  # a requested run that never appeared is requested again
+RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
+RUNNING = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
+SENSOR, RUN = "sensor", "run"
+
+
+@dataclass
+class StreamState:
+    cursor: str | None = None  # the StreamCursor JSON
+    backlog: list[str] = field(default_factory=list)  # StreamWork JSON planned and not yet done, in order
+    key: str | None = None  # run key of the run holding the backlog
+    since: float = 0.0  # when that run was requested (epoch seconds)
+    attempt: int = 0  # failed attempts at the backlog (> 0: it goes to runs until one succeeds)
+    served: float = 0.0  # when the sensor last computed its works (the least recently served go first)
+    adopted: str = ""  # id of the cursor last taken from its switch (`cq start --ignore-untreated`)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0, "", [])}
+
+
+@dataclass
+class Cursor:
+    """The sensor's cursor: ``seq`` counts the evaluations that did something (the journal's link)."""
+
+    seq: int = 0
+    streams: dict[str, StreamState] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        streams = {n: s.to_json() for n, s in sorted(self.streams.items())}
+        return json.dumps({"v": CURSOR_VERSION, "seq": self.seq, "streams": streams}, separators=(",", ":"))
+
+
+def load_cursor(text: str | None, *, sensor: str = "cq_streams") -> Cursor:
+    if not text:
+        return Cursor()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise CQError(f"{sensor}: its cursor is not JSON; reset the sensor's cursor") from None
+    if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
+        version = data.get("v") if isinstance(data, dict) else None
+        raise CQError(f"{sensor}: cursor version {version!r} is not {CURSOR_VERSION}; reset the sensor's cursor")
+    return Cursor(
+        seq=int(data.get("seq", 0)),
+        streams={n: StreamState(**s) for n, s in (data.get("streams") or {}).items()},
+    )
+
+
+def settle(state: StreamState, *, now: float, status: str | None, failed: set[str] | None, name: str) -> str:
+    """Bring ``state``'s run up to date: ``status`` of its run (None: not created yet), ``failed``
+    the streams its ``cq/failed`` tag names (None: the tag is absent). Returns ``free`` (nothing in
+    flight: plan or compute), ``held`` (its run is in flight, or it failed and waits for its back-off)
+    or ``retry`` (its backlog goes to a run again, one more attempt)."""
+    if not state.key:
+        return "free"
+    age = now - state.since
+    if status in RUNNING or (status is None and age < LOST_AFTER_SECONDS):
+        return "held"
+    if status == "SUCCESS" or (status == "FAILURE" and failed is not None and name not in failed):
+        state.key, state.backlog, state.attempt, state.since = None, [], 0, 0.0
+        return "free"
+    if age < RETRY_BACKOFF[min(state.attempt, len(RETRY_BACKOFF) - 1)]:
+        return "held"
+    state.key, state.attempt = None, state.attempt + 1
+    return "retry"
+
+
+def destination(state: StreamState, works: list[StreamWork], *, inline: bool) -> str:
+    """Where a free stream's backlog goes: the sensor computes live works when a Spark Connect server
+    serves (``inline``); history chunks, recalculations and a stream that failed go to the run."""
+    if not inline or state.attempt > 0 or any(w.kind != "realtime" for w in works):
+        return RUN
+    return SENSOR
+
+
+def service_order(states: dict[str, StreamState], names: list[str]) -> list[str]:
+    """The order the sensor computes streams in: least recently served first (fair under load)."""
+    return sorted(names, key=lambda n: (states[n].served, n))
+
+
+def run_key(works: dict[str, list[str]], attempt: int) -> str:
+    """A run's key: a hash of its works and attempt, so a repeated evaluation requests nothing new."""
+    text = json.dumps(sorted(works.items()), separators=(",", ":")) + f"#{attempt}"
+    return "cq_streams:" + hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def work_identity(stream: Stream, work: StreamWork, tz: str) -> tuple:
+    """What the ledger holds of a work: kind, tick, range and trigger version."""
+    lo, hi = work_range(stream, work, tz)
+    return (work.kind, work.tick, lo, hi, work.version)
+
+
+def done_works(entries, stream: Stream) -> set[tuple]:
+    """The identities of ``stream``'s succeeded runs in the ledger ``entries``."""
+    table = stream.trigger_source
+    return {
+        (e.kind, e.fire_time, e.range_start, e.range_end, e.source_versions.get(table))
+        for e in entries
+        if e.definition == stream.name and e.status == "succeeded"
+    }
+
+
+# -- the journal -------------------------------------------------------------------------------
+# Dagster stores a sensor's cursor (and the materializations it reports) only after the evaluation
+# returned; a daemon that dies in between loses both, though the sinks were committed. The sensor
+# therefore writes the cursor it returns, and the materializations, to a journal first; the next
+# evaluation that gets the cursor the journal was derived from adopts the journal's instead.
+@dataclass(frozen=True)
+class Journal:
+    base: int  # seq of the cursor the evaluation started from
+    cursor: str  # the cursor it returned
+    events: list  # (stream, metadata) of the materializations it reported
+
+
+def journal_path(home: str | Path, sensor: str, location: str) -> Path:
+    digest = hashlib.sha1(location.encode()).hexdigest()[:12]
+    return Path(home) / "streams" / f"{sensor}-{digest}.json"
+
+
+def write_journal(path: Path, journal: Journal) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"base": journal.base, "cursor": journal.cursor, "events": journal.events})
+    write_atomic(path, text)
+
+
+def adopt(path: Path, cursor: Cursor) -> Journal | None:
+    """The journal of the evaluation whose cursor was lost, if ``cursor`` is the one it started from."""
+    data = read_json_state(path, what="stream sensor journal")
+    if not data or data.get("base") != cursor.seq or (cursor.seq == 0 and not cursor.streams):
+        return None
+    return Journal(base=int(data["base"]), cursor=str(data["cursor"]), events=list(data.get("events") or []))
+
+
+def mark_inflight(path: Path, *, base: int, streams: list[str]) -> None:
+    """Before the sensor computes: which streams an evaluation from cursor ``base`` is computing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(_inflight(path), json.dumps({"base": base, "streams": sorted(streams)}))
+
+
+def clear_inflight(path: Path) -> None:
+    _inflight(path).unlink(missing_ok=True)
+
+
+def unfinished(path: Path, cursor: Cursor) -> list[str]:
+    """The streams an evaluation from ``cursor`` was computing when it never finished (its process
+    died, or a work hung past the daemon's time-out): they go to runs, where a hang is visible."""
+    data = read_json_state(_inflight(path), what="stream sensor in-flight mark")
+    if not data or data.get("base") != cursor.seq:
+        return []
+    return [str(n) for n in data.get("streams") or []]
+
+
+def _inflight(path: Path) -> Path:
+    return path.with_suffix(".inflight")
+
+
+def run_rounds(
+    ctx,
+    streams: dict[str, Stream],
+    pending: dict[str, list[StreamWork]],
+    *,
+    deadline: float | None = None,
+    chunk: int = 50,
+    timing: dict | None = None,
+):
+    """Execute ``pending`` (stream name -> its works, in order) in rounds — round r: each stream's
+    r-th work, at most ``chunk`` streams per ``fused.run_works`` call — and yield ``(name, work,
+    outcome)`` (a ``RunResult`` or the exception) as each finishes. A failing work stops its stream;
+    past ``deadline`` (``time.monotonic()``) no new call starts, and what was not started stays in
+    ``pending``. With a deadline, each call holds as many requests as the time left allows at the
+    pace of the calls so far (at least one), so a slow machine overruns it by one work, not by a
+    round."""
+    import time
+
+    from cq_engine.streams.fused import WorkRequest, run_works
+
+    timing = timing if timing is not None else {}
+    while any(pending.values()):
+        names = [n for n, ws in pending.items() if ws]
+        while names:
+            size = chunk
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                pace = timing.get("pace")
+                size = max(1, min(chunk, int(left / pace))) if pace else 1
+            batch, names = names[:size], names[size:]
+            requests = [WorkRequest(streams[n], pending[n][0]) for n in batch]
+            started = time.monotonic()
+            outcomes = run_works(ctx, requests)
+            spent = (time.monotonic() - started) / len(requests)
+            timing["pace"] = spent if not timing.get("pace") else (timing["pace"] + spent) / 2
+            for request, outcome in zip(requests, outcomes):
+                name = request.stream.name
+                pending[name] = [] if isinstance(outcome, Exception) else pending[name][1:]
+                yield name, request.work, outcome

@@ -1,0 +1,113 @@
+"""The shared stream sensor's pure bookkeeping (cq_engine.streams.rounds): run states, where works
+go, fairness, run keys, the ledger identity of a work and the journal of a lost cursor."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from cq_engine.errors import CQError
+from cq_engine.storage.ledger import LedgerEntry
+from cq_engine.streams import rounds as r
+from cq_engine.streams.timing import StreamWork
+
+T = datetime(2026, 1, 1, tzinfo=UTC)
+LIVE = StreamWork(version=3, windows=((T, T + timedelta(seconds=10)),), tick=T)
+HISTORY = StreamWork(version=3, kind="history", windows=((T, T + timedelta(seconds=10)),))
+
+
+def test_cursor_round_trips_and_rejects_other_versions():
+    cursor = r.Cursor(seq=4, streams={"a": r.StreamState(cursor="{}", backlog=[LIVE.to_json()], key="k", since=1.5)})
+    again = r.load_cursor(cursor.to_json())
+    assert again.seq == 4 and again.streams["a"] == cursor.streams["a"]
+    assert r.load_cursor(None).streams == {}
+    with pytest.raises(CQError, match="cursor version 9 is not 1"):
+        r.load_cursor('{"v": 9}')
+    with pytest.raises(CQError, match="not JSON"):
+        r.load_cursor("{")
+
+
+def test_settle_holds_in_flight_clears_success_and_retries_failures_after_a_back_off():
+    s = r.StreamState(backlog=["w"], key="k", since=100.0)
+    assert r.settle(s, now=101, status="STARTED", failed=None, name="a") == "held"
+    assert r.settle(s, now=101, status=None, failed=None, name="a") == "held"  # requested, not created yet
+    assert r.settle(s, now=101, status="SUCCESS", failed=None, name="a") == "free"
+    assert (s.key, s.backlog, s.attempt) == (None, [], 0)
+    # Failed in a run whose cq/failed tag names another stream: its works committed.
+    s = r.StreamState(backlog=["w"], key="k", since=100.0)
+    assert r.settle(s, now=101, status="FAILURE", failed={"b"}, name="a") == "free" and s.backlog == []
+    # Failed itself: held for the back-off (5 s, then 10 s), then retried with its backlog.
+    s = r.StreamState(backlog=["w"], key="k", since=100.0)
+    assert r.settle(s, now=103, status="FAILURE", failed={"a"}, name="a") == "held"
+    assert r.settle(s, now=106, status="FAILURE", failed={"a"}, name="a") == "retry"
+    assert (s.key, s.backlog, s.attempt) == (None, ["w"], 1)
+    s.key, s.since = "k2", 200.0
+    assert r.settle(s, now=206, status="FAILURE", failed=None, name="a") == "held"  # 10 s now
+    assert r.settle(s, now=211, status="FAILURE", failed=None, name="a") == "retry" and s.attempt == 2
+    # A run that never appeared is requested again after LOST_AFTER.
+    s = r.StreamState(backlog=["w"], key="k", since=0.0)
+    assert r.settle(s, now=r.LOST_AFTER_SECONDS + 1, status=None, failed=None, name="a") == "retry"
+
+
+def test_live_works_go_to_the_sensor_history_retries_and_no_server_to_the_run():
+    assert r.destination(r.StreamState(), [LIVE], inline=True) == r.SENSOR
+    assert r.destination(r.StreamState(), [LIVE], inline=False) == r.RUN
+    assert r.destination(r.StreamState(), [LIVE, HISTORY], inline=True) == r.RUN
+    assert r.destination(r.StreamState(attempt=1), [LIVE], inline=True) == r.RUN
+
+
+def test_least_recently_served_streams_go_first_and_run_keys_are_stable():
+    states = {"a": r.StreamState(served=30.0), "b": r.StreamState(served=10.0), "c": r.StreamState()}
+    assert r.service_order(states, ["a", "b", "c"]) == ["c", "b", "a"]
+    works = {"a": [LIVE.to_json()], "b": [HISTORY.to_json()]}
+    assert r.run_key(works, 0) == r.run_key(dict(reversed(works.items())), 0) != r.run_key(works, 1)
+
+
+def test_a_work_in_the_ledger_is_recognised_as_done(tmp_path):
+    from cq_engine.catalog import load_catalog
+
+    (tmp_path / "s.sql").write_text(
+        "CREATE TABLE meters (ts TIMESTAMP, current DOUBLE) TAGS (location STRING);\n"
+        "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM meters INTO s_out AS SELECT _twstart, count(*) AS n FROM %%trows;"
+    )
+    stream = load_catalog(str(tmp_path)).definition("s")
+    kind, tick, lo, hi, version = r.work_identity(stream, LIVE, "UTC")
+    entry = LedgerEntry(
+        definition="s",
+        kind=kind,
+        fire_time=tick,
+        range_start=lo,
+        range_end=hi,
+        source_versions={"meters": version},
+        rows_written=1,
+        sink_version=1,
+        status="succeeded",
+        started_at=T,
+        finished_at=T,
+    )
+    assert r.work_identity(stream, LIVE, "UTC") in r.done_works([entry], stream)
+    later = StreamWork(version=4, windows=LIVE.windows, tick=T)
+    assert r.work_identity(stream, later, "UTC") not in r.done_works([entry], stream)
+    failed = LedgerEntry(**{**entry.__dict__, "status": "failed"})
+    assert r.done_works([failed], stream) == set()
+
+
+def test_the_journal_is_adopted_only_by_the_cursor_it_was_derived_from(tmp_path):
+    path = r.journal_path(tmp_path, "cq_streams", "loc")
+    saved = r.Cursor(seq=7, streams={"a": r.StreamState(cursor="c7")})
+    assert r.adopt(path, saved) is None  # no journal yet
+    r.write_journal(path, r.Journal(base=7, cursor=r.Cursor(seq=8).to_json(), events=[["a", {"cq/kind": "realtime"}]]))
+    lost = r.adopt(path, saved)  # the daemon returned seq 7 again: evaluation 8's cursor was lost
+    assert lost is not None and r.load_cursor(lost.cursor).seq == 8 and lost.events == [["a", {"cq/kind": "realtime"}]]
+    assert r.adopt(path, r.Cursor(seq=8, streams={"a": r.StreamState()})) is None  # saved: nothing to adopt
+    assert r.adopt(path, r.Cursor()) is None  # a reset cursor never takes an old journal
+
+
+def test_streams_an_unfinished_evaluation_was_computing_go_to_runs(tmp_path):
+    path = r.journal_path(tmp_path, "cq_streams", "loc")
+    cursor = r.Cursor(seq=3, streams={"a": r.StreamState(cursor="c")})
+    assert r.unfinished(path, cursor) == []
+    r.mark_inflight(path, base=3, streams=["b", "a"])
+    assert r.unfinished(path, cursor) == ["a", "b"]  # that evaluation never returned
+    assert r.unfinished(path, r.Cursor(seq=4)) == []  # a later cursor: it did
+    r.clear_inflight(path)
+    assert r.unfinished(path, cursor) == []
