@@ -29,6 +29,7 @@ BENCHMARKS = (
     "connect_vs_inprocess",
     "write_heavy",
     "batch_firings",
+    "location_load",
     "cli_overhead",
     "orchestration",
     "freshness",

@@ -14,8 +14,15 @@ queries and PERIOD streams) in one run, on one warm Spark session.
   other definitions of that run are not redone, and in the retried run a firing the ledger already
   holds as succeeded is skipped.
 - ``<name>_ticks`` stays per definition as its on/off switch (``cq stop/start``): a stopped switch
-  leaves the definition out of the batches. ``<name>_job`` and ``<name>_recalculate`` select its sink
-  alone, so a definition's firings can still be run and recalculated on their own.
+  leaves the definition out of the batches. It is a schedule that ticks once a year and requests
+  nothing, not a sensor: the sensor daemon evaluates every running sensor as soon as it sees it and
+  then at its interval, so a thousand switch sensors held ``cq_firings`` back for minutes at every
+  start (and each day); a schedule costs nothing until its cron tick, in the scheduler daemon.
+- One definition on its own is a run of the same job with its sink alone selected: a firing
+  (``fire_time`` config or ``cq/fire_time`` tag; neither: its latest firing) or a recalculation
+  (``recalculate_from`` config or tag). There are no per-definition jobs: each would select one sink
+  out of the shared multi-asset, and Dagster resolves such a job against every sink of the asset,
+  so N jobs made loading the code location cost N² (ARCHITECTURE.md §6.3).
 """
 
 import hashlib
@@ -30,6 +37,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 import dagster as dg
+from dagster._core.definitions.assets.job.asset_job import IMPLICIT_ASSET_JOB_NAME  # the UI's "Materialize"
 from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.scheduler.instigation import InstigatorStatus
 from dagster_pyspark import PySparkResource
@@ -50,7 +58,8 @@ MAX_FIRINGS_PER_RUN = 400  # definitions beyond it wait for the next batch
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
 MAX_RUNTIME_SECONDS = 1800  # run monitoring ends a batch run older than this (its worker died): retried
-SWITCH_INTERVAL_SECONDS = 24 * 3600
+SWITCH_CRON = "0 0 1 1 *"  # a switch's running state is what counts; its yearly tick requests nothing
+SWITCH_INTERVAL_SECONDS = 24 * 3600  # a stream switch sensor (it holds a cursor): evaluated daily
 RUNNING = {s.value for s in IN_FLIGHT}
 
 
@@ -394,8 +403,9 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
         selected = [by_key[k] for k in context.selected_asset_keys]
         if len(selected) != 1:
             raise dg.Failure(
-                f"select one sink (a definition's own job) or pass `firings` in the run config; "
-                f"{len(selected)} sinks are selected"
+                "select one sink (one definition's firing or recalculation) or pass `firings` in the "
+                f"run config (a batch); {len(selected)} sinks are selected",
+                allow_retries=False,
             )
         key = sink_keys[selected[0].name]
         run = lambda: [execute_one(context, config, engine, selected[0], asset_key=key)]
@@ -420,26 +430,34 @@ def build_batch_sensor(
     op = translator.get_batch_op_name()
 
     def paused(context) -> set[str]:
-        return {name for name, (running, _) in switch_states(context, switches).items() if not running}
+        return {
+            name
+            for name, (running, _) in switch_states(context, switches, InstigatorType.SCHEDULE).items()
+            if not running
+        }
 
     def evaluate(context: dg.SensorEvaluationContext):
         now = datetime.now(UTC)
         states = load_cursor(context.cursor)
         run_status, run_ids, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
-        own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": names}, statuses=IN_FLIGHT))
-        busy = {r.dagster_run.tags["cq/name"] for r in own}
+        busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
         finished = set()
-        for d in definitions:  # done inside a batch run that is still running (others catching up)
+        # Done inside a batch run that is still running (others catching up): one query for all.
+        running: dict[str, tuple[str, str]] = {}  # name -> (run id, range end of its last firing there)
+        for d in definitions:
             s = states.get(d.name)
             if s and s.key and s.upto and run_status.get(s.key) in RUNNING and s.key in run_ids:
-                event = context.instance.get_latest_materialization_event(sink_keys[d.name])
-                if event and event.run_id == run_ids[s.key] and event.asset_materialization:
-                    end = event.asset_materialization.metadata.get("cq/range_end")
-                    # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
-                    last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
-                    if end and end.value == iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]):
-                        finished.add(d.name)
+                # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
+                last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
+                running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]))
+        latest = context.instance.get_latest_materialization_events([sink_keys[n] for n in running])
+        for name, (run_id, end) in running.items():
+            event = latest.get(sink_keys[name])
+            mat = event.asset_materialization if event and event.run_id == run_id else None
+            value = mat.metadata.get("cq/range_end") if mat else None
+            if value and value.value == end:
+                finished.add(name)
         batch = plan_batch(
             definitions,
             ticks=ticks,
@@ -484,11 +502,30 @@ def build_batch_sensor(
     )
 
 
-def switch_states(context, switches: dict[str, str]) -> dict[str, tuple[bool, str | None]]:
+def own_runs(instance, names: list[str], sink_keys: dict[str, dg.AssetKey], *, jobs: tuple[str, ...]) -> set[str]:
+    """Definitions with a run of their own queued or in progress: tagged ``cq/name`` (the CLI's), or
+    a run of the shared job (or Dagster's implicit asset job: the UI's "Materialize") that is no
+    batch and selects their sink."""
+    busy = {
+        r.dagster_run.tags["cq/name"]
+        for r in instance.get_run_records(dg.RunsFilter(tags={"cq/name": names}, statuses=IN_FLIGHT))
+    }
+    by_key = {key: name for name, key in sink_keys.items()}
+    for job in jobs:
+        for record in instance.get_run_records(dg.RunsFilter(job_name=job, statuses=IN_FLIGHT)):
+            run = record.dagster_run
+            if run.tags.get("cq/batch") != "true":
+                busy |= {by_key[k] for k in run.asset_selection or () if k in by_key}
+    return busy
+
+
+def switch_states(
+    context, switches: dict[str, str], kind: InstigatorType = InstigatorType.SENSOR
+) -> dict[str, tuple[bool, str | None]]:
     """Per definition whose switch (``switches``: sensor name -> definition) has a stored state in
     this code location: whether it runs, and its cursor."""
     origin = context.code_location_origin
-    states = context.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+    states = context.instance.all_instigator_state(instigator_type=kind)
     return {
         switches[s.origin.instigator_name]: (
             s.status != InstigatorStatus.STOPPED,
@@ -502,8 +539,9 @@ def switch_states(context, switches: dict[str, str]) -> dict[str, tuple[bool, st
 def build_switch_sensor(
     definition: Definition, translator, *, default_status: dg.DefaultSensorStatus, via: str | None = None
 ) -> dg.SensorDefinition:
-    """``<name>_ticks`` under the batched models: its running state is the definition's on/off switch,
-    read by the sensor ``via`` (default the batch sensor); its own evaluations (daily) request nothing."""
+    """``<name>_ticks`` of a window-triggered stream: its running state is the stream's on/off switch
+    (its cursor is used by ``cq start --ignore-untreated``), read by the sensor ``via``; its own
+    evaluations (daily) request nothing."""
     via = via or translator.get_batch_sensor_name()
 
     def evaluate(context: dg.SensorEvaluationContext):
@@ -515,4 +553,25 @@ def build_switch_sensor(
         minimum_interval_seconds=SWITCH_INTERVAL_SECONDS,
         default_status=default_status,
         description=f"On/off switch of {definition.name}: while stopped, {via} leaves it out (`cq stop` / `cq start`).",
+    )
+
+
+def build_switch(
+    definition: Definition, job, translator, *, default_status: dg.DefaultScheduleStatus
+) -> dg.ScheduleDefinition:
+    """``<name>_ticks`` under the batched model: a schedule whose running state is the definition's
+    on/off switch, read by the batch sensor (see the module docstring); its yearly tick requests nothing."""
+
+    def evaluate(context: dg.ScheduleEvaluationContext):
+        return dg.SkipReason(f"{definition.name} fires through the {translator.get_batch_sensor_name()} sensor")
+
+    return dg.ScheduleDefinition(
+        name=translator.get_sensor_name(definition),
+        job=job,
+        cron_schedule=SWITCH_CRON,
+        execution_timezone="UTC",
+        execution_fn=evaluate,
+        default_status=default_status,
+        description=f"On/off switch of {definition.name}: while stopped, {translator.get_batch_sensor_name()} "
+        "leaves its firings out (`cq stop` / `cq start`). Its yearly tick requests nothing.",
     )

@@ -6,7 +6,7 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 
 from cq_engine.engine import RunResult
-from cq_engine.model import ContinuousQuery, Definition
+from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger
 from cq_engine.schedule.cron import CronPlan
 from cq_engine.schedule.ticks import Ticks, parse_tick_cursor, tick_cursor, ticks_of
 from cq_engine.streams.timing import StreamWork
@@ -27,10 +27,12 @@ MAX_TICKS_PER_EVALUATION = 100
 
 
 class FiringConfig(dg.Config):
-    """Run config of a definition's jobs: a firing comes from the run's ``cq/fire_time`` tag;
-    a recalculation from ``recalculate_from`` (and ``recalculate_to``); a batch from ``firings``,
-    a round of stream works from ``works``."""
+    """Run config of the firing ops: a firing at ``fire_time`` (or the run's ``cq/fire_time`` tag);
+    a recalculation from ``recalculate_from`` (and ``recalculate_to``); a batch from ``firings``, a
+    round of stream works from ``works``. A continuous query's or PERIOD stream's run with none of
+    them runs its latest firing."""
 
+    fire_time: str | None = None
     recalculate_from: str | None = None
     recalculate_to: str | None = None
     firings: dict[str, list[str]] | None = None  # a batch (the cq_firings job): definition -> firing times
@@ -109,10 +111,13 @@ def execute_one(
     asset_key: dg.AssetKey | None = None,
 ) -> dg.MaterializeResult:
     """One run of one definition: a recalculation (config or ``cq/recalculate_from`` tag), a stream
-    run (``cq/work`` tag) or a firing (``cq/fire_time`` tag)."""
+    run (``cq/work`` tag) or a firing (``fire_time`` config or ``cq/fire_time`` tag; by default the
+    latest one of a definition with ticks, so a plain "Materialize" in the UI fires it now)."""
     tags = context.run.tags
     ignored: tuple[str, ...] = ()
     start = config.recalculate_from or tags.get("cq/recalculate_from")
+    fire_time = config.fire_time or tags.get("cq/fire_time")
+    ticked = isinstance(definition, ContinuousQuery) or isinstance(definition.trigger, PeriodTrigger)
     if start:
         tz = engine.settings.tz
         stop = config.recalculate_to or tags.get("cq/recalculate_to")
@@ -124,14 +129,21 @@ def execute_one(
         work = StreamWork.from_json(tags["cq/work"])
         result = engine.run_stream(definition.name, work)
         ignored = work.ignored
-    elif "cq/fire_time" in tags:
-        fire = parse_time(tags["cq/fire_time"], tz=UTC, bounded=False)
+    elif fire_time or ticked:
+        now = datetime.now(UTC)
+        fire = (
+            parse_time(fire_time, tz=engine.settings.tz, what="fire_time")
+            if fire_time
+            else engine.ticks(definition.name, now=now).latest(now)
+        )
+        if fire is None:
+            raise dg.Failure(f"{definition.name}: no firing is due yet", allow_retries=False)
         run = engine.run_firing if isinstance(definition, ContinuousQuery) else engine.run_period
         result = run(definition.name, fire)
     else:
         raise dg.Failure(
-            f"{definition.name}: a run needs the tag cq/fire_time (a firing), cq/work (a "
-            "stream run) or recalculate_from in its config (a recalculation)",
+            f"{definition.name}: a stream run needs the tag cq/work (its sensor sets it), or "
+            "recalculate_from in its config (a recalculation)",
             allow_retries=False,
         )
     context.log.info(

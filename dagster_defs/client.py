@@ -63,20 +63,26 @@ class GraphQL:
             raise CQError(f"Dagster at {self.url}: {body['errors'][0].get('message')}")
         return body["data"]
 
-    def locate(self, candidates: list[tuple[str, str]]) -> tuple[str, str, str, str]:
+    def locate(self, candidates: list[tuple]) -> tuple[str, str, str, str]:
         """``(kind, name, location, repository)`` of the first of ``candidates`` (``(kind, name)``,
-        kind ``schedule``, ``sensor`` or ``job``) loaded in any code location of the workspace."""
+        kind ``schedule``, ``sensor`` or ``job``) loaded in any code location of the workspace. A
+        candidate ``(kind, name, (kind2, name2))`` counts only in a repository that also holds
+        ``name2``: a shared job (every location has one) in the location of one definition."""
         data = self(_REPOSITORIES)["repositoriesOrError"]
         if data["__typename"] != "RepositoryConnection":
             raise CQError(f"Dagster at {self.url}: {data.get('message', data['__typename'])}")
         nodes = data.get("nodes") or []
         if not nodes:
             raise CQError(f"Dagster at {self.url} has no code location loaded")
-        for kind, name in candidates:
+
+        def holds(node: dict, kind: str, name: str) -> bool:
+            return name in {x["name"] for x in node[f"{kind}s"]}
+
+        for kind, name, *also in candidates:
             found = [
                 (kind, name, n["location"]["name"], n["name"])
                 for n in nodes
-                if name in {x["name"] for x in n[f"{kind}s"]}
+                if holds(n, kind, name) and all(holds(n, *a) for a in also)
             ]
             if len(found) > 1:
                 raise CQError(
@@ -85,7 +91,9 @@ class GraphQL:
                 )
             if found:
                 return found[0]
-        wanted = " or ".join(f"{kind} {name}" for kind, name in candidates)
+        wanted = " or ".join(
+            f"{kind} {name}" + "".join(f" beside {k} {n}" for k, n in also) for kind, name, *also in candidates
+        )
         raise CQError(
             f"Dagster at {self.url} has no {wanted} in its code locations "
             f"({', '.join(sorted({n['location']['name'] for n in nodes}))})"
@@ -122,8 +130,8 @@ def control(
     started) replaces its cursor first. Returns ``(kind, name, location)``."""
     gql = GraphQL(address)
     candidates = [("sensor", translator.get_sensor_name(d))]
-    if not windowed(d):  # a schedule, or a sensor where cron cannot express the ticks
-        candidates.insert(0, ("schedule", translator.get_schedule_name(d)))
+    if not windowed(d):  # per firing: a schedule, or a sensor where cron cannot express the ticks; batched: its switch
+        candidates[:0] = [("schedule", translator.get_schedule_name(d)), ("schedule", translator.get_sensor_name(d))]
     kind, name, location, repository = gql.locate(candidates)
     selector = {"repositoryLocationName": location, "repositoryName": repository, f"{kind}Name": name}
     query = _SENSOR if kind == "sensor" else _SCHEDULE
@@ -164,22 +172,42 @@ def stream_cursor(gql: GraphQL, d: Definition, selector: dict, translator: CQTra
     return (streams.get(d.name) or {}).get("cursor")
 
 
+def shared_job(d: Definition, translator: CQTranslator) -> tuple[str, tuple[str, str]]:
+    """The shared job that runs ``d`` when its sink alone is selected, and the switch it sits beside
+    (every location has the shared jobs): ``cq_firings_job`` beside the switch schedule of a continuous
+    query or PERIOD stream, the streams job beside a window-triggered stream's switch sensor."""
+    if windowed(d):
+        return translator.get_streams_job_name(), ("sensor", translator.get_sensor_name(d))
+    return translator.get_batch_job_name(), ("schedule", translator.get_sensor_name(d))
+
+
 def launch_recalculate(
     d: Definition, *, address: str, translator: CQTranslator, start: str, end: str | None = None
 ) -> str:
-    """Launch ``d``'s recalculate job (a window-triggered stream: the streams job with its sink
-    selected), the range in the run's tags; the run id."""
-    gql = GraphQL(address)
-    # A window-triggered stream has no job of its own: the streams job with its sink selected.
-    job = translator.get_streams_job_name() if windowed(d) else translator.get_recalculate_job_name(d)
-    _, _, location, repository = gql.locate([("job", job)])
-    tags = [{"key": "cq/recalculate_from", "value": start}] + (
-        [{"key": "cq/recalculate_to", "value": end}] if end else []
+    """Launch a recalculation of ``d`` (its range in the run's tags); the run id. It runs in ``d``'s
+    own recalculate job where the location has one (a window-triggered stream, ``CQ_RUN_MODEL=
+    per_firing``), else in the shared job with ``d``'s sink alone selected."""
+    tags = {
+        **translator.get_tags(d),
+        "cq/recalculate": "true",
+        "cq/recalculate_from": start,
+        **({"cq/recalculate_to": end} if end else {}),
+    }
+    return launch_one(
+        d, address=address, translator=translator, own_job=translator.get_recalculate_job_name(d), tags=tags
     )
-    selector: dict[str, object] = {"repositoryLocationName": location, "repositoryName": repository, "jobName": job}
-    if windowed(d):
-        selector["assetSelection"] = [{"path": list(translator.get_sink_asset_spec(d).key.path)}]
-        tags += [{"key": k, "value": v} for k, v in {**translator.get_tags(d), "cq/recalculate": "true"}.items()]
-    params = {"selector": selector, "executionMetadata": {"tags": tags}}
+
+
+def launch_one(d: Definition, *, address: str, translator: CQTranslator, own_job: str, tags: dict[str, str]) -> str:
+    """Launch one run of ``d`` alone with ``tags``: ``own_job`` if the location has it, else
+    ``shared_job`` with ``d``'s sink as the run's asset selection; the run id."""
+    gql = GraphQL(address)
+    shared, switch = shared_job(d, translator)
+    candidates: list[tuple] = [("job", own_job), ("job", shared, switch)]
+    _, job, location, repository = gql.locate(candidates)
+    selector: dict = {"repositoryLocationName": location, "repositoryName": repository, "jobName": job}
+    if job != own_job:
+        selector["assetSelection"] = [{"path": translator.get_sink_asset_spec(d).key.path}]
+    params = {"selector": selector, "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]}}
     outcome = _check(gql(_LAUNCH, p=params), f"{d.name}: launching {job}")
     return outcome["run"]["runId"]

@@ -14,7 +14,7 @@ from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.times import UTC
 
-from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch_sensor
+from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch, build_switch_sensor
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
 from .resource import CQEngineResource, cached_catalog, pyspark_resource
 from .streams import build_streams_asset, build_streams_sensor
@@ -66,13 +66,14 @@ def build_definitions(
     if batched:
         batch_asset, sink_keys = build_batch_asset(batched, translator)
         assets.append(batch_asset)
+        # The batches' runs carry cq/batch (the sensor's tag): a definition's own run of this job does not.
         jobs.append(
             dg.define_asset_job(
                 translator.get_batch_job_name(),
                 selection=list(sink_keys.values()),
-                tags={"cq/batch": "true"},
                 executor_def=dg.in_process_executor,
-                description="The firings due across definitions, one run per batch.",
+                description="The firings due across definitions, one run per batch (run config `firings`, "
+                "tag cq/batch); or one definition's firing or recalculation: select its sink alone.",
             )
         )
         ticks = {d.name: build_ticks(engine, d, now=now) for d in batched if isinstance(d, ContinuousQuery)}
@@ -93,9 +94,9 @@ def build_definitions(
                 interval=batch_interval(batched, ticks),
             )
         )
-        for definition in batched:
-            jobs += build_jobs(definition, [sink_keys[definition.name]], translator)
-            sensors.append(build_switch_sensor(definition, translator, default_status=sensor_status))
+        # No jobs of their own (a run of cq_firings_job with one sink selected is one definition's):
+        # each would cost a pass over every sink when the location loads (ARCHITECTURE.md §6.3).
+        schedules += [build_switch(d, jobs[0], translator, default_status=schedule_status) for d in batched]
     windowed = [d for d in definitions if isinstance(d, Stream) and not isinstance(d.trigger, PeriodTrigger)]
     if windowed:
         # One asset, job and sensor for every window-triggered stream (dagster_defs.streams): a single
@@ -145,7 +146,16 @@ def build_definitions(
         translator.get_source_asset_spec(s, decls.get(s.lower())) for s in sorted(sources) if s.lower() not in sinks
     ]
     assets += [error_placeholder(e) for e in errors]
-    return dg.Definitions(assets=assets, jobs=jobs, schedules=schedules, sensors=sensors, resources=resources)
+    # In-process for every job, Dagster's implicit asset job (the UI's "Materialize") included: one
+    # step per run, and no second Python process for it.
+    return dg.Definitions(
+        assets=assets,
+        jobs=jobs,
+        schedules=schedules,
+        sensors=sensors,
+        resources=resources,
+        executor=dg.in_process_executor,
+    )
 
 
 def build_ticks(engine: Engine, definition, *, now: datetime):

@@ -40,12 +40,15 @@ class CQTranslator:
         return "cq_engine"
 
     def get_job_name(self, definition: Definition) -> str:
+        """The job of a definition with an asset of its own (a window-triggered stream; every definition
+        under ``CQ_RUN_MODEL=per_firing``). A batched one has none: its runs are ``get_batch_job_name``'s."""
         return f"{definition.name}_job"
 
     def get_op_name(self, definition: Definition) -> str:
         return f"cq_{definition.name}"
 
     def get_recalculate_job_name(self, definition: Definition) -> str:
+        """Like ``get_job_name``: only definitions with an asset of their own have this job."""
         return f"{definition.name}_recalculate"
 
     def get_tags(self, definition: Definition) -> dict[str, str]:
@@ -101,6 +104,7 @@ class CQTranslator:
         return f"{definition.name}_schedule"
 
     def get_sensor_name(self, definition: Definition) -> str:
+        """A stream's sensor, a tick sensor (``per_firing``), or a batched definition's switch schedule."""
         return f"{definition.name}_ticks"
 
     # The batched run model (dagster_defs.batch): one op, job and sensor for the location's firings.
@@ -108,6 +112,7 @@ class CQTranslator:
         return "cq_firings"
 
     def get_batch_job_name(self) -> str:
+        """The batches' job, and one batched definition's runs (its sink alone selected)."""
         return "cq_firings_job"
 
     def get_batch_sensor_name(self) -> str:

@@ -56,6 +56,9 @@ MAIN_SQL = """
 CREATE CQ fast RESAMPLE EVERY 5s RANGE 10s BEGIN
   SELECT max_value(temperature) AS m, count(temperature) AS n INTO fast_out FROM sensors GROUP BY (5s), device
 END;
+CREATE CQ solo RESAMPLE EVERY 5s RANGE 10s BEGIN
+  SELECT count(temperature) AS n INTO solo_out FROM sensors GROUP BY (5s), device
+END;
 CREATE TABLE IF NOT EXISTS flaky_src (ts TIMESTAMP, device STRING, v DOUBLE);
 CREATE CQ flaky RESAMPLE EVERY 5s BEGIN
   SELECT max_value(v) AS m INTO flaky_out FROM flaky_src GROUP BY (5s), device
@@ -64,7 +67,8 @@ END;
 # fast's grace (5 minutes: a busy machine delays batches) keeps it fresh; slow_discard's default grace
 # (30 s: it fails one minute after its last materialization) lets the UI test see it turn stale.
 # `flaky_src` starts on disk without its column v, so flaky's firings fail (and share their batches
-# with fast's) until the test calls Stack.fix_flaky_source.
+# with fast's) until the test calls Stack.fix_flaky_source. `solo` is also run on its own (a firing,
+# a recalculation), so its ledger is not checked for exactly-once firings.
 TRANSLATOR = "renamed_translator:Renamed"  # the slow location's CQ_TRANSLATOR
 # A window-triggered stream in the main location, over `meters` (which only the stream test appends to).
 STREAM = "meter_5s"
@@ -104,7 +108,8 @@ RUNS_QUERY = """
 query Runs($filter: RunsFilter!) {
   runsOrError(filter: $filter, limit: 1000) {
     __typename
-    ... on Runs { results { runId jobName status creationTime startTime endTime tags { key value } } }
+    ... on Runs { results { runId jobName status creationTime startTime endTime tags { key value }
+                            assetSelection { path } } }
     ... on PythonError { message }
   }
 }
@@ -134,7 +139,7 @@ WORKSPACE_QUERY = """
     ... on Workspace { locationEntries { name loadStatus locationOrLoadError {
       __typename
       ... on PythonError { message }
-      ... on RepositoryLocation { repositories { name sensors { name } } }
+      ... on RepositoryLocation { repositories { name sensors { name } schedules { name } } }
     } } }
   }
 }
@@ -178,6 +183,25 @@ query Health($key: AssetKeyInput!) {
 }
 """
 FRESHNESS_INTERVAL = 5  # seconds between the freshness daemon's evaluations here (Dagster's default: 30)
+LAUNCH_MUTATION = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on Error { message }
+  }
+}
+"""
+RUN_QUERY = """
+query Run($id: ID!) {
+  runOrError(runId: $id) {
+    __typename
+    ... on Run { runId jobName status tags { key value } assetSelection { path }
+      eventConnection { events { __typename ... on ExecutionStepFailureEvent { error { message } } } } }
+  }
+}
+"""
 
 
 def parse_iso(text: str | datetime) -> datetime:
@@ -283,6 +307,40 @@ class Stack:
                 }
             )
         return sorted(runs, key=lambda r: r["creationTime"])
+
+    def launch(
+        self, location: str, job: str, *, assets: list[str], tags: dict | None = None, config: dict | None = None
+    ) -> str:
+        """Launch ``job`` with ``assets`` selected, as the UI's launchpad does (GraphQL); the run id."""
+        selector = {
+            "repositoryLocationName": location,
+            "repositoryName": "__repository__",
+            "jobName": job,
+            "assetSelection": [{"path": [a]} for a in assets],
+        }
+        params = {
+            "selector": selector,
+            "runConfigData": config or {},
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+        }
+        result = self.graphql(LAUNCH_MUTATION, {"params": params})["launchRun"]
+        assert result["__typename"] == "LaunchRunSuccess", result
+        return result["run"]["runId"]
+
+    def wait_run(self, run_id: str, timeout: float) -> dict:
+        """The run once it ended (SUCCESS, FAILURE, CANCELED), tags as a dict."""
+        ended: dict = {}
+
+        def done() -> bool:
+            run = self.graphql(RUN_QUERY, {"id": run_id})["runOrError"]
+            if run.get("status") in ("SUCCESS", "FAILURE", "CANCELED"):
+                events = run.pop("eventConnection")["events"]
+                errors = [e["error"]["message"][:2000] for e in events if e.get("error")]
+                ended.update(run, tags={t["key"]: t["value"] for t in run["tags"]}, errors=errors)
+            return bool(ended)
+
+        self.wait_until(f"run {run_id}", done, timeout)
+        return ended
 
     def firing_runs(self, name: str) -> list[dict]:
         """The batch runs holding firings of ``name``, oldest first."""
@@ -611,7 +669,8 @@ class Stack:
                 raise RuntimeError(f"code location {entry['name']} failed to load: {loc['message']}")
             if entry["loadStatus"] != "LOADED" or loc is None:
                 return False
-            sensors |= {s["name"] for r in loc["repositories"] for s in r["sensors"]}
+            # Sensors, and the batched definitions' switches (schedules).
+            sensors |= {s["name"] for r in loc["repositories"] for s in (*r["sensors"], *r["schedules"])}
         return {
             "cq_firings",
             "cq_streams",

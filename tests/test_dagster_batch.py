@@ -197,9 +197,13 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     )
     engine.ingest("ln", str(DATA / "ln.csv"))
     defs = build_definitions(settings=settings, now=T0, run_model="batch")
-    assert {"cq_firings_job", "b_job", "b_recalculate"} <= {j.name for j in defs.jobs}
+    # One job for the batches and for each definition on its own: no job per definition.
+    assert [j.name for j in defs.jobs] == ["cq_firings_job"]
     sensor = defs.resolve_sensor_def("cq_firings")
-    assert {"b_ticks", "d_ticks", "broken_src_ticks"} <= {s.name for s in defs.sensors}
+    # The switches are schedules that request nothing (a sensor each would be evaluated at every start).
+    assert [s.name for s in defs.sensors] == ["cq_firings"]
+    assert {s.name for s in defs.schedules} == {"b_ticks", "d_ticks", "broken_src_ticks"}
+    assert defs.resolve_schedule_def("b_ticks").cron_schedule == "0 0 1 1 *"
 
     # The sensor: one run for every definition, its sinks selected, the firings in the run config.
     with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
@@ -287,8 +291,9 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
             ],
         )
     }
-    filled = defs.resolve_job_def("b_recalculate").execute_in_process(
+    filled = job.execute_in_process(
         instance=instance,
+        asset_selection=[dg.AssetKey("b_out")],
         run_config={
             "ops": {
                 "cq_firings": {
@@ -299,19 +304,76 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     )
     assert filled.success and _checks(filled) == {"b_out": (True, "ERROR", [])}
 
-    # A definition's own job still runs one firing of it alone.
-    one = defs.resolve_job_def("d_job").execute_in_process(
-        instance=instance, tags={"cq/name": "d", "cq/fire_time": "2021-05-11T14:18:40+00:00"}
+    # One definition on its own: the shared job with its sink alone selected, a firing (tag or config),
+    # its latest firing (nothing given: the UI's "Materialize"), or a recalculation.
+    one = job.execute_in_process(
+        instance=instance,
+        tags={"cq/name": "d", "cq/fire_time": "2021-05-11T14:18:40+00:00"},
+        asset_selection=[dg.AssetKey("d_out")],
     )
     assert one.success
     (mat,) = one.asset_materializations_for_node("cq_firings")
     assert mat.asset_key == dg.AssetKey("d_out") and mat.metadata["cq/rows_written"].value > 0
+    assert mat.metadata["cq/range_end"].value == "2021-05-11T14:18:40+00:00"
+    by_config = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"fire_time": "2021-05-11T14:19:00Z"}}}},
+        asset_selection=[dg.AssetKey("b_out")],
+    )
+    (mat,) = by_config.asset_materializations_for_node("cq_firings")
+    assert (mat.asset_key, mat.metadata["cq/range_end"].value) == (dg.AssetKey("b_out"), "2021-05-11T14:19:00+00:00")
+    latest = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("b_out")])
+    (mat,) = latest.asset_materializations_for_node("cq_firings")
+    assert mat.metadata["cq/kind"].value == "firing"
+    end = datetime.fromisoformat(mat.metadata["cq/range_end"].value)
+    assert timedelta(0) <= datetime.now(UTC) - end < timedelta(seconds=20 + 60)  # EVERY 20s, time for the run
+    recalc = job.execute_in_process(
+        instance=instance,
+        run_config={
+            "ops": {
+                "cq_firings": {
+                    "config": {"recalculate_from": "2021-05-11T14:18:00Z", "recalculate_to": "2021-05-11T14:19:00Z"}
+                }
+            }
+        },
+        asset_selection=[dg.AssetKey("d_out")],
+    )
+    (mat,) = recalc.asset_materializations_for_node("cq_firings")
+    assert mat.metadata["cq/kind"].value == "recalculate" and mat.metadata["cq/range_start"].value.startswith(
+        "2021-05-11T14:18:00"
+    )
+    two = job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey("b_out"), dg.AssetKey("d_out")], raise_on_error=False
+    )
+    assert not two.success
+    error = next(e for e in two.all_events if e.event_type_value == "STEP_FAILURE").event_specific_data.error
+    assert "select one sink" in error.message and "2 sinks are selected" in error.message
 
-    # With a run of d in flight, the next evaluation holds d (DISCARD: skips) and requests the others.
-    create_run_for_test(instance, job_name="d_job", status=dg.DagsterRunStatus.STARTED, tags={"cq/name": "d"})
+    # With a run of d in flight, the next evaluation holds d (DISCARD: skips) and requests the others:
+    # a run tagged cq/name (the CLI's), or a run of the shared job selecting d's sink (the UI's).
+    for tags, selection in (({"cq/name": "d"}, None), ({}, {dg.AssetKey("d_out")})):
+        run = create_run_for_test(
+            instance,
+            job_name="cq_firings_job",
+            status=dg.DagsterRunStatus.STARTED,
+            tags=tags,
+            asset_selection=selection,
+        )
+        with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
+            (request,) = sensor.evaluate_tick(ctx).run_requests
+        assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "x_out"}
+        instance.report_run_canceled(run)
+    # A batch run selecting d's sink is the sensor's own (its cursor tracks it), not d's own run.
+    create_run_for_test(
+        instance,
+        job_name="cq_firings_job",
+        status=dg.DagsterRunStatus.STARTED,
+        tags={"cq/batch": "true"},
+        asset_selection={dg.AssetKey("d_out")},
+    )
     with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
         (request,) = sensor.evaluate_tick(ctx).run_requests
-    assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "x_out"}
+    assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
 
 
 def test_a_failed_run_retries_only_the_definitions_that_failed_in_it(project):

@@ -585,7 +585,8 @@ def test_importing_and_loading_the_location_writes_nothing(tmp_path):
     code = (
         "import dagster_defs, dagster_defs.location as loc\n"
         "d = loc.defs()\n"
-        "assert d.resolve_job_def('s_per_job') and d.resolve_job_def('cq1_job')\n"
+        "d.get_repository_def().load_all_definitions()  # every job resolved, as the code server does\n"
+        "assert d.resolve_job_def('cq_firings_job') and d.resolve_schedule_def('s_per_ticks')\n"
         "print('loaded')\n"
     )
     out = subprocess.run(

@@ -273,7 +273,7 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
     address = f"127.0.0.1:{stack.web_port}"
     assert main(["stop", "slow_discard", "--dagster", address]) == 0
     out = capsys.readouterr().out
-    assert f"slow_discard: sensor slow_discard_switch in {SLOW_LOCATION} stopped" in out, out
+    assert f"slow_discard: schedule slow_discard_switch in {SLOW_LOCATION} stopped" in out, out
     # Its last requested firing committed (the batch run may go on with slow_blocked's catch-up).
     last = stack.firing_runs("slow_discard")[-1]["firings"]["slow_discard"][-1]
     stack.wait_until(
@@ -309,20 +309,22 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
             address,
         ]
     )
-    out = capsys.readouterr().out
-    assert code == 0 and "recalculate run" in out, out
+    out, err = capsys.readouterr()
+    assert code == 0 and "recalculate run" in out, (out, err)
     run_id = out.split("recalculate run ")[1].split()[0]
     stack.wait_until(
         "the recalculation",
         lambda: [r for r in stack.runs("slow_discard") if r["runId"] == run_id and r["status"] == "SUCCESS"],
         WAIT,
     )
+    # No recalculate job of its own: the shared job with its sink alone selected.
     (run,) = [r for r in stack.runs("slow_discard") if r["runId"] == run_id]
-    assert run["jobName"] == "recalc_slow_discard"
+    assert run["jobName"] == "cq_firings_job" and run["assetSelection"] == [{"path": ["discard_out"]}]
 
 
-def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, monkeypatch, capsys):
-    """`cq recalculate --via-dagster` submits <name>_recalculate through the webserver's GraphQL API."""
+def test_cq_recalculate_via_dagster_launches_the_shared_job_with_its_sink_alone(dagster_stack, monkeypatch, capsys):
+    """`cq recalculate --via-dagster` submits cq_firings_job with the definition's sink alone selected
+    (and the range in its tags) through the webserver's GraphQL API."""
     from cq_engine.cli.main import main
 
     settings = dagster_stack.settings
@@ -347,19 +349,74 @@ def test_cq_recalculate_via_dagster_launches_the_recalculate_job(dagster_stack, 
             f"127.0.0.1:{dagster_stack.web_port}",
         ]
     )
-    out = capsys.readouterr().out
-    assert code == 0 and "recalculate run" in out, out
+    out, err = capsys.readouterr()
+    assert code == 0 and "recalculate run" in out, (out, err)
     run_id = out.split("recalculate run ")[1].split()[0]
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        (run,) = [r for r in dagster_stack.runs("fast") if r["runId"] == run_id]
-        if run["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
-            break
-        time.sleep(2)
-    assert run["status"] == "SUCCESS" and run["tags"].get("cq/recalculate") == "true"
-    assert run["jobName"] == "fast_recalculate"
+    run = dagster_stack.wait_run(run_id, WAIT)
+    assert run["status"] == "SUCCESS" and run["tags"].get("cq/recalculate") == "true", (run["errors"], run)
+    assert run["jobName"] == "cq_firings_job" and run["assetSelection"] == [{"path": ["fast_out"]}]
+    assert "cq/batch" not in run["tags"] and run["tags"]["cq/recalculate_from"] == start.isoformat()
+    (mat,) = [m for m in dagster_stack.materializations("fast_out") if m["runId"] == run_id]
+    assert mat["metadata"]["cq/kind"] == "recalculate"
     ledger = [e for e in Engine(settings=settings).ledger.entries("fast") if e.kind == "recalculate"]
     assert ledger and (ledger[-1].range_start, ledger[-1].range_end) == (start, end)
+
+
+def test_one_definition_fires_and_recalculates_on_its_own_through_the_shared_job(dagster_stack):
+    """What the UI's launchpad does for one of many definitions (GraphQL launchRun): cq_firings_job
+    with the sink of `solo` alone selected runs a firing (tag cq/fire_time), its latest firing (no tag
+    or config: "Materialize") and a recalculation (run config), each a materialization of solo_out."""
+    stack = dagster_stack
+    stack.wait_for_firings("solo", count=1, timeout=WAIT)
+    fire = floor5(time.time() - 30)
+    ids = {
+        "firing": stack.launch(
+            MAIN_LOCATION,
+            "cq_firings_job",
+            assets=["solo_out"],
+            tags={"cq/name": "solo", "cq/fire_time": fire.isoformat()},
+        ),
+        "latest": stack.launch(MAIN_LOCATION, "cq_firings_job", assets=["solo_out"]),
+        "recalculate": stack.launch(
+            MAIN_LOCATION,
+            "cq_firings_job",
+            assets=["solo_out"],
+            config={
+                "ops": {
+                    "cq_firings": {
+                        "config": {
+                            "recalculate_from": (fire - timedelta(seconds=20)).isoformat(),
+                            "recalculate_to": fire.isoformat(),
+                        }
+                    }
+                }
+            },
+        ),
+    }
+    for what, run_id in ids.items():
+        run = stack.wait_run(run_id, WAIT)
+        assert run["status"] == "SUCCESS", (what, run["errors"], run, stack.diagnostics())
+        assert run["jobName"] == "cq_firings_job" and run["assetSelection"] == [{"path": ["solo_out"]}], run
+        assert "cq/batch" not in run["tags"], run["tags"]
+    mats = {m["runId"]: m["metadata"] for m in stack.materializations("solo_out")}
+    assert all(len([m for m in stack.materializations("solo_out") if m["runId"] == i]) == 1 for i in ids.values())
+    firing, latest, recalc = (mats[ids[k]] for k in ("firing", "latest", "recalculate"))
+    assert firing["cq/kind"] == "firing" and parse_iso(firing["cq/range_end"]) == fire
+    assert firing["cq/range_start"] and parse_iso(firing["cq/range_start"]) == fire - RANGE
+    assert latest["cq/kind"] == "firing" and parse_iso(latest["cq/range_end"]) >= fire + timedelta(seconds=25)
+    assert recalc["cq/kind"] == "recalculate"
+    assert (parse_iso(recalc["cq/range_start"]), parse_iso(recalc["cq/range_end"])) == (
+        fire - timedelta(seconds=20),
+        fire,
+    )
+    # The engine's ledger: the firing at `fire` and the recalculation, with the rows they wrote.
+    ledger = stack.ledger("solo")
+    assert [e for e in ledger if e.kind == "firing" and e.fire_time == fire and e.status == "succeeded"]
+    assert [
+        e
+        for e in ledger
+        if e.kind == "recalculate" and (e.range_start, e.range_end) == (fire - timedelta(seconds=20), fire)
+    ]
 
 
 # -- item 3: a window-triggered stream: sensor runs, cq stop/start --ignore-untreated, pause/resume --
