@@ -30,6 +30,7 @@ BENCHMARKS = (
     "write_heavy",
     "batch_firings",
     "cli_overhead",
+    "stream_batch",
     "orchestration",
     "freshness",
     "stream_scale",

@@ -34,6 +34,7 @@ from cq_engine.model import (
     statement_hash,
 )
 from cq_engine.notify import outbox as notify_outbox
+from cq_engine.resample.run import SINGLE_PARTITION_BYTES
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
 from cq_engine.streams import timing as st
 from cq_engine.streams.events import NOTIFY_OK, build_events
@@ -152,7 +153,7 @@ class Planned:
     work: st.StreamWork
     build: Callable[[], DataFrame] | None  # None: nothing to compute (only deleted groups to drop)
     finish: Callable[[pa.Table | None], _Outcome]
-    read_range: tuple[datetime, datetime] | None = None  # of the trigger table, at work.version
+    read: tuple | None = None  # its trigger-table read: (table, time column, range, version)
     windows: DataFrame | None = None  # time windows: the windowed trigger rows the query evaluates
     keep: tuple[str, ...] = ()  # the engine columns its result keeps (``_keep``)
 
@@ -166,7 +167,12 @@ def _read(ctx: EngineContext, table: str, time_column: str, read_range, version:
     key = (table, time_column, read_range, version)
     if reads is not None and key in reads:
         return reads[key]
-    out = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=read_range, version=version)
+    df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=read_range, version=version)
+    if 0 <= scan.bytes_read <= SINGLE_PARTITION_BYTES:
+        # A live run's few seconds of rows: one partition, so its window functions and aggregations
+        # need no shuffle and the job is one stage (as a firing's, ``resample.run``).
+        df = df.coalesce(1)
+    out = (df, scan)
     if reads is not None:
         reads[key] = out
     return out
@@ -282,7 +288,8 @@ def _bin(stream: Stream) -> timedelta:
 def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, reads: dict | None) -> Planned:
     table, time_column = _source_table(ctx, stream)
     tz = ctx.settings.timezone
-    build, windows, keep, read_range, scanned = None, None, (), None, (0, 0)
+    build, windows, read_range, scanned = None, None, None, (0, 0)
+    keep: tuple[str, ...] = ()
     if work.windows:
         assert isinstance(stream.trigger, SlidingTrigger)  # the only trigger with time windows
         lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
@@ -323,7 +330,8 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
 
         return _Outcome(rows, version, scanned, result, replaced)
 
-    return Planned(stream, work, build, finish, read_range, windows, keep)
+    read = (table, time_column, read_range, work.version) if read_range else None
+    return Planned(stream, work, build, finish, read, windows, keep)
 
 
 def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[datetime, datetime]]:
@@ -467,7 +475,7 @@ def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, r
 
         return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced, ignored)
 
-    return Planned(stream, work, lambda: computed, finish, read_range)
+    return Planned(stream, work, lambda: computed, finish, (table, time_column, read_range, work.version))
 
 
 def _short_windows(stream: Stream, windows):
