@@ -93,9 +93,6 @@ class Pair:
         """One sensor evaluation of each stream of ``names`` in both; the works run alone in one, as
         rounds (each stream's r-th work) through ``run_works`` in the other."""
         works = {}
-        import time
-
-        clock, spent = time.perf_counter(), 0.0
         for n in names or self.names:
             for side, b in (("alone", self.alone), ("fused", self.fused)):
                 stream = b.engine.stream(n)
@@ -103,14 +100,10 @@ class Pair:
                 b.cursors[n] = plan.cursor.to_json()
                 if side == "alone":
                     for w in plan.works:
-                        c = time.perf_counter()
                         self.results["alone"].append(_outcome(_try(run_work, b.engine.ctx, stream, w)))
-                        spent += time.perf_counter() - c
                 else:
                     works[n] = [WorkRequest(stream=stream, work=w) for w in plan.works]
-        c = time.perf_counter()
         self.run_rounds(works)
-        print("TIMING alone", spent, "fused", time.perf_counter() - c, "total", time.perf_counter() - clock)
 
     def run_rounds(self, works: dict[str, list[WorkRequest]]) -> None:
         heard = []
@@ -184,7 +177,7 @@ def recorder():
         yield r
 
 
-def test_fused_stream_works_equal_works_run_alone(tmp_path, spark, recorder):
+def test_fused_stream_works_equal_works_run_alone(tmp_path, spark, recorder, caplog):
     p = Pair(tmp_path, spark, STREAMS.replace("URL", recorder.url()), NAMES)
     p.tick()
     commits = _commits()
@@ -203,6 +196,7 @@ def test_fused_stream_works_equal_works_run_alone(tmp_path, spark, recorder):
         b.delete("current > 7 AND ts < '2026-11-21T10:03:00Z'")
     p.tick()
     p.assert_same()
+    assert not [r.message for r in caplog.records if "fused job" in r.message]  # none fell back to alone
     assert len(p.results["fused"]) >= 4 * len(NAMES)
     assert all(r[0] != "error" for r in p.results["fused"])
     # ... and both are right: the references of tests/window_reference.py over the table's rows
@@ -230,13 +224,15 @@ CREATE STREAM sess SESSION(ts, 9s) FROM meters PARTITION BY tbname {WM} INTO ses
 """
 
 
-def test_a_failing_stream_costs_only_itself(tmp_path, spark):
+def test_a_failing_stream_costs_only_itself(tmp_path, spark, caplog):
     names = ["good", "bad", "twin", "badcount", "sess"]
     p = Pair(tmp_path, spark, BROKEN, names)
     p.tick()
     p.append([(s, d, float(s % 5) + 0.5) for s in range(0, 200, 4) for d in ("d1", "d2")])
     p.tick()
     p.assert_same()
+    # bad's and badcount's fused jobs failed: their groups ran again one by one
+    assert [r.message for r in caplog.records if "fused job" in r.message]
     errors = {r[1] for r in p.results["fused"] if r[0] == "error"}
     assert any("current is not negative" in e for e in errors) and any("too small" in e for e in errors)
     status = {(e.definition, e.status) for e in p.fused.engine.ledger.entries()}

@@ -12,16 +12,14 @@ for them). The result is split back per run in Arrow and each run commits exactl
 (``run.record_work`` with the plan's own finish step: its sink's replace, frontier, outbox, the same
 ``RunResult``); the ledger learns of a group in one commit.
 
-If a fused job fails, every run of its group runs again on its own (``run.run_work``), so a bad
-stream costs only itself; a run whose planning or commit fails fails alone, as it would on its own.
+If a fused job fails, each of its branches runs again in a job of its own, and the runs of a branch
+that fails again run one by one (``run.run_work``), so a bad stream costs only itself and its
+neighbours one more job; a run whose planning or commit fails fails alone, as it would on its own.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import reduce
 from typing import Any
@@ -31,13 +29,12 @@ import pyarrow.compute as pc
 
 from cq_engine.context import EngineContext, RunResult
 from cq_engine.model import Stream
-from cq_engine.resample.fused import FUSE_GROUP
+from cq_engine.resample.fused import FUSE_GROUP, fuse_groups
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.plan import evaluate, row_stats_needed
 from cq_engine.streams.run import Planned, plan_work, record_work, run_work
 from cq_engine.streams.timing import StreamWork
 
-log = logging.getLogger(__name__)
 Outcome = RunResult | Exception
 _BRANCH = "__cq_branch"
 
@@ -90,38 +87,20 @@ def run_works(
             return exc
         return replace(result, seconds=result.seconds + share)
 
-    def fuse(group: list[_Branch]) -> list[int]:
-        """One Spark job for ``group`` (none when no branch computes), then its runs' commits (in the
-        commit pool) and one ledger commit of their entries; the runs to do alone instead."""
-        clock = time.perf_counter()
-        members = [m.index for b in group for m in b.members]
-        try:
-            tables = _collect(group)
-        except Exception as exc:  # one run's failure must not take its neighbours: each runs alone
-            log.warning("a fused job of %d stream runs failed, running them one by one: %s", len(members), exc)
-            return members
-        share = (time.perf_counter() - clock) / len(members)
-        entries: list = []
-        futures = [committer.submit(commit, i, tables.get(i), share, entries) for i in members]
-        results = [f.result() for f in futures]
-        ctx.ledger.record_many(entries)  # one commit for the group (one per run would contend)
-        for i, outcome in zip(members, results):
-            done(i, outcome)
-        return []
-
     branches = _branches(planned)
     computing = [b for b in branches if b.build is not None]
     groups = [computing[k : k + FUSE_GROUP] for k in range(0, len(computing), FUSE_GROUP)]
     idle = [b for b in branches if b.build is None]  # nothing to compute: only commits
-    if idle:
-        groups.append(idle)
-    # Two groups' Spark jobs run at once, so one group commits while the other computes.
-    with (
-        ThreadPoolExecutor(max_workers=max(1, commit_threads), thread_name_prefix="cq-commit") as committer,
-        ThreadPoolExecutor(max_workers=2, thread_name_prefix="cq-fuse") as fuser,
-    ):
-        for left in fuser.map(fuse, groups):
-            alone.extend(left)
+    alone += fuse_groups(
+        ctx,
+        [*groups, idle] if idle else groups,
+        members=lambda group: [m.index for b in group for m in b.members],
+        collect=_collect,
+        commit=commit,
+        done=done,
+        commit_threads=commit_threads,
+        apart=True,
+    )
     for i in sorted(alone):
         r = requests[i]
         try:
