@@ -31,6 +31,7 @@ BENCHMARKS = (
     "batch_firings",
     "location_load",
     "cli_overhead",
+    "stream_batch",
     "orchestration",
     "freshness",
     "stream_scale",

@@ -22,7 +22,7 @@ queries and PERIOD streams) in one run, on one warm Spark session.
   (``fire_time`` config or ``cq/fire_time`` tag; neither: its latest firing) or a recalculation
   (``recalculate_from`` config or tag). There are no per-definition jobs: each would select one sink
   out of the shared multi-asset, and Dagster resolves such a job against every sink of the asset,
-  so N jobs made loading the code location cost N² (ARCHITECTURE.md §6.3).
+  so N jobs made loading the code location cost N² (ARCHITECTURE.md §6.4).
 """
 
 import hashlib

@@ -95,7 +95,7 @@ def build_definitions(
             )
         )
         # No jobs of their own (a run of cq_firings_job with one sink selected is one definition's):
-        # each would cost a pass over every sink when the location loads (ARCHITECTURE.md §6.3).
+        # each would cost a pass over every sink when the location loads (ARCHITECTURE.md §6.4).
         schedules += [build_switch(d, jobs[0], translator, default_status=schedule_status) for d in batched]
     windowed = [d for d in definitions if isinstance(d, Stream) and not isinstance(d.trigger, PeriodTrigger)]
     if windowed:

@@ -15,6 +15,7 @@ group runs again on its own, so a bad definition costs only itself.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from cq_engine.resample import timing
 from cq_engine.resample.run import Prepared, prepare, run_firing
 from cq_engine.times import EPOCH
 
+log = logging.getLogger(__name__)
 _JOB = "__cq_firing"
 FUSE_GROUP = 10  # firings per fused Spark job
 Outcome = RunResult | Exception
@@ -87,7 +89,8 @@ def run_firings(
         else:
             runs[i] = run
 
-    def commit(i: int, table: pa.Table, share: float, entries: list) -> Outcome:
+    def commit(i: int, table: pa.Table | None, share: float, entries: list) -> Outcome:
+        assert table is not None  # every fused firing computes
         run = runs[i]
         started = time.perf_counter()
         try:
@@ -101,36 +104,18 @@ def run_firings(
         seconds = share + time.perf_counter() - started
         return run.result(rows=data.num_rows, sink_version=rec.sink_version, seconds=seconds)
 
-    def fuse(group: list[_Job]) -> list[int]:
-        """One Spark job for ``group``, then its firings' commits (in the commit pool) and one ledger
-        commit of their entries; the firings to run alone instead."""
-        clock = time.perf_counter()
-        members = [m.index for job in group for m in job.members]
-        try:
-            tables = _collect(group)
-        except Exception:  # one firing's failure must not take its neighbours: each runs alone
-            return members
-        share = (time.perf_counter() - clock) / len(members)
-        entries: list = []
-        futures = [committer.submit(commit, i, tables[i], share, entries) for i in members]
-        results = [f.result() for f in futures]
-        # The ledger learns of the group in one commit (one per firing would contend on one table).
-        ctx.ledger.record_many(entries)
-        for i, outcome in zip(members, results):
-            done(i, outcome)
-        return []
-
     jobs = _jobs(ctx, runs)
     # The plan of a fused job grows with (jobs x columns of all of them): groups keep it linear.
     groups = [jobs[k : k + FUSE_GROUP] for k in range(0, len(jobs), FUSE_GROUP)]
-    # Each commit is one Delta transaction on its own sink (delta-rs releases the GIL while it writes);
-    # two groups' Spark jobs run at once, so one commits while the other executes.
-    with (
-        ThreadPoolExecutor(max_workers=max(1, commit_threads), thread_name_prefix="cq-commit") as committer,
-        ThreadPoolExecutor(max_workers=2, thread_name_prefix="cq-fuse") as fuser,
-    ):
-        for left in fuser.map(fuse, groups):
-            alone.extend(left)
+    alone += fuse_groups(
+        ctx,
+        groups,
+        members=lambda group: [m.index for job in group for m in job.members],
+        collect=_collect,
+        commit=commit,
+        done=done,
+        commit_threads=commit_threads,
+    )
     for i in sorted(alone):
         f = firings[i]
         try:
@@ -138,6 +123,54 @@ def run_firings(
         except Exception as exc:
             done(i, exc)
     return [o for o in outcomes if o is not None]
+
+
+def fuse_groups(
+    ctx: EngineContext,
+    groups: list[list[Any]],
+    *,
+    members: Callable[[list[Any]], list[int]],
+    collect: Callable[[list[Any]], dict[int, pa.Table]],
+    commit: Callable[[int, pa.Table | None, float, list], Outcome],
+    done: Callable[[int, Outcome], None],
+    commit_threads: int = 4,
+    apart: bool = False,
+) -> list[int]:
+    """Each group's one Spark job (``collect``: its members' rows by index), then their commits
+    (``commit(index, rows, share of the job's seconds, ledger entries)``) on a pool of
+    ``commit_threads`` and one ledger commit of the group's entries; two groups' jobs run at once, so
+    one group commits while the other computes. Returns the members to run alone: those of a group
+    whose job failed (``apart``: a failed group's branches are first tried in a job each)."""
+
+    def fuse(group: list[Any]) -> list[int]:
+        clock = time.perf_counter()
+        indexes = members(group)
+        try:
+            tables = collect(group)
+        except Exception as exc:  # one member's failure must not take its neighbours
+            log.warning("a fused job of %d runs failed, running them apart: %s", len(indexes), exc)
+            if apart and len(group) > 1:
+                return [i for branch in group for i in fuse([branch])]
+            return indexes
+        share = (time.perf_counter() - clock) / max(1, len(indexes))
+        entries: list = []
+        futures = [committer.submit(commit, i, tables.get(i), share, entries) for i in indexes]
+        results = [f.result() for f in futures]
+        # The ledger learns of the group in one commit (one per run would contend on one table).
+        ctx.ledger.record_many(entries)
+        for i, outcome in zip(indexes, results):
+            done(i, outcome)
+        return []
+
+    left: list[int] = []
+    # Each commit is one Delta transaction on its own sink (delta-rs releases the GIL while it writes).
+    with (
+        ThreadPoolExecutor(max_workers=max(1, commit_threads), thread_name_prefix="cq-commit") as committer,
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="cq-fuse") as fuser,
+    ):
+        for rest in fuser.map(fuse, groups):
+            left.extend(rest)
+    return left
 
 
 @dataclass(frozen=True)

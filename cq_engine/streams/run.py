@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pyarrow as pa
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cq_engine.context import EngineContext, RunResult
@@ -33,6 +34,7 @@ from cq_engine.model import (
     statement_hash,
 )
 from cq_engine.notify import outbox as notify_outbox
+from cq_engine.resample.run import SINGLE_PARTITION_BYTES
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
 from cq_engine.streams import timing as st
 from cq_engine.streams.events import NOTIFY_OK, build_events
@@ -95,9 +97,15 @@ def _source_table(ctx: EngineContext, stream: Stream) -> tuple[str, str]:
 
 def run_work(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> RunResult:
     """Execute one window-triggered stream run (real time, history chunk or recalculation)."""
+    return record_work(ctx, stream, work, body=lambda: plan_work(ctx, stream, work).run())
+
+
+def record_work(
+    ctx: EngineContext, stream: Stream, work: st.StreamWork, *, body: Callable[[], _Outcome], into: list | None = None
+) -> RunResult:
+    """``body`` (the work's run) recorded as ``run_work`` records it (``into``: see ``_recorded``)."""
     if isinstance(stream.trigger, PeriodTrigger):
         raise CQError(f"{stream.name} is a PERIOD stream: it runs per tick (cq tick / its schedule)")
-    runner = _run_data_shaped if stream.trigger.kind in DATA_SHAPED else _run_time_windows
     lo, hi = st.work_range(stream, work, ctx.settings.timezone)
     revision = f"{work.kind}:{work.version}:{iso(work.tick) if work.tick else ''}"
     versions = {stream.trigger_source: work.version}
@@ -109,8 +117,18 @@ def run_work(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> RunResu
         time_range=(lo, hi),
         versions=versions,
         revision=revision,
-        body=lambda: runner(ctx, stream, work),
+        body=body,
+        into=into,
     )
+
+
+def plan_work(ctx: EngineContext, stream: Stream, work: st.StreamWork, *, reads: dict | None = None) -> Planned:
+    """Plan ``work`` (no Spark job runs, except for late data's restart points and deleted groups);
+    ``reads`` shares identical snapshot reads between the runs of a round."""
+    if isinstance(stream.trigger, PeriodTrigger):
+        raise CQError(f"{stream.name} is a PERIOD stream: it runs per tick (cq tick / its schedule)")
+    planner = _plan_data_shaped if stream.trigger.kind in DATA_SHAPED else _plan_time_windows
+    return planner(ctx, stream, work, reads)
 
 
 @dataclass
@@ -126,6 +144,40 @@ class _Outcome:
     ignored: tuple[st.Ignored, ...] = ()  # windows the run dropped (TRUE_FOR)
 
 
+@dataclass
+class Planned:
+    """A stream run planned, not executed (``plan_work``): the Spark plan of its result rows (built on
+    demand) and the step that commits what they say (sink, frontier) once they are in Arrow."""
+
+    stream: Stream
+    work: st.StreamWork
+    build: Callable[[], DataFrame] | None  # None: nothing to compute (only deleted groups to drop)
+    finish: Callable[[pa.Table | None], _Outcome]
+    read: tuple | None = None  # its trigger-table read: (table, time column, range, version)
+    windows: DataFrame | None = None  # time windows: the windowed trigger rows the query evaluates
+    keep: tuple[str, ...] = ()  # the engine columns its result keeps (``_keep``)
+
+    def run(self) -> _Outcome:
+        """Compute (one Spark job) and commit."""
+        return self.finish(self.build().toArrow() if self.build is not None else None)
+
+
+def _read(ctx: EngineContext, table: str, time_column: str, read_range, version: int, reads: dict | None):
+    """``storage.read_range`` of the trigger table, shared through ``reads`` when the same."""
+    key = (table, time_column, read_range, version)
+    if reads is not None and key in reads:
+        return reads[key]
+    df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=read_range, version=version)
+    if 0 <= scan.bytes_read <= SINGLE_PARTITION_BYTES:
+        # A live run's few seconds of rows: one partition, so its window functions and aggregations
+        # need no shuffle and the job is one stage (as a firing's, ``resample.run``).
+        df = df.coalesce(1)
+    out = (df, scan)
+    if reads is not None:
+        reads[key] = out
+    return out
+
+
 def _recorded(
     ctx: EngineContext,
     stream: Stream,
@@ -136,12 +188,17 @@ def _recorded(
     versions: dict[str, int],
     revision: str,
     body: Callable[[], _Outcome],
+    into: list | None = None,
 ) -> RunResult:
     """Run ``body`` inside the ledger's recording (``versions``: the source versions read, which the
-    body may still fill in), then hand its events to NOTIFY."""
+    body may still fill in), then hand its events to NOTIFY. ``into``: the ledger entry is appended
+    there, for one ``Ledger.record_many`` commit of many runs."""
     _ = ctx.spark  # a session start is not part of the run's cost
     clock = time.perf_counter()
-    with ctx.ledger.recording(definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range) as rec:
+    recording = ctx.ledger.recording(
+        definition=stream.name, kind=kind, fire_time=fire_time, time_range=time_range, into=into
+    )
+    with recording as rec:
         rec.source_versions = versions
         out = body()
         rec.rows_written, rec.sink_version = out.rows, out.version
@@ -228,16 +285,16 @@ def _bin(stream: Stream) -> timedelta:
     return trig.gap if isinstance(trig, SessionTrigger) else timedelta(minutes=1)
 
 
-def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> _Outcome:
+def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, reads: dict | None) -> Planned:
     table, time_column = _source_table(ctx, stream)
     tz = ctx.settings.timezone
-    result, scanned = None, (0, 0)
+    build, windows, read_range, scanned = None, None, None, (0, 0)
+    keep: tuple[str, ...] = ()
     if work.windows:
         assert isinstance(stream.trigger, SlidingTrigger)  # the only trigger with time windows
         lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
-        df, scan = ctx.storage.read_range(
-            ctx.spark, table, time_column=time_column, time_range=(lo, hi), version=work.version
-        )
+        read_range = (lo, hi)
+        df, scan = _read(ctx, table, time_column, read_range, work.version, reads)
         windows = assign_windows(
             prepare(stream, df),
             stream.trigger,
@@ -249,27 +306,32 @@ def _run_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork) -
         )
         windows = with_row_time(stream, windows.filter(_in_ranges(WSTART, work.windows)), time_column)
         windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
-        result = _compute(
-            ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi), version=work.version
-        ).toArrow()
+        keep = tuple(_keep(stream, windows))
+        computed = windows
+        build = lambda: _compute(ctx, stream, computed, list(keep), read_range=(lo, hi), version=work.version)
         scanned = (scan.files_read, scan.files_total)
-    gone = gone_groups(ctx, stream, work.version) if work.deleted else []
-    ranges = _written_ranges(stream, work, tz)
-    rows, version = write_sink(
-        ctx,
-        stream,
-        result,
-        open_ok=work.write_open,
-        gone=gone,
-        ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
-        app_version=work.version,
-        kind=work.kind,
-    )
 
-    def replaced(group: int, start: datetime) -> bool:
-        return group in gone or any(a <= start < b for a, b in ranges)
+    def finish(result: pa.Table | None) -> _Outcome:
+        gone = gone_groups(ctx, stream, work.version) if work.deleted else []
+        ranges = _written_ranges(stream, work, tz)
+        rows, version = write_sink(
+            ctx,
+            stream,
+            result,
+            open_ok=work.write_open,
+            gone=gone,
+            ranges_of=lambda column: ranges_predicate(column, st.key_ranges(stream, ranges, tz)),
+            app_version=work.version,
+            kind=work.kind,
+        )
 
-    return _Outcome(rows, version, scanned, result, replaced)
+        def replaced(group: int, start: datetime) -> bool:
+            return group in gone or any(a <= start < b for a, b in ranges)
+
+        return _Outcome(rows, version, scanned, result, replaced)
+
+    read = (table, time_column, read_range, work.version) if read_range else None
+    return Planned(stream, work, build, finish, read, windows, keep)
 
 
 def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[datetime, datetime]]:
@@ -287,7 +349,7 @@ def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[
 # --- data-shaped windows ---------------------------------------------------------------------------
 
 
-def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> _Outcome:
+def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, reads: dict | None) -> Planned:
     table, time_column = _source_table(ctx, stream)
     spark, tz = ctx.spark, ctx.settings.timezone
     keys = list(stream.partition_by)
@@ -302,13 +364,8 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
         frontier.update(restarted)
     lo = min([origin, *frontier.values()])
     hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
-    df, scan = ctx.storage.read_range(
-        spark,
-        table,
-        time_column=time_column,
-        time_range=(lo, hi) if hi is not None else (lo, _FAR),
-        version=work.version,
-    )
+    read_range = (lo, hi) if hi is not None else (lo, _FAR)
+    df, scan = _read(ctx, table, time_column, read_range, work.version, reads)
     df = prepare(stream, df)
     if frontier:
         marks = (
@@ -326,8 +383,8 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
         if isinstance(stream.trigger, EkSessionTrigger):  # a window resumed after a cut starts there
             df = df.withColumn(_RESUMED, F.when(resumed, F.col(RESUME)))
         df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
-    phase = _PHASE if _PHASE in df.columns else None
-    resumed_at = _RESUMED if _RESUMED in df.columns else None
+    phase = _PHASE if frontier and stream.trigger.kind == "count" else None  # (no schema round trip)
+    resumed_at = _RESUMED if frontier and isinstance(stream.trigger, EkSessionTrigger) else None
     true_for = getattr(stream.trigger, "true_for", None) is not None
     windows = assign_windows(
         df,
@@ -351,67 +408,74 @@ def _run_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork) ->
     )
     if short is not None:  # the dropped windows ride along in the same job, one row each
         computed = computed.withColumn(SHORT, F.lit(False)).unionByName(short, allowMissingColumns=True)
-    result = computed.toArrow()
 
-    pcols = partition_columns(stream)
-    groups = list(zip(*[result.column(c).to_pylist() for c in pcols])) if keys else [()] * result.num_rows
-    starts, closed, last, ids = (result.column(c).to_pylist() for c in (WSTART, WCLOSED, WLAST, GROUP))
-    dropped = result.column(SHORT).to_pylist() if short is not None else [False] * result.num_rows
-    moved: dict[tuple, datetime] = {}
-    open_start: dict[tuple, datetime] = {}
-    bounds = {g: frontier.get(g, origin) for g in set(groups)}
-    complete = []
-    for g, s, c, t, gid in zip(groups, starts, closed, last, ids):
-        gids[g] = gid
-        # A closed window starting before its group's resume point (eKuiper's sliding windows look back)
-        # saw only part of its rows; it was written by the run that saw all of them.
-        complete.append(not (c and s < bounds[g]))
-        if not complete[-1]:
-            continue
-        if c:
-            moved[g] = max(moved.get(g, EPOCH), t + _US)
-        else:
-            open_start[g] = min(open_start.get(g, _FAR), s)
-    ignored: tuple[st.Ignored, ...] = ()
-    if short is not None:
-        gone_short = [i for i, (d, c) in enumerate(zip(dropped, complete)) if d and c]
-        if gone_short:
-            rows_dropped = sum(result.column(_SHORT_ROWS).to_pylist()[i] or 0 for i in gone_short)
-            ignored = (st.true_for_ignored(stream, [starts[i] for i in gone_short], rows_dropped),)
-        complete = [c and not d for c, d in zip(complete, dropped)]
-    if not all(complete):
-        result = result.filter(pa.array(complete, pa.bool_()))
-    if short is not None:
-        result = result.drop_columns([SHORT, _SHORT_ROWS])
-    if isinstance(stream.trigger, EkSlidingTrigger):  # a later row's window reaches back `size` (inclusive)
-        moved = {g: m - _US - stream.trigger.size for g, m in moved.items()}
-    new_frontier = dict(frontier)
-    new_frontier.update(moved)
-    new_frontier.update(open_start)
-    bounds.update(restarted)
-    by_gid = {gids[g]: b for g, b in bounds.items() if g in gids}
-    gone = gone_groups(ctx, stream, work.version) if work.deleted else []
-    rows, version = 0, None
-    if by_gid or gone:
-        rows, version = write_sink(
-            ctx,
-            stream,
-            result,
-            open_ok=work.emit_open and work.write_open,
-            gone=gone,
-            ranges_of=lambda column: groups_predicate(column, [GROUP_ID], sorted(((g,), b) for g, b in by_gid.items())),
-            app_version=work.version,
-            kind=work.kind,
+    def finish(result: pa.Table | None) -> _Outcome:
+        assert result is not None  # a data-shaped run always computes
+        pcols = partition_columns(stream)
+        groups = list(zip(*[result.column(c).to_pylist() for c in pcols])) if keys else [()] * result.num_rows
+        starts, closed, last, ids = (result.column(c).to_pylist() for c in (WSTART, WCLOSED, WLAST, GROUP))
+        dropped = result.column(SHORT).to_pylist() if short is not None else [False] * result.num_rows
+        moved: dict[tuple, datetime] = {}
+        open_start: dict[tuple, datetime] = {}
+        bounds = {g: frontier.get(g, origin) for g in set(groups)}
+        complete = []
+        for g, s, c, t, gid in zip(groups, starts, closed, last, ids):
+            gids[g] = gid
+            # A closed window starting before its group's resume point (eKuiper's sliding windows look back)
+            # saw only part of its rows; it was written by the run that saw all of them.
+            complete.append(not (c and s < bounds[g]))
+            if not complete[-1]:
+                continue
+            if c:
+                moved[g] = max(moved.get(g, EPOCH), t + _US)
+            else:
+                open_start[g] = min(open_start.get(g, _FAR), s)
+        ignored: tuple[st.Ignored, ...] = ()
+        if short is not None:
+            gone_short = [i for i, (d, c) in enumerate(zip(dropped, complete)) if d and c]
+            if gone_short:
+                rows_dropped = sum(result.column(_SHORT_ROWS).to_pylist()[i] or 0 for i in gone_short)
+                ignored = (st.true_for_ignored(stream, [starts[i] for i in gone_short], rows_dropped),)
+            complete = [c and not d for c, d in zip(complete, dropped)]
+        if not all(complete):
+            result = result.filter(pa.array(complete, pa.bool_()))
+        if short is not None:
+            result = result.drop_columns([SHORT, _SHORT_ROWS])
+        if isinstance(stream.trigger, EkSlidingTrigger):  # a later row's window reaches back `size` (inclusive)
+            moved = {g: m - _US - stream.trigger.size for g, m in moved.items()}
+        new_frontier = dict(frontier)
+        new_frontier.update(moved)
+        new_frontier.update(open_start)
+        bounds.update(restarted)
+        by_gid = {gids[g]: b for g, b in bounds.items() if g in gids}
+        gone = gone_groups(ctx, stream, work.version) if work.deleted else []
+        rows, version = 0, None
+        if by_gid or gone:
+            rows, version = write_sink(
+                ctx,
+                stream,
+                result,
+                open_ok=work.emit_open and work.write_open,
+                gone=gone,
+                ranges_of=lambda column: groups_predicate(
+                    column, [GROUP_ID], sorted(((g,), b) for g, b in by_gid.items())
+                ),
+                app_version=work.version,
+                kind=work.kind,
+            )
+        key_fields = list(
+            storable_schema(pa.schema([result.schema.field(c).with_name(k) for c, k in zip(pcols, keys)]))
         )
-    key_fields = list(storable_schema(pa.schema([result.schema.field(c).with_name(k) for c, k in zip(pcols, keys)])))
-    save_frontier(
-        ctx, stream, new_frontier, gids, key_fields, app_id=f"cq-engine/{stream.name}", app_version=work.version
-    )
+        save_frontier(
+            ctx, stream, new_frontier, gids, key_fields, app_id=f"cq-engine/{stream.name}", app_version=work.version
+        )
 
-    def replaced(group: int, start: datetime) -> bool:
-        return group in gone or (group in by_gid and start >= by_gid[group])
+        def replaced(group: int, start: datetime) -> bool:
+            return group in gone or (group in by_gid and start >= by_gid[group])
 
-    return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced, ignored)
+        return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced, ignored)
+
+    return Planned(stream, work, lambda: computed, finish, (table, time_column, read_range, work.version))
 
 
 def _short_windows(stream: Stream, windows):
