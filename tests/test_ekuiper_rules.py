@@ -395,7 +395,7 @@ def test_data_shaped_rules_match_the_reference_across_ticks(tmp_path, spark, win
     assert got == _reference_rows(window, rows, until) and got
 
 
-FORMS = (Path(__file__).parent / "data" / "ekuiper_forms.sql").read_text()
+FORMS = (Path(__file__).parent / "corpus" / "ekuiper_forms.sql").read_text()
 
 
 def test_every_window_with_the_key_selected_and_the_other_forms(tmp_path, spark):
