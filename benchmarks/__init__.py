@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 # All benchmark data starts here (a fixed instant, so runs are reproducible).
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
@@ -159,6 +160,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def on_connect_server(ctx: Context, name: str, measure: Callable[[Path, Any], Outcome]) -> Outcome:
+    """``measure(workdir, spark)`` as a client of a Spark Connect server started for benchmark ``name``
+    (how the batch run and the stream sensor run their work), stopped afterwards."""
+    from pyspark.sql import SparkSession
+
+    from cq_engine.config import Settings
+    from cq_engine.spark import client_url, start_server, stop_server
+
+    work = ctx.workdir(name)
+    server = Settings(home=str(work / ".cq"), warehouse=str(work / "wh"), spark_port=free_port())
+    start_server(server)
+    try:
+        return measure(work, SparkSession.builder.remote(client_url(server)).getOrCreate())
+    finally:
+        stop_server(server)
 
 
 def remove_tree(path: Path) -> None:

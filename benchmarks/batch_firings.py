@@ -24,23 +24,11 @@ TARGET = 0.25  # fused must be at least 4x cheaper per firing than one by one
 
 
 def run(ctx: Context) -> Outcome:
-    from pyspark.sql import SparkSession
-
-    from cq_engine.config import Settings
-    from cq_engine.spark import client_url, start_server, stop_server
-
-    from . import free_port
+    from . import on_connect_server
 
     n = 20 if ctx.quick else 100
     rounds = 2 if ctx.quick else 3
-    work = ctx.workdir(NAME)
-    server = Settings(home=str(work / ".cq"), warehouse=str(work / "wh"), spark_port=free_port())
-    start_server(server)
-    try:
-        spark = SparkSession.builder.remote(client_url(server)).getOrCreate()
-        return _measure(ctx, work, spark, n=n, rounds=rounds)
-    finally:
-        stop_server(server)
+    return on_connect_server(ctx, NAME, lambda work, spark: _measure(ctx, work, spark, n=n, rounds=rounds))
 
 
 def _measure(ctx: Context, work, spark, *, n: int, rounds: int) -> Outcome:

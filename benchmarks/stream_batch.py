@@ -64,23 +64,11 @@ def streams_sql(n: int) -> str:
 
 
 def run(ctx: Context) -> Outcome:
-    from pyspark.sql import SparkSession
-
-    from cq_engine.config import Settings
-    from cq_engine.spark import client_url, start_server, stop_server
-
-    from . import free_port
+    from . import on_connect_server
 
     n = 20 if ctx.quick else 100
     rounds = 1 if ctx.quick else 2
-    work = ctx.workdir(NAME)
-    server = Settings(home=str(work / ".cq"), warehouse=str(work / "wh"), spark_port=free_port())
-    start_server(server)
-    try:
-        spark = SparkSession.builder.remote(client_url(server)).getOrCreate()
-        return _measure(ctx, work, spark, n=n, rounds=rounds)
-    finally:
-        stop_server(server)
+    return on_connect_server(ctx, NAME, lambda work, spark: _measure(ctx, work, spark, n=n, rounds=rounds))
 
 
 def _measure(ctx: Context, work, spark, *, n: int, rounds: int) -> Outcome:
