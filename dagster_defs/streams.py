@@ -216,7 +216,7 @@ def build_streams_sensor(
                 if s.key and s.key not in status:
                     s.key, s.since = None, 0.0
         own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": list(by_name)}, statuses=IN_FLIGHT))
-        busy = {rec.dagster_run.tags["cq/name"] for rec in own if "cq/batch" not in rec.dagster_run.tags}
+        busy = {rec.dagster_run.tags["cq/name"] for rec in own if "cq/stream_batch" not in rec.dagster_run.tags}
         inline = computes_inline(engine)
         to_run: dict[str, list[str]] = {}
         to_sensor: dict[str, list[StreamWork]] = {}
@@ -352,8 +352,11 @@ def build_streams_sensor(
             states[name].key, states[name].since = key, now.timestamp()
         count = sum(len(ws) for ws in to_run.values())
         kinds = {StreamWork.from_json(w).kind for ws in to_run.values() for w in ws}
+        # Not `cq/batch`: that tag's queue limit (two at once) is for the continuous queries' batches,
+        # which would hold a stream's run (history runs have the lowest priority) for as long as they
+        # keep coming. This sensor bounds its own runs: one per evaluation, never a stream in two.
         tags = {
-            "cq/batch": "true",
+            "cq/stream_batch": "true",
             "cq/streams": f"{count} work(s) of {len(to_run)} stream(s)",
             "cq/attempt": str(attempt),
             "cq/work_kind": ",".join(sorted(kinds)),

@@ -346,7 +346,9 @@ def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path
         # A run in flight either finished (a termination interrupts it between Spark calls) or was
         # canceled and queued again.
         canceled = [r for r in runs if r.status == dg.DagsterRunStatus.CANCELED]
-        assert all(r.tags.get("cq/name") == "hum_s" and r.tags.get("cq/batch") == "true" for r in canceled), status
+        assert all(r.tags.get("cq/name") == "hum_s" and r.tags.get("cq/stream_batch") == "true" for r in canceled), (
+            status
+        )
         assert ("did not finish in time: canceled" in after) == bool(canceled), after
         requeued = {r.tags.get("dagster/parent_run_id") for r in runs} - {None}
         assert requeued == set(), status  # the sensor requests the works again instead

@@ -136,7 +136,7 @@ def _requeue(instance, flight: dict[str, dict[str, str]], *, ui: str, timeout: f
         return
     again = []
     for run_id in canceled:
-        if flight[run_id].get("cq/batch") != "true":
+        if "true" not in (flight[run_id].get("cq/batch"), flight[run_id].get("cq/stream_batch")):
             result = graphql(_REQUEUE, id=run_id)["launchRunReexecution"]
             if result.get("__typename") == "LaunchRunSuccess":
                 again.append(result["run"]["runId"])
