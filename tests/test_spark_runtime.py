@@ -201,8 +201,8 @@ time.sleep(600)
 
 def test_restart_at_once_on_the_same_port_with_a_client_connected(server):
     """`cq spark stop` then `cq spark start` while a client is connected: the stopped server's
-    connections stay in TIME_WAIT on the port (a plain bind is refused for about a minute), and the
-    new server starts at once anyway (the port check binds as the JVM does)."""
+    connections may stay in TIME_WAIT on the port (a plain bind is then refused for about a minute),
+    and the new server starts at once anyway (the port check binds as the JVM does)."""
     from cq_engine.spark import client_url
 
     settings, _ = server
@@ -216,8 +216,9 @@ def test_restart_at_once_on_the_same_port_with_a_client_connected(server):
     try:
         assert client.stdout is not None and client.stdout.readline().strip() == "connected"
         assert stop_server(settings) is True
-        with socket.socket() as plain, pytest.raises(OSError):  # what the old check did: a live process?
-            plain.bind(("127.0.0.1", settings.spark_port))
+        # Whether the port is left in TIME_WAIT here depends on which side the kernel saw close first
+        # (test_port_check_sees_listeners_not_time_wait makes that case for certain); either way the
+        # port is free for a listener, and the server starts again at once.
         assert not port_taken(settings.spark_port)
         again = start_server(settings, timeout=300)
         assert again.running and again.port == settings.spark_port and server_status(settings) == again

@@ -124,7 +124,9 @@ class KnownGroups:
         """Count the groups of every file of the snapshot (the first time, or when the log cannot say)."""
         uri = self._tables.uri(table)
         dt = DeltaTable(uri, version=version, storage_options=self._tables.storage_options)
-        if {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ()):
+        # Column mapping also comes without table features (reader version 2 and the table property).
+        mapped = (dt.metadata().configuration or {}).get("delta.columnMapping.mode", "none").lower() != "none"
+        if mapped or {"deletionVectors", "columnMapping"} & set(dt.protocol().reader_features or ()):
             raise Unavailable(table)
         lowered = {c.lower() for c in dt.metadata().partition_columns}
         if any(k.lower() in lowered for k in keys):
