@@ -15,12 +15,15 @@ from importlib.metadata import version
 from pathlib import Path
 
 # hadoop-aws must match pyspark's bundled Hadoop (pyspark 4.2.0's jars/hadoop-client-api-3.5.0.jar;
-# tests/test_jars.py checks); hadoop-aws 3.5.0's pom names the AWS SDK v2 bundle 2.35.4.
+# tests/test_jars.py checks); hadoop-aws 3.5.0's pom names the AWS SDK v2 bundle 2.35.4 and the S3
+# analytics accelerator 1.3.1, which its S3A file system needs (a Delta load fails with NoClassDefFoundError
+# without it).
 HADOOP_AWS_VERSION = "3.5.0"
 AWS_SDK_VERSION = "2.35.4"
 S3A_ARTIFACTS = (
     f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
     f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}",
+    "software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1",
 )
 # delta-spark's runtime dependencies besides Scala, which pyspark ships (its pom; their own
 # dependencies, Jackson, Parquet, Hadoop's client, RoaringBitmap, are in pyspark's jars/ too).
