@@ -9,18 +9,16 @@ BIN    := $(VENV)/bin
 
 .PHONY: setup jars dev demo test check lint format cluster-setup cluster-test bench clean
 
-# The JVM jars Spark loads from the local Maven repository (cq_engine/jars.py names the same versions):
-# delta-spark for Spark 4.0 / Scala 2.13, and hadoop-aws matching pyspark's bundled Hadoop 3.4.1 with
-# its AWS SDK bundle (s3a:// warehouses). Fetched once; offline afterwards. No mvn: the engine falls
-# back to the delta-rs storage and says so.
+# The JVM jars Spark loads from the local Maven repository, as cq_engine/jars.py names them: Delta's at
+# the installed delta-spark package's version (one pin in pyproject.toml), and hadoop-aws matching
+# pyspark's bundled Hadoop with its AWS SDK bundle (s3a:// warehouses). Fetched once; offline
+# afterwards. No mvn: the engine falls back to the delta-rs storage and says so.
 M2     ?= $(HOME)/.m2/repository
-JARS   := io.delta:delta-spark_2.13:4.0.1 io.delta:delta-storage:4.0.1 \
-          org.apache.hadoop:hadoop-aws:3.4.1 software.amazon.awssdk:bundle:2.24.6
 
-jars:
+jars: $(BIN)/cq
 	@if ! command -v mvn >/dev/null; then \
 	  echo "mvn not found: Delta runs on the delta-rs storage (install maven for delta-spark)" >&2; \
-	else for a in $(JARS); do \
+	else coords=$$($(BIN)/python -m cq_engine.jars --coordinates) || exit 1; for a in $$coords; do \
 	  g=$${a%%:*}; rest=$${a#*:}; n=$${rest%%:*}; v=$${rest#*:}; \
 	  f="$(M2)/$$(echo $$g | tr . /)/$$n/$$v/$$n-$$v.jar"; \
 	  [ -f "$$f" ] || mvn -B -q dependency:get -Dtransitive=false -Dartifact=$$a || exit 1; \

@@ -8,21 +8,37 @@ seconds (minutes offline). Nothing here imports pyspark or starts a JVM.
 
 from __future__ import annotations
 
+import argparse
 import os
+from functools import cache
+from importlib.metadata import version
 from pathlib import Path
 
-# delta-spark 4.0.x is built against Spark 4.0.x / Scala 2.13 (pyspark 4.0.1's jars/).
-DELTA_VERSION = "4.0.1"
-# hadoop-aws must match pyspark's bundled Hadoop (jars/hadoop-client-api-3.4.1.jar); 3.4.1 declares
-# the AWS SDK v2 bundle 2.24.6.
-HADOOP_AWS_VERSION = "3.4.1"
-AWS_SDK_VERSION = "2.24.6"
-
-DELTA_ARTIFACTS = (f"io.delta:delta-spark_2.13:{DELTA_VERSION}", f"io.delta:delta-storage:{DELTA_VERSION}")
+# hadoop-aws must match pyspark's bundled Hadoop (pyspark 4.2.0's jars/hadoop-client-api-3.5.0.jar;
+# tests/test_jars.py checks); hadoop-aws 3.5.0's pom names the AWS SDK v2 bundle 2.35.4 and the S3
+# analytics accelerator 1.3.1, which its S3A file system needs (a Delta load fails with NoClassDefFoundError
+# without it).
+HADOOP_AWS_VERSION = "3.5.0"
+AWS_SDK_VERSION = "2.35.4"
 S3A_ARTIFACTS = (
     f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
     f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}",
+    "software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1",
 )
+# delta-spark's runtime dependencies besides Scala, which pyspark ships (its pom; their own
+# dependencies, Jackson, Parquet, Hadoop's client, RoaringBitmap, are in pyspark's jars/ too).
+_DELTA_MODULES = ("delta-storage", "delta-kernel-api", "delta-kernel-defaults", "delta-kernel-unitycatalog")
+
+
+@cache
+def delta_artifacts() -> tuple[str, ...]:
+    """The Delta jars, at the version of the installed ``delta-spark`` package (one pin in pyproject.toml
+    decides the Python API and the jars) and built for the installed pyspark's line, as Delta publishes
+    them (``delta-spark_<spark major.minor>_2.13``, what delta's own ``configure_spark_with_delta_pip``
+    asks for)."""
+    delta, spark = version("delta-spark"), ".".join(version("pyspark").split(".")[:2])
+    return (f"io.delta:delta-spark_{spark}_2.13:{delta}", *(f"io.delta:{m}:{delta}" for m in _DELTA_MODULES))
+
 
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -51,13 +67,26 @@ def jar_paths(artifacts: tuple[str, ...]) -> list[str] | None:
 
 
 def missing(artifacts: tuple[str, ...]) -> list[str]:
+    """Those of ``artifacts`` whose jar is not in the local Maven repository."""
     return [a for a in artifacts if not _jar(a).is_file()]
 
 
 def spark_conf(*, delta: bool, s3a: bool = False) -> dict[str, str]:
     """Confs adding the Delta (and, when available and asked for, s3a) jars; {} if Delta's are missing."""
-    jars = jar_paths(DELTA_ARTIFACTS) if delta else None
+    jars = jar_paths(delta_artifacts()) if delta else None
     if jars is None:
         return {}
     extra = jar_paths(S3A_ARTIFACTS) if s3a else None
     return {"spark.jars": ",".join(jars + (extra or [])), **DELTA_CONF}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m cq_engine.jars --coordinates``: the Maven coordinates ``make jars`` fetches, one a line."""
+    parser = argparse.ArgumentParser(prog="python -m cq_engine.jars", description="The jars `make jars` fetches.")
+    parser.add_argument("--coordinates", action="store_true", required=True, help="print every jar's coordinates")
+    parser.parse_args(argv)
+    print("\n".join(delta_artifacts() + S3A_ARTIFACTS))
+
+
+if __name__ == "__main__":
+    main()

@@ -257,4 +257,4 @@ def test_storage_choice(tmp_path, monkeypatch, caplog):
         chosen = make_storage(Settings(warehouse=str(tmp_path), storage="spark"), session=session)
     assert type(chosen) is DeltaRsStorage
     assert [r.message for r in caplog.records if "delta-spark jars not found" in r.message] and len(caplog.records) == 1
-    assert jars.missing(jars.DELTA_ARTIFACTS) == list(jars.DELTA_ARTIFACTS)
+    assert jars.missing(jars.delta_artifacts()) == list(jars.delta_artifacts())

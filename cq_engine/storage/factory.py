@@ -26,7 +26,7 @@ def spark_delta_available(settings: Settings) -> bool:
         return False
     if settings.spark_remote:
         return True
-    gone = jars.missing(jars.DELTA_ARTIFACTS)
+    gone = jars.missing(jars.delta_artifacts())
     if gone and str(jars.maven_repo()) not in _warned:
         _warned.add(str(jars.maven_repo()))
         LOG.warning(

@@ -387,7 +387,8 @@ def _txn(app_id: str, app_version: int, source_versions: Mapping[str, int] | Non
 def arrow_schema(frame: DataFrame) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(frame.schema)
+    # Spark's TimestampType is an instant: Arrow's UTC timestamp, as the engine's tables hold them.
+    return to_arrow_schema(frame.schema, timezone="UTC")
 
 
 def _spark_cast(table: str, frame: DataFrame, schema: pa.Schema) -> DataFrame:
