@@ -35,6 +35,7 @@ BENCHMARKS = (
     "orchestration",
     "freshness",
     "stream_scale",
+    "mixed",
 )
 
 

@@ -92,25 +92,31 @@ def run(ctx: Context) -> Outcome:
     finally:
         stop.set()
         daemon.stop()
-    ok = [e for e in entries if e.status == "succeeded" and e.kind == "firing"]
-    failed = [e for e in entries if e.status == "failed"]
+    share, done, due, worst, failed = score(entries, n=n, w0=w0, w1=w1)
     minutes = (w1 - w0).total_seconds() / 60
-    # Due in the window: every definition's firing times in (w0, w1].
-    due = n * sum(1 for k in range(int(w0.timestamp()) // EVERY + 1, int(w1.timestamp()) // EVERY + 1))
-    done = sum(1 for e in ok if w0 < e.finished_at <= w1)
-    done_due = sum(1 for e in ok if w0 < e.fire_time <= w1 and e.finished_at <= w1 + timedelta(seconds=EVERY))
-    worst = worst_lag(ok, names=[f"q{i:03d}" for i in range(n)], start=w0, end=w1)
-    share = done_due / due if due else 0.0
     per_firing = len(runs) / done if done else float("inf")
     ratio = (1 - share) / 0.05 if share < 1 else 0.0
     line = (
         f"{NAME}: {n} CQs every {EVERY}s ({run_model}), {minutes:.1f} min: {done / minutes:.1f} firings "
         f"succeeded/min vs {due / minutes:.1f} due/min; {share:.1%} of the window's firings done within "
         f"{EVERY}s of its end; worst lag {worst:.0f}s (target <= {LAG_TARGET:.0f}s); {len(runs)} runs, "
-        f"{per_firing:.2f} runs/firing; {len(failed)} failed; {verdict(ratio, 1.0)}"
+        f"{per_firing:.2f} runs/firing; {failed} failed; {verdict(ratio, 1.0)}"
     )
     notes = [] if worst <= LAG_TARGET else [f"worst lag {worst:.0f}s MISSED the {LAG_TARGET:.0f}s target"]
     return Outcome(NAME, line, ratio=ratio if worst <= LAG_TARGET else max(ratio, 1.01), target=1.0, notes=notes)
+
+
+def score(entries, *, n: int, w0: datetime, w1: datetime) -> tuple[float, int, int, float, int]:
+    """(share of the window's due firings done within EVERY of its end, firings done in the window,
+    firings due, worst lag, failed entries) of the CQs q000..q<n-1>."""
+    ok = [e for e in entries if e.status == "succeeded" and e.kind == "firing"]
+    failed = sum(1 for e in entries if e.status == "failed")
+    # Due in the window: every definition's firing times in (w0, w1].
+    due = n * sum(1 for k in range(int(w0.timestamp()) // EVERY + 1, int(w1.timestamp()) // EVERY + 1))
+    done = sum(1 for e in ok if w0 < e.finished_at <= w1)
+    done_due = sum(1 for e in ok if w0 < e.fire_time <= w1 and e.finished_at <= w1 + timedelta(seconds=EVERY))
+    worst = worst_lag(ok, names=[f"q{i:03d}" for i in range(n)], start=w0, end=w1)
+    return (done_due / due if due else 0.0), done, due, worst, failed
 
 
 def worst_lag(entries, *, names: list[str], start: datetime, end: datetime) -> float:

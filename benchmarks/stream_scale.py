@@ -94,8 +94,6 @@ def feed(engine, stop: threading.Event, start: datetime, commits: list[tuple[flo
 
 def run(ctx: Context) -> Outcome:
     import dagster as dg
-    import pyarrow as pa
-    from deltalake import DeltaTable
 
     from cq_engine.cli.feed import demo_rows, floor_time, meter_rows
     from cq_engine.config import Settings
@@ -123,7 +121,6 @@ def run(ctx: Context) -> Outcome:
     feeder = threading.Thread(target=feed, args=(engine, stop, now, commits), daemon=True)
     daemon = Daemon(root=work, settings=settings)
     names = [f"s{i:03d}" for i in range(n)]
-    timed = [s for i, s in enumerate(names) if kind_of(i) in ("interval", "rule")]
     loads: list[float] = []
     try:
         daemon.start()
@@ -143,17 +140,60 @@ def run(ctx: Context) -> Outcome:
             loads.append(os.getloadavg()[0])
             time.sleep(10)
         w1 = datetime.now(UTC)
-        sinks = {}
-        for i, name in enumerate(names):
-            uri = settings.table_uri(f"{name}_out")
-            if kind_of(i) == "interval" and DeltaTable.is_deltatable(uri):
-                data = pa.table(DeltaTable(uri).scan(columns=["tbname", "_twstart"])).to_pylist()
-                sinks[name] = {(r["tbname"], r["_twstart"]) for r in data}
+        sinks = read_sinks(settings, names)
         entries = [e for e in engine.ledger.entries() if e.status == "succeeded" and e.finished_at <= w1]
         runs = daemon.instance().get_run_records(dg.RunsFilter(created_after=w0, created_before=w1))
     finally:
         stop.set()
         daemon.stop()
+    share, due, latencies, worst = score(names=names, sinks=sinks, entries=entries, commits=commits, w0=w0, w1=w1)
+    p50, p95 = percentiles(latencies)
+    load = f"load avg {statistics.mean(loads):.1f} (1-min, sampled; max {max(loads):.1f})" if loads else ""
+    ratio = (1 - share) / 0.05 if share < 1 else 0.0
+    line = (
+        f"{NAME}: {n} default-option streams (interval/session/state/event/count/eKuiper rule), "
+        f"{(w1 - w0).total_seconds() / 60:.1f} min: {share:.1%} of {due} windows closed >= 30 s before the end in "
+        f"the sinks (target >= 95%); freshness commit->row p50 {p50:.1f}s p95 {p95:.1f}s "
+        f"({len(latencies)} windows); worst lag {worst:.0f}s (target <= {LAG_TARGET:.0f}s); "
+        f"{len(runs)} runs created; {load}; {verdict(ratio, 1.0)}"
+    )
+    notes = [] if worst <= LAG_TARGET else [f"worst lag {worst:.0f}s MISSED the {LAG_TARGET:.0f}s target"]
+    return Outcome(NAME, line, ratio=ratio if worst <= LAG_TARGET else max(ratio, 1.01), target=1.0, notes=notes)
+
+
+def _meters():
+    from cq_engine.cli.feed import METERS
+
+    return METERS
+
+
+def _ceil(t: datetime, step: timedelta) -> datetime:
+    seconds = step.total_seconds()
+    return datetime.fromtimestamp(-(-t.timestamp() // seconds) * seconds, UTC)
+
+
+def _covered(entries, lo: datetime, hi: datetime):
+    """The first committed entry whose range covers ``[lo, hi)``."""
+    found = [e for e in entries if e.range_start <= lo and e.range_end >= hi]
+    return min(found, key=lambda e: e.finished_at) if found else None
+
+
+def read_sinks(settings, names: list[str]) -> dict[str, set]:
+    """(tbname, _twstart) of every INTERVAL stream's sink."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    sinks = {}
+    for i, name in enumerate(names):
+        uri = settings.table_uri(f"{name}_out")
+        if kind_of(i) == "interval" and DeltaTable.is_deltatable(uri):
+            data = pa.table(DeltaTable(uri).scan(columns=["tbname", "_twstart"])).to_pylist()
+            sinks[name] = {(r["tbname"], r["_twstart"]) for r in data}
+    return sinks
+
+
+def score(*, names, sinks, entries, commits, w0: datetime, w1: datetime) -> tuple[float, int, list[float], float]:
+    """(share of the due windows in the sinks, windows due, freshness latencies sorted, worst lag)."""
     meters = sorted({m[0] for m in _meters()})
     first = _ceil(w0, WIDTH)
     starts = []
@@ -183,35 +223,13 @@ def run(ctx: Context) -> Outcome:
                 if done is not None and closing is not None:
                     latencies.append(done.finished_at.timestamp() - closing[0])
     share = present / due if due else 0.0
-    worst = worst_lag(entries, names=timed, start=w0, end=w1)
     latencies.sort()
-    p50 = statistics.median(latencies) if latencies else float("inf")
-    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))] if latencies else float("inf")
-    load = f"load avg {statistics.mean(loads):.1f} (1-min, sampled; max {max(loads):.1f})" if loads else ""
-    ratio = (1 - share) / 0.05 if share < 1 else 0.0
-    line = (
-        f"{NAME}: {n} default-option streams (interval/session/state/event/count/eKuiper rule), "
-        f"{(w1 - w0).total_seconds() / 60:.1f} min: {share:.1%} of {due} windows closed >= 30 s before the end in "
-        f"the sinks (target >= 95%); freshness commit->row p50 {p50:.1f}s p95 {p95:.1f}s "
-        f"({len(latencies)} windows); worst lag {worst:.0f}s (target <= {LAG_TARGET:.0f}s); "
-        f"{len(runs)} runs created; {load}; {verdict(ratio, 1.0)}"
-    )
-    notes = [] if worst <= LAG_TARGET else [f"worst lag {worst:.0f}s MISSED the {LAG_TARGET:.0f}s target"]
-    return Outcome(NAME, line, ratio=ratio if worst <= LAG_TARGET else max(ratio, 1.01), target=1.0, notes=notes)
+    timed = [s for i, s in enumerate(names) if kind_of(i) in ("interval", "rule")]
+    return share, due, latencies, worst_lag(entries, names=timed, start=w0, end=w1)
 
 
-def _meters():
-    from cq_engine.cli.feed import METERS
-
-    return METERS
-
-
-def _ceil(t: datetime, step: timedelta) -> datetime:
-    seconds = step.total_seconds()
-    return datetime.fromtimestamp(-(-t.timestamp() // seconds) * seconds, UTC)
-
-
-def _covered(entries, lo: datetime, hi: datetime):
-    """The first committed entry whose range covers ``[lo, hi)``."""
-    found = [e for e in entries if e.range_start <= lo and e.range_end >= hi]
-    return min(found, key=lambda e: e.finished_at) if found else None
+def percentiles(latencies: list[float]) -> tuple[float, float]:
+    """p50 and p95 of sorted ``latencies`` (inf when empty)."""
+    if not latencies:
+        return float("inf"), float("inf")
+    return statistics.median(latencies), latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]

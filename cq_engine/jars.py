@@ -14,20 +14,27 @@ from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 
-# hadoop-aws must match pyspark's bundled Hadoop (pyspark 4.2.0's jars/hadoop-client-api-3.5.0.jar;
-# tests/test_jars.py checks); hadoop-aws 3.5.0's pom names the AWS SDK v2 bundle 2.35.4 and the S3
-# analytics accelerator 1.3.1, which its S3A file system needs (a Delta load fails with NoClassDefFoundError
-# without it).
-HADOOP_AWS_VERSION = "3.5.0"
-AWS_SDK_VERSION = "2.35.4"
-S3A_ARTIFACTS = (
-    f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
-    f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}",
-    "software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1",
-)
+# hadoop-aws must match pyspark's bundled Hadoop (its jars/hadoop-client-api-<version>.jar;
+# tests/test_jars.py checks), and the AWS artifacts are the ones that hadoop-aws version's pom names:
+# 3.5.0 (pyspark 4.2) needs the S3 analytics accelerator too (a Delta load fails with
+# NoClassDefFoundError without it). 3.4.1 is pyspark 4.0/4.1's, kept so the previous stack still builds
+# (`python -m benchmarks.stacks` measures the two side by side).
+_S3A_BY_HADOOP = {
+    "3.5.0": (
+        "software.amazon.awssdk:bundle:2.35.4",
+        "software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1",
+    ),
+    "3.4.1": ("software.amazon.awssdk:bundle:2.24.6",),
+}
 # delta-spark's runtime dependencies besides Scala, which pyspark ships (its pom; their own
-# dependencies, Jackson, Parquet, Hadoop's client, RoaringBitmap, are in pyspark's jars/ too).
+# dependencies, Jackson, Parquet, Hadoop's client, RoaringBitmap, are in pyspark's jars/ too). Delta
+# 4.0 needed only delta-storage and published one artifact per Scala version, not per Spark line.
 _DELTA_MODULES = ("delta-storage", "delta-kernel-api", "delta-kernel-defaults", "delta-kernel-unitycatalog")
+
+
+def _line(package: str) -> tuple[int, int]:
+    major, minor = version(package).split(".")[:2]
+    return int(major), int(minor)
 
 
 @cache
@@ -36,8 +43,18 @@ def delta_artifacts() -> tuple[str, ...]:
     decides the Python API and the jars) and built for the installed pyspark's line, as Delta publishes
     them (``delta-spark_<spark major.minor>_2.13``, what delta's own ``configure_spark_with_delta_pip``
     asks for)."""
-    delta, spark = version("delta-spark"), ".".join(version("pyspark").split(".")[:2])
+    delta = version("delta-spark")
+    if _line("delta-spark") < (4, 1):
+        return (f"io.delta:delta-spark_2.13:{delta}", f"io.delta:delta-storage:{delta}")
+    spark = ".".join(map(str, _line("pyspark")))
     return (f"io.delta:delta-spark_{spark}_2.13:{delta}", *(f"io.delta:{m}:{delta}" for m in _DELTA_MODULES))
+
+
+@cache
+def s3a_artifacts() -> tuple[str, ...]:
+    """hadoop-aws at the version of pyspark's bundled Hadoop, with the AWS artifacts its pom names."""
+    hadoop = "3.5.0" if _line("pyspark") >= (4, 2) else "3.4.1"
+    return (f"org.apache.hadoop:hadoop-aws:{hadoop}", *_S3A_BY_HADOOP[hadoop])
 
 
 DELTA_CONF = {
@@ -76,7 +93,7 @@ def spark_conf(*, delta: bool, s3a: bool = False) -> dict[str, str]:
     jars = jar_paths(delta_artifacts()) if delta else None
     if jars is None:
         return {}
-    extra = jar_paths(S3A_ARTIFACTS) if s3a else None
+    extra = jar_paths(s3a_artifacts()) if s3a else None
     return {"spark.jars": ",".join(jars + (extra or [])), **DELTA_CONF}
 
 
@@ -85,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cq_engine.jars", description="The jars `make jars` fetches.")
     parser.add_argument("--coordinates", action="store_true", required=True, help="print every jar's coordinates")
     parser.parse_args(argv)
-    print("\n".join(delta_artifacts() + S3A_ARTIFACTS))
+    print("\n".join(delta_artifacts() + s3a_artifacts()))
 
 
 if __name__ == "__main__":

@@ -367,7 +367,7 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
         pytest.fail(f"PostgreSQL is not installed ({PG_BIN}/initdb): run `make cluster-test`, which installs it")
     from cq_engine import jars
 
-    assert not jars.missing(jars.delta_artifacts() + jars.S3A_ARTIFACTS), "run `make jars`"
+    assert not jars.missing(jars.delta_artifacts() + jars.s3a_artifacts()), "run `make jars`"
     (tmp_path / "sql").mkdir()
     for name in ("sensors.sql", "resample.sql"):
         shutil.copy(REPO / "sql" / name, tmp_path / "sql" / name)
