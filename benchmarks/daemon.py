@@ -128,3 +128,10 @@ def _port_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def queued_runs(instance) -> int:
+    """How many runs wait in the instance's queue now."""
+    import dagster as dg
+
+    return instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))

@@ -49,7 +49,7 @@ def run(ctx: Context) -> Outcome:
     from cq_engine.engine import Engine
 
     from . import free_port
-    from .daemon import Daemon
+    from .daemon import Daemon, queued_runs
 
     n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_MIXED_N", "100"))
     window = 120 if ctx.quick else int(os.environ.get("CQ_BENCH_MIXED_SECONDS", "300"))
@@ -74,6 +74,7 @@ def run(ctx: Context) -> Outcome:
     daemon = Daemon(root=work, settings=settings)
     streams = [f"s{i:03d}" for i in range(n)]
     loads: list[float] = []
+    queued: list[int] = []  # runs waiting in Dagster's queue, sampled with the load
     try:
         daemon.start()
         feeder.start()
@@ -88,8 +89,10 @@ def run(ctx: Context) -> Outcome:
         w0 = datetime.now(UTC)
         ctx.log(f"measuring {window}s from {w0:%H:%M:%S}")
         end_at = time.monotonic() + window
+        instance = daemon.instance()
         while time.monotonic() < end_at:
             loads.append(os.getloadavg()[0])
+            queued.append(queued_runs(instance))
             time.sleep(10)
         w1 = datetime.now(UTC)
         sinks = stream_scale.read_sinks(settings, streams)
@@ -118,6 +121,6 @@ def run(ctx: Context) -> Outcome:
         f"{NAME}: {n} CQs every {orchestration.EVERY}s + {n} streams, {(w1 - w0).total_seconds() / 60:.1f} min: "
         f"CQs {cq_share:.1%} of {cq_due} due firings, worst lag {cq_worst:.0f}s (target <= 60s), {failed} failed; "
         f"streams {st_share:.1%} of {st_due} windows, freshness p50 {p50:.1f}s p95 {p95:.1f}s, worst lag "
-        f"{st_worst:.0f}s (target <= 30s); {len(runs)} runs created; {load}; {verdict(ratio, 1.0)}"
+        f"{st_worst:.0f}s (target <= 30s); {len(runs)} runs created, at most {max(queued, default=0)} queued at once; {load}; {verdict(ratio, 1.0)}"
     )
     return Outcome(NAME, line, ratio=ratio, target=1.0, notes=notes)

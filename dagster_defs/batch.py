@@ -372,46 +372,63 @@ def sink_specs(definitions: list, translator) -> tuple[list[dg.AssetSpec], dict,
     )
 
 
-def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.AssetsDefinition, dict]:
-    """One subsettable multi-asset over the sinks of ``definitions``; also name -> sink key."""
+def build_shared_asset(
+    definitions: list, translator, *, name: str, description: str, many: str, run_many: Callable[..., Iterator]
+) -> tuple[dg.AssetsDefinition, dict]:
+    """One subsettable multi-asset over the sinks of ``definitions`` (also name -> sink key). A run with
+    the run config field ``many`` (``firings`` or ``works``: name -> items) executes them through
+    ``run_many(context, engine, items, sink_keys=, retry=, checks=)``; a run selecting one sink is that
+    definition's own firing or recalculation."""
     specs, sink_keys, by_key = sink_specs(definitions, translator)
-    by_name = {d.name: d for d in definitions}
 
     @dg.multi_asset(
-        name=translator.get_batch_op_name(),
+        name=name,
         specs=specs,
         check_specs=[health.completeness_check_spec(by_key[s.key], s.key) for s in specs],
         can_subset=True,
-        description="The firings of the location's continuous queries and PERIOD streams: a batch "
-        "(run config `firings`) or one definition's firing or recalculation.",
+        description=description,
     )
-    def _firings(
+    def _shared(
         context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
     ):
         engine = cq_engine.engine(pyspark.spark_session)
-        if config.firings:
-            unknown = sorted(set(config.firings) - by_name.keys())
+        checks = health.CheckReporter(context, engine, by_key)
+        items = getattr(config, many)
+        if items:
+            unknown = sorted(set(items) - sink_keys.keys())
             if unknown:
                 raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
             retry = context.run.tags.get("cq/attempt", "0") != "0"
-            checks = health.CheckReporter(context, engine, by_key)
-            batch = lambda: run_batch(
-                context, engine, config.firings, sink_keys=sink_keys, retry=retry, on_done=checks.report
+            yield from checks.around(
+                lambda: run_many(context, engine, items, sink_keys=sink_keys, retry=retry, checks=checks)
             )
-            yield from checks.around(batch)
             return
         selected = [by_key[k] for k in context.selected_asset_keys]
         if len(selected) != 1:
             raise dg.Failure(
-                "select one sink (one definition's firing or recalculation) or pass `firings` in the "
-                f"run config (a batch); {len(selected)} sinks are selected",
+                f"select one sink (one definition's firing or recalculation) or pass `{many}` in the run "
+                f"config; {len(selected)} sinks are selected",
                 allow_retries=False,
             )
         key = sink_keys[selected[0].name]
-        run = lambda: [execute_one(context, config, engine, selected[0], asset_key=key)]
-        yield from health.CheckReporter(context, engine, by_key).around(run)
+        yield from checks.around(lambda: [execute_one(context, config, engine, selected[0], asset_key=key)])
 
-    return _firings, sink_keys
+    return _shared, sink_keys
+
+
+def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.AssetsDefinition, dict]:
+    """The multi-asset of the continuous queries and PERIOD streams: batches of firings."""
+    return build_shared_asset(
+        definitions,
+        translator,
+        name=translator.get_batch_op_name(),
+        description="The firings of the location's continuous queries and PERIOD streams: a batch "
+        "(run config `firings`) or one definition's firing or recalculation.",
+        many="firings",
+        run_many=lambda context, engine, firings, *, sink_keys, retry, checks: run_batch(
+            context, engine, firings, sink_keys=sink_keys, retry=retry, on_done=checks.report
+        ),
+    )
 
 
 def build_batch_sensor(
@@ -537,12 +554,11 @@ def switch_states(
 
 
 def build_switch_sensor(
-    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus, via: str | None = None
+    definition: Definition, translator, *, default_status: dg.DefaultSensorStatus, via: str
 ) -> dg.SensorDefinition:
     """``<name>_ticks`` of a window-triggered stream: its running state is the stream's on/off switch
     (its cursor is used by ``cq start --ignore-untreated``), read by the sensor ``via``; its own
     evaluations (daily) request nothing."""
-    via = via or translator.get_batch_sensor_name()
 
     def evaluate(context: dg.SensorEvaluationContext):
         return dg.SkipReason(f"{definition.name} runs through the {via} sensor")

@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from datetime import datetime
 
 import dagster as dg
-from dagster_pyspark import PySparkResource
 
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError
@@ -38,10 +37,8 @@ from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from . import health
-from .batch import MAX_RUNTIME_SECONDS, keyed_runs, sink_specs, switch_states
-from .builders import IN_FLIGHT, FiringConfig, execute_one, materialization
-from .resource import CQEngineResource
+from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, keyed_runs, switch_states
+from .builders import IN_FLIGHT, materialization
 
 INTERVAL_SECONDS = 1
 ADOPT = "adopt"
@@ -129,40 +126,18 @@ def run_streams(context, engine: Engine, works: dict[str, list[str]], *, sink_ke
 
 
 def build_streams_asset(streams: list[Stream], translator) -> tuple[dg.AssetsDefinition, dict]:
-    """One subsettable multi-asset over the streams' sinks; also name -> sink key."""
-    specs, sink_keys, by_key = sink_specs(streams, translator)
-
-    @dg.multi_asset(
+    """The multi-asset of the window-triggered streams' sinks: rounds of stream works."""
+    return build_shared_asset(
+        streams,
+        translator,
         name=translator.get_streams_op_name(),
-        specs=specs,
-        check_specs=[health.completeness_check_spec(by_key[spec.key], spec.key) for spec in specs],
-        can_subset=True,
         description="The works of the location's window-triggered streams and eKuiper rules that their "
         "sensor hands to a run (run config `works`), or one stream's run or recalculation (its sink selected).",
+        many="works",
+        run_many=lambda context, engine, works, *, sink_keys, retry, checks: run_streams(
+            context, engine, works, sink_keys=sink_keys, retry=retry
+        ),
     )
-    def _streams(
-        context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
-    ):
-        engine = cq_engine.engine(pyspark.spark_session)
-        if config.works:
-            unknown = sorted(set(config.works) - sink_keys.keys())
-            if unknown:
-                raise dg.Failure(f"no stream named {', '.join(unknown)} in this code location")
-            retry = context.run.tags.get("cq/attempt", "0") != "0"
-            batch = lambda: run_streams(context, engine, config.works, sink_keys=sink_keys, retry=retry)
-            yield from health.CheckReporter(context, engine, by_key).around(batch)
-            return
-        selected = [by_key[k] for k in context.selected_asset_keys]
-        if len(selected) != 1:
-            raise dg.Failure(
-                f"select one stream's sink (a run or recalculation of it) or pass `works` in the run config; "
-                f"{len(selected)} sinks are selected"
-            )
-        key = sink_keys[selected[0].name]
-        run = lambda: [execute_one(context, config, engine, selected[0], asset_key=key)]
-        yield from health.CheckReporter(context, engine, by_key).around(run)
-
-    return _streams, sink_keys
 
 
 # -- the sensor -------------------------------------------------------------------------------------
