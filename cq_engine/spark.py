@@ -81,10 +81,23 @@ def engine_conf(settings: Settings | None = None) -> dict[str, str]:
     return conf
 
 
+# A store that stops answering fails a request in bounded time: hadoop-aws' defaults (a 200 s socket
+# timeout, 5 SDK attempts, 7 S3A retries) hold a Spark task for most of an hour. With these a request
+# gives up after 30 s of silence and is tried 3 times by the SDK, each failure retried 3 times by S3A
+# (with its back-off): a store away for a minute is ridden out, one away for good fails the job in
+# minutes (README, Guarantees after a crash or restart). Milliseconds, as every Hadoop line reads them.
+S3A_TIMEOUTS = {
+    "spark.hadoop.fs.s3a.connection.establish.timeout": "10000",
+    "spark.hadoop.fs.s3a.connection.timeout": "30000",
+    "spark.hadoop.fs.s3a.attempts.maximum": "3",
+    "spark.hadoop.fs.s3a.retry.limit": "3",
+}
+
+
 def s3a_conf() -> dict[str, str]:
     """Hadoop s3a settings from the AWS variables delta-rs reads too (``AWS_ENDPOINT_URL`` for an
     S3-compatible store, path-style addressing then, plain http allowed by the URL's scheme)."""
-    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem", **S3A_TIMEOUTS}
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         conf.update(
@@ -451,11 +464,37 @@ def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
         raise SparkError(f"cannot connect to Spark Connect server at {_redact(url)}")
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
+        bound_retries(spark)
         if not own_server:  # ours was started with BASE_CONF's zone: spare the round trip
             spark.conf.set("spark.sql.session.timeZone", "UTC")
     except Exception as exc:  # pyspark raises many unrelated types here
         raise SparkError(f"cannot open a Spark Connect session at {_redact(url)}: {_redact(str(exc))}") from None
     return spark
+
+
+# pyspark's Connect client retries a lost server for at least 10 minutes (15 retries, back-off x4 up to
+# 60 s), which holds a run (or the cq_streams sensor, past Dagster's 60 s time-out) that long on a dead
+# server; and a restarted server of ours has a new token, so waiting for it is futile. About a minute
+# of retries (0.5, 1, 2, 4, 8, then 15 s) covers a blip; past it the call fails, the run fails cleanly
+# and its sensor requests its work again (README, Guarantees after a crash or restart).
+CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 8, 500, 15_000
+
+
+def bound_retries(session) -> None:
+    """Bound the Connect client's retries of ``session`` to about a minute (``CONNECT_RETRIES`` with a
+    doubling back-off); a no-op for a classic session."""
+    client = getattr(session, "client", None)
+    if client is None or not hasattr(client, "set_retry_policies"):
+        return
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    policy = DefaultPolicy(
+        max_retries=CONNECT_RETRIES,
+        initial_backoff=CONNECT_BACKOFF_MS,
+        backoff_multiplier=2.0,
+        max_backoff=CONNECT_MAX_BACKOFF_MS,
+    )
+    client.set_retry_policies([policy])
 
 
 # What pyspark sets in a process once it holds a Connect session (or reads to make one).
