@@ -6,7 +6,7 @@ and once a Connect session exists pyspark sets ``SPARK_CONNECT_MODE_ENABLED`` fo
 so later ``pyspark.sql.functions`` calls dispatch to Connect. ``get_session`` therefore only falls back
 to our own server when no classic session is active; use a subprocess to mix both (as the tests do).
 A process *started* by one holding a Connect session inherits those variables, though no session of
-its own made them: ``get_session`` drops them first (``_drop_inherited_mode``).
+its own made them: ``get_session`` drops them first (``drop_inherited_mode``).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def local_session(
     listens on loopback only."""
     from pyspark.sql import SparkSession
 
-    _drop_inherited_mode()
+    drop_inherited_mode()
     builder = SparkSession.builder.master(master).appName(app_name)
     conf = {**engine_conf(settings), **QUIET_CONF}
     if master.startswith("local"):
@@ -483,10 +483,11 @@ CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 8, 500, 15_000
 def bound_retries(session) -> None:
     """Bound the Connect client's retries of ``session`` to about a minute (``CONNECT_RETRIES`` with a
     doubling back-off); a no-op for a classic session."""
-    client = getattr(session, "client", None)
-    if client is None or not hasattr(client, "set_retry_policies"):
-        return
+    if not type(session).__module__.startswith("pyspark.sql.connect"):
+        return  # a classic session's ``client`` property raises
     from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    client = session.client
 
     policy = DefaultPolicy(
         max_retries=CONNECT_RETRIES,
@@ -501,7 +502,7 @@ def bound_retries(session) -> None:
 _MODE_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")
 
 
-def _drop_inherited_mode() -> None:
+def drop_inherited_mode() -> None:
     """Forget pyspark's mode variables unless a Connect session of this process set them: inherited
     from a parent holding one, they make a classic builder demand a Connect URL (CONNECT_URL_NOT_SET)
     and would send ``pyspark.sql.functions`` to a session this process does not have. The engine says
@@ -542,7 +543,7 @@ def get_session(settings: Settings | None = None) -> SparkSession:
     """CQ_SPARK_REMOTE, else CQ_SPARK_MASTER, else our running local server, else in-process local
     (said once per process on the ``cq_engine.spark`` logger: ``in_process_notice``)."""
     settings = settings or load_settings()
-    _drop_inherited_mode()
+    drop_inherited_mode()
     if settings.spark_remote:
         return _remote_session(settings.spark_remote)
     if settings.spark_master:

@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,6 +63,7 @@ CREATE STREAM w_stream INTERVAL(30s) SLIDING(30s) FROM sensors OPTIONS(WATERMARK
   INTO w_stream AS SELECT _twstart, avg(temperature) AS t, count(*) AS n FROM %%trows;
 """.replace("30s", f"{EVERY.seconds}s")
 FAULT_SECONDS = {"worker": 30, "connect": 20, "postgres": 60, "object store": 60}
+ARTIFACTS = Path(__file__).parent / "artifacts" / "chaos"
 RECOVERY_DEADLINE = 600  # seconds after a fault ends (a loaded 2-core machine); a hang fails here
 
 
@@ -311,12 +314,17 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
         cluster.stop()
         os.environ.clear()
         os.environ.update(old)
+        # The daemon's, the servers' and the Connect server's logs outlive pytest's temporary directories.
+        shutil.rmtree(ARTIFACTS, ignore_errors=True)
+        shutil.copytree(cluster.logs, ARTIFACTS, ignore=shutil.ignore_patterns("work"), dirs_exist_ok=True)
+        for log in (tmp_path / ".cq" / "spark").glob("*.out*"):
+            shutil.copy(log, ARTIFACTS)
 
 
 def _report(faults: list[Fault], instance, feeder, names) -> None:
     """Fill in per fault the retried firings (failed ledger entries of its span) and the failed runs
     (with the error of their failure event: what the run's page shows)."""
-    from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
+    from dagster import DagsterRunStatus, RunsFilter
 
     entries = [e for n in names for e in feeder.ledger.entries(n)]
     failed_runs = instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
@@ -326,13 +334,22 @@ def _report(faults: list[Fault], instance, feeder, names) -> None:
         f.retried = sum(1 for e in entries if e.status == "failed" and span[0] <= e.started_at < span[1])
         for record in failed_runs:
             run = record.dagster_run
-            created = record.create_timestamp
-            if not span[0] <= created < span[1]:
+            ended = record.end_time or record.update_timestamp.timestamp()
+            if not span[0].timestamp() <= ended < span[1].timestamp():
                 continue
-            events = instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
-            why = (events[-1].message if events else "") or run.tags.get("cq/failed", "")
-            f.failed_runs.append(f"{run.run_id[:8]} ({run.job_name}): {' '.join(why.split())[:300]}")
+            f.failed_runs.append(f"{run.run_id[:8]} ({run.job_name}): {_why(instance, run.run_id)}")
     print("\n".join(f.line() for f in faults), flush=True)
+
+
+def _why(instance, run_id: str) -> str:
+    """The first error of a failed run, as its page in the UI shows it (a step's or a resource's
+    failure, else the run failure's message)."""
+    for event in instance.all_logs(run_id):
+        data = event.dagster_event.event_specific_data if event.dagster_event else None
+        error = getattr(data, "error", None)
+        if error is not None:
+            return " ".join(error.message.split())[:400]
+    return "(no error event)"
 
 
 def _source(feeder, version: int) -> pa.Table:
