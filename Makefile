@@ -80,7 +80,8 @@ cluster-test: cluster-setup
 	$(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
 
 # The same cluster under faults (README, Guarantees after a crash or restart): a Spark worker, the
-# Connect server, PostgreSQL and the object store each fail once while runs are in flight; about 12 min.
+# Connect server, PostgreSQL and the object store each fail once while runs are in flight (estimated
+# 12-15 min on a quiet machine; 32 min at a load average of 13-31 with CQ_CHAOS_EVERY=60).
 chaos-test: cluster-setup
 	$(BIN)/python -m pytest -q -s -m cluster tests/test_chaos.py
 
