@@ -6,7 +6,7 @@ and once a Connect session exists pyspark sets ``SPARK_CONNECT_MODE_ENABLED`` fo
 so later ``pyspark.sql.functions`` calls dispatch to Connect. ``get_session`` therefore only falls back
 to our own server when no classic session is active; use a subprocess to mix both (as the tests do).
 A process *started* by one holding a Connect session inherits those variables, though no session of
-its own made them: ``get_session`` drops them first (``_drop_inherited_mode``).
+its own made them: ``get_session`` drops them first (``drop_inherited_mode``).
 """
 
 from __future__ import annotations
@@ -81,10 +81,23 @@ def engine_conf(settings: Settings | None = None) -> dict[str, str]:
     return conf
 
 
+# A store that stops answering fails a request in bounded time: hadoop-aws' defaults (a 200 s socket
+# timeout, 5 SDK attempts, 7 S3A retries) hold a Spark task for most of an hour. With these a request
+# gives up after 30 s of silence and is tried 3 times by the SDK, each failure retried 3 times by S3A
+# (with its back-off): a store away for a minute is ridden out, one away for good fails the job in
+# minutes (README, Guarantees after a crash or restart). Milliseconds, as every Hadoop line reads them.
+S3A_TIMEOUTS = {
+    "spark.hadoop.fs.s3a.connection.establish.timeout": "10000",
+    "spark.hadoop.fs.s3a.connection.timeout": "30000",
+    "spark.hadoop.fs.s3a.attempts.maximum": "3",
+    "spark.hadoop.fs.s3a.retry.limit": "3",
+}
+
+
 def s3a_conf() -> dict[str, str]:
     """Hadoop s3a settings from the AWS variables delta-rs reads too (``AWS_ENDPOINT_URL`` for an
     S3-compatible store, path-style addressing then, plain http allowed by the URL's scheme)."""
-    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem", **S3A_TIMEOUTS}
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         conf.update(
@@ -107,7 +120,7 @@ def local_session(
     listens on loopback only."""
     from pyspark.sql import SparkSession
 
-    _drop_inherited_mode()
+    drop_inherited_mode()
     builder = SparkSession.builder.master(master).appName(app_name)
     conf = {**engine_conf(settings), **QUIET_CONF}
     if master.startswith("local"):
@@ -451,6 +464,7 @@ def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
         raise SparkError(f"cannot connect to Spark Connect server at {_redact(url)}")
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
+        bound_retries(spark)
         if not own_server:  # ours was started with BASE_CONF's zone: spare the round trip
             spark.conf.set("spark.sql.session.timeZone", "UTC")
     except Exception as exc:  # pyspark raises many unrelated types here
@@ -458,11 +472,37 @@ def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
     return spark
 
 
+# pyspark's Connect client retries a lost server for at least 10 minutes (15 retries, back-off x4 up to
+# 60 s), which holds a run (or the cq_streams sensor, past Dagster's 60 s time-out) that long on a dead
+# server; and a restarted server of ours has a new token, so waiting for it is futile. About a minute
+# of retries (0.5, 1, 2, 4, 8, then 15 s) covers a blip; past it the call fails, the run fails cleanly
+# and its sensor requests its work again (README, Guarantees after a crash or restart).
+CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 8, 500, 15_000
+
+
+def bound_retries(session) -> None:
+    """Bound the Connect client's retries of ``session`` to about a minute (``CONNECT_RETRIES`` with a
+    doubling back-off); a no-op for a classic session."""
+    if not type(session).__module__.startswith("pyspark.sql.connect"):
+        return  # a classic session's ``client`` property raises
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    client = session.client
+
+    policy = DefaultPolicy(
+        max_retries=CONNECT_RETRIES,
+        initial_backoff=CONNECT_BACKOFF_MS,
+        backoff_multiplier=2.0,
+        max_backoff=CONNECT_MAX_BACKOFF_MS,
+    )
+    client.set_retry_policies([policy])
+
+
 # What pyspark sets in a process once it holds a Connect session (or reads to make one).
 _MODE_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")
 
 
-def _drop_inherited_mode() -> None:
+def drop_inherited_mode() -> None:
     """Forget pyspark's mode variables unless a Connect session of this process set them: inherited
     from a parent holding one, they make a classic builder demand a Connect URL (CONNECT_URL_NOT_SET)
     and would send ``pyspark.sql.functions`` to a session this process does not have. The engine says
@@ -503,7 +543,7 @@ def get_session(settings: Settings | None = None) -> SparkSession:
     """CQ_SPARK_REMOTE, else CQ_SPARK_MASTER, else our running local server, else in-process local
     (said once per process on the ``cq_engine.spark`` logger: ``in_process_notice``)."""
     settings = settings or load_settings()
-    _drop_inherited_mode()
+    drop_inherited_mode()
     if settings.spark_remote:
         return _remote_session(settings.spark_remote)
     if settings.spark_master:

@@ -11,7 +11,7 @@ from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
 from cq_engine.model import Catalog
 from cq_engine.parse import sql_files
-from cq_engine.spark import BASE_CONF, client_url, in_process_notice, server_status
+from cq_engine.spark import BASE_CONF, bound_retries, client_url, drop_inherited_mode, in_process_notice, server_status
 
 
 class CQEngineResource(dg.ConfigurableResource):
@@ -83,7 +83,12 @@ class CQPySparkResource(PySparkResource):
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         if self.in_process_notice and context.log is not None:
             context.log.warning(f"this run starts an in-process Spark session: {self.in_process_notice}")
+        # A run is a child of the code server, whose cq_streams sensor holds a Connect session: its
+        # pyspark mode variables would make this run's classic builder demand a Connect URL
+        # (CONNECT_URL_NOT_SET: every run failed while the Connect server was down).
+        drop_inherited_mode()
         super().setup_for_execution(context)
+        bound_retries(self.spark_session)  # a lost Connect server fails the run in about a minute
 
 
 def pyspark_resource(settings: Settings) -> CQPySparkResource:

@@ -255,7 +255,13 @@ def build_streams_sensor(
             cursor.seq += 1
             r.write_journal(
                 journal_path,
-                r.Journal(base=base, cursor=cursor.to_json(), events=[[n, m] for n, m in done]),
+                # An adopted journal's materializations are reported by this evaluation too: if its
+                # cursor is lost as well, the next one reports them again.
+                r.Journal(
+                    base=base,
+                    cursor=cursor.to_json(),
+                    events=(lost.events if lost is not None else []) + [[n, m] for n, m in done],
+                ),
             )
         r.clear_inflight(journal_path)
         reason = "; ".join([*notes, *quiet]) or "nothing to do"

@@ -30,7 +30,7 @@ SPARK_FILES = {
     "test_streams.py",
     "test_windows.py",
 }
-DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py", "test_cluster.py"}
+DAGSTER_E2E_FILES = {"test_dagster_e2e.py", "test_triggers_e2e.py", "test_cluster.py", "test_chaos.py"}
 UI_FILES = {"test_dagster_ui.py"}
 
 

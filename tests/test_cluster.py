@@ -236,8 +236,18 @@ class Cluster:
         self.stops.append(lambda: shutil.rmtree(data, ignore_errors=True))
         self._run([*as_pg, str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"])
         pg_ctl = [*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-t", "300"]
-        self._run([*pg_ctl, "-l", str(data / "server.log"), "-o", f"-h 127.0.0.1 -p {self.pg_port} -k {data}", "start"])
-        self.stops.append(lambda: subprocess.run([*pg_ctl, "-m", "fast", "stop"], capture_output=True))
+        # Kept for a restart (tests/test_chaos.py stops and starts the server again).
+        self.pg_start = [
+            *pg_ctl,
+            "-l",
+            str(data / "server.log"),
+            "-o",
+            f"-h 127.0.0.1 -p {self.pg_port} -k {data}",
+            "start",
+        ]
+        self.pg_stop = [*pg_ctl, "-m", "fast", "stop"]
+        self._run(self.pg_start)
+        self.stops.append(lambda: subprocess.run(self.pg_stop, capture_output=True))
         self.roots.append(int((data / "postmaster.pid").read_text().split()[0]))
         import psycopg
 

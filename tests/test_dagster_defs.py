@@ -173,6 +173,28 @@ def test_an_in_process_session_chosen_on_purpose_is_not_warned_about(tmp_path):
     assert fallback.spark_config["spark.master"] == "local[*]" and "`cq spark start`" in fallback.in_process_notice
 
 
+def test_a_run_started_by_a_code_server_holding_a_connect_session_opens_its_classic_session(tmp_path):
+    """A run is a child of the code server, whose cq_streams sensor holds a Connect session: the
+    pyspark mode variables it inherits must not turn its in-process session into a demand for a
+    Connect URL (while the Connect server was down every run failed with CONNECT_URL_NOT_SET)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import dagster as dg\n"
+        "from cq_engine.config import Settings\n"
+        "from dagster_defs.resource import pyspark_resource\n"
+        f"r = pyspark_resource(Settings(home={str(tmp_path)!r}, spark_master='local[1]'))\n"
+        "r.setup_for_execution(dg.build_init_resource_context())\n"
+        "print(type(r.spark_session).__module__, r.spark_session.range(3).count())\n"
+    )
+    env = {**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1", "SPARK_REMOTE": "sc://localhost:1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["pyspark.sql.session", "3"], out.stdout
+
+
 def test_translator_subclass_changes_keys_and_groups(project):
     settings, _ = project
 

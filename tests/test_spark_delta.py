@@ -240,6 +240,22 @@ def test_rows_outside_the_range_and_predicates(spark, tmp_path):
     assert pred == "(`dev` = '2024-03-01T00:00:00.000000Z') AND `ts` >= TIMESTAMP '2024-03-01T00:00:00.000000Z'", pred
 
 
+def test_an_empty_arrow_result_written_by_the_executors_empties_its_range(spark, tmp_path):
+    """A firing or tick without rows (a PERIOD stream's first tick) still commits its replace when the
+    executors write every commit (CQ_SPARK_WRITE_BYTES=0): zero Arrow rows carry their schema to Spark."""
+    engine = make_engine(tmp_path, spark, SQL, storage="spark", spark_write_bytes=0)
+    _append_minutes(engine, range(2))
+    engine.run_firing("per_minute", T0 + M)
+    assert sink(engine, "per_minute_out")
+    schema = pa.schema(DeltaTable(engine.settings.table_uri("per_minute_out")).schema().to_arrow())
+    before = engine.storage.version("per_minute_out")
+    engine.storage.replace_range(
+        "per_minute_out", schema.empty_table(), time_column="ts", time_range=(T0, T0 + M), app_id="t", app_version=2
+    )
+    assert engine.storage.version("per_minute_out") == before + 1
+    assert sink(engine, "per_minute_out") == []
+
+
 def test_storage_choice(tmp_path, monkeypatch, caplog):
     session = lambda: None
     chosen = make_storage(Settings(warehouse=str(tmp_path), storage="spark"), session=session)

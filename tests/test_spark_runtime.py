@@ -57,10 +57,17 @@ def test_get_session_connects(server):
         f"s = get_session(Settings(home={settings.home!r}, spark_port={settings.spark_port}))\n"
         "kind = 'connect' if type(s).__module__.startswith('pyspark.sql.connect') else 'classic'\n"
         "print(kind, s.range(10).count(), s.conf.get('spark.sql.session.timeZone'))\n"
+        "p = s.client.get_retry_policies()\n"
+        "print(len(p), p[0].max_retries, p[0].initial_backoff, p[0].backoff_multiplier, p[0].max_backoff)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "connect 10 UTC"
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2] == "connect 10 UTC"
+    # A lost server costs about a minute of retries, not pyspark's ten (README, Guarantees).
+    count, retries, first, factor, cap = lines[-1].split()
+    waits = [min(float(first) * float(factor) ** i, float(cap)) for i in range(int(retries))]
+    assert count == "1" and 30_000 <= sum(waits) <= 90_000, lines[-1]
 
 
 def _listening(pid: int) -> list[str]:

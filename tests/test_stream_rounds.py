@@ -100,6 +100,12 @@ def test_the_journal_is_adopted_only_by_the_cursor_it_was_derived_from(tmp_path)
     assert lost is not None and r.load_cursor(lost.cursor).seq == 8 and lost.events == [["a", {"cq/kind": "realtime"}]]
     assert r.adopt(path, r.Cursor(seq=8, streams={"a": r.StreamState()})) is None  # saved: nothing to adopt
     assert r.adopt(path, r.Cursor()) is None  # a reset cursor never takes an old journal
+    # The evaluation that adopted it (from 8) lost its cursor too: Dagster still returns seq 7, and
+    # the newest journal (based on 8) is the one to take, else evaluation 8's windows run again.
+    r.write_journal(path, r.Journal(base=8, cursor=r.Cursor(seq=9).to_json(), events=[["a", {}], ["b", {}]]))
+    again = r.adopt(path, saved)
+    assert again is not None and r.load_cursor(again.cursor).seq == 9 and len(again.events) == 2
+    assert r.adopt(path, r.Cursor(seq=9, streams={"a": r.StreamState()})) is None
 
 
 def test_streams_an_unfinished_evaluation_was_computing_go_to_runs(tmp_path):

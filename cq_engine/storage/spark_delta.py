@@ -315,7 +315,12 @@ class SparkDeltaStorage(DeltaRsStorage):
             check = check_for(column)
             if check is not None:
                 check(data)
-            frame = self._session().createDataFrame(data)
+            if data.num_rows:
+                frame = self._session().createDataFrame(data)
+            else:  # nothing to add (a tick without rows): Connect infers no schema from zero rows
+                from pyspark.sql.pandas.types import from_arrow_schema
+
+                frame = self._session().createDataFrame([], schema=from_arrow_schema(data.schema))
         else:
             frame = _spark_cast(table, data, target)
         commit_id = uuid.uuid4().hex

@@ -144,9 +144,13 @@ def write_journal(path: Path, journal: Journal) -> None:
 
 
 def adopt(path: Path, cursor: Cursor) -> Journal | None:
-    """The journal of the evaluation whose cursor was lost, if ``cursor`` is the one it started from."""
+    """The journal of the evaluation whose cursor was lost, if it descends from ``cursor``: it started
+    from it, or from a later cursor that was lost too (each evaluation runs alone, under a lock, and
+    numbers its cursor one past the one it started from). Two evaluations in a row can lose theirs:
+    under load one outlived Dagster's 60 s sensor time-out, the next (which adopted its journal) too,
+    and taking only a journal based on Dagster's own cursor computed the first one's windows again."""
     data = read_json_state(path, what="stream sensor journal")
-    if not data or data.get("base") != cursor.seq or (cursor.seq == 0 and not cursor.streams):
+    if not data or int(data.get("base", -1)) < cursor.seq or (cursor.seq == 0 and not cursor.streams):
         return None
     return Journal(base=int(data["base"]), cursor=str(data["cursor"]), events=list(data.get("events") or []))
 
