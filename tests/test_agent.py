@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cq_engine.cli import agent
-from cq_engine.cli.client import socket_path
+from cq_engine.cli.agent import socket_path
 
 CQ = str(Path(sys.executable).with_name("cq"))
 
@@ -137,7 +137,7 @@ def test_stale_socket_and_refused_clients_run_in_process(project, tmp_path):
     assert out.returncode == 0 and "echo" in out.stdout and not via_agent(out)
     assert "not through the command agent" in out.stderr
     # A client of another version: refused, and the command runs in this process.
-    other = "import sys; import cq_engine.cli.client as c; c.PROTOCOL = 99; sys.argv[0] = 'cq'; c.console()"
+    other = "import sys; import cq_engine.cli.agent as a, cq_engine.cli.client as c; a.PROTOCOL = 99; sys.argv[0] = 'cq'; c.console()"
     out = subprocess.run(
         [sys.executable, "-c", other, "validate", "sql/echo.sql"],
         cwd=root,

@@ -26,9 +26,10 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from cq_engine.cli.client import identity, socket_path
 from cq_engine.configfile import state_dir
 
+PROTOCOL = 1
+SOCKET_NAME = "agent.sock"
 PRELOAD = (
     "pandas",
     "pyarrow",
@@ -42,6 +43,19 @@ PRELOAD = (
 # What pyspark sets in a process holding a Connect session: never in the agent (see cq_engine.spark).
 _MODE_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_API_MODE")
 _MODULE = "cq_engine.cli.agent"
+
+
+def socket_path(home: str) -> str:
+    """The agent's Unix socket under ``home`` (the server's state directory, mode 0700)."""
+    return os.path.join(state_dir(home), SOCKET_NAME)
+
+
+def identity() -> dict[str, object]:
+    """What a client and its agent must share: the protocol, the environment (``sys.prefix``: the
+    virtualenv), the interpreter's version and the package's place (an agent of another virtualenv,
+    Python or checkout refuses the command)."""
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # cq_engine/
+    return {"protocol": PROTOCOL, "prefix": sys.prefix, "python": sys.version, "package": package}
 
 
 def _pid_file(home: str) -> str:
@@ -277,9 +291,13 @@ def _child(request: dict[str, Any], fds: list[int], *, close: list) -> NoReturn:
         sys.argv = ["cq", *request["argv"]]
         for name in [m for m in sys.modules if m == "cq_engine" or m.startswith("cq_engine.")]:
             del sys.modules[name]  # the command runs the installation's current code
-        from cq_engine.cli.main import console
+        import importlib
 
-        console()  # ends the process itself (os._exit) unless a classic JVM needs an orderly stop
+        # By name, after the purge above: the command's code is loaded now, not when the agent started
+        # (and cli.main, which starts agents, is not an import of this module).
+        importlib.import_module(
+            "cq_engine.cli.main"
+        ).console()  # ends the process itself (os._exit) unless a classic JVM needs an orderly stop
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -16,27 +16,10 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-PROTOCOL = 1
-SOCKET_NAME = "agent.sock"
 # Short-lived commands only: `dev`, `demo`, `spark start|stop|status`, `listen` and the Dagster controls
 # start or manage servers, or are long-lived, and always run in the process the user started.
 VIA_AGENT = frozenset({"validate", "plan", "run", "recalculate", "show", "ingest", "query", "triggers", "tick", "drop"})
 FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-
-
-def socket_path(home: str) -> str:
-    """The agent's Unix socket under ``home`` (the server's state directory, mode 0700)."""
-    from cq_engine.configfile import state_dir
-
-    return os.path.join(state_dir(home), SOCKET_NAME)
-
-
-def identity() -> dict[str, object]:
-    """What a client and its agent must share: the protocol, the environment (``sys.prefix``: the
-    virtualenv), the interpreter's version and the package's place (an agent of another virtualenv,
-    Python or checkout refuses the command)."""
-    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    return {"protocol": PROTOCOL, "prefix": sys.prefix, "python": sys.version, "package": package}
 
 
 def debug(env: Mapping[str, str], message: str) -> None:
@@ -53,6 +36,7 @@ def run_via_agent(
     if env.get("CQ_NO_AGENT") or not argv or argv[0] not in VIA_AGENT:
         return None
     try:
+        from cq_engine.cli.agent import identity, socket_path
         from cq_engine.configfile import home_dir
 
         path = socket_path(home_dir(env))
