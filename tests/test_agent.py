@@ -32,6 +32,8 @@ class Probe(Trigger):
             print("cwd", os.getcwd())
             print("env", os.environ.get("PROBE_VALUE"))
             print("tty", sys.stdout.isatty())
+            mask = os.umask(0)
+            print("umask", oct(mask))
             print("to stderr", file=sys.stderr)
         elif mode == "wait":
             print("pid", os.getpid(), flush=True)
@@ -75,7 +77,15 @@ def via_agent(out: subprocess.CompletedProcess) -> bool:
 def test_output_exit_code_stdin_env_and_cwd_as_in_process(project):
     root, _ = project
     runs = [
-        cq(project, "validate", "--check-triggers", "sql/echo.sql", input="hello\n", env={"PROBE_VALUE": "v1"}),
+        cq(
+            project,
+            "validate",
+            "--check-triggers",
+            "sql/echo.sql",
+            input="hello\n",
+            env={"PROBE_VALUE": "v1"},
+            umask=0o027,
+        ),
         cq(
             project,
             "validate",
@@ -83,13 +93,16 @@ def test_output_exit_code_stdin_env_and_cwd_as_in_process(project):
             "sql/echo.sql",
             input="hello\n",
             env={"PROBE_VALUE": "v1", "CQ_NO_AGENT": "1"},
+            umask=0o027,
         ),
     ]
     assert [via_agent(r) for r in runs] == [True, False]
     for out in runs:
         assert out.returncode == 0, out.stderr
-        probe = [line for line in out.stdout.splitlines() if line.split(" ")[0] in ("stdin", "cwd", "env", "tty")]
-        assert probe == ["stdin hello", f"cwd {root}", "env v1", "tty False"]
+        probe = [
+            line for line in out.stdout.splitlines() if line.split(" ")[0] in ("stdin", "cwd", "env", "tty", "umask")
+        ]
+        assert probe == ["stdin hello", f"cwd {root}", "env v1", "tty False", "umask 0o27"]
         assert "to stderr" in out.stderr
     assert runs[0].stdout == runs[1].stdout
     # Exit codes: a usage error (argparse, 2) and a CQError (1), with the same messages.

@@ -191,23 +191,15 @@ def test_streams_run_over_spark_connect(server, tmp_path):
     }  # the first tick only sets the %%trows baseline (no rows, no group)
 
 
-AGENT_SQL = """
-CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
-CREATE CQ per_minute RESAMPLE EVERY 1m BEGIN
-  SELECT max_value(temperature) AS tmax, avg(humidity) AS h, count(temperature) AS n
-  INTO out FROM sensors GROUP BY (1m), device
-END;
-"""
-
-
 def test_cq_through_the_agent_matches_in_process(server, tmp_path):
     """`cq ingest`, `cq run` and `cq query` through the command agent (cq_engine.cli.agent) beside the
     server give what the same commands give in-process: output, exit codes and the sink's rows."""
+    from benchmarks import PER_MINUTE_SQL
     from cq_engine.cli import agent
 
     settings, _ = server
     (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "q.sql").write_text(AGENT_SQL)
+    (tmp_path / "sql" / "q.sql").write_text(PER_MINUTE_SQL)
     rows = [
         f"2026-01-01T00:0{m}:{s:02d}Z,d{s % 2},{20 + m + s / 10},{50 + s}" for m in range(3) for s in range(0, 60, 7)
     ]

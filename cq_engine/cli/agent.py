@@ -98,6 +98,7 @@ def start(home: str, *, wait: float = 0.0) -> bool:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # outlives the command that started it, like the server
+            cwd=state_dir(home),  # `-m` puts its working directory first on sys.path: a private one
         )
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
@@ -288,6 +289,8 @@ def _child(request: dict[str, Any], fds: list[int], *, close: list) -> NoReturn:
         os.environ.update(request["env"])
         time.tzset()
         os.chdir(request["cwd"])
+        os.umask(request["umask"])
+        sys.path[0] = request["path0"]  # the script's directory, as in the `cq` process (the agent's: its state dir)
         sys.argv = ["cq", *request["argv"]]
         for name in [m for m in sys.modules if m == "cq_engine" or m.startswith("cq_engine.")]:
             del sys.modules[name]  # the command runs the installation's current code

@@ -53,7 +53,10 @@ def run_via_agent(
         try:
             sock.settimeout(10)  # a wedged agent must not hang the command
             sock.connect(path)
-            payload = json.dumps({**identity(), "argv": list(argv), "cwd": os.getcwd(), "env": dict(env)}).encode()
+            umask = os.umask(0o022)
+            os.umask(umask)
+            world = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(env), "umask": umask, "path0": sys.path[0]}
+            payload = json.dumps({**identity(), **world}).encode()
             socket.send_fds(sock, [struct.pack("!I", len(payload))], list(stdio))
             sock.sendall(payload)
             reader = sock.makefile("rb")
