@@ -76,25 +76,10 @@ def via_agent(out: subprocess.CompletedProcess) -> bool:
 
 def test_output_exit_code_stdin_env_and_cwd_as_in_process(project):
     root, _ = project
+    args = ("validate", "--check-triggers", "sql/echo.sql")
     runs = [
-        cq(
-            project,
-            "validate",
-            "--check-triggers",
-            "sql/echo.sql",
-            input="hello\n",
-            env={"PROBE_VALUE": "v1"},
-            umask=0o027,
-        ),
-        cq(
-            project,
-            "validate",
-            "--check-triggers",
-            "sql/echo.sql",
-            input="hello\n",
-            env={"PROBE_VALUE": "v1", "CQ_NO_AGENT": "1"},
-            umask=0o027,
-        ),
+        cq(project, *args, input="hello\n", env={"PROBE_VALUE": "v1", **extra}, umask=0o027)
+        for extra in ({}, {"CQ_NO_AGENT": "1"})
     ]
     assert [via_agent(r) for r in runs] == [True, False]
     for out in runs:
