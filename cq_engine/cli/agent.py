@@ -71,15 +71,22 @@ def _answers(path: str) -> bool:
             return False
 
 
+def _is_agent(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return _MODULE.encode() in f.read()
+    except OSError:
+        return False
+
+
 def _agent_pid(home: str) -> int | None:
     """The pid of ``home``'s live agent, checked against its command line (pids are recycled)."""
     try:
         with open(_pid_file(home)) as f:
             pid = int(f.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return pid if _MODULE.encode() in f.read() else None
     except (OSError, ValueError):
         return None
+    return pid if _is_agent(pid) else None
 
 
 def start(home: str, *, wait: float = 0.0) -> bool:
@@ -115,7 +122,7 @@ def stop(home: str, *, timeout: float = 30.0) -> bool:
         return False
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _agent_pid(home) == pid and time.monotonic() < deadline:
+    while _is_agent(pid) and time.monotonic() < deadline:  # its pid file goes first
         time.sleep(0.05)
     return True
 
