@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cq_engine.configfile import DEFAULT_HOME, config_path, read_config, state_dir
 from cq_engine.durations import parse_duration
 from cq_engine.errors import CQError
 from cq_engine.names import check_name
@@ -28,7 +29,7 @@ class Settings:
     spark_master: str | None = None
     timezone: str = "UTC"
     min_every: str = "1s"
-    home: str = "./.cq"  # project-local state: Spark Connect server pid, logs
+    home: str = DEFAULT_HOME  # project-local state: Spark Connect server pid, logs
     spark_port: int = DEFAULT_SPARK_PORT
     recalculate_chunk_windows: int = 100_000
     trigger_path: str = ""  # where trigger modules are imported from; default: the parent of sql_dir
@@ -100,7 +101,7 @@ STORAGES = ("spark", "deltars")
 def recorded_port_file(home: str | Path) -> Path:
     """Where the local Spark Connect server's port is recorded while it runs (``cq dev`` may have
     picked another than the default because that was taken)."""
-    return Path(home).expanduser().resolve() / "spark" / "port"
+    return Path(state_dir(str(home))) / "port"
 
 
 def _recorded_port(home: str) -> int | None:
@@ -119,10 +120,10 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
     """Defaults, then ``cq.toml`` (``[cq]`` table, keys as field names), then ``CQ_*`` variables."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}  # from TOML (typed by TOML) or the environment (strings)
-    path = Path(config_file or env.get("CQ_CONFIG", "cq.toml"))
-    if path.is_file():
+    path = config_path(env, config_file)
+    if os.path.isfile(path):
         try:
-            data = tomllib.loads(path.read_text()).get("cq", {})
+            data = read_config(path)
         except tomllib.TOMLDecodeError as exc:
             raise CQError(f"{path}: {exc}") from None
         known = {f.name for f in fields(Settings)}

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 
 from cq_engine import jars
 from cq_engine.config import Settings, load_settings, recorded_port_file
+from cq_engine.configfile import state_dir
 from cq_engine.errors import SparkError
 from cq_engine.statefile import read_state, write_atomic
 
@@ -193,7 +194,7 @@ def spark_home() -> Path:
 
 
 def _state_dir(settings: Settings) -> Path:
-    return Path(settings.home).expanduser().resolve() / "spark"
+    return Path(state_dir(settings.home))
 
 
 def _token_file(settings: Settings) -> Path:

@@ -90,7 +90,7 @@ def _in(module: str, *packages: str) -> bool:
 # Layers, bottom up: a module may import its own layer and the ones below, never one above.
 # As ARCHITECTURE.md's table: core; parse, pure timing and storage; session; execution; facade; CLI.
 LAYERS = [
-    ("errors", "names", "times", "durations", "config", "jars", "model", "statefile"),
+    ("errors", "names", "times", "durations", "config", "configfile", "jars", "model", "statefile"),
     ("parse", "catalog", "schedule", "resample.timing", "streams.timing", "streams.output", "storage", "health"),
     ("spark", "context"),
     ("resample", "streams", "notify", "triggers", "ingest"),

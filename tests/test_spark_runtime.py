@@ -1,6 +1,7 @@
 """The engine's local Spark Connect server: real JVM processes, no mocks; one server per module."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -195,6 +196,47 @@ def test_streams_run_over_spark_connect(server, tmp_path):
         "j": [["2026-11-21T10:00:00+00:00", 1, 5.0], ["2026-11-21T10:01:00+00:00", None, None]],
         "pe": [1],
     }  # the first tick only sets the %%trows baseline (no rows, no group)
+
+
+def test_cq_through_the_agent_matches_in_process(server, tmp_path):
+    """`cq ingest`, `cq run` and `cq query` through the command agent (cq_engine.cli.agent) beside the
+    server give what the same commands give in-process: output, exit codes and the sink's rows."""
+    from benchmarks import PER_MINUTE_SQL
+    from cq_engine.cli import agent
+
+    settings, _ = server
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "q.sql").write_text(PER_MINUTE_SQL)
+    rows = [
+        f"2026-01-01T00:0{m}:{s:02d}Z,d{s % 2},{20 + m + s / 10},{50 + s}" for m in range(3) for s in range(0, 60, 7)
+    ]
+    (tmp_path / "data.csv").write_text("ts,device,temperature,humidity\n" + "\n".join(rows) + "\n")
+    assert agent.start(settings.home, wait=180), Path(settings.home, "spark", "agent.log").read_text()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CQ_")}
+    base.update(CQ_HOME=settings.home, CQ_CONFIG=str(tmp_path / "none.toml"), CQ_DEBUG="1")
+    cq = str(Path(sys.executable).with_name("cq"))
+    results = {}
+    try:
+        for how, extra in (("agent", {}), ("in-process", {"CQ_NO_AGENT": "1"})):
+            env = {**base, **extra, "CQ_WAREHOUSE": str(tmp_path / f"warehouse-{how}")}
+            outs = [
+                subprocess.run([cq, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                for args in (
+                    ["ingest", "sensors", "data.csv"],
+                    ["run", "per_minute", "--at", "2026-01-01T00:02:00Z"],
+                    ["query", "SELECT * FROM out ORDER BY ts, device", "--format", "csv"],
+                    ["query", "SELECT * FROM nowhere"],
+                )
+            ]
+            assert [o.returncode for o in outs] == [0, 0, 0, 1], [o.stderr[-2000:] for o in outs]
+            assert all(("ran in the command agent" in o.stderr) == (how == "agent") for o in outs)
+            assert not any("in-process Spark session" in o.stderr for o in outs)  # both found the server
+            results[how] = [re.sub(r"\d+\.\d+s\b", "Xs", o.stdout) for o in outs]  # durations differ
+    finally:
+        agent.stop(settings.home)
+    assert results["agent"] == results["in-process"]
+    sink = results["agent"][2].splitlines()
+    assert sink[0].startswith("ts,device,tmax") and len(sink) == 3  # the minute [00:01, 00:02), two devices
 
 
 HOLD_A_SESSION = """

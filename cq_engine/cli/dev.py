@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from cq_engine.cli import agent
 from cq_engine.cli.devstop import drain_runs, freeze_daemon, kill_frozen, stop_process_group
 from cq_engine.cli.feed import FEEDS, floor_time
 from cq_engine.cli.supervise import ServerSupervisor
@@ -195,6 +196,7 @@ def run_dev(
             print(f"cq dev: created {', '.join(created)}")
         if spark_server:
             print(spark.start_server(settings).describe())
+            agent.start(settings.home)  # `cq` commands in another terminal run warm
         dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
         log_path = dagster_home / "dev.log"
         cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
@@ -267,6 +269,7 @@ def run_dev(
     if supervisor is not None:
         supervisor.stop()  # no restart of the server we are about to stop
     if spark_server:
+        agent.stop(settings.home)
         spark.stop_server(settings)
         print("cq dev: Spark Connect server stopped")
     print(f"cq dev: stopped at {iso(datetime.now(UTC))}")

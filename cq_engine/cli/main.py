@@ -412,10 +412,13 @@ FORMATS = {"table": _print_table, "csv": _print_csv, "json": _print_json_lines}
 
 def _spark(args, settings: Settings) -> int:
     from cq_engine import spark
+    from cq_engine.cli import agent
 
     if args.action == "start":
         print(spark.start_server(settings).describe())
+        agent.start(settings.home)  # warm commands (README, CLI reference); ready a second or two later
     elif args.action == "stop":
+        agent.stop(settings.home)
         print("stopped" if spark.stop_server(settings) else "not running")
     else:
         status = spark.server_status(settings)

@@ -51,6 +51,7 @@ class ServerSupervisor:
 
     def _loop(self) -> None:
         from cq_engine import spark
+        from cq_engine.cli import agent
 
         pid = spark.server_status(self.settings).pid
         while not self._stop.wait(self.every):
@@ -77,6 +78,7 @@ class ServerSupervisor:
                     delay = min(delay * 2, self.max_backoff)
                     continue
                 self.restarts += 1
+                agent.start(self.settings.home)  # gone if the server was stopped, not crashed
                 pid = status.pid
                 self.say(f"cq dev: {status.describe()} again, {time.monotonic() - down:.0f}s after it was found dead")
                 break
