@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
 
 class CQError(Exception):
     """Base of every error cq-engine raises for bad input or a failed operation."""
@@ -35,3 +41,30 @@ class TimeError(CQError):
 
 class SparkError(CQError):
     """The Spark runtime cannot be started, reached or stopped."""
+
+
+class RunError(CQError):
+    """A definition's run failed on something its load-time checks could not see (data, the cluster);
+    ``str()`` is one line naming the definition and its file, the cause (and its trace) is chained."""
+
+
+def summary(exc: BaseException, *, limit: int = 400) -> str:
+    """The first line of an exception's message (Spark's are pages long), with its type."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextmanager
+def reported(name: str, where: object) -> Iterator[None]:
+    """Run the body of definition ``name`` (defined at ``where``, its ``file:line:col``): an exception
+    that is not the engine's own becomes a one-line ``RunError`` naming both; its trace is logged at
+    DEBUG and kept as the cause (Dagster's run log shows it; ``CQ_DEBUG=1 cq ...`` prints it)."""
+    try:
+        yield
+    except CQError:
+        raise
+    except Exception as exc:
+        log.debug("%s (%s) failed", name, where, exc_info=True)
+        raise RunError(f"{name} ({where}): {summary(exc)}") from exc

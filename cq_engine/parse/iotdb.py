@@ -14,6 +14,7 @@ from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping, TimeoutPolicy
 from cq_engine.parse.cursor import Cursor, suggest
 from cq_engine.parse.fragments import (
+    IOTDB_AGGREGATES,
     IOTDB_TIME_NAMES,
     Fragment,
     find_time_reference,
@@ -21,6 +22,7 @@ from cq_engine.parse.fragments import (
     rewrite_iotdb_functions,
     to_spark,
 )
+from cq_engine.parse.functions import check_functions
 from cq_engine.parse.options import ParseOptions
 from cq_engine.times import EPOCH, parse_time
 
@@ -188,6 +190,10 @@ def _fragment(cur: Cursor, toks: list[Token]) -> Fragment:
     return Fragment.of(cur.source, toks)
 
 
+def _check_functions(node: exp.Expression, frag: Fragment) -> None:
+    check_functions(node, frag.error, dialect="IoTDB", own=tuple(n.lower() for n in IOTDB_AGGREGATES))
+
+
 def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     clauses = _split_clauses(cur, tokens)
     sink, sink_columns = _parse_into(cur, *clauses["INTO"])
@@ -217,6 +223,7 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         taken.add(name.lower())
         body = item.this if isinstance(item, exp.Alias) else item
         body = rewrite_iotdb_functions(body, select_frag)
+        _check_functions(body, select_frag)
         select_items.append(SelectItem(expression=to_spark(body), name=name, is_aggregate=is_aggregate(body)))
     fields["select"] = tuple(select_items)
 
@@ -229,6 +236,7 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
             )
         if is_aggregate(where):
             raise frag.error(where, "aggregates are not allowed in WHERE (use HAVING)")
+        _check_functions(where, frag)
         fields["where"] = to_spark(where)
 
     time_grouping, grouping_tok = None, None
@@ -240,6 +248,7 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     if "HAVING" in clauses:
         frag = _fragment(cur, clauses["HAVING"][1])
         having = rewrite_iotdb_functions(frag.parse("SELECT 1 HAVING ").args["having"].this, frag)
+        _check_functions(having, frag)
         fields["having"] = to_spark(having)
     if "FILL" in clauses:
         fields["fill"] = _parse_fill(cur, *clauses["FILL"])
