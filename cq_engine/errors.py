@@ -56,15 +56,25 @@ def summary(exc: BaseException, *, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def located(name: str, where: object, exc: Exception) -> CQError:
+    """``exc`` as the engine's error: itself if it is one, else a one-line ``RunError`` naming the
+    definition ``name`` and ``where`` (its ``file:line:col``) with ``exc`` as its cause, whose trace is
+    logged at DEBUG (Dagster's run log shows the cause; ``CQ_DEBUG=1 cq ...`` prints it)."""
+    if isinstance(exc, CQError):
+        return exc
+    log.debug("%s (%s) failed", name, where, exc_info=exc)
+    error = RunError(f"{name} ({where}): {summary(exc)}")
+    error.__cause__ = exc
+    return error
+
+
 @contextmanager
 def reported(name: str, where: object) -> Iterator[None]:
-    """Run the body of definition ``name`` (defined at ``where``, its ``file:line:col``): an exception
-    that is not the engine's own becomes a one-line ``RunError`` naming both; its trace is logged at
-    DEBUG and kept as the cause (Dagster's run log shows it; ``CQ_DEBUG=1 cq ...`` prints it)."""
+    """Run the body of definition ``name``: an exception that is not the engine's own is raised as
+    ``located(name, where, exc)``."""
     try:
         yield
     except CQError:
         raise
     except Exception as exc:
-        log.debug("%s (%s) failed", name, where, exc_info=True)
-        raise RunError(f"{name} ({where}): {summary(exc)}") from exc
+        raise located(name, where, exc) from exc

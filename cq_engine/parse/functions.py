@@ -57,6 +57,7 @@ def check_functions(
     hint = f" (did you mean {close[0].upper()}?)" if close else ""
     raise error(
         node,
-        f"unknown function {name.upper()}(): neither a {dialect} function the engine translates nor a Spark "
+        f"unknown function {name.upper()}(): neither {'an' if dialect[0] in 'aeiouAEIOU' else 'a'} {dialect} "
+        "function the engine translates nor a Spark "
         f"built-in{hint} (README, Functions)",
     )

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cq_engine.context import EngineContext, RunResult
+from cq_engine.errors import located
 from cq_engine.model import Stream
 from cq_engine.resample.fused import FUSE_GROUP, fuse_groups
 from cq_engine.streams.output import shaping_columns
@@ -106,7 +107,7 @@ def run_works(
         try:
             done(i, run_work(ctx, r.stream, r.work))
         except Exception as exc:
-            done(i, exc)
+            done(i, located(r.stream.name, r.stream.location, exc))
     return [o for o in outcomes if o is not None]
 
 

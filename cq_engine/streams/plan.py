@@ -214,7 +214,9 @@ def evaluate(
         ]
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
-        group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))
+        # The PARTITION BY columns themselves (tbname, tags) are constant per group: the query may name them.
+        named = [c for c in stream.partition_by if c in df.columns] if stream.reads == "trows" else []
+        group = list(dict.fromkeys([*pcols, *named, *window_columns, *[k for k in keep if k in df.columns]]))
         keys = [exact_col(k) for k in stream.group_by]  # eKuiper: GROUP BY splits each window's rows
         extra = [
             (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by]) else F.first(F.expr(sql))).alias(name)

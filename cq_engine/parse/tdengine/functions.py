@@ -44,17 +44,17 @@ class Call:
         """Argument ``i``, a duration literal (``1s``), in microseconds."""
         arg = self.args[i]
         if not (isinstance(arg, exp.Interval) and arg.text("unit").upper() == "MICROSECOND"):
-            raise self.error(arg, f"{self.name}: {what} must be a duration such as 1s or 10a")
+            raise self.error(arg, f"{self.name.upper()}: {what} must be a duration such as 1s or 10a")
         return int(arg.this.name)
 
     def number(self, i: int, what: str, lo: float | None = None, hi: float | None = None) -> float:
         arg = self.args[i]
         value = arg.this if isinstance(arg, exp.Neg) else arg
         if not (isinstance(value, exp.Literal) and not value.is_string):
-            raise self.error(arg, f"{self.name}: {what} must be a number")
+            raise self.error(arg, f"{self.name.upper()}: {what} must be a number")
         number = float(value.name) * (-1 if isinstance(arg, exp.Neg) else 1)
         if (lo is not None and number < lo) or (hi is not None and number > hi):
-            raise self.error(arg, f"{self.name}: {what} must be between {lo:g} and {hi:g}, got {number:g}")
+            raise self.error(arg, f"{self.name.upper()}: {what} must be between {lo:g} and {hi:g}, got {number:g}")
         return number
 
 
