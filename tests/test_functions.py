@@ -37,6 +37,12 @@ def _error(sql: str) -> ParseError:
         (STREAM, "first(*) AS f", "first", "FIRST(*) is not supported: name one column"),
         (STREAM, "cast(v AS geometry(10)) AS g", "v AS geometry", "CAST to GEOMETRY(10) is not supported"),
         (STREAM, "ts, avg(v) AS a", "ts,", "column 'ts' is not inside an aggregate"),
+        (
+            "CREATE STREAM s INTO o AS SELECT _wstart, count(*) FROM t WHERE _wstart > 0 INTERVAL(10s);",
+            "",
+            "_wstart > 0",
+            "cannot be used in the old form's WHERE, which filters rows before windowing",
+        ),
         (CQ, "spread(v)", "spread", "unknown function SPREAD(): neither an IoTDB function"),
         (RULE, "ID, deduplicate(ID, true) AS d", "deduplicate", "unknown function DEDUPLICATE(): neither an eKuiper"),
     ],
@@ -87,3 +93,19 @@ def test_the_static_list_is_the_running_sparks(spark):
         if f.name in names and (".aggregate." in cls or "Aggregate" in cls) and "ArrayAggregate" not in cls:
             aggregates.add(f.name)
     assert aggregates == SPARK_AGGREGATES
+
+
+def test_the_cli_prints_one_line_for_any_exception(monkeypatch, capsys):
+    from cq_engine.cli import main as cli
+
+    def broken(args, settings):
+        raise RuntimeError("boom\n\tat org.apache.spark.Something")
+
+    monkeypatch.setattr(cli, "_validate", broken)
+    monkeypatch.delenv("CQ_DEBUG", raising=False)
+    assert cli.main(["validate"]) == 1
+    assert capsys.readouterr().err == "cq: error: internal error: RuntimeError: boom\n"
+    monkeypatch.setenv("CQ_DEBUG", "1")  # the trace, after the line
+    assert cli.main(["validate"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cq: error: internal error: RuntimeError: boom\nTraceback (most recent call last):")

@@ -20,7 +20,7 @@ from cq_engine.model import ContinuousQuery
 from cq_engine.streams.sensor import evaluate_stream
 
 SEED = 20261126
-PER_DIALECT = 9
+PER_DIALECT = 12
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 TABLES = (
@@ -79,6 +79,13 @@ def _tdengine(rng: random.Random, name: str) -> str:
     pool = TD_AGGREGATES if rng.random() < 0.75 else TD_ROW_ITEMS
     items = _items(rng, pool + (["%%1", "tbname"] if partition else []))
     where = rng.choice(["", "", " WHERE current > 9", " WHERE voltage IS NOT NULL"])
+    if rng.random() < 0.3:  # the old form: the window clause ends the query, placeholders _wstart...
+        window = trigger.replace("EVENT_WINDOW(", "EVENT_WINDOW ").replace("215)", "215")  # no parentheses there
+        items = [i.replace("_tw", "_w") for i in items]
+        return (
+            f"CREATE STREAM {name} INTO {name}_out AS SELECT _wstart, {', '.join(items)} FROM meters"
+            f"{where}{partition} {window};"
+        )
     return (
         f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
         f"SELECT _twstart, {', '.join(items)} FROM %%trows{where};"

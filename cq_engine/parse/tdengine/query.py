@@ -145,7 +145,7 @@ class Scope:
                     args=args,
                     node=node,
                     time_window=self.interval_window or self.family in ("sliding", "period"),
-                    placeholders=clause in ("SELECT", "WHERE"),
+                    placeholders=clause == "SELECT" or (clause == "WHERE" and self.form != "old"),
                     tz=self.tz,
                     error=frag.error,
                 )
@@ -220,6 +220,8 @@ class Scope:
             )
         if clause not in ("SELECT", "WHERE"):
             raise err(offset, f"{name} can only be used in SELECT and WHERE, not in {clause}")
+        if self.form == "old" and clause == "WHERE":  # it filters the rows before they are windowed
+            raise err(offset, f"{name} cannot be used in the old form's WHERE, which filters rows before windowing")
 
     def check_all_used(self) -> None:
         """A ``%%`` placeholder no clause took (in a table name, an alias...) is misplaced."""
