@@ -109,3 +109,15 @@ def test_the_cli_prints_one_line_for_any_exception(monkeypatch, capsys):
     assert cli.main(["validate"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("cq: error: internal error: RuntimeError: boom\nTraceback (most recent call last):")
+
+
+def test_calendar_functions_use_cq_timezone():
+    from zoneinfo import ZoneInfo
+
+    from cq_engine.parse.options import ParseOptions
+
+    items = "today() t, timetruncate(_twstart, 1d) d, timetruncate(_twstart, 1d, 0) u, to_iso8601(_twstart) i"
+    (s,) = parse_text(STREAM.format(items=items), options=ParseOptions(tz=ZoneInfo("Asia/Shanghai")))
+    today, day, utc_day, iso = (i.expression for i in s.select[1:])
+    assert "'Asia/Shanghai'" in today and "'Asia/Shanghai'" in day and "'Asia/Shanghai'" in iso
+    assert "Asia/Shanghai" not in utc_day  # use_current_timezone 0: the UTC day
