@@ -11,7 +11,17 @@ from sqlglot import exp
 
 from cq_engine.config import Settings
 from cq_engine.errors import CQError, ParseError
-from cq_engine.model import DATA_SHAPED, Catalog, Definition, SelectItem, SessionTrigger, Stream, TableDecl, TriggerDef
+from cq_engine.model import (
+    DATA_SHAPED,
+    Catalog,
+    Definition,
+    SelectItem,
+    SessionTrigger,
+    SourceLocation,
+    Stream,
+    TableDecl,
+    TriggerDef,
+)
 from cq_engine.parse import ParseOptions, parse_file, sql_files
 from cq_engine.parse.ekuiper import first_row_values
 from cq_engine.parse.fragments import TIME_REF
@@ -253,10 +263,25 @@ def _missing(d: Definition, table: TableDecl, need: set[str]) -> None:
     missing = sorted(need - known)
     if missing:
         raise _err(
-            d.location,
+            _word_location(d.location, missing[0]),
             f"{d.name!r}: table {table.name!r} has no column {missing[0]!r} "
             f"(columns: {', '.join(c.name for c in table.columns)})",
         )
+
+
+def _word_location(at: SourceLocation, word: str) -> SourceLocation:
+    """Where ``word`` is first written after ``at`` in its file (the statement's start if not found)."""
+    try:
+        text = Path(at.file).read_text(encoding="utf-8")
+    except OSError:
+        return at
+    lines = text.split("\n")
+    start = sum(len(x) + 1 for x in lines[: at.line - 1]) + at.col - 1
+    found = re.compile(rf"(?<![\w`]){re.escape(word)}(?![\w`])", re.IGNORECASE).search(text, start)
+    if found is None:
+        return at
+    line = text.count("\n", 0, found.start()) + 1
+    return SourceLocation(at.file, line, found.start() - (text.rfind("\n", 0, found.start()) + 1) + 1)
 
 
 def _check_against_tables(d: Definition, tables: dict[str, TableDecl]) -> None:

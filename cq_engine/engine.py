@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from cq_engine.catalog import require_definition
 from cq_engine.config import Settings
 from cq_engine.context import EngineContext, RunResult
-from cq_engine.errors import CQError
+from cq_engine.errors import CQError, reported
 from cq_engine.model import Catalog, ContinuousQuery, Definition, PeriodTrigger, Stream
 from cq_engine.resample import run as resample_run
 from cq_engine.resample import timing
@@ -100,7 +100,9 @@ class Engine:
     # -- entry points --------------------------------------------------------------------------
     def run_firing(self, name: str, fire_time: datetime) -> RunResult:
         """Execute the firing of ``name`` scheduled at ``fire_time`` (must be one of its firing times)."""
-        return resample_run.run_firing(self.ctx, self.continuous_query(name), fire_time)
+        cq = self.continuous_query(name)
+        with reported(cq.name, cq.location):
+            return resample_run.run_firing(self.ctx, cq, fire_time)
 
     def recalculate(
         self,
@@ -113,15 +115,13 @@ class Engine:
     ) -> RunResult:
         """Recompute every firing whose range lies in ``[start, end)`` (end: the latest firing by ``now``);
         for a stream, every closed window holding event time in ``[start, end)`` (RECALCULATE STREAM)."""
-        if isinstance(self.definition(name), Stream):
-            from cq_engine.streams import run as stream_run
+        d = self.definition(name)
+        with reported(d.name, d.location):
+            if isinstance(d, Stream):
+                from cq_engine.streams import run as stream_run
 
-            return stream_run.recalculate_stream(
-                self.ctx, self.stream(name), start=start, end=end, now=now or datetime.now(UTC)
-            )
-        return resample_run.recalculate(
-            self.ctx, self.continuous_query(name), start=start, end=end, now=now, progress=progress
-        )
+                return stream_run.recalculate_stream(self.ctx, d, start=start, end=end, now=now or datetime.now(UTC))
+            return resample_run.recalculate(self.ctx, d, start=start, end=end, now=now, progress=progress)
 
     def ingest(self, table: str, path: str) -> tuple[int, int]:
         """Append a CSV / JSON-lines / Parquet file to ``table`` in one commit, through its BEFORE
@@ -154,7 +154,9 @@ class Engine:
         """Execute one run a stream's sensor requested."""
         from cq_engine.streams import run as stream_run
 
-        return stream_run.run_work(self.ctx, self.stream(name), work)
+        stream = self.stream(name)
+        with reported(stream.name, stream.location):
+            return stream_run.run_work(self.ctx, stream, work)
 
     def run_period(self, name: str, tick: datetime) -> RunResult:
         """Execute a PERIOD stream's tick."""
@@ -163,7 +165,8 @@ class Engine:
             raise CQError(f"{name!r} is not a PERIOD stream: its runs come from its sensor (`cq tick {name}`)")
         from cq_engine.streams import run as stream_run
 
-        return stream_run.run_period(self.ctx, stream, tick, ticks=self.ticks(name, now=tick))
+        with reported(stream.name, stream.location):
+            return stream_run.run_period(self.ctx, stream, tick, ticks=self.ticks(name, now=tick))
 
     def ticks(self, name: str, *, now: datetime) -> Ticks:
         """The firing instants of a continuous query or a PERIOD stream; a PERIOD stream's are anchored

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
 
 class CQError(Exception):
     """Base of every error cq-engine raises for bad input or a failed operation."""
@@ -35,3 +41,40 @@ class TimeError(CQError):
 
 class SparkError(CQError):
     """The Spark runtime cannot be started, reached or stopped."""
+
+
+class RunError(CQError):
+    """A definition's run failed on something its load-time checks could not see (data, the cluster);
+    ``str()`` is one line naming the definition and its file, the cause (and its trace) is chained."""
+
+
+def summary(exc: BaseException, *, limit: int = 400) -> str:
+    """The first line of an exception's message (Spark's are pages long), with its type."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def located(name: str, where: object, exc: Exception) -> CQError:
+    """``exc`` as the engine's error: itself if it is one, else a one-line ``RunError`` naming the
+    definition ``name`` and ``where`` (its ``file:line:col``) with ``exc`` as its cause, whose trace is
+    logged at DEBUG (Dagster's run log shows the cause; ``CQ_DEBUG=1 cq ...`` prints it)."""
+    if isinstance(exc, CQError):
+        return exc
+    log.debug("%s (%s) failed", name, where, exc_info=exc)
+    error = RunError(f"{name} ({where}): {summary(exc)}")
+    error.__cause__ = exc
+    return error
+
+
+@contextmanager
+def reported(name: str, where: object) -> Iterator[None]:
+    """Run the body of definition ``name``: an exception that is not the engine's own is raised as
+    ``located(name, where, exc)``."""
+    try:
+        yield
+    except CQError:
+        raise
+    except Exception as exc:
+        raise located(name, where, exc) from exc

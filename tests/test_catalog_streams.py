@@ -62,7 +62,7 @@ def test_old_form_partition_expression_columns_are_checked(tmp_path):
         "PARTITION BY tbname, upper(humidity) AS h INTERVAL(1m)",
     )
     assert only_error(catalog, "s") == (
-        f"{tmp_path}/a.sql:1:1: 's': table 'meters' has no column 'humidity' "
+        f"{tmp_path}/a.sql:1:96: 's': table 'meters' has no column 'humidity' "
         "(columns: ts, current, voltage, tbname, location, groupid)"
     )
 
@@ -87,7 +87,7 @@ def test_query_reading_another_table_is_checked_against_it(tmp_path):
         "SELECT _twstart, avg(voltage) AS a FROM plain",
     )
     assert only_error(catalog, "s") == (
-        f"{tmp_path}/a.sql:1:1: 's': table 'plain' has no column 'voltage' (columns: ts, v, st)"
+        f"{tmp_path}/a.sql:1:96: 's': table 'plain' has no column 'voltage' (columns: ts, v, st)"
     )
 
 
@@ -98,7 +98,7 @@ def test_from_tbname_reads_the_trigger_table(tmp_path):
         "SELECT _twstart, avg(nope) AS a FROM %%tbname",
     )
     assert only_error(catalog, "s") == (
-        f"{tmp_path}/a.sql:1:1: 's': table 'meters' has no column 'nope' "
+        f"{tmp_path}/a.sql:1:96: 's': table 'meters' has no column 'nope' "
         "(columns: ts, current, voltage, tbname, location, groupid)"
     )
 

@@ -208,7 +208,7 @@ def test_dagster_placeholder_uses_the_structured_error(project):
     spec = error_placeholder(error)
     assert isinstance(spec, dg.AssetSpec) and spec.key.path[0] == "cq_errors"
     assert spec.metadata["cq/file"] == str(project / "sql" / "bad.sql")
-    assert (spec.metadata["cq/line"], spec.metadata["cq/col"]) == (1, 1)
+    assert (spec.metadata["cq/line"], spec.metadata["cq/col"]) == (1, 31)  # at the column
     assert "has no column 'nope'" in spec.metadata["cq/message"]
 
 

@@ -239,10 +239,11 @@ def test_catalog_loads_good_files_and_reports_bad_ones(tmp_path):
 
 def test_select_items_without_a_name_get_one_from_their_text():
     (cq,) = parse_text(
-        "CREATE CQ a BEGIN SELECT count(s1), Max_Value( temperature ), avg(s1) * 2, s2, 1 + 2, count(s1) "
+        "CREATE CQ a BEGIN SELECT count(s1), Max_Value( temperature ), avg(s1) * 2, last_value(s2), 1 + 2, count(s1) "
         "INTO b FROM c GROUP BY (10s) END"
     )
-    assert [i.name for i in cq.select] == ["count_s1", "max_value_temperature", "avg_s1_2", "s2", "_1_2", "count_s1_2"]
+    names = ["count_s1", "max_value_temperature", "avg_s1_2", "last_value_s2", "_1_2", "count_s1_2"]
+    assert [i.name for i in cq.select] == names
     # AS and the INTO list still win; FILL is allowed without GROUP BY (rows are filled per device).
     (cq,) = parse_text("CREATE CQ a RESAMPLE EVERY 1m BEGIN SELECT s1 + 1 INTO b(x) FROM c FILL(PREVIOUS) END")
     assert [i.name for i in cq.select] == ["x"] and cq.fill is not None and cq.time_grouping is None

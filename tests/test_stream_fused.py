@@ -16,6 +16,7 @@ from deltalake import DeltaTable
 from streams_util import NOW, T0, TYPES, Bench, reference, sink_summary, us
 from ws_recorder import Recorder
 
+from cq_engine.errors import RunError
 from cq_engine.streams.fused import WorkRequest, run_works
 from cq_engine.streams.run import run_work
 from cq_engine.streams.sensor import evaluate_stream
@@ -135,7 +136,11 @@ def _try(f, *args):
 
 
 def _outcome(o) -> tuple:
-    """A run's result without its duration; an error as its text."""
+    """A run's result without its duration; an error as its text (a located ``RunError``: its cause's,
+    as a run alone raises it)."""
+    if isinstance(o, RunError):
+        assert o.__cause__ is not None and "s.sql:" in str(o)
+        o = o.__cause__
     if isinstance(o, Exception):
         return ("error", str(o))
     return tuple(sorted((k, str(v)) for k, v in asdict(o).items() if k != "seconds"))

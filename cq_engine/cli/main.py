@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -17,7 +18,7 @@ from cq_engine.cli.common import name_arg, open_engine, open_ledger
 from cq_engine.cli.streams import register
 from cq_engine.config import Settings, load_settings
 from cq_engine.durations import format_duration
-from cq_engine.errors import CQError
+from cq_engine.errors import CQError, summary
 from cq_engine.model import ContinuousQuery, PeriodTrigger
 from cq_engine.resample import timing
 from cq_engine.times import UTC, iso, parse_time
@@ -32,11 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         return args.handler(args, settings) or 0
-    except CQError as exc:
-        print(f"cq: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # one line, never a traceback (CQ_DEBUG=1 prints it after the line)
+        print(f"cq: error: {exc if isinstance(exc, CQError) else 'internal error: ' + summary(exc)}", file=sys.stderr)
+        if os.environ.get("CQ_DEBUG"):
+            traceback.print_exception(exc, file=sys.stderr)
+        return 1
 
 
 def console() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cq_engine.cli.common import name_arg, open_engine, open_ledger, open_storage
 from cq_engine.config import Settings
-from cq_engine.errors import CQError
+from cq_engine.errors import CQError, reported
 from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, Stream
 from cq_engine.statefile import read_state, write_atomic
 from cq_engine.times import UTC, iso, parse_time
@@ -72,7 +72,8 @@ def _tick(args, settings: Settings) -> int:
     for target in targets:
         try:
             d = target if args.all else engine.definition(target)
-            _tick_one(engine, d, settings=settings, now=now, exact=bool(args.at))
+            with reported(d.name, d.location):
+                _tick_one(engine, d, settings=settings, now=now, exact=bool(args.at))
         except CQError as exc:
             if len(targets) == 1 and not args.all:
                 raise

@@ -37,6 +37,7 @@ from cq_engine.model import (
 )
 from cq_engine.parse.cursor import Cursor, split_top
 from cq_engine.parse.fragments import Fragment, is_aggregate, is_aggregate_sql, to_spark, under_aggregate
+from cq_engine.parse.functions import check_functions
 from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tables import column_type
 from cq_engine.parse.tdengine.select import derived_name
@@ -328,7 +329,9 @@ def _parse(cur: Cursor, toks: list[Token]) -> exp.Expression:
     parsed = frag.parse("SELECT ")
     if not isinstance(parsed, exp.Select) or len(parsed.expressions) != 1:
         raise cur.error_at(toks[0], "expected one expression")
-    return _placeholders(parsed.expressions[0])
+    node = _placeholders(parsed.expressions[0])
+    check_functions(node, frag.error, dialect="eKuiper")
+    return node
 
 
 def _placeholders(node: exp.Expression) -> exp.Expression:

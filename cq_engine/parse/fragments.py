@@ -10,6 +10,7 @@ from sqlglot.errors import ParseError as SqlglotParseError
 
 from cq_engine.parse.cursor import SourceText, suggest
 from cq_engine.parse.safety import function_name, unsafe_expression
+from cq_engine.parse.spark_functions import SPARK_AGGREGATES
 
 # The planner exposes the source's event time under this name, so functions that need it
 # (first_value, max_time...) can be written before the source table is known.
@@ -94,6 +95,13 @@ class Fragment:
                 return self.start + meta["start"] - len(self._prefix)
         return self.start
 
+    def written(self, node: exp.Expr) -> str | None:
+        """The text of ``node``'s own first token as written (a function's name), when sqlglot kept it."""
+        meta = getattr(node, "_meta", None) or {}
+        if "start" not in meta or "end" not in meta:
+            return None
+        return self.text[meta["start"] - len(self._prefix) : meta["end"] - len(self._prefix) + 1]
+
     def error(self, node: exp.Expr, message: str):
         return self.source.error(self.offset_of(node), message)
 
@@ -119,9 +127,10 @@ def rewrite_iotdb_functions(node: exp.Expression, fragment: Fragment) -> exp.Exp
 
 
 def is_aggregate_call(node: exp.Expr) -> bool:
-    """``node`` itself is an aggregate function call (sqlglot leaves Spark's MIN_BY/MAX_BY anonymous)."""
+    """``node`` itself is an aggregate function call (sqlglot leaves some of Spark's, such as MIN_BY,
+    MAX_BY and PERCENTILE, anonymous)."""
     return isinstance(node, exp.AggFunc) or (
-        isinstance(node, exp.Anonymous) and str(node.this).upper() in ("MIN_BY", "MAX_BY")
+        isinstance(node, exp.Anonymous) and str(node.this).lower() in SPARK_AGGREGATES
     )
 
 

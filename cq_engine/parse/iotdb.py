@@ -14,13 +14,16 @@ from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping, TimeoutPolicy
 from cq_engine.parse.cursor import Cursor, suggest
 from cq_engine.parse.fragments import (
+    IOTDB_AGGREGATES,
     IOTDB_TIME_NAMES,
     Fragment,
     find_time_reference,
     is_aggregate,
     rewrite_iotdb_functions,
     to_spark,
+    under_aggregate,
 )
+from cq_engine.parse.functions import check_functions
 from cq_engine.parse.options import ParseOptions
 from cq_engine.times import EPOCH, parse_time
 
@@ -188,6 +191,10 @@ def _fragment(cur: Cursor, toks: list[Token]) -> Fragment:
     return Fragment.of(cur.source, toks)
 
 
+def _check_functions(node: exp.Expression, frag: Fragment) -> None:
+    check_functions(node, frag.error, dialect="IoTDB", own=tuple(n.lower() for n in IOTDB_AGGREGATES))
+
+
 def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     clauses = _split_clauses(cur, tokens)
     sink, sink_columns = _parse_into(cur, *clauses["INTO"])
@@ -200,6 +207,7 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     if sink_columns is not None and len(sink_columns) != len(items):
         raise cur.error_at(clauses["INTO"][0], f"INTO lists {len(sink_columns)} columns but SELECT has {len(items)}")
     select_items = []
+    bodies: list[exp.Expression] = []
     texts = _item_texts(cur, clauses["SELECT"][1])
     taken: set[str] = set()
     for i, item in enumerate(items):
@@ -217,6 +225,8 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         taken.add(name.lower())
         body = item.this if isinstance(item, exp.Alias) else item
         body = rewrite_iotdb_functions(body, select_frag)
+        _check_functions(body, select_frag)
+        bodies.append(body)
         select_items.append(SelectItem(expression=to_spark(body), name=name, is_aggregate=is_aggregate(body)))
     fields["select"] = tuple(select_items)
 
@@ -229,6 +239,7 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
             )
         if is_aggregate(where):
             raise frag.error(where, "aggregates are not allowed in WHERE (use HAVING)")
+        _check_functions(where, frag)
         fields["where"] = to_spark(where)
 
     time_grouping, grouping_tok = None, None
@@ -240,6 +251,7 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     if "HAVING" in clauses:
         frag = _fragment(cur, clauses["HAVING"][1])
         having = rewrite_iotdb_functions(frag.parse("SELECT 1 HAVING ").args["having"].this, frag)
+        _check_functions(having, frag)
         fields["having"] = to_spark(having)
     if "FILL" in clauses:
         fields["fill"] = _parse_fill(cur, *clauses["FILL"])
@@ -252,7 +264,25 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         if [t.text.upper() for t in toks] != ["BY", "DEVICE"]:
             raise cur.error_at(tok, "expected ALIGN BY DEVICE")
         fields["align_by_device"] = True
+    grouped = {k.lower() for k in fields.get("group_keys", ())} | ({"device"} if "align_by_device" in fields else set())
+    if time_grouping is not None or any(is_aggregate(b) for b in bodies):  # else row-wise (seed 004's cq5)
+        _check_grouped(select_frag, bodies, grouped)
     return _Body(fields, time_grouping, grouping_tok)
+
+
+def _check_grouped(frag: Fragment, bodies: list[exp.Expression], grouped: set[str]) -> None:
+    """An aggregating continuous query yields one row per time window (and group): a column outside
+    every aggregate must be a GROUP BY column (or ``device`` with ALIGN BY DEVICE)."""
+    for body in bodies:
+        for col in body.find_all(exp.Column):
+            name = col.name.lower()
+            if not under_aggregate(col) and name not in grouped and not name.startswith("__cq"):
+                raise frag.error(
+                    col,
+                    f"column {col.name!r} is not inside an aggregate: a continuous query yields one row per "
+                    f"time window{' and group' if grouped else ''}; use an aggregate such as last_value({col.name}) "
+                    "or GROUP BY it",
+                )
 
 
 def default_name(text: str) -> str:

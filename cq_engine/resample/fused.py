@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from cq_engine.context import EngineContext, RunResult
 from cq_engine.durations import micros
+from cq_engine.errors import located
 from cq_engine.model import ContinuousQuery
 from cq_engine.resample import timing
 from cq_engine.resample.run import Prepared, prepare, run_firing
@@ -121,7 +122,7 @@ def run_firings(
         try:
             done(i, run_firing(ctx, f.cq, f.fire_time))
         except Exception as exc:
-            done(i, exc)
+            done(i, located(f.cq.name, f.cq.location, exc))
     return [o for o in outcomes if o is not None]
 
 

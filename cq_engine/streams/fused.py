@@ -28,10 +28,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cq_engine.context import EngineContext, RunResult
+from cq_engine.errors import located
 from cq_engine.model import Stream
 from cq_engine.resample.fused import FUSE_GROUP, fuse_groups
 from cq_engine.streams.output import shaping_columns
-from cq_engine.streams.plan import ROW_TIME, evaluate, row_stats_needed
+from cq_engine.streams.plan import ROW_TIME, evaluate, reads_time, row_stats_needed
 from cq_engine.streams.run import Planned, plan_work, record_work, run_work
 from cq_engine.streams.timing import StreamWork
 
@@ -106,7 +107,7 @@ def run_works(
         try:
             done(i, run_work(ctx, r.stream, r.work))
         except Exception as exc:
-            done(i, exc)
+            done(i, located(r.stream.name, r.stream.location, exc))
     return [o for o in outcomes if o is not None]
 
 
@@ -153,6 +154,7 @@ def _shape(p: Planned) -> tuple | None:
         w.tick,
         row_stats_needed(s),
         any(ROW_TIME in i.expression for i in s.select),  # its windowed rows carry ROW_TIME (eKuiper)
+        reads_time(s),  # ... and TIME_REF (TDengine's time-ordered functions)
         s.output_subtable,
         s.tags,
         p.keep,

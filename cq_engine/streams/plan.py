@@ -21,7 +21,7 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
 from cq_engine.parse.ekuiper import ROW_TIME
-from cq_engine.parse.fragments import is_aggregate, is_aggregate_sql, under_aggregate
+from cq_engine.parse.fragments import TIME_REF, is_aggregate, is_aggregate_sql, under_aggregate
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.windows.tdengine import (
     CLOSE_ROW,
@@ -108,12 +108,20 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
 
 
 def with_row_time(stream: Stream, df: DataFrame, time_column: str) -> DataFrame:
-    """eKuiper rules: each row's event time as ``ROW_TIME``, which the SELECT reads for the value of a
-    window group's first row (``parse.ekuiper.first_row_values``)."""
-    sqls = [i.expression for i in stream.select] + [stream.having or ""]
-    if stream.form != "ekuiper" or not any(ROW_TIME in sql for sql in sqls):
-        return df
-    return df.withColumn(ROW_TIME, exact_col(time_column))
+    """Each row's event time where the query reads it: eKuiper rules as ``ROW_TIME``, for the value of
+    a window group's first row (``parse.ekuiper.first_row_values``); TDengine's time-ordered functions
+    (FIRST, LAST, TWA...) as ``TIME_REF`` (``parse.tdengine.functions``)."""
+    sqls = [i.expression for i in stream.select] + [stream.having or "", stream.where or ""]
+    if stream.form == "ekuiper" and any(ROW_TIME in sql for sql in sqls):
+        df = df.withColumn(ROW_TIME, exact_col(time_column))
+    if reads_time(stream):
+        df = df.withColumn(TIME_REF, exact_col(time_column))
+    return df
+
+
+def reads_time(stream: Stream) -> bool:
+    """The query reads each row's event time (``TIME_REF``)."""
+    return any(TIME_REF in sql for sql in [i.expression for i in stream.select] + [stream.having or ""])
 
 
 _CONSTANT = {WSTART, WSEQ, WEND, WLAST, WROWS, WCLOSED} | {
@@ -206,7 +214,9 @@ def evaluate(
         ]
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
-        group = list(dict.fromkeys([*pcols, *window_columns, *[k for k in keep if k in df.columns]]))
+        # The PARTITION BY columns themselves (tbname, tags) are constant per group: the query may name them.
+        named = [c for c in stream.partition_by if c in df.columns] if stream.reads == "trows" else []
+        group = list(dict.fromkeys([*pcols, *named, *window_columns, *[k for k in keep if k in df.columns]]))
         keys = [exact_col(k) for k in stream.group_by]  # eKuiper: GROUP BY splits each window's rows
         extra = [
             (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by]) else F.first(F.expr(sql))).alias(name)

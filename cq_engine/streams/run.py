@@ -256,6 +256,7 @@ def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, re
     else:
         assert frame is not None  # built whenever the query reads another table
         source, time_column = _joined_table(ctx, stream, read_range, version)
+        source = with_row_time(stream, source, time_column)  # the joined rows' own event time
         joined = join_source(stream, frame, source, time_column=time_column, bin=_bin(stream))
         result = evaluate(stream, joined, keep=keep, where=False)
     if empties:
@@ -528,7 +529,7 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
             df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None)
             versions[table] = scan.version
         frame_of = lambda d: period_frame(stream, d, tick=tick, prev_tick=prev_tick, next_tick=next_tick)
-        rows = frame_of(prepare(stream, df))
+        rows = frame_of(with_row_time(stream, prepare(stream, df), time_column))
         keep = [GROUP, WSTART, WEND, WCLOSED, *partition_columns(stream)]
         result = evaluate(stream, rows, keep=keep, window_columns=PERIOD_COLUMNS)
         if stream.options.force_output or stream.notify is not None:

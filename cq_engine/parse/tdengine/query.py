@@ -10,6 +10,8 @@ from sqlglot.tokens import Token, TokenType
 from cq_engine.model import PLACEHOLDERS, partition_placeholder, placeholder_column
 from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
+from cq_engine.parse.functions import check_functions
+from cq_engine.parse.tdengine import functions as tdf
 
 # Which trigger family offers which placeholder (seed 000's table; the old form has its own three).
 WINDOW_PLACEHOLDERS = ("_twstart", "_twend", "_twduration", "_twrownum")
@@ -71,6 +73,8 @@ class Scope:
         self.interval_window = False
         self.partition_by: tuple[str, ...] = ()
         self.used: set[int] = set()
+        self.tz = "UTC"  # CQ_TIMEZONE: TODAY(), TO_ISO8601, TIMETRUNCATE by day
+        self.durations = tdf.durations(cur.tokens)  # 1s, 10a: offset -> (end, microseconds)
 
     def fragment(self, toks: list[Token]) -> Fragment:
         frag = Fragment.of(self.cur.source, toks)
@@ -78,6 +82,9 @@ class Scope:
         for offset in self.marks:
             if frag.start <= offset < frag.end - 1:
                 text[offset - frag.start : offset - frag.start + 2] = "__"
+        for offset, (end, _) in self.durations.items():  # an identifier of the same length, found by offset
+            if frag.start <= offset and end < frag.end:
+                text[offset - frag.start : end - frag.start + 1] = tdf.DURATION_PREFIX + "0" * (end - offset)
         frag.text = "".join(text)
         return frag
 
@@ -112,6 +119,8 @@ class Scope:
             if n.this.args.get("quoted"):  # TDengine: "text" is a string like 'text' (identifiers use `...`)
                 return exp.Literal.string(n.name)
             offset = frag.offset_of(n)
+            if offset in self.durations:
+                return tdf.interval(self.durations[offset][1])
             if offset in self.marks:
                 self.used.add(offset)
                 return exp.column(self._percent(self.marks[offset], clause))
@@ -120,7 +129,42 @@ class Scope:
                 return exp.column(placeholder_column(n.name))
             return n
 
-        return node.transform(visit)
+        return self._functions(node.transform(visit), frag, clause)
+
+    def _functions(self, tree: exp.Expr, frag: Fragment, clause: str) -> exp.Expression:
+        """TDengine's functions translated (innermost first), then every name resolved (``parse.functions``)."""
+        for node in reversed(list(tree.walk(bfs=False))):
+            if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
+                new = tdf.cast(node, frag.error)
+            elif isinstance(node, exp.Func) and (name := self._tdengine_name(node, frag)) is not None:
+                args = [
+                    a for a in (node.this, node.args.get("expression"), *node.expressions) if isinstance(a, exp.Expr)
+                ]
+                call = tdf.Call(
+                    name=name,
+                    args=args,
+                    node=node,
+                    time_window=self.interval_window or self.family in ("sliding", "period"),
+                    placeholders=clause == "SELECT" or (clause == "WHERE" and self.form != "old"),
+                    tz=self.tz,
+                    error=frag.error,
+                )
+                new = tdf.translate(call)
+            else:
+                continue
+            if node is tree:
+                tree = new
+            elif new is not node:
+                node.replace(new)
+        check_functions(tree, frag.error, dialect="TDengine", refused=tdf.REFUSED, own=tuple(tdf.FUNCTIONS))
+        assert isinstance(tree, exp.Expression)  # parsed SQL: sqlglot types it with the base class
+        return tree
+
+    @staticmethod
+    def _tdengine_name(node: exp.Func, frag: Fragment) -> str | None:
+        written = (frag.written(node) or "").lower()
+        name = written if written in tdf.FUNCTIONS else tdf.call_name(node)
+        return name if name in tdf.FUNCTIONS else None
 
     def _percent(self, mark: Mark, clause: str) -> str:
         at = mark.token
@@ -176,6 +220,8 @@ class Scope:
             )
         if clause not in ("SELECT", "WHERE"):
             raise err(offset, f"{name} can only be used in SELECT and WHERE, not in {clause}")
+        if self.form == "old" and clause == "WHERE":  # it filters the rows before they are windowed
+            raise err(offset, f"{name} cannot be used in the old form's WHERE, which filters rows before windowing")
 
     def check_all_used(self) -> None:
         """A ``%%`` placeholder no clause took (in a table name, an alias...) is misplaced."""

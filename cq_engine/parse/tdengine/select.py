@@ -9,7 +9,7 @@ from sqlglot.tokens import Token
 
 from cq_engine.model import PLACEHOLDERS, KeyBound, SelectItem
 from cq_engine.parse.cursor import split_top
-from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
+from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark, under_aggregate
 from cq_engine.parse.tdengine.query import Scope, plain_select
 
 # The first result column: the sink's time column, per family → {placeholder: key bound}.
@@ -52,6 +52,7 @@ def select_items(
         )
     key_bound = _first_column(scope, frag, nodes[0], parts[0])
     items: list[SelectItem] = []
+    nodes_resolved: list[exp.Expression] = []
     seen: dict[str, int] = {}
     for i, (node, part) in enumerate(zip(nodes, parts)):
         body = node.this if isinstance(node, exp.Alias) else node
@@ -80,7 +81,27 @@ def select_items(
             )
         seen[name.lower()] = i + 1
         items.append(SelectItem(expression=to_spark(resolved), name=name, is_aggregate=is_aggregate(resolved)))
+        nodes_resolved.append(resolved)
+    _check_grouping(scope, frag, nodes_resolved)
     return tuple(items), key_bound
+
+
+def _check_grouping(scope: Scope, frag: Fragment, nodes: list[exp.Expression]) -> None:
+    """An aggregated query yields one row per (group, window): a column outside every aggregate must be
+    one of the group's (PARTITION BY) or a placeholder, as in TDengine."""
+    if not any(is_aggregate(n) for n in nodes):
+        return
+    grouped = {p.lower() for p in scope.partition_by}
+    for node in nodes:
+        for col in node.find_all(exp.Column):
+            name = col.name.lower()
+            if not under_aggregate(col) and not name.startswith("__cq") and name not in grouped:
+                raise frag.error(
+                    col,
+                    f"column {col.name!r} is not inside an aggregate: the query is aggregated (one row per "
+                    f"window{' and group' if grouped else ''}), so select it through an aggregate such as "
+                    f"last({col.name}), or PARTITION BY it",
+                )
 
 
 def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list[Token]) -> KeyBound:

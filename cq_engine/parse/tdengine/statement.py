@@ -56,6 +56,7 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
     nxt = cur.peek()
     form: Literal["new", "old"] = "new" if nxt is not None and nxt.text.upper() in NEW_TRIGGERS else "old"
     scope = Scope(cur, find_marks(cur.tokens), form)
+    scope.tz = getattr(opts.tz, "key", None) or str(opts.tz)  # CQ_TIMEZONE, for TODAY(), TIMETRUNCATE(ts, 1d)...
     fields: dict = {}
     if form == "new":
         _new_form(cur, opts, scope, name_tok, fields)

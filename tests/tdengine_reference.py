@@ -1,0 +1,121 @@
+"""TDengine's aggregate and selector functions computed by hand from TDengine's documentation (docs/en/
+14-reference/03-taos-sql/22-function.md) and, where it is terse, its source (twa, irate, leastsquares),
+over one window's rows. A row is ``(t, value)`` with ``t`` in microseconds; NULL values are skipped
+unless the function says otherwise (LAST_ROW)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from itertools import pairwise
+
+
+def _points(rows):
+    return sorted((t, v) for t, v in rows if v is not None)
+
+
+def spread(rows):
+    """SPREAD: the maximum minus the minimum value."""
+    vs = [v for _, v in _points(rows)]
+    return float(max(vs) - min(vs)) if vs else None
+
+
+def twa(rows):
+    """TWA: the area under the line through the points in time order (trapezoids), over the span from
+    the first point to the last; one point (or one instant): its value."""
+    ps = _points(rows)
+    if not ps:
+        return None
+    (t0, v0), (tn, _) = ps[0], ps[-1]
+    if tn == t0:
+        return float(v0)
+    area = sum((a[1] + b[1]) / 2 * (b[0] - a[0]) for a, b in pairwise(ps))
+    return area / (tn - t0)
+
+
+def elapsed(rows, *, unit_us: int, window: tuple[int, int] | None):
+    """ELAPSED(ts, unit): the time the window covers (an INTERVAL window: its whole length), else from
+    its first to its last row, in units."""
+    if window is not None:
+        return (window[1] - window[0]) / unit_us
+    ts = [t for t, _ in rows]
+    return (max(ts) - min(ts)) / unit_us
+
+
+def irate(rows):
+    """IRATE: per second, from the last two points; when they decrease, the last value alone. One
+    point: 0."""
+    ps = _points(rows)
+    if not ps:
+        return None
+    if len(ps) == 1:
+        return 0.0
+    (t1, v1), (t2, v2) = ps[-2], ps[-1]
+    diff = v2 - v1 if v2 >= v1 else v2
+    return diff / ((t2 - t1) / 1e6)
+
+
+def first(rows):
+    ps = _points(rows)
+    return ps[0][1] if ps else None
+
+
+def last(rows):
+    ps = _points(rows)
+    return ps[-1][1] if ps else None
+
+
+def last_row(rows):
+    """LAST_ROW: the value of the latest row, NULL or not."""
+    return max(rows)[1] if rows else None
+
+
+def percentile(rows, p):
+    """PERCENTILE: linear interpolation between the closest ranks, rank (n - 1) * p / 100."""
+    vs = sorted(v for _, v in _points(rows))
+    if not vs:
+        return None
+    rank = (len(vs) - 1) * p / 100
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return vs[lo] + (vs[hi] - vs[lo]) * (rank - lo)
+
+
+def mode(rows):
+    vs = [v for _, v in _points(rows)]
+    if not vs:
+        return None
+    counts = Counter(vs).most_common()
+    best = [v for v, c in counts if c == counts[0][1]]
+    return best[0] if len(best) == 1 else ("tie", sorted(best))
+
+
+def stddev(rows):
+    """STDDEV: the population standard deviation."""
+    vs = [v for _, v in _points(rows)]
+    if not vs:
+        return None
+    mean = sum(vs) / len(vs)
+    return math.sqrt(sum((v - mean) ** 2 for v in vs) / len(vs))
+
+
+def leastsquares(rows, start, step):
+    """LEASTSQUARES(y, start, step): the i-th point (time order) at x = start + i * step; TDengine's
+    '{slop:%.6lf, intercept:%.6lf}', NULL when the x values do not vary (one point)."""
+    ys = [v for _, v in _points(rows)]
+    n = len(ys)
+    if not n:
+        return None
+    xs = [start + i * step for i in range(n)]
+    sx, sy = sum(xs), sum(ys)
+    sxx, sxy = sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))
+    p00 = sxx - sx * (sx / n)
+    if p00 == 0:
+        return None
+    slope = (sxy - sy * (sx / n)) / p00
+    intercept = (sy - slope * sx) / n
+    return f"{{slop:{slope:.6f}, intercept:{intercept:.6f}}}"
+
+
+def distinct(rows):
+    """HYPERLOGLOG and COUNT(DISTINCT ...) over a few values: the number of distinct non-NULL values."""
+    return len({v for _, v in rows if v is not None})
