@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -41,6 +42,7 @@ from cq_engine.storage.delta import (
     storable_schema,
     where_in_range,
 )
+from cq_engine.storage.maintain import Retention, TableReport, maintain_table
 from cq_engine.storage.predicates import _range_bounds, range_predicate
 
 if TYPE_CHECKING:
@@ -349,6 +351,49 @@ class SparkDeltaStorage(DeltaRsStorage):
 
     def _commit_matches(self, commit: dict, commit_id: str) -> bool:
         return commit_id in str(commit.get("userMetadata", "")) or super()._commit_matches(commit, commit_id)
+
+    def maintain(self, table: str, *, retention: Retention) -> TableReport:
+        """``storage.maintain.maintain_table`` with Spark as the writer of the data path: properties by
+        ``ALTER TABLE ... SET TBLPROPERTIES``, ``OPTIMIZE`` and ``VACUUM ... RETAIN n HOURS`` (a ``DRY
+        RUN`` first, so nothing is committed when nothing is due) in Spark SQL; the checkpoint and the
+        log cleanup (no commit) by delta-rs."""
+        path = self.spark_uri(table).replace("`", "``")
+
+        def sql(text: str) -> list:
+            for attempt in range(MAX_ATTEMPTS):
+                try:
+                    return self._session().sql(text).collect()
+                except Exception as exc:  # a concurrent writer won: Delta's conflict rules, redone
+                    if not _CONFLICT.search(str(exc)) or attempt == MAX_ATTEMPTS - 1:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
+            raise AssertionError("unreachable")
+
+        def set_properties(props: dict[str, str]) -> None:
+            pairs = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
+            sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({pairs})")
+
+        def compact(_dt) -> int:
+            rows = sql(f"OPTIMIZE delta.`{path}`")
+            metrics = rows[0]["metrics"] if rows else None
+            return int(metrics["numFilesRemoved"]) if metrics is not None else 0
+
+        def vacuum(_dt) -> int:
+            hours = math.ceil(retention.files.total_seconds() / 3600)
+            due = sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS DRY RUN")
+            if due:
+                sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS")
+            return len(due)
+
+        return maintain_table(
+            self.uri(table),
+            name=table,
+            retention=retention,
+            storage_options=self.storage_options,
+            compact=compact,
+            vacuum=vacuum,
+            set_properties=set_properties,
+        )
 
     def rows_written(self, table: str, version: int) -> int:
         """``numOutputRows`` of the commit at ``version`` (0 if that commit wrote none)."""
