@@ -77,8 +77,7 @@ class Settings:
 
     @property
     def retention(self) -> tuple[timedelta, timedelta, timedelta]:
-        """(ledger, Delta log, data file) retention, each at least an hour; the ledger's at least the
-        completeness horizon (the check reads that far back)."""
+        """(ledger, Delta log, data file) retention, each at least an hour."""
         values = []
         for name, var in (
             ("ledger_retention", "CQ_LEDGER_RETENTION"),
@@ -89,11 +88,6 @@ class Settings:
             if value < timedelta(hours=1):
                 raise CQError(f"{var}: {getattr(self, name)!r} is below the minimum of 1h")
             values.append(value)
-        if values[0] < self.completeness_horizon_delta:
-            raise CQError(
-                f"CQ_LEDGER_RETENTION: {self.ledger_retention!r} is shorter than CQ_COMPLETENESS_HORIZON "
-                f"({self.completeness_horizon!r}), which the completeness check reads back"
-            )
         return values[0], values[1], values[2]
 
     def table_uri(self, table: str) -> str:
@@ -188,4 +182,9 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
         settings.completeness_horizon_delta,
         settings.retention,
     )
+    if settings.maintenance_cron != Settings.maintenance_cron:
+        from croniter import croniter  # only when set: most commands never read a cron string
+
+        if len(settings.maintenance_cron.split()) != 5 or not croniter.is_valid(settings.maintenance_cron):
+            raise CQError(f"CQ_MAINTENANCE_CRON: {settings.maintenance_cron!r} is not a 5-field cron expression")
     return settings

@@ -17,6 +17,8 @@ def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> lis
     """Maintain the engine's tables at ``now``; one report per table, a failed table's with ``error``
     set (the others are still maintained)."""
     ledger_keep, log_keep, file_keep = ctx.settings.retention
+    # The completeness check reads the ledger that far back: never keep less.
+    ledger_keep = max(ledger_keep, ctx.settings.completeness_horizon_delta)
     retention = Retention(log=log_keep, files=file_keep)
     reports: list[TableReport] = []
 

@@ -188,7 +188,7 @@ def test_cq_maintain_reports_every_state_table_and_sink(tmp_path, monkeypatch, c
     monkeypatch.setenv("CQ_LEDGER_RETENTION", "30m")
     assert main(["maintain"]) == 1
     err = capsys.readouterr().err
-    assert "CQ_LEDGER_RETENTION" in err and "Traceback" not in err, err
+    assert "CQ_LEDGER_RETENTION: '30m' is below the minimum of 1h" in err and "Traceback" not in err, err
 
 
 @pytest.mark.spark
@@ -209,3 +209,37 @@ def test_spark_storage_optimizes_and_vacuums_through_spark_sql(tmp_path, spark):
     assert dt.metadata().configuration["delta.logRetentionDuration"] == "interval 2 days"
     assert _sorted(uri) == rows
     assert report.vacuumed == 0  # the compacted files left the table just now: within the hour kept
+
+
+@pytest.mark.spark
+def test_the_dagster_maintenance_job_and_its_daily_schedule(tmp_path, spark, monkeypatch):
+    import dagster as dg
+
+    from cq_engine.config import Settings
+    from dagster_defs.definitions import build_definitions
+
+    sql = tmp_path / "sql"
+    sql.mkdir()
+    (sql / "defs.sql").write_text(
+        "CREATE CQ q RESAMPLE EVERY 1m BEGIN SELECT max_value(v) AS m INTO out FROM src GROUP BY (1m), device END;\n"
+    )
+    _, uri = _sink(tmp_path, commits=3)
+    for key, value in {"CQ_STORAGE": "deltars", "CQ_CONFIG": str(tmp_path / "none.toml")}.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings(
+        sql_dir=str(sql),
+        warehouse=str(tmp_path / "wh"),
+        home=str(tmp_path / ".cq"),
+        timezone="Asia/Shanghai",
+        spark_master="local[*]",
+    )
+    defs = build_definitions(settings=settings, running=True)
+    schedule = defs.resolve_schedule_def("cq_maintenance")
+    assert (schedule.cron_schedule, schedule.execution_timezone) == ("0 3 * * *", "Asia/Shanghai")
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("cq_maintenance_job").execute_in_process(instance=instance)
+    assert result.success
+    [materialized] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    assert materialized.step_output_data.metadata["cq/files_compacted"].value == 4
+    assert len(DeltaTable(uri).file_uris()) == 1
