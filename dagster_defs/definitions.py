@@ -55,7 +55,9 @@ def build_definitions(
     schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
     sensor_status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
     assets: list = []
-    jobs, schedules, sensors = [], [], []
+    jobs: list = []
+    schedules: list = []
+    sensors: list = []
     sources: set[str] = set()
     engine = Engine(settings=settings, catalog=catalog)
     definitions = list(catalog.definitions)

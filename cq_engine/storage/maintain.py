@@ -175,15 +175,35 @@ def compact_files(dt: DeltaTable) -> int:
 
 def _vacuum(retention: Retention) -> Callable[[DeltaTable], int]:
     def run(dt: DeltaTable) -> int:
-        hours = math.ceil(retention.files.total_seconds() / 3600)
         # full: also files whose tombstones have left the checkpoints, and leftovers of failed writes
         # (by modification time), as delta-spark's VACUUM; tombstones within the retention are kept.
         # A dry run first: VACUUM commits (START/END) even when it deletes nothing.
-        if not dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=True, full=True):
+        if not vacuum_due(dt, retention):
             return 0
-        return len(dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=True, full=True))
+        return len(
+            dt.vacuum(retention_hours=_hours(retention), dry_run=False, enforce_retention_duration=True, full=True)
+        )
 
     return run
+
+
+def _hours(retention: Retention) -> int:
+    return math.ceil(retention.files.total_seconds() / 3600)
+
+
+def vacuum_due(dt: DeltaTable, retention: Retention) -> list[str]:
+    """The files VACUUM (full) would delete: out of the table for longer than the file retention, or
+    never committed and older than it (relative paths)."""
+    return dt.vacuum(retention_hours=_hours(retention), dry_run=True, enforce_retention_duration=True, full=True)
+
+
+def delete_files(uri: str, paths: list[str], storage_options: dict[str, str] | None) -> int:
+    """Delete ``paths`` (relative to the table at ``uri``) without a commit: VACUUM's START/END commits
+    are an audit record, and a second committer of a table is what a storage with one writer avoids."""
+    fs, root = log._filesystem(log._normalize(uri), storage_options)
+    for path in paths:
+        fs.delete_file(f"{root}/{path}")
+    return len(paths)
 
 
 def _has_checkpoint(uri: str, version: int, storage_options: dict[str, str] | None) -> bool:

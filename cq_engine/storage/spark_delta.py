@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+from deltalake.exceptions import DeltaError
 
 from cq_engine.errors import CQError, TableError
 from cq_engine.storage import log
@@ -42,7 +43,7 @@ from cq_engine.storage.delta import (
     storable_schema,
     where_in_range,
 )
-from cq_engine.storage.maintain import Retention, TableReport, maintain_table
+from cq_engine.storage.maintain import Retention, TableReport, delete_files, maintain_table, vacuum_due
 from cq_engine.storage.predicates import _range_bounds, range_predicate
 
 if TYPE_CHECKING:
@@ -353,10 +354,10 @@ class SparkDeltaStorage(DeltaRsStorage):
         return commit_id in str(commit.get("userMetadata", "")) or super()._commit_matches(commit, commit_id)
 
     def maintain(self, table: str, *, retention: Retention) -> TableReport:
-        """``storage.maintain.maintain_table`` with Spark as the writer of the data path: properties by
-        ``ALTER TABLE ... SET TBLPROPERTIES``, ``OPTIMIZE`` and ``VACUUM ... RETAIN n HOURS`` (a ``DRY
-        RUN`` first, so nothing is committed when nothing is due) in Spark SQL; the checkpoint and the
-        log cleanup (no commit) by delta-rs."""
+        """``storage.maintain.maintain_table`` with Spark as the committer of the data path: properties by
+        ``ALTER TABLE ... SET TBLPROPERTIES`` and compaction by ``OPTIMIZE`` in Spark SQL; VACUUM's files
+        found by delta-rs and deleted without a commit (Spark SQL's ``VACUUM ... RETAIN n HOURS`` where
+        delta-rs cannot read the table); the checkpoint and the log cleanup (no commit) by delta-rs."""
         path = self.spark_uri(table).replace("`", "``")
 
         def sql(text: str) -> list:
@@ -378,12 +379,19 @@ class SparkDeltaStorage(DeltaRsStorage):
             metrics = rows[0]["metrics"] if rows else None
             return int(metrics["numFilesRemoved"]) if metrics is not None else 0
 
-        def vacuum(_dt) -> int:
-            hours = math.ceil(retention.files.total_seconds() / 3600)
-            due = sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS DRY RUN")
-            if due:
-                sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS")
-            return len(due)
+        def vacuum(dt) -> int:
+            # delta-rs finds what is due (Spark's VACUUM lists and joins every file in Spark jobs: minutes
+            # for a few thousand small files on a busy machine) and the files are deleted without a
+            # commit, so Spark stays the table's only committer; Spark SQL when delta-rs cannot read it.
+            try:
+                due = vacuum_due(dt, retention)
+            except DeltaError:
+                hours = math.ceil(retention.files.total_seconds() / 3600)
+                due = sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS DRY RUN")
+                if due:
+                    sql(f"VACUUM delta.`{path}` RETAIN {hours} HOURS")
+                return len(due)
+            return delete_files(self.uri(table), due, self.storage_options)
 
         return maintain_table(
             self.uri(table),
