@@ -2,7 +2,6 @@
 ``cq maintain`` as a Dagster run, so a deployment's tables are kept fast without a cron entry of its own
 (README "Deployment")."""
 
-
 from datetime import UTC, datetime
 
 import dagster as dg
