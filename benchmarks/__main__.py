@@ -29,6 +29,7 @@ BENCHMARKS = (
     "connect_vs_inprocess",
     "write_heavy",
     "batch_firings",
+    "housekeeping",
     "location_load",
     "cli_overhead",
     "stream_batch",
@@ -36,7 +37,10 @@ BENCHMARKS = (
     "freshness",
     "stream_scale",
     "mixed",
+    "soak",
 )
+# Run only when named with --only (long; not part of `make bench`).
+ON_REQUEST = ("soak",)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temp dir (its path is printed)")
     args = p.parse_args(argv)
 
-    names = [n for n in BENCHMARKS if not args.only or n in args.only]
+    names = [n for n in BENCHMARKS if (n in args.only if args.only else n not in ON_REQUEST)]
     STORAGE["kind"], STORAGE["write_bytes"] = args.storage, args.spark_write_bytes
     storage = args.storage + (
         "" if args.spark_write_bytes is None else f", CQ_SPARK_WRITE_BYTES={args.spark_write_bytes}"

@@ -45,6 +45,13 @@ class Settings:
     # the completeness check compares the firings owed with the ledger.
     freshness_grace: str = "30s"
     completeness_horizon: str = "1h"
+    # Housekeeping (README "Deployment", `cq maintain`): ledger entries older than this are dropped
+    # (each definition's newest run is kept); Delta log files (past the newest checkpoint) and data
+    # files no longer in the table are deleted once older than theirs; when the Dagster schedule runs.
+    ledger_retention: str = "30d"
+    log_retention: str = "30d"
+    file_retention: str = "7d"
+    maintenance_cron: str = "0 3 * * *"
 
     @property
     def tz(self) -> ZoneInfo:
@@ -67,6 +74,21 @@ class Settings:
         if horizon <= timedelta(0):
             raise CQError(f"CQ_COMPLETENESS_HORIZON: expected a positive duration, got {self.completeness_horizon!r}")
         return horizon
+
+    @property
+    def retention(self) -> tuple[timedelta, timedelta, timedelta]:
+        """(ledger, Delta log, data file) retention, each at least an hour."""
+        values = []
+        for name, var in (
+            ("ledger_retention", "CQ_LEDGER_RETENTION"),
+            ("log_retention", "CQ_LOG_RETENTION"),
+            ("file_retention", "CQ_FILE_RETENTION"),
+        ):
+            value = parse_duration(getattr(self, name), what=var)
+            if value < timedelta(hours=1):
+                raise CQError(f"{var}: {getattr(self, name)!r} is below the minimum of 1h")
+            values.append(value)
+        return values[0], values[1], values[2]
 
     def table_uri(self, table: str) -> str:
         return f"{self.warehouse.rstrip('/')}/{check_name(table, what='table')}"
@@ -94,6 +116,10 @@ _ENV = {
     "spark_write_bytes": "CQ_SPARK_WRITE_BYTES",
     "freshness_grace": "CQ_FRESHNESS_GRACE",
     "completeness_horizon": "CQ_COMPLETENESS_HORIZON",
+    "ledger_retention": "CQ_LEDGER_RETENTION",
+    "log_retention": "CQ_LOG_RETENTION",
+    "file_retention": "CQ_FILE_RETENTION",
+    "maintenance_cron": "CQ_MAINTENANCE_CRON",
 }
 STORAGES = ("spark", "deltars")
 
@@ -149,5 +175,16 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
         raise CQError(f"CQ_STORAGE: unknown storage {settings.storage!r} (known: {', '.join(STORAGES)})")
     if settings.spark_write_bytes < 0:
         raise CQError(f"CQ_SPARK_WRITE_BYTES: expected a byte count >= 0, got {settings.spark_write_bytes}")
-    _ = (settings.tz, settings.min_every_delta, settings.freshness_grace_delta, settings.completeness_horizon_delta)
+    _ = (
+        settings.tz,
+        settings.min_every_delta,
+        settings.freshness_grace_delta,
+        settings.completeness_horizon_delta,
+        settings.retention,
+    )
+    if settings.maintenance_cron != Settings.maintenance_cron:
+        from croniter import croniter  # only when set: most commands never read a cron string
+
+        if len(settings.maintenance_cron.split()) != 5 or not croniter.is_valid(settings.maintenance_cron):
+            raise CQError(f"CQ_MAINTENANCE_CRON: {settings.maintenance_cron!r} is not a 5-field cron expression")
     return settings

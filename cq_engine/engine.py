@@ -24,6 +24,7 @@ from cq_engine.times import UTC
 if TYPE_CHECKING:  # imported where used: a `cq run` of a continuous query needs neither (README, CLI reference)
     import pyarrow as pa
 
+    from cq_engine.storage.maintain import TableReport
     from cq_engine.streams.timing import StreamWork
 
 __all__ = ["Engine", "RunResult"]
@@ -149,6 +150,12 @@ class Engine:
             return self.spark.sql(sql).limit(limit).toArrow()
         except Exception as exc:  # Spark's analysis errors are long; the first line names the problem
             raise CQError(f"query failed: {str(exc).strip().splitlines()[0]}") from None
+
+    def maintain(self, *, now: datetime | None = None, sources: bool = False) -> list[TableReport]:
+        """Housekeeping of the ledger, the engine state tables and the sinks (``housekeeping.maintain``)."""
+        from cq_engine.housekeeping import maintain
+
+        return maintain(self.ctx, now=now or datetime.now(UTC), sources=sources)
 
     def run_stream(self, name: str, work: StreamWork) -> RunResult:
         """Execute one run a stream's sensor requested."""

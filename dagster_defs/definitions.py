@@ -16,6 +16,7 @@ from cq_engine.times import UTC
 
 from .batch import batch_interval, build_batch_asset, build_batch_sensor, build_switch, build_switch_sensor
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
+from .maintenance import build_maintenance
 from .resource import CQEngineResource, cached_catalog, pyspark_resource
 from .streams import build_streams_asset, build_streams_sensor
 from .translator import CQTranslator, configured_translator
@@ -54,7 +55,9 @@ def build_definitions(
     schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
     sensor_status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
     assets: list = []
-    jobs, schedules, sensors = [], [], []
+    jobs: list = []
+    schedules: list = []
+    sensors: list = []
     sources: set[str] = set()
     engine = Engine(settings=settings, catalog=catalog)
     definitions = list(catalog.definitions)
@@ -140,6 +143,10 @@ def build_definitions(
     sensors += [
         build_trigger_sensor(t, engine, default_status=sensor_status) for t in catalog.triggers if t.event == "after"
     ]
+    # Housekeeping of the tables the definitions write: one job and its (daily) schedule.
+    maintenance_job, maintenance_schedule = build_maintenance(settings, default_status=schedule_status)
+    jobs.append(maintenance_job)
+    schedules.append(maintenance_schedule)
     sinks = {d.sink.lower() for d in definitions if d.sink}
     decls = {t.name.lower(): t for t in catalog.tables}
     assets += [

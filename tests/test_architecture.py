@@ -93,7 +93,7 @@ LAYERS = [
     ("errors", "names", "times", "durations", "config", "configfile", "jars", "model", "statefile"),
     ("parse", "catalog", "schedule", "resample.timing", "streams.timing", "streams.output", "storage", "health"),
     ("spark", "context"),
-    ("resample", "streams", "notify", "triggers", "ingest"),
+    ("resample", "streams", "notify", "triggers", "ingest", "housekeeping"),
     ("engine",),
     ("cli",),
 ]

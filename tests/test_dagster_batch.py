@@ -197,12 +197,12 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     )
     engine.ingest("ln", str(DATA / "ln.csv"))
     defs = build_definitions(settings=settings, now=T0, run_model="batch")
-    # One job for the batches and for each definition on its own: no job per definition.
-    assert [j.name for j in defs.jobs] == ["cq_firings_job"]
+    # One job for the batches and for each definition on its own: no job per definition (and housekeeping's).
+    assert [j.name for j in defs.jobs] == ["cq_firings_job", "cq_maintenance_job"]
     sensor = defs.resolve_sensor_def("cq_firings")
     # The switches are schedules that request nothing (a sensor each would be evaluated at every start).
     assert [s.name for s in defs.sensors] == ["cq_firings"]
-    assert {s.name for s in defs.schedules} == {"b_ticks", "d_ticks", "broken_src_ticks"}
+    assert {s.name for s in defs.schedules} == {"b_ticks", "d_ticks", "broken_src_ticks", "cq_maintenance"}
     assert defs.resolve_schedule_def("b_ticks").cron_schedule == "0 0 1 1 *"
 
     # The sensor: one run for every definition, its sinks selected, the firings in the run config.

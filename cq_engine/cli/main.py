@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         help="launch the definition's recalculate job on a Dagster webserver instead",
     )
     cmd("show", _show, "list definitions with their last firing")
+    sp = cmd(
+        "maintain",
+        _maintain,
+        "housekeeping: drop ledger entries past CQ_LEDGER_RETENTION; compact, checkpoint, clean the log "
+        "of and VACUUM the engine state tables and the sinks",
+    )
+    sp.add_argument("--sources", action="store_true", help="also the declared tables (CREATE TABLE in sql/)")
     sp = cmd("ingest", _ingest, "append a CSV, JSON-lines or Parquet file to a table (one commit)")
     sp.add_argument("table", type=name_arg)
     sp.add_argument("file")
@@ -312,6 +319,13 @@ def _show(args, settings: Settings) -> int:
     for err in catalog.errors:
         print(err, file=sys.stderr)
     return 1 if catalog.errors else 0
+
+
+def _maintain(args, settings: Settings) -> int:
+    reports = open_engine(settings).maintain(sources=args.sources)
+    for report in reports:
+        print(report.line(), file=sys.stderr if report.error else sys.stdout)
+    return 1 if any(r.error for r in reports) else 0
 
 
 def _ingest(args, settings: Settings) -> int:

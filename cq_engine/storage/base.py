@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from cq_engine.model import TableDecl
     from cq_engine.storage.log import Commit
+    from cq_engine.storage.maintain import Retention, TableReport
 
 TimeRange = tuple[datetime, datetime]  # half-open [start, end), aware UTC
 ArrowData: TypeAlias = pa.Table | pa.RecordBatchReader
@@ -189,3 +190,17 @@ class Storage(Protocol):
 
     def drop_state(self, prefix: str) -> str | None:
         """Delete every state table under ``prefix``; where they were, or None if there was nothing."""
+
+    def replace_state_where(self, name: str, rows: Callable[[pa.Table], pa.Table], *, predicate: str) -> None:
+        """Replace the rows of state table ``name`` matching ``predicate`` by ``rows(current)``, one commit."""
+
+    def state_names(self) -> list[str]:
+        """Every state table under ``_cq/``."""
+
+    # -- housekeeping (``storage.maintain``) ---------------------------------------------------------
+
+    def maintain(self, table: str, *, retention: Retention) -> TableReport:
+        """Retention properties, compaction, checkpoint, log cleanup and VACUUM of ``table``."""
+
+    def maintain_state(self, name: str, *, retention: Retention) -> TableReport:
+        """The same for the state table ``name``."""

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cq_engine.errors import CQError
+from cq_engine.storage.predicates import _literal
 
 if TYPE_CHECKING:
     from cq_engine.storage.base import Storage
@@ -172,6 +173,34 @@ class Ledger:
             rows.append(row)
         if rows:
             self.store.append_state(STATE_NAME, pa.Table.from_pylist(rows, schema=SCHEMA))
+
+    def drop_before(self, cutoff: datetime) -> int:
+        """Delete the entries finished before ``cutoff`` (the ledger's retention), except each
+        definition's newest run, which ``cq show`` and the completeness check start from; one commit,
+        none when there is nothing to drop. Returns how many were dropped."""
+        dropped = 0
+
+        def kept(current: pa.Table) -> pa.Table:
+            nonlocal dropped
+            data = current.select(SCHEMA.names).cast(SCHEMA)
+            old = data.filter(pc.less(data["finished_at"], pa.scalar(cutoff, TIMESTAMP)))
+            runs = data.filter(pc.not_equal(data["status"], "ignored"))
+            newest = runs.group_by("definition").aggregate([("started_at", "max")])
+            keys = {(d, t) for d, t in zip(newest["definition"].to_pylist(), newest["started_at_max"].to_pylist())}
+            mask = [
+                (d, t) in keys and s != "ignored"
+                for d, t, s in zip(
+                    old["definition"].to_pylist(), old["started_at"].to_pylist(), old["status"].to_pylist()
+                )
+            ]
+            dropped = old.num_rows - sum(mask)
+            return old.filter(pa.array(mask, pa.bool_()))
+
+        data = self.to_arrow()
+        kept(data)
+        if dropped:
+            self.store.replace_state_where(STATE_NAME, kept, predicate=f'"finished_at" < {_literal(cutoff)}')
+        return dropped
 
     def to_arrow(self) -> pa.Table:
         """The whole ledger as an Arrow table with :data:`SCHEMA` (empty if nothing was recorded)."""

@@ -5,17 +5,21 @@ second ``Storage`` (e.g. one writing the data path through Spark) can keep this 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import DeltaError
 
 from cq_engine.errors import TableError
 from cq_engine.names import check_name
 from cq_engine.storage import log
 from cq_engine.storage.groups import KnownGroups
+from cq_engine.storage.maintain import STATE_COMPACT_EVERY, Retention, TableReport, compact_files, maintain_table
 from cq_engine.storage.retry import retry_conflicts
 
 
@@ -50,11 +54,49 @@ class DeltaStateTables:
     def append_state(self, name: str, data: pa.Table) -> None:
         """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
         # Retried: e.g. two first writers racing to create the table; the loser appends on its next try.
+        uri = self.state_uri(name)
         retry_conflicts(
-            lambda _attempt: write_deltalake(
-                self.state_uri(name), data, mode="append", storage_options=self.storage_options
-            )
+            lambda _attempt: write_deltalake(uri, data, mode="append", storage_options=self.storage_options)
         )
+        # Each append adds a small file and a read opens every live one: the append landing on a
+        # multiple of STATE_COMPACT_EVERY compacts them (the ledger read by each run stays a few files).
+        seen = self.__dict__.setdefault("_state_versions", {})
+        version = log.latest_version(uri, known=seen.get(name), storage_options=self.storage_options)
+        seen[name] = version
+        if version and version % STATE_COMPACT_EVERY == 0:
+            # Lost a race with a writer: the next multiple (or `cq maintain`) does it.
+            with contextlib.suppress(DeltaError):
+                compact_files(DeltaTable(uri, storage_options=self.storage_options))
+
+    def replace_state_where(self, name: str, rows: Callable[[pa.Table], pa.Table], *, predicate: str) -> None:
+        """Replace the rows of the state table ``name`` matching ``predicate`` (delta-rs SQL) by
+        ``rows(current table)`` in one commit; after a conflict, computed again from the new snapshot."""
+        uri = self.state_uri(name)
+
+        def write(_attempt: int) -> None:
+            dt = DeltaTable(uri, storage_options=self.storage_options)
+            data = rows(log.arrow_table(dt.scan()))
+            write_deltalake(dt, data, mode="overwrite", predicate=predicate, storage_options=self.storage_options)
+
+        retry_conflicts(write)
+
+    def state_names(self) -> list[str]:
+        """Every state table under ``_cq/`` (``firings``, ``streams/s1/frontier``, ...)."""
+        root = log._normalize(f"{self.warehouse.rstrip('/')}/_cq")
+        fs, path = log._filesystem(root, self.storage_options)
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        found = [i.path[len(path) + 1 : -len("/_delta_log")] for i in infos if i.base_name == "_delta_log"]
+        return sorted(n for n in found if "/_delta_log/" not in f"/{n}/")
+
+    def maintain_state(self, name: str, *, retention: Retention) -> TableReport:
+        """``storage.maintain.maintain_table`` of the state table ``name`` (delta-rs: its only writer)."""
+        return maintain_table(
+            self.state_uri(name), name=f"_cq/{name}", retention=retention, storage_options=self.storage_options
+        )
+
+    def maintain(self, table: str, *, retention: Retention) -> TableReport:
+        """``storage.maintain.maintain_table`` of ``table`` with delta-rs."""
+        return maintain_table(self.uri(table), name=table, retention=retention, storage_options=self.storage_options)
 
     def overwrite_state(
         self, name: str, data: pa.Table, *, app_id: str | None = None, app_version: int | None = None

@@ -1,0 +1,54 @@
+"""Housekeeping for long-running deployments (``cq maintain``, the ``cq_maintenance`` Dagster schedule):
+the ledger's retention, then ``storage.maintain`` of every engine state table under ``_cq/`` and every
+sink (and, if asked, every declared source). Idempotent: a second run right after the first commits
+nothing. Safe beside running firings: every step is a Delta commit under Delta's conflict rules, or a
+delete of files past their retention (README "Deployment", ARCHITECTURE.md §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from cq_engine.context import EngineContext
+from cq_engine.storage.ledger import STATE_NAME
+from cq_engine.storage.maintain import Retention, TableReport
+
+
+def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> list[TableReport]:
+    """Maintain the engine's tables at ``now``; one report per table, a failed table's with ``error``
+    set (the others are still maintained)."""
+    ledger_keep, log_keep, file_keep = ctx.settings.retention
+    # The completeness check reads the ledger that far back: never keep less.
+    ledger_keep = max(ledger_keep, ctx.settings.completeness_horizon_delta)
+    retention = Retention(log=log_keep, files=file_keep)
+    reports: list[TableReport] = []
+
+    def guarded(name: str, step) -> TableReport:
+        try:
+            report = step()
+        except Exception as exc:  # one table's failure (a damaged log, a lost object store) is reported
+            report = TableReport(name, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+        reports.append(report)
+        return report
+
+    dropped = 0
+
+    def trim_ledger() -> TableReport:
+        nonlocal dropped
+        dropped = ctx.ledger.drop_before(now - ledger_keep)
+        return ctx.storage.maintain_state(STATE_NAME, retention=retention)
+
+    for name in ctx.storage.state_names():
+        report = guarded(f"_cq/{name}", trim_ledger if name == STATE_NAME else _state(ctx, name, retention))
+        if name == STATE_NAME:
+            report.dropped_entries = dropped
+    tables = {d.sink for d in ctx.catalog.definitions if d.sink}
+    if sources:
+        tables |= {t.name for t in ctx.catalog.tables}
+    for table in sorted(tables, key=str.lower):
+        if ctx.storage.exists(table):
+            guarded(table, lambda t=table: ctx.storage.maintain(t, retention=retention))
+    return reports
+
+
+def _state(ctx: EngineContext, name: str, retention: Retention):
+    return lambda: ctx.storage.maintain_state(name, retention=retention)

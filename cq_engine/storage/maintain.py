@@ -1,0 +1,211 @@
+"""Housekeeping of a Delta table with delta-rs: retention properties, compaction, a checkpoint, log
+cleanup and VACUUM, each only when it has something to do, so running it again changes nothing
+(README "Deployment", ARCHITECTURE.md §3).
+
+Why: every firing, stream run and ledger append is a commit adding a small file. Writers checkpoint on
+their own (delta-rs every 100 commits, delta-spark every 10), so opening a table reads a checkpoint
+plus a bounded tail of JSON; what still grows with the history is the number of live small files
+(a read opens each) and of dead files and log files on disk (listing them). Compaction rewrites live
+files with ``dataChange=false``: the engine's log readers (``storage.log``, sensors, known groups)
+skip such commits, and Delta's conflict rules make a compaction that raced a writer fail (it is then
+retried on the new snapshot) rather than bring back rows that writer removed.
+
+Safety of the deletes: a data file is deleted only once it has been out of the table for
+``Retention.files`` (VACUUM; the engine reads pinned versions of planned work, so that must exceed the
+longest a planned work waits), a log file only once older than ``Retention.log`` and before the newest
+checkpoint (a sensor cursor older than that falls back to comparing snapshots, ``storage.log``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from cq_engine.storage import log
+from cq_engine.storage.retry import retry_conflicts
+
+LOG_RETENTION_KEY = "delta.logRetentionDuration"
+FILE_RETENTION_KEY = "delta.deletedFileRetentionDuration"
+# Delta's defaults when a table does not set the property.
+DEFAULTS = {LOG_RETENTION_KEY: timedelta(days=30), FILE_RETENTION_KEY: timedelta(days=7)}
+# Appends to an engine state table compact it when they land on a multiple of this version.
+STATE_COMPACT_EVERY = 100
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long Delta log files (``log``) and data files no longer in the table (``files``) are kept."""
+
+    log: timedelta = DEFAULTS[LOG_RETENTION_KEY]
+    files: timedelta = DEFAULTS[FILE_RETENTION_KEY]
+
+    def properties(self) -> dict[str, str]:
+        return {LOG_RETENTION_KEY: interval(self.log), FILE_RETENTION_KEY: interval(self.files)}
+
+
+@dataclass
+class TableReport:
+    """What maintenance did to one table (``name``: a table, or ``_cq/<state>``)."""
+
+    name: str
+    version: int = -1  # the table's version afterwards
+    files_before: int = 0  # live data files
+    files_after: int = 0
+    compacted: int = 0  # files compaction replaced
+    checkpoint: int | None = None  # the version a checkpoint was written for
+    logs_removed: int = 0
+    vacuumed: int = -1  # data files deleted (-1: not counted)
+    properties_set: bool = False
+    dropped_entries: int = 0  # ledger rows past retention
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # the table could not be maintained
+
+    def line(self) -> str:
+        if self.error is not None:
+            return f"{self.name}: FAILED: {self.error}"
+        parts = [f"v{self.version}", f"files {self.files_before} -> {self.files_after}"]
+        if self.properties_set:
+            parts.append("retention properties set")
+        if self.dropped_entries:
+            parts.append(f"{self.dropped_entries} ledger entries dropped")
+        if self.checkpoint is not None:
+            parts.append(f"checkpoint v{self.checkpoint}")
+        parts.append(f"{self.logs_removed} log files removed")
+        parts.append(f"{'?' if self.vacuumed < 0 else self.vacuumed} data files vacuumed")
+        return f"{self.name}: " + ", ".join(parts) + "".join(f"; {n}" for n in self.notes)
+
+
+def interval(value: timedelta) -> str:
+    """A Delta interval property value (``interval 30 days``) in the largest exact unit."""
+    seconds = int(value.total_seconds())
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds % size == 0 and seconds:
+            return f"interval {seconds // size} {unit}"
+    return f"interval {seconds} seconds"
+
+
+_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+
+
+def parse_interval(text: str | None) -> timedelta | None:
+    """``interval 30 days`` (Delta's form of these properties) → its duration; None if not of that form."""
+    match = re.fullmatch(r"\s*(?:interval\s+)?(\d+)\s+(second|minute|hour|day|week)s?\s*", (text or "").lower())
+    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)]) if match else None
+
+
+def properties_to_set(configuration: Mapping[str, str | None], retention: Retention) -> dict[str, str]:
+    """The retention properties whose effective value (Delta's default if unset) differs from ``retention``."""
+    wanted = {LOG_RETENTION_KEY: retention.log, FILE_RETENTION_KEY: retention.files}
+    out = {}
+    for key, value in wanted.items():
+        current = configuration.get(key)
+        effective = DEFAULTS[key] if current is None else parse_interval(current)
+        if effective != value:
+            out[key] = interval(value)
+    return out
+
+
+def log_files(uri: str, storage_options: dict[str, str] | None) -> set[str]:
+    """The names of the files in the table's ``_delta_log``."""
+    fs, root = log._filesystem(log._normalize(uri), storage_options)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log", allow_not_found=True))
+    return {i.base_name for i in infos if i.type == pafs.FileType.File}
+
+
+def maintain_table(
+    uri: str,
+    *,
+    name: str,
+    retention: Retention,
+    storage_options: dict[str, str] | None = None,
+    compact: Callable[[DeltaTable], int] | None = None,
+    vacuum: Callable[[DeltaTable], int] | None = None,
+    set_properties: Callable[[dict[str, str]], None] | None = None,
+) -> TableReport:
+    """Retention properties, compaction, checkpoint, log cleanup and VACUUM of the table at ``uri``
+    with delta-rs. ``compact``, ``vacuum`` and ``set_properties`` replace delta-rs's for the data path
+    of a storage whose writer is Spark (``SparkDeltaStorage``); each returns the files it replaced or
+    deleted (-1: not counted)."""
+    report = TableReport(name)
+    open_ = lambda: DeltaTable(uri, storage_options=storage_options)
+    dt = open_()
+    report.files_before = len(dt.file_uris())
+    # Writers' commits (the compaction's too) also clean the log when they checkpoint: count it all.
+    logs_before = log_files(uri, storage_options)
+    wanted = properties_to_set(dt.metadata().configuration or {}, retention)
+    if wanted:
+        if set_properties is not None:
+            set_properties(wanted)
+        else:
+            retry_conflicts(lambda _a: open_().alter.set_table_properties(wanted))
+        report.properties_set = True
+    if report.files_before > 1:
+        if compact is not None:
+            report.compacted = compact(open_())
+        else:  # a writer that removed a file this compaction read makes it fail: redone on the new snapshot
+            report.compacted = retry_conflicts(lambda _a: compact_files(open_()))
+    # VACUUM before the checkpoint: delta-rs's checkpoint drops the tombstones older than the file
+    # retention, and the checkpoint then covers VACUUM's own commits.
+    report.vacuumed = (vacuum or _vacuum(retention))(open_())
+    dt = open_()
+    report.version, report.files_after = dt.version(), len(dt.file_uris())
+    try:
+        if not _has_checkpoint(uri, dt.version(), storage_options):
+            dt.create_checkpoint()  # delta-rs also cleans the log here when the table allows it
+            report.checkpoint = dt.version()
+        dt.cleanup_metadata()  # log files older than delta.logRetentionDuration, before the newest checkpoint
+        report.logs_removed = len(logs_before - log_files(uri, storage_options))
+    except (DeltaError, OSError) as exc:  # e.g. reader features delta-rs cannot checkpoint: the writer's own
+        report.notes.append(f"checkpoint/log cleanup left to the table's writer: {str(exc).splitlines()[0]}")
+    return report
+
+
+def compact_files(dt: DeltaTable) -> int:
+    """delta-rs's compaction of the snapshot ``dt`` (no commit when there is nothing to merge); the
+    files it replaced. Raises ``CommitFailedError`` if a concurrent writer removed a file it read."""
+    return int(dt.optimize.compact().get("numFilesRemoved", 0))
+
+
+def _vacuum(retention: Retention) -> Callable[[DeltaTable], int]:
+    def run(dt: DeltaTable) -> int:
+        # full: also files whose tombstones have left the checkpoints, and leftovers of failed writes
+        # (by modification time), as delta-spark's VACUUM; tombstones within the retention are kept.
+        # A dry run first: VACUUM commits (START/END) even when it deletes nothing.
+        if not vacuum_due(dt, retention):
+            return 0
+        return len(
+            dt.vacuum(retention_hours=_hours(retention), dry_run=False, enforce_retention_duration=True, full=True)
+        )
+
+    return run
+
+
+def _hours(retention: Retention) -> int:
+    return math.ceil(retention.files.total_seconds() / 3600)
+
+
+def vacuum_due(dt: DeltaTable, retention: Retention) -> list[str]:
+    """The files VACUUM (full) would delete: out of the table for longer than the file retention, or
+    never committed and older than it (relative paths)."""
+    return dt.vacuum(retention_hours=_hours(retention), dry_run=True, enforce_retention_duration=True, full=True)
+
+
+def delete_files(uri: str, paths: list[str], storage_options: dict[str, str] | None) -> int:
+    """Delete ``paths`` (relative to the table at ``uri``) without a commit: VACUUM's START/END commits
+    are an audit record, and a second committer of a table is what a storage with one writer avoids."""
+    fs, root = log._filesystem(log._normalize(uri), storage_options)
+    for path in paths:
+        fs.delete_file(f"{root}/{path}")
+    return len(paths)
+
+
+def _has_checkpoint(uri: str, version: int, storage_options: dict[str, str] | None) -> bool:
+    fs, root = log._filesystem(log._normalize(uri), storage_options)
+    return log._exists(fs, f"{root}/_delta_log/{version:020d}.checkpoint.parquet")
