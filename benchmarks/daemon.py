@@ -135,3 +135,42 @@ def queued_runs(instance) -> int:
     import dagster as dg
 
     return instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
+
+
+def daemon_engine(ctx, name: str, files: dict[str, str]):
+    """(settings, engine) of benchmark ``name`` under the daemon: ``files`` (file name -> SQL) in its
+    sql dir, its own warehouse, home and Connect port, the declared tables created."""
+    from cq_engine.config import Settings
+    from cq_engine.engine import Engine
+
+    from . import free_port
+
+    work = ctx.workdir(name)
+    (work / "sql").mkdir(exist_ok=True)
+    for file, sql in files.items():
+        (work / "sql" / file).write_text(sql)
+    settings = Settings(
+        sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"), spark_port=free_port()
+    )
+    engine = Engine(settings=settings)
+    assert not engine.catalog.errors, engine.catalog.errors
+    engine.ensure_tables()
+    return settings, engine
+
+
+def observe(ctx, daemon, *, seconds: int, loads: list[float], queued: list[int]):
+    """After a warm-up, watch ``seconds`` sampling the load average and the runs queued every 10 s;
+    returns the window's (start, end)."""
+    import time
+    from datetime import UTC, datetime
+
+    time.sleep(30 if ctx.quick else 60)  # warm-up
+    w0 = datetime.now(UTC)
+    ctx.log(f"measuring {seconds}s from {w0:%H:%M:%S}")
+    end_at = time.monotonic() + seconds
+    instance = daemon.instance()
+    while time.monotonic() < end_at:
+        loads.append(os.getloadavg()[0])
+        queued.append(queued_runs(instance))
+        time.sleep(10)
+    return w0, datetime.now(UTC)

@@ -24,45 +24,18 @@ NAME = "mixed"
 SUBPROCESS = True
 
 
-def feed(engine, stop: threading.Event, start: datetime, commits: list[tuple[float, datetime]]) -> None:
-    """One thread feeding both: ``sensors`` as ``orchestration`` does, ``meters`` and ``demo`` as
-    ``stream_scale`` does (``commits`` gets the latter's (wall time, newest event time))."""
-    from cq_engine.cli.feed import demo_rows, floor_time, meter_rows, sensor_rows
-
-    step = stream_scale.FEED
-    while not stop.wait(step.total_seconds()):
-        end = floor_time(datetime.now(UTC), step)
-        if end <= start:
-            continue
-        engine.storage.append("sensors", sensor_rows(start=start, end=end, every=step))
-        engine.storage.append("meters", meter_rows(start=start + step, end=end + step, every=step))
-        engine.storage.append("demo", demo_rows(start=start + step, end=end + step, every=step))
-        commits.append((time.time(), end))
-        start = end
-
-
 def run(ctx: Context) -> Outcome:
     import dagster as dg
 
     from cq_engine.cli.feed import demo_rows, floor_time, meter_rows, sensor_rows
-    from cq_engine.config import Settings
-    from cq_engine.engine import Engine
 
-    from . import free_port
-    from .daemon import Daemon, queued_runs
+    from .daemon import Daemon, daemon_engine, observe
 
     n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_MIXED_N", "100"))
     window = 120 if ctx.quick else int(os.environ.get("CQ_BENCH_MIXED_SECONDS", "300"))
+    files = {"cq.sql": orchestration.definitions_sql(n), "streams.sql": stream_scale.definitions_sql(n)}
+    settings, engine = daemon_engine(ctx, NAME, files)
     work = ctx.workdir(NAME)
-    (work / "sql").mkdir(exist_ok=True)
-    (work / "sql" / "cq.sql").write_text(orchestration.definitions_sql(n))
-    (work / "sql" / "streams.sql").write_text(stream_scale.definitions_sql(n))
-    settings = Settings(
-        sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"), spark_port=free_port()
-    )
-    engine = Engine(settings=settings)
-    assert not engine.catalog.errors, engine.catalog.errors
-    engine.ensure_tables()
     step = stream_scale.FEED
     now = floor_time(datetime.now(UTC), step)
     engine.storage.append("sensors", sensor_rows(start=now - timedelta(minutes=10), end=now))
@@ -70,7 +43,9 @@ def run(ctx: Context) -> Outcome:
     engine.storage.append("demo", demo_rows(start=now - timedelta(minutes=2), end=now + step, every=step))
     commits: list[tuple[float, datetime]] = []
     stop = threading.Event()
-    feeder = threading.Thread(target=feed, args=(engine, stop, now, commits), daemon=True)
+    feeder = threading.Thread(
+        target=stream_scale.feed, args=(engine, stop, now, commits), kwargs={"sensors": True}, daemon=True
+    )
     daemon = Daemon(root=work, settings=settings)
     streams = [f"s{i:03d}" for i in range(n)]
     loads: list[float] = []
@@ -85,16 +60,7 @@ def run(ctx: Context) -> Outcome:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no firing and window committed within 600 s\n{daemon.log_tail('daemon')}")
             time.sleep(5)
-        time.sleep(30 if ctx.quick else 60)  # warm-up
-        w0 = datetime.now(UTC)
-        ctx.log(f"measuring {window}s from {w0:%H:%M:%S}")
-        end_at = time.monotonic() + window
-        instance = daemon.instance()
-        while time.monotonic() < end_at:
-            loads.append(os.getloadavg()[0])
-            queued.append(queued_runs(instance))
-            time.sleep(10)
-        w1 = datetime.now(UTC)
+        w0, w1 = observe(ctx, daemon, seconds=window, loads=loads, queued=queued)
         sinks = stream_scale.read_sinks(settings, streams)
         time.sleep(orchestration.EVERY + 5)  # CQ firings due in the window may finish up to EVERY after it
         entries = engine.ledger.entries()

@@ -77,14 +77,19 @@ def definitions_sql(n: int) -> str:
     return "".join(lines)
 
 
-def feed(engine, stop: threading.Event, start: datetime, commits: list[tuple[float, datetime]]) -> None:
-    """Every 5 s the readings since the last commit; ``commits`` gets (wall time, newest event time)."""
-    from cq_engine.cli.feed import demo_rows, floor_time, meter_rows
+def feed(
+    engine, stop: threading.Event, start: datetime, commits: list[tuple[float, datetime]], *, sensors: bool = False
+) -> None:
+    """Every 5 s the readings since the last commit; ``commits`` gets (wall time, newest event time).
+    ``sensors``: ``orchestration``'s table too (``mixed``)."""
+    from cq_engine.cli.feed import demo_rows, floor_time, meter_rows, sensor_rows
 
     while not stop.wait(FEED.total_seconds()):
         end = floor_time(datetime.now(UTC), FEED)
         if end <= start:
             continue
+        if sensors:
+            engine.storage.append("sensors", sensor_rows(start=start, end=end, every=FEED))
         # [start, end] inclusive of `end`: the reading at `end` closes the window before it.
         engine.storage.append("meters", meter_rows(start=start + FEED, end=end + FEED, every=FEED))
         engine.storage.append("demo", demo_rows(start=start + FEED, end=end + FEED, every=FEED))
@@ -96,23 +101,13 @@ def run(ctx: Context) -> Outcome:
     import dagster as dg
 
     from cq_engine.cli.feed import demo_rows, floor_time, meter_rows
-    from cq_engine.config import Settings
-    from cq_engine.engine import Engine
 
-    from . import free_port
-    from .daemon import Daemon, queued_runs
+    from .daemon import Daemon, daemon_engine, observe
 
     n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_STREAMS_N", "100"))
     window = 120 if ctx.quick else int(os.environ.get("CQ_BENCH_STREAMS_SECONDS", "300"))
+    settings, engine = daemon_engine(ctx, NAME, {"streams.sql": definitions_sql(n)})
     work = ctx.workdir(NAME)
-    (work / "sql").mkdir(exist_ok=True)
-    (work / "sql" / "streams.sql").write_text(definitions_sql(n))
-    settings = Settings(
-        sql_dir=str(work / "sql"), warehouse=str(work / "wh"), home=str(work / ".cq"), spark_port=free_port()
-    )
-    engine = Engine(settings=settings)
-    assert not engine.catalog.errors, engine.catalog.errors
-    engine.ensure_tables()
     now = floor_time(datetime.now(UTC), FEED)
     engine.storage.append("meters", meter_rows(start=now - timedelta(minutes=2), end=now + FEED, every=FEED))
     engine.storage.append("demo", demo_rows(start=now - timedelta(minutes=2), end=now + FEED, every=FEED))
@@ -133,16 +128,7 @@ def run(ctx: Context) -> Outcome:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no stream window committed within 600 s\n{daemon.log_tail('daemon')}")
             time.sleep(5)
-        time.sleep(30 if ctx.quick else 60)  # warm-up
-        w0 = datetime.now(UTC)
-        ctx.log(f"measuring {window}s from {w0:%H:%M:%S}")
-        end_at = time.monotonic() + window
-        instance = daemon.instance()
-        while time.monotonic() < end_at:
-            loads.append(os.getloadavg()[0])
-            queued.append(queued_runs(instance))
-            time.sleep(10)
-        w1 = datetime.now(UTC)
+        w0, w1 = observe(ctx, daemon, seconds=window, loads=loads, queued=queued)
         sinks = read_sinks(settings, names)
         entries = [e for e in engine.ledger.entries() if e.status == "succeeded" and e.finished_at <= w1]
         runs = daemon.instance().get_run_records(dg.RunsFilter(created_after=w0, created_before=w1))
