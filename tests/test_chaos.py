@@ -225,7 +225,7 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
         pytest.fail(f"PostgreSQL is not installed ({PG_BIN}/initdb): run `make chaos-test`, which installs it")
     from cq_engine import jars
 
-    assert not jars.missing(jars.delta_artifacts() + jars.S3A_ARTIFACTS), "run `make jars`"
+    assert not jars.missing(jars.delta_artifacts() + jars.s3a_artifacts()), "run `make jars`"
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "chaos.sql").write_text(DEFINITIONS)
     cluster = ChaosCluster(tmp_path)
