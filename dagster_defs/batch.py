@@ -213,14 +213,19 @@ def batch_lead(every: timedelta) -> timedelta:
     """How early a firing may be requested: ``CQ_BATCH_LEAD`` seconds (default 20), at most half the
     definition's period. A run takes seconds to start (a new process); requested early, it has
     started by the time its firings are due, and waits for each (``wait_for``)."""
-    value = os.environ.get("CQ_BATCH_LEAD", "20")
+    return min(timedelta(seconds=env_seconds("CQ_BATCH_LEAD", 20)), every / 2)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A number of seconds >= 0 from environment variable ``name`` (``default`` when unset)."""
+    value = os.environ.get(name, str(default))
     try:
         seconds = float(value)
     except ValueError:
-        raise CQError(f"CQ_BATCH_LEAD={value!r}: expected a number of seconds") from None
+        raise CQError(f"{name}={value!r}: expected a number of seconds") from None
     if seconds < 0:
-        raise CQError(f"CQ_BATCH_LEAD={value!r}: expected a number of seconds >= 0")
-    return min(timedelta(seconds=seconds), every / 2)
+        raise CQError(f"{name}={value!r}: expected a number of seconds >= 0")
+    return seconds
 
 
 def wait_for(fire: datetime) -> None:

@@ -20,7 +20,6 @@
 import contextlib
 import fcntl
 import json
-import os
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -37,25 +36,18 @@ from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, keyed_runs, switch_states
+from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, env_seconds, keyed_runs, switch_states
 from .builders import IN_FLIGHT, materialization
 
 INTERVAL_SECONDS = 1
-ADOPT = "adopt"
-LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up  # key of a switch cursor carrying a StreamCursor for the sensor to take
+ADOPT = "adopt"  # key of a switch cursor carrying a StreamCursor for the sensor to take
+LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up
 
 
 def budget_seconds() -> float:
     """Seconds of Spark work one evaluation may spend in the sensor (``CQ_STREAM_BUDGET``, default
     20; Dagster's sensor gRPC timeout is 60 s by default)."""
-    value = os.environ.get("CQ_STREAM_BUDGET", "20")
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise CQError(f"CQ_STREAM_BUDGET={value!r}: expected a number of seconds") from None
-    if seconds < 0:
-        raise CQError(f"CQ_STREAM_BUDGET={value!r}: expected a number of seconds >= 0")
-    return seconds
+    return env_seconds("CQ_STREAM_BUDGET", 20)
 
 
 def computes_inline(engine: Engine) -> bool:
