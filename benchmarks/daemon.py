@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import clean_env, free_port
@@ -158,19 +160,24 @@ def daemon_engine(ctx, name: str, files: dict[str, str]):
     return settings, engine
 
 
-def observe(ctx, daemon, *, seconds: int, loads: list[float], queued: list[int]):
-    """After a warm-up, watch ``seconds`` sampling the load average and the runs queued every 10 s;
-    returns the window's (start, end)."""
-    import time
-    from datetime import UTC, datetime
+def observe(ctx, daemon, *, seconds: int) -> tuple[datetime, datetime, list[float], list[int]]:
+    """After a warm-up, watch ``seconds``, sampling the load average and the runs queued every 10 s:
+    the window's (start, end) and the samples."""
 
     time.sleep(30 if ctx.quick else 60)  # warm-up
     w0 = datetime.now(UTC)
     ctx.log(f"measuring {seconds}s from {w0:%H:%M:%S}")
     end_at = time.monotonic() + seconds
     instance = daemon.instance()
+    loads: list[float] = []
+    queued: list[int] = []
     while time.monotonic() < end_at:
         loads.append(os.getloadavg()[0])
         queued.append(queued_runs(instance))
         time.sleep(10)
-    return w0, datetime.now(UTC)
+    return w0, datetime.now(UTC), loads, queued
+
+
+def load_text(loads: list[float]) -> str:
+    """The sampled 1-minute load averages, as the benchmarks' lines print them."""
+    return f"load avg {statistics.mean(loads):.1f} (1-min, sampled; max {max(loads):.1f})" if loads else ""

@@ -13,7 +13,6 @@ above 1 when a lag target is missed. ``CQ_BENCH_MIXED_N`` (default 100) and ``CQ
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -29,7 +28,7 @@ def run(ctx: Context) -> Outcome:
 
     from cq_engine.cli.feed import demo_rows, floor_time, meter_rows, sensor_rows
 
-    from .daemon import Daemon, daemon_engine, observe
+    from .daemon import Daemon, daemon_engine, load_text, observe
 
     n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_MIXED_N", "100"))
     window = 120 if ctx.quick else int(os.environ.get("CQ_BENCH_MIXED_SECONDS", "300"))
@@ -48,8 +47,6 @@ def run(ctx: Context) -> Outcome:
     )
     daemon = Daemon(root=work, settings=settings)
     streams = [f"s{i:03d}" for i in range(n)]
-    loads: list[float] = []
-    queued: list[int] = []  # runs waiting in Dagster's queue, sampled with the load
     try:
         daemon.start()
         feeder.start()
@@ -60,7 +57,7 @@ def run(ctx: Context) -> Outcome:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no firing and window committed within 600 s\n{daemon.log_tail('daemon')}")
             time.sleep(5)
-        w0, w1 = observe(ctx, daemon, seconds=window, loads=loads, queued=queued)
+        w0, w1, loads, queued = observe(ctx, daemon, seconds=window)
         sinks = stream_scale.read_sinks(settings, streams)
         time.sleep(orchestration.EVERY + 5)  # CQ firings due in the window may finish up to EVERY after it
         entries = engine.ledger.entries()
@@ -82,7 +79,7 @@ def run(ctx: Context) -> Outcome:
         notes.append(f"stream worst lag {st_worst:.0f}s MISSED the {stream_scale.LAG_TARGET:.0f}s target")
     if notes:
         ratio = max(ratio, 1.01)
-    load = f"load avg {statistics.mean(loads):.1f} (1-min, sampled; max {max(loads):.1f})" if loads else ""
+    load = load_text(loads)
     line = (
         f"{NAME}: {n} CQs every {orchestration.EVERY}s + {n} streams, {(w1 - w0).total_seconds() / 60:.1f} min: "
         f"CQs {cq_share:.1%} of {cq_due} due firings, worst lag {cq_worst:.0f}s (target <= 60s), {failed} failed; "

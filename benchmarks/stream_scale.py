@@ -102,7 +102,7 @@ def run(ctx: Context) -> Outcome:
 
     from cq_engine.cli.feed import demo_rows, floor_time, meter_rows
 
-    from .daemon import Daemon, daemon_engine, observe
+    from .daemon import Daemon, daemon_engine, load_text, observe
 
     n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_STREAMS_N", "100"))
     window = 120 if ctx.quick else int(os.environ.get("CQ_BENCH_STREAMS_SECONDS", "300"))
@@ -116,8 +116,6 @@ def run(ctx: Context) -> Outcome:
     feeder = threading.Thread(target=feed, args=(engine, stop, now, commits), daemon=True)
     daemon = Daemon(root=work, settings=settings)
     names = [f"s{i:03d}" for i in range(n)]
-    loads: list[float] = []
-    queued: list[int] = []  # runs waiting in Dagster's queue, sampled with the load
     try:
         daemon.start()
         feeder.start()
@@ -128,7 +126,7 @@ def run(ctx: Context) -> Outcome:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no stream window committed within 600 s\n{daemon.log_tail('daemon')}")
             time.sleep(5)
-        w0, w1 = observe(ctx, daemon, seconds=window, loads=loads, queued=queued)
+        w0, w1, loads, queued = observe(ctx, daemon, seconds=window)
         sinks = read_sinks(settings, names)
         entries = [e for e in engine.ledger.entries() if e.status == "succeeded" and e.finished_at <= w1]
         runs = daemon.instance().get_run_records(dg.RunsFilter(created_after=w0, created_before=w1))
@@ -137,7 +135,7 @@ def run(ctx: Context) -> Outcome:
         daemon.stop()
     share, due, latencies, worst = score(names=names, sinks=sinks, entries=entries, commits=commits, w0=w0, w1=w1)
     p50, p95 = percentiles(latencies)
-    load = f"load avg {statistics.mean(loads):.1f} (1-min, sampled; max {max(loads):.1f})" if loads else ""
+    load = load_text(loads)
     ratio = (1 - share) / 0.05 if share < 1 else 0.0
     line = (
         f"{NAME}: {n} default-option streams (interval/session/state/event/count/eKuiper rule), "
