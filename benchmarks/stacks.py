@@ -34,8 +34,7 @@ def build_previous(venv: Path, pins: str) -> None:
     marker = venv / "cq-stack-pins"
     if marker.is_file() and marker.read_text() == pins and _venv_python(venv).is_file():
         return
-    env = {**os.environ, "VENV": str(venv)}
-    subprocess.run(["make", "--no-print-directory", "setup", f"VENV={venv}"], cwd=ROOT, env=env, check=True)
+    subprocess.run(["make", "--no-print-directory", "setup", f"VENV={venv}"], cwd=ROOT, check=True)
     pip = [str(_venv_python(venv)), "-m", "pip", "install", "--quiet", "--no-deps", *pins.split()]
     subprocess.run(pip, cwd=ROOT, check=True)
     # The jars of the pins just installed (make jars asks the venv's cq_engine.jars for them).
