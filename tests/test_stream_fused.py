@@ -17,6 +17,7 @@ from streams_util import NOW, T0, TYPES, Bench, reference, sink_summary, us
 from ws_recorder import Recorder
 
 from cq_engine.errors import RunError
+from cq_engine.streams import fused
 from cq_engine.streams.fused import WorkRequest, run_works
 from cq_engine.streams.run import run_work
 from cq_engine.streams.sensor import evaluate_stream
@@ -50,8 +51,18 @@ CREATE STREAM told INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM}
 CREATE RULE rule INTO rule_out AS SELECT count(*) AS n, avg(current) AS c FROM meters
   GROUP BY tbname, SLIDINGWINDOW(ss, 10) OVER (WHEN current > 6);
 CREATE STREAM other INTERVAL(1m) SLIDING(1m) FROM m2 PARTITION BY tbname {WM} INTO other_out AS {AGG};
+CREATE STREAM sess2 SESSION(ts, 9s) FROM meters PARTITION BY tbname {WM} INTO sess2_out AS
+  SELECT _twstart, max(voltage) AS mv, count(status) AS ns FROM %%trows;
+CREATE STREAM cnt2 COUNT_WINDOW(4, 2) FROM meters PARTITION BY tbname {WM} INTO cnt2_out AS {AGG};
+CREATE STREAM event2 EVENT_WINDOW(START WITH current > 5 END WITH current < 2) FROM meters PARTITION BY tbname {WM}
+  INTO event2_out AS SELECT _twstart, _twend AS we, sum(voltage) AS v FROM %%trows;
+CREATE STREAM cnt3 COUNT_WINDOW(4, 2) FROM meters PARTITION BY tbname {WM} INTO cnt3_out AS
+  SELECT _twstart, min(current) AS lo FROM %%trows;
 """
+# sess2, cnt2, event2 and cnt3 share their windows with sess, cnt and event whenever their frontiers agree
+# (one aggregation for all); the half-round tick below moves one of each pair apart, and they converge again.
 NAMES = ["i1", "i2", "i3", "hop", "whole", "shaped", "sess", "state", "event", "cnt", "told", "rule", "other"]
+NAMES += ["sess2", "cnt2", "event2", "cnt3"]
 
 
 def _commits(seed: int = 7) -> list[list[tuple]]:
@@ -182,7 +193,15 @@ def recorder():
         yield r
 
 
-def test_fused_stream_works_equal_works_run_alone(tmp_path, spark, recorder, caplog):
+def test_fused_stream_works_equal_works_run_alone(tmp_path, spark, recorder, caplog, monkeypatch):
+    shared: list[set[str]] = []  # the streams each shared aggregation answered
+    share = fused._shared
+
+    def spy(planned, members):
+        shared.append({planned[i].stream.name for i in members})
+        return share(planned, members)
+
+    monkeypatch.setattr(fused, "_shared", spy)
     p = Pair(tmp_path, spark, STREAMS.replace("URL", recorder.url()), NAMES)
     p.tick()
     commits = _commits()
@@ -202,6 +221,8 @@ def test_fused_stream_works_equal_works_run_alone(tmp_path, spark, recorder, cap
     p.tick()
     p.assert_same()
     assert not [r.message for r in caplog.records if "fused job" in r.message]  # none fell back to alone
+    assert {"sess", "sess2"} in shared and {"cnt", "cnt2", "cnt3"} in shared and {"event", "event2"} in shared
+    assert {"cnt2", "cnt3"} in shared  # the round in which cnt had moved apart
     assert len(p.results["fused"]) >= 4 * len(NAMES)
     assert all(r[0] != "error" for r in p.results["fused"])
     # ... and both are right: the references of tests/window_reference.py over the table's rows

@@ -92,9 +92,13 @@ def run_works(
     # Shared aggregations first, in jobs of their own: each answers many streams at the cost of about
     # one (the plain INTERVAL streams), so their windows reach the sinks seconds into the round rather
     # than after every data-shaped window's job (fuse_groups runs the groups in this order, two at once).
+    # Time windows' (an aggregate) apart from data-shaped ones' (window functions first: slower jobs).
     shared = [b for b in branches if b.build is not None and len(b.members) > 1]
+    timed = [b for b in shared if planned[b.members[0].index].state is None]
+    shaped = [b for b in shared if planned[b.members[0].index].state is not None]
     single = [b for b in branches if b.build is not None and len(b.members) == 1]
-    groups = [part[k : k + FUSE_GROUP] for part in (shared, single) for k in range(0, len(part), FUSE_GROUP)]
+    parts = (timed, shaped, single)
+    groups = [part[k : k + FUSE_GROUP] for part in parts for k in range(0, len(part), FUSE_GROUP)]
     idle = [b for b in branches if b.build is None]  # nothing to compute: only commits
     alone += fuse_groups(
         ctx,
@@ -139,7 +143,8 @@ class _Branch:
 
 
 def _shape(p: Planned) -> tuple | None:
-    """What time-window runs must share to be answered by one aggregation (None: never)."""
+    """What runs must share to be answered by one aggregation (None: never): time windows, or
+    data-shaped ones with the same frontier (``Planned.state``)."""
     s, w = p.stream, p.work
     if p.windows is None or s.reads != "trows" or not s.is_aggregate or s.having is not None:
         return None
@@ -162,6 +167,8 @@ def _shape(p: Planned) -> tuple | None:
         s.output_subtable,
         s.tags,
         p.keep,
+        p.state,
+        (w.origin, w.emit_open, w.recompute_from),
     )
 
 

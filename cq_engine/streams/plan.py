@@ -38,6 +38,7 @@ from cq_engine.streams.windows.tdengine import (
     exact_col,
     with_next_tick,
 )
+from cq_engine.times import EPOCH
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,12 @@ def prepare(stream: Stream, df: DataFrame) -> DataFrame:
     return df
 
 
+def instant(t: datetime) -> Column:
+    """A TIMESTAMP literal: ``F.lit(datetime)`` asks a Connect server for a setting first (a round trip
+    per literal), ``timestamp_micros`` of an integer does not."""
+    return F.timestamp_micros(F.lit(micros(t - EPOCH)))
+
+
 def group_id(keys: list[str]) -> Column:
     """``_tgrpid``: a BIGINT that is the same for a partition group in every run."""
     return F.xxhash64(*[F.col(k) for k in keys]) if keys else F.lit(0).cast("long")
@@ -100,7 +107,7 @@ def with_placeholders(stream: Stream, df: DataFrame, *, tick: datetime | None, t
     df = with_partition_columns(stream, df)
     df = df.withColumn(_p("_twduration"), ((F.unix_micros(end) - F.unix_micros(start)) / 1000).cast("long"))
     df = df.withColumn(GROUP, group_id(keys))
-    df = df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp") if tick else F.current_timestamp())
+    df = df.withColumn(_p("_tlocaltime"), instant(tick) if tick else F.current_timestamp())
     if isinstance(stream.trigger, SlidingTrigger) and stream.trigger.interval is None:
         df = df.withColumn(_p("_tprev_ts"), start).withColumn(_p("_tcurrent_ts"), end)
         df = with_next_tick(df, stream.trigger, column=WEND, out=_p("_tnext_ts"), timezone=tz)
@@ -409,13 +416,11 @@ def period_frame(
     keys = list(stream.partition_by)
     df = with_partition_columns(stream, df)
     df = (
-        df.withColumn(_p("_tlocaltime"), F.lit(tick).cast("timestamp"))
-        .withColumn(_p("_tprev_localtime"), F.lit(prev_tick).cast("timestamp"))
-        .withColumn(_p("_tnext_localtime"), F.lit(next_tick).cast("timestamp"))
+        df.withColumn(_p("_tlocaltime"), instant(tick))
+        .withColumn(_p("_tprev_localtime"), instant(prev_tick))
+        .withColumn(_p("_tnext_localtime"), instant(next_tick))
         .withColumn(GROUP, group_id(keys))
-        .withColumns(
-            {WSTART: F.lit(prev_tick).cast("timestamp"), WEND: F.lit(tick).cast("timestamp"), WCLOSED: F.lit(True)}
-        )
+        .withColumns({WSTART: instant(prev_tick), WEND: instant(tick), WCLOSED: F.lit(True)})
     )
     return df
 

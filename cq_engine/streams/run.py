@@ -45,6 +45,7 @@ from cq_engine.streams.plan import (
     GROUP,
     PERIOD_COLUMNS,
     evaluate,
+    instant,
     join_source,
     partition_columns,
     period_frame,
@@ -156,6 +157,7 @@ class Planned:
     read: tuple | None = None  # its trigger-table read: (table, time column, range, version)
     windows: DataFrame | None = None  # time windows: the windowed trigger rows the query evaluates
     keep: tuple[str, ...] = ()  # the engine columns its result keeps (``_keep``)
+    state: tuple | None = None  # data-shaped windows: what its windowed rows depend on (frontier included)
 
     def run(self) -> _Outcome:
         """Compute (one Spark job) and commit."""
@@ -352,7 +354,7 @@ def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[
 
 def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, reads: dict | None) -> Planned:
     table, time_column = _source_table(ctx, stream)
-    spark, tz = ctx.spark, ctx.settings.timezone
+    tz = ctx.settings.timezone
     keys = list(stream.partition_by)
     frontier, gids, saved_fields = load_frontier(ctx, stream, keys)
     origin = work.origin or EPOCH
@@ -367,48 +369,51 @@ def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, r
     hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
     read_range = (lo, hi) if hi is not None else (lo, _FAR)
     df, scan = _read(ctx, table, time_column, read_range, work.version, reads)
-    df = prepare(stream, df)
-    if frontier:
-        marks = (
-            frontier_table(frontier, gids, saved_fields)
-            .drop_columns([GROUP])
-            .rename_columns([f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
-        )
-        fr = F.broadcast(spark.createDataFrame(marks))
-        cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
-        df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
-        df = df.filter(F.col(time_column) >= F.coalesce(F.col(RESUME), F.lit(origin).cast("timestamp")))
-        resumed = F.col(RESUME).isNotNull() & (F.col(RESUME) > F.lit(origin).cast("timestamp"))
-        if stream.trigger.kind == "count":  # a resumed group's first row starts a window
-            df = df.withColumn(_PHASE, F.when(resumed, F.lit(0)))
-        if isinstance(stream.trigger, EkSessionTrigger):  # a window resumed after a cut starts there
-            df = df.withColumn(_RESUMED, F.when(resumed, F.col(RESUME)))
-        df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
-    phase = _PHASE if frontier and stream.trigger.kind == "count" else None  # (no schema round trip)
-    resumed_at = _RESUMED if frontier and isinstance(stream.trigger, EkSessionTrigger) else None
     true_for = getattr(stream.trigger, "true_for", None) is not None
-    windows = assign_windows(
-        df,
+    # Everything the windowed rows depend on: streams of a round that agree on it (one table, trigger,
+    # partitioning and frontier: created together, as streams over one table often are) get the same
+    # frame, so its schema is asked once and ``streams.fused`` evaluates them in one aggregation.
+    state = (
+        (table, time_column, read_range, work.version),
         stream.trigger,
-        time_column=time_column,
-        keys=keys,
-        close_until=work.close_until or lo,
-        timezone=tz,
-        count_phase_column=phase,
-        session_start_column=resumed_at,
-        mark_short=true_for,
+        tuple(keys),
+        stream.partition_exprs,
+        stream.options.pre_filter,
+        stream.where if stream.form == "old" else None,
+        frozenset(frontier.items()),
+        frozenset(gids.items()),
+        tuple(str(f) for f in saved_fields),
+        origin,
+        work.close_until,
     )
-    windows = with_placeholders(stream, with_row_time(stream, windows, time_column), tick=work.tick, tz=tz)
+    base = reads.get(state) if reads is not None else None
+    if base is None:
+        base = _windowed_rows(
+            ctx,
+            stream,
+            prepare(stream, df),
+            time_column=time_column,
+            marks=frontier_table(frontier, gids, saved_fields) if frontier else None,
+            origin=origin,
+            close_until=work.close_until or lo,
+        )
+        if reads is not None:
+            reads[state] = base
+    windows = with_placeholders(stream, with_row_time(stream, base, time_column), tick=work.tick, tz=tz)
     short = None
     if true_for:
         short = _short_windows(stream, windows)
         windows = windows.filter(~F.col(SHORT)).drop(SHORT)
     slack = stream.trigger.gap if isinstance(stream.trigger, SessionTrigger) else timedelta(0)
-    computed = _compute(
-        ctx, stream, windows, _keep(stream, windows), read_range=(lo, hi + slack if hi else _FAR), version=work.version
-    )
-    if short is not None:  # the dropped windows ride along in the same job, one row each
-        computed = computed.withColumn(SHORT, F.lit(False)).unionByName(short, allowMissingColumns=True)
+    keep = tuple(_keep(stream, windows))
+
+    def build() -> DataFrame:
+        computed = _compute(
+            ctx, stream, windows, list(keep), read_range=(lo, hi + slack if hi else _FAR), version=work.version
+        )
+        if short is not None:  # the dropped windows ride along in the same job, one row each
+            computed = computed.withColumn(SHORT, F.lit(False)).unionByName(short, allowMissingColumns=True)
+        return computed
 
     def finish(result: pa.Table | None) -> _Outcome:
         assert result is not None  # a data-shaped run always computes
@@ -476,7 +481,48 @@ def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, r
 
         return _Outcome(rows, version, (scan.files_read, scan.files_total), result, replaced, ignored)
 
-    return Planned(stream, work, lambda: computed, finish, (table, time_column, read_range, work.version))
+    shareable = None if true_for else windows  # TRUE_FOR's dropped windows are a branch of their own
+    return Planned(stream, work, build, finish, state[0], shareable, keep, state)
+
+
+def _windowed_rows(
+    ctx: EngineContext,
+    stream: Stream,
+    df: DataFrame,
+    *,
+    time_column: str,
+    marks: pa.Table | None,
+    origin: datetime,
+    close_until: datetime,
+) -> DataFrame:
+    """The trigger rows from each group's frontier (``marks``, None: none saved) on, segmented into
+    windows (``assign_windows``)."""
+    keys = list(stream.partition_by)
+    if marks is not None:
+        marks = marks.drop_columns([GROUP]).rename_columns([f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
+        fr = F.broadcast(ctx.spark.createDataFrame(marks))
+        cond = [F.col(k).eqNullSafe(F.col(f"__cq_k{i}")) for i, k in enumerate(keys)]
+        df = df.join(fr, on=cond, how="left") if cond else df.crossJoin(fr)
+        df = df.filter(F.col(time_column) >= F.coalesce(F.col(RESUME), instant(origin)))
+        resumed = F.col(RESUME).isNotNull() & (F.col(RESUME) > instant(origin))
+        if stream.trigger.kind == "count":  # a resumed group's first row starts a window
+            df = df.withColumn(_PHASE, F.when(resumed, F.lit(0)))
+        if isinstance(stream.trigger, EkSessionTrigger):  # a window resumed after a cut starts there
+            df = df.withColumn(_RESUMED, F.when(resumed, F.col(RESUME)))
+        df = df.drop(RESUME, *[f"__cq_k{i}" for i in range(len(keys))])
+    phase = _PHASE if marks is not None and stream.trigger.kind == "count" else None  # (no schema round trip)
+    resumed_at = _RESUMED if marks is not None and isinstance(stream.trigger, EkSessionTrigger) else None
+    return assign_windows(
+        df,
+        stream.trigger,
+        time_column=time_column,
+        keys=keys,
+        close_until=close_until,
+        timezone=ctx.settings.timezone,
+        count_phase_column=phase,
+        session_start_column=resumed_at,
+        mark_short=getattr(stream.trigger, "true_for", None) is not None,
+    )
 
 
 def _short_windows(stream: Stream, windows):
