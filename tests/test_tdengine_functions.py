@@ -189,15 +189,22 @@ def test_twa_interpolates_at_the_bounds_of_time_windows(bench):
 
 
 def test_twa_of_a_recalculated_window_reads_the_points_around_it(bench):
-    """A run reading only [12 s, 18 s) finds the points at 7 s and 30 s outside its read, and gives the
-    windows the values the run over all of them gave."""
+    """A run reading only [12 s, 18 s) finds each group's points before and after it outside its read
+    (d1: 7 s, one reach and more away, and 30 s; d2, added now: 5 s and 45 s), and gives d1's windows
+    the values the run over all of its rows gave."""
+    d2 = [(5, 100.0), (15.5, 50.0), (45, 10.0)]
+    bench.append([(sec, "d2", current) for sec, current in d2])
     result = bench.engine.recalculate("s_twa_alone", start=T0 + 14 * S, end=T0 + 16 * S, now=NOW)
-    assert result.rows_written == 2
-    alone = {us(r["_twstart"]): r for r in bench.sink("out_s_twa_alone")}
+    assert result.rows_written == 4
+    alone = {(r["tbname"], us(r["_twstart"])): r for r in bench.sink("out_s_twa_alone")}
     whole = {us(r["_twstart"]): r for r in bench.sink("out_s_twa")}
-    assert sorted(alone) == [us(T0) + 12 * SEC, us(T0) + 14 * SEC]
-    for ws, row in alone.items():
-        assert (row["tw"], row["tv"]) == (whole[ws]["tw"], whole[ws]["tv"])
+    starts = [us(T0) + 12 * SEC, us(T0) + 14 * SEC]
+    assert sorted(alone) == [(g, ws) for g in ("d1", "d2") for ws in starts]
+    series = [(us(T0 + timedelta(seconds=sec)), current) for sec, current in d2]
+    for ws in starts:
+        assert (alone["d1", ws]["tw"], alone["d1", ws]["tv"]) == (whole[ws]["tw"], whole[ws]["tv"])
+        want = td.twa([series[1]], window=(ws, ws + 4 * SEC), series=series)
+        assert alone["d2", ws]["tw"] == pytest.approx(want) and alone["d2", ws]["tv"] == 220.0
 
 
 def test_scalar_functions(bench):

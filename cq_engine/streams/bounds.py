@@ -29,7 +29,8 @@ from cq_engine.streams.windows.common import exact_col
 
 _GROWTH = 4
 _K = "__cq_bk"  # the outside table's key columns, ``__cq_bk0``...
-_NEED = "__cq_bneed"
+_NEED = "__cq_bneed"  # per argument: the group has a point in the read
+_BEFORE, _AFTER = "__cq_bb", "__cq_ba"  # per argument: the point before the read, at or after its end
 
 
 def _point(stream: Stream, x_sql: str, time_column: str) -> Column:
@@ -89,8 +90,8 @@ def with_outside(
     filled = {}
     for n, x in enumerate(stream.interpolated):
         b, a = bound_columns(x)
-        filled[b] = F.coalesce(F.col(b), F.col(f"__cq_bb{n}"))
-        filled[a] = F.coalesce(F.col(a), F.col(f"__cq_ba{n}"))
+        filled[b] = F.coalesce(F.col(b), F.col(f"{_BEFORE}{n}"))
+        filled[a] = F.coalesce(F.col(a), F.col(f"{_AFTER}{n}"))
     return joined.withColumns(filled).drop(*found.columns)
 
 
@@ -105,7 +106,7 @@ def _outside(
     reach: timedelta,
 ) -> pa.Table:
     """Per group with a non-NULL point in ``read_range``: each argument's last point before the range
-    (``__cq_bb<n>``) and first at or after its end (``__cq_ba<n>``), keys as ``__cq_bk<i>``."""
+    (``_BEFORE``) and first at or after its end (``_AFTER``), keys as ``__cq_bk<i>``."""
     lo, hi = read_range
     xs, keys = stream.interpolated, list(stream.partition_by)
     span = ctx.storage.table_span(table, version=version, time_column=time_column)
@@ -126,15 +127,12 @@ def _outside(
     t = F.unix_micros(exact_col(time_column))
     lo_us, hi_us = F.unix_micros(F.lit(lo).cast("timestamp")), F.unix_micros(F.lit(hi).cast("timestamp"))
 
-    def last(n: int, x: str, cond: Column | None = None) -> Column:
+    def nearest(n: int, x: str, *, forward: bool, cond: Column | None = None) -> Column:
+        """Argument ``x``'s first point (``forward``) or last one among the rows ``cond`` keeps."""
         p = _point(stream, x, time_column)
         p = F.when(cond, p) if cond is not None else p
-        return F.max_by(p, p.getField("t")).alias(f"__cq_bb{n}")
-
-    def first(n: int, x: str, cond: Column | None = None) -> Column:
-        p = _point(stream, x, time_column)
-        p = F.when(cond, p) if cond is not None else p
-        return F.min_by(p, p.getField("t")).alias(f"__cq_ba{n}")
+        pick = F.min_by if forward else F.max_by
+        return pick(p, p.getField("t")).alias(f"{_AFTER if forward else _BEFORE}{n}")
 
     # One read around the range: which groups have points in it, and their nearest points within one reach.
     needs = [
@@ -145,8 +143,8 @@ def _outside(
         read(lo - reach, hi + reach),
         [
             *needs,
-            *[last(n, x, t < lo_us) for n, x in enumerate(xs)],
-            *[first(n, x, t >= hi_us) for n, x in enumerate(xs)],
+            *[nearest(n, x, forward=False, cond=t < lo_us) for n, x in enumerate(xs)],
+            *[nearest(n, x, forward=True, cond=t >= hi_us) for n, x in enumerate(xs)],
         ],
     )
     rows = {g: r for g, r in rows.items() if any(r[f"{_NEED}{n}"] for n in range(len(xs)))}
@@ -169,21 +167,20 @@ def _outside(
             step *= _GROWTH
             far = near + step if forward else near - step
             a, b = (near, far) if forward else (far, near)
-            pick = first if forward else last
-            found = grouped(read(a, b), [pick(n, x) for n, x in enumerate(xs)])
+            found = grouped(read(a, b), [nearest(n, x, forward=forward) for n, x in enumerate(xs)])
             for g in missing:
                 for n in range(len(xs)):
                     if rows[g][f"{prefix}{n}"] is None and g in found:
                         rows[g][f"{prefix}{n}"] = found[g][f"{prefix}{n}"]
             near = far
 
-    widen("__cq_bb", lo, forward=False)
-    widen("__cq_ba", hi, forward=True)
+    widen(_BEFORE, lo, forward=False)
+    widen(_AFTER, hi, forward=True)
     point = pa.struct([("t", pa.int64()), ("v", pa.float64())])
     columns: dict[str, pa.Array] = {}
     for i, c in enumerate(names):
         columns[c] = pa.array([g[i] for g in rows], key_types[i])
-    for prefix in ("__cq_bb", "__cq_ba"):
+    for prefix in (_BEFORE, _AFTER):
         for n in range(len(xs)):
             columns[f"{prefix}{n}"] = pa.array([r[f"{prefix}{n}"] for r in rows.values()], point)
     return pa.table(columns) if rows else pa.table({})
