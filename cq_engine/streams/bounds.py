@@ -43,25 +43,21 @@ def _point(stream: Stream, x_sql: str, time_column: str) -> Column:
     return F.when(F.expr(cond), point)
 
 
-def _window(stream: Stream, time_column: str):
-    return Window.partitionBy(*[exact_col(k) for k in stream.partition_by]).orderBy(exact_col(time_column))
-
-
 def with_neighbours(stream: Stream, rows: DataFrame, time_column: str) -> DataFrame:
     """``rows`` (a run's prepared trigger rows) with each TWA argument's points before and after each
     row, among ``rows``; NULL where the read holds none (``with_outside`` fills those in)."""
     if not stream.interpolated:
         return rows
-    w = _window(stream, time_column)
-    before = w.rowsBetween(Window.unboundedPreceding, -1)
-    after = w.rowsBetween(1, Window.unboundedFollowing)
+    w = Window.partitionBy(*[exact_col(k) for k in stream.partition_by]).orderBy(exact_col(time_column))
+    points = {f"__cq_bp{n}": _point(stream, x, time_column) for n, x in enumerate(stream.interpolated)}
     columns = {}
-    for x in stream.interpolated:
-        b, a = bound_columns(x)
-        point = _point(stream, x, time_column)
-        columns[b] = F.last(point, ignorenulls=True).over(before)
-        columns[a] = F.first(point, ignorenulls=True).over(after)
-    return rows.withColumns(columns)
+    for n, x in enumerate(stream.interpolated):
+        b, a, p = *bound_columns(x), f"__cq_bp{n}"
+        # One sort for both: lag/lead skipping NULLs (a frame to the partition's end would be
+        # aggregated anew for every row).
+        columns[b] = F.expr(f"lag({p}) IGNORE NULLS").over(w)
+        columns[a] = F.expr(f"lead({p}) IGNORE NULLS").over(w)
+    return rows.withColumns(points).withColumns(columns).drop(*points)
 
 
 def with_outside(
