@@ -132,8 +132,12 @@ def bench(tmp_path_factory, spark):
             f"CREATE STREAM {name} INTERVAL(4s) SLIDING(2s) FROM meters PARTITION BY tbname INTO out_{name} AS "
             "SELECT _twstart, twa(current) tw, twa(voltage) tv FROM %%trows WHERE voltage < 229;\n"
         )
+    sql += (
+        "CREATE STREAM s_twa_whole INTERVAL(4s) SLIDING(2s) FROM meters INTO out_s_twa_whole AS "
+        "SELECT _twstart, twa(current) tw FROM %%trows WHERE voltage < 229;\n"
+    )
     b = Bench(tmp_path_factory.mktemp("tdf"), spark, sql)
-    names = [*(f"s_{k}" for k in TRIGGERS), "s_scalar", "s_twa"]
+    names = [*(f"s_{k}" for k in TRIGGERS), "s_scalar", "s_twa", "s_twa_whole"]
     for name in names:
         assert b.tick(name).works == ()  # created on an empty table
     b.append([(sec, "d1", current, voltage, status) for sec, current, voltage, status in ROWS])
@@ -184,6 +188,8 @@ def test_twa_interpolates_at_the_bounds_of_time_windows(bench):
                 assert _same(got[ws][column], value), (ws, column, got[ws][column], value)
     # [14 s, 18 s) holds 15 s alone: 15.0 between 14.25 (on the line from 9.0 at 7 s) at its start and
     # 14.2 (on the line to 11.0 at 30 s) at its end; without interpolation it would be 15.0.
+    whole = {us(r["_twstart"]): r["tw"] for r in bench.sink("out_s_twa_whole")}  # no PARTITION BY: one group
+    assert whole == {ws: r["tw"] for ws, r in got.items()}
     at14 = got[us(T0) + 14 * SEC]["tw"]
     assert at14 == pytest.approx(((14.25 + 15) / 2 * 1 + (15 + 15 - 4 * 3 / 15) / 2 * 3) / 4)
 
