@@ -22,9 +22,10 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from cq_engine.context import EngineContext
-from cq_engine.model import Stream
+from cq_engine.model import SlidingTrigger, Stream
 from cq_engine.parse.tdengine.functions import bound_columns
 from cq_engine.streams.plan import prepare
+from cq_engine.streams.timing import window_length
 from cq_engine.streams.windows.common import exact_col
 
 _GROWTH = 4
@@ -61,22 +62,23 @@ def with_neighbours(stream: Stream, rows: DataFrame, time_column: str) -> DataFr
 
 
 def with_outside(
-    ctx: EngineContext,
-    stream: Stream,
-    windows: DataFrame,
-    *,
-    table: str,
-    time_column: str,
-    read_range: tuple[datetime, datetime],
-    version: int,
-    reach: timedelta,
+    ctx: EngineContext, stream: Stream, windows: DataFrame, read: tuple[str, str, tuple[datetime, datetime], int]
 ) -> DataFrame:
-    """``windows`` (rows from ``with_neighbours`` over the read ``read_range``) with the points the read
-    does not hold: before its start and at or after its end. Runs the Spark jobs that find them."""
+    """``windows`` (rows from ``with_neighbours`` over ``read``: table, time column, range, version) with
+    the points the read does not hold: before its range and at or after its end. Runs the Spark jobs
+    that find them."""
     if not stream.interpolated:
         return windows
+    assert isinstance(stream.trigger, SlidingTrigger)  # only INTERVAL / SLIDING windows interpolate
+    table, time_column, read_range, version = read
     outside = _outside(
-        ctx, stream, table=table, time_column=time_column, read_range=read_range, version=version, reach=reach
+        ctx,
+        stream,
+        table=table,
+        time_column=time_column,
+        read_range=read_range,
+        version=version,
+        reach=window_length(stream.trigger),
     )
     if outside.num_rows == 0:
         return windows

@@ -311,21 +311,11 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
         windows = with_row_time(stream, windows.filter(_in_ranges(WSTART, work.windows)), time_column)
         windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
         keep = tuple(_keep(stream, windows))
-        computed = windows
-        reach = st.window_length(stream.trigger)
+        computed, around = windows, (table, time_column, read_range, work.version)
         build = lambda: _compute(
             ctx,
             stream,
-            with_outside(
-                ctx,
-                stream,
-                computed,
-                table=table,
-                time_column=time_column,
-                read_range=(lo, hi),
-                version=work.version,
-                reach=reach,
-            ),
+            with_outside(ctx, stream, computed, around),
             list(keep),
             read_range=(lo, hi),
             version=work.version,
