@@ -313,6 +313,9 @@ class Stream:
     reads: Literal["trows", "table", "tbname"] = "trows"  # %%trows, another table (range join), %%tbname
     where: str | None = None
     having: str | None = None  # eKuiper rules: on each window's aggregated row
+    # TDengine's TWA in INTERVAL / SLIDING windows over %%trows: the Spark SQL of each argument whose
+    # points around every window the plan supplies (``streams.bounds``)
+    interpolated: tuple[str, ...] = ()
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None

@@ -20,15 +20,45 @@ def spread(rows):
     return float(max(vs) - min(vs)) if vs else None
 
 
-def twa(rows):
-    """TWA: the area under the line through the points in time order (trapezoids), over the span from
-    the first point to the last; one point (or one instant): its value."""
+def _at(p, q, t):
+    """The value at time ``t`` of the line through points ``p`` and ``q``."""
+    return q[1] if q[0] == t else p[1] + (q[1] - p[1]) * (t - p[0]) / (q[0] - p[0])
+
+
+def twa(rows, *, window=None, series=()):
+    """TWA: the area under the line through the points in time order (trapezoids), divided by the time
+    the line spans; one point (or one instant): its value.
+
+    In an INTERVAL / SLIDING window (``window``: its [start, end) in µs; ``series``: every row of the
+    group) the line reaches the window's bounds, as TDengine's interval operator feeds twaFunction
+    (source/libs/executor/src/timewindowoperator.c: setTimeWindowInterpolationStartTs /
+    setTimeWindowInterpolationEndTs / doInterpUnclosedTimeWindow → doTimeWindowInterpolation, linear
+    between the rows around the bound; source/libs/function/src/builtinsimpl.c: twaFunction adds the
+    area from ``pCtx->start`` and to ``pCtx->end``, twaFinalize divides by their distance):
+    - at the start, the value interpolated between the group's last point before the start and the
+      window's first point; none before (the group's first window) or a point at the start itself:
+      the line starts at the window's first point;
+    - at the end, likewise between the window's last point and the group's first point at or after
+      the end; none yet: the line ends at the window's last point.
+    A point is a non-NULL value (TDengine takes the adjacent rows even when their value is NULL).
+    TDengine's window ends at its last tick (end - 1 in the database's precision); the engine's
+    windows are half-open over microseconds and interpolate at the end itself.
+    SESSION, STATE_WINDOW, EVENT_WINDOW and COUNT_WINDOW windows (``window`` None): no interpolation,
+    from the window's first point to its last."""
     ps = _points(rows)
     if not ps:
         return None
-    (t0, v0), (tn, _) = ps[0], ps[-1]
+    if window is not None:
+        start, end = window
+        before = [p for p in _points(series) if p[0] < start]
+        after = [p for p in _points(series) if p[0] >= end]
+        if before and ps[0][0] > start:
+            ps = [(start, _at(before[-1], ps[0], start)), *ps]
+        if after:
+            ps = [*ps, (end, _at(ps[-1], after[0], end))]
+    (t0, _), (tn, vn) = ps[0], ps[-1]
     if tn == t0:
-        return float(v0)
+        return float(vn)
     area = sum((a[1] + b[1]) / 2 * (b[0] - a[0]) for a, b in pairwise(ps))
     return area / (tn - t0)
 

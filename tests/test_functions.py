@@ -35,6 +35,7 @@ def _error(sql: str) -> ParseError:
         (STREAM, "elapsed(ts, v) AS e", "v)", "ELAPSED: the time unit must be a duration such as 1s"),
         (STREAM, "percentile(v, 101) AS p", "101", "the percentile p must be between 0 and 100"),
         (STREAM, "first(*) AS f", "first", "FIRST(*) is not supported: name one column"),
+        (STREAM, "twa(v * _twduration) AS t", "v * _twd", "TWA: in INTERVAL and SLIDING windows its argument is also"),
         (STREAM, "cast(v AS geometry(10)) AS g", "v AS geometry", "CAST to GEOMETRY(10) is not supported"),
         (STREAM, "ts, avg(v) AS a", "ts,", "column 'ts' is not inside an aggregate"),
         (
@@ -55,6 +56,29 @@ def test_an_unknown_or_misused_function_is_refused_at_it(template, items, at, me
     offset = sum(len(x) + 1 for x in sql.split("\n")[: line - 1]) + col - 1
     assert sql[offset:].startswith(at), (sql[offset : offset + 20], at)
     assert str(err).startswith(f"f.sql:{line}:{col}: ")
+
+
+@pytest.mark.parametrize(
+    ("sql", "interpolated"),
+    [
+        (STREAM.format(items="twa(v) a, twa(v) b, twa(v * 2) c"), ("v", "v * 2")),
+        ("CREATE STREAM s INTO o AS SELECT _wstart, twa(v) FROM t INTERVAL(10s);", ("v",)),
+        ("CREATE STREAM s SLIDING(10s) FROM t INTO o AS SELECT _tcurrent_ts, twa(v) a FROM %%trows;", ("v",)),
+        ("CREATE STREAM s SESSION(ts, 5s) FROM t INTO o AS SELECT _twstart, twa(v) a FROM %%trows;", ()),
+        ("CREATE STREAM s COUNT_WINDOW(3) FROM t INTO o AS SELECT _twstart, twa(v) a FROM %%trows;", ()),
+        ("CREATE STREAM s PERIOD(10s) INTO o AS SELECT _tlocaltime, twa(v) a FROM t;", ()),
+        (
+            "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t INTO o AS SELECT _twstart, twa(v) a FROM t2 "
+            "WHERE ts >= _twstart AND ts < _twend;",
+            (),
+        ),
+    ],
+)
+def test_twa_is_interpolated_at_the_bounds_of_time_windows_over_trows(sql, interpolated):
+    (stream,) = parse_text(sql, file="f.sql")
+    assert stream.interpolated == interpolated
+    twa = stream.select[1].expression
+    assert ("__cq_twa_" in twa) == bool(interpolated)
 
 
 def test_accepted_forms_resolve():

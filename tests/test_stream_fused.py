@@ -28,7 +28,7 @@ AGG = "SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows"
 WM = "OPTIONS(WATERMARK(3s) | DELETE_RECALC)"
 # Streams over `meters` of every window type: three of one shape (one shared aggregation), a HOPPING
 # one, output subtables and tags, PARTITION BY an expression's groups and none, NOTIFY, an eKuiper
-# rule, and one over a second table `m2`.
+# rule, one over a second table `m2`, and TWA (interpolated at the windows' bounds: its own plan).
 STREAMS = f"""
 CREATE TABLE m2 (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
 CREATE STREAM i1 INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO i1_out AS {AGG};
@@ -58,11 +58,13 @@ CREATE STREAM event2 EVENT_WINDOW(START WITH current > 5 END WITH current < 2) F
   INTO event2_out AS SELECT _twstart, _twend AS we, sum(voltage) AS v FROM %%trows;
 CREATE STREAM cnt3 COUNT_WINDOW(4, 2) FROM meters PARTITION BY tbname {WM} INTO cnt3_out AS
   SELECT _twstart, min(current) AS lo FROM %%trows;
+CREATE STREAM tw INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO tw_out AS
+  SELECT _twstart, twa(current) AS tw, count(*) AS n FROM %%trows;
 """
 # sess2, cnt2, event2 and cnt3 share their windows with sess, cnt and event whenever their frontiers agree
 # (one aggregation for all); the half-round tick below moves one of each pair apart, and they converge again.
 NAMES = ["i1", "i2", "i3", "hop", "whole", "shaped", "sess", "state", "event", "cnt", "told", "rule", "other"]
-NAMES += ["sess2", "cnt2", "event2", "cnt3"]
+NAMES += ["sess2", "cnt2", "event2", "cnt3", "tw"]
 
 
 def _commits(seed: int = 7) -> list[list[tuple]]:

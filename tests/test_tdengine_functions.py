@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import tdengine_reference as td
 import window_reference as ref
-from streams_util import T0, Bench, us
+from streams_util import NOW, T0, Bench, S, us
 
 ITEMS = (
     "_twstart, spread(current) sp, twa(current) tw, elapsed(ts, 1s) el, elapsed(ts) el_ms, irate(current) ir, "
@@ -42,10 +42,12 @@ ROWS = [
 SEC = 1_000_000
 
 
-def _windows(kind: str, rows: list[dict]) -> dict[int, tuple[list[dict], bool]]:
+def _windows(
+    kind: str, rows: list[dict], *, interval: int = 10, sliding: int = 10
+) -> dict[int, tuple[list[dict], bool]]:
     until = max(r["t"] for r in rows)
     if kind == "interval":
-        found = ref.interval_windows(rows, interval=10 * SEC, sliding=10 * SEC, offset=0, until=until)
+        found = ref.interval_windows(rows, interval=interval * SEC, sliding=sliding * SEC, offset=0, until=until)
     elif kind == "session":
         found = ref.session_windows(rows, gap=5 * SEC, until=until)
     elif kind == "state":
@@ -70,13 +72,21 @@ def _windows(kind: str, rows: list[dict]) -> dict[int, tuple[list[dict], bool]]:
     return {ws: (m, c) for ws, (m, c) in out.items() if c}
 
 
+def _rows() -> list[dict]:
+    return [dict(t=us(T0 + timedelta(seconds=s)), current=c, voltage=v, status=st) for s, c, v, st in ROWS]
+
+
+def _currents(rows: list[dict]) -> list[tuple]:
+    return [(m["t"], m["current"]) for m in rows]
+
+
 def _expected(kind: str, ws: int, members: list[dict]) -> dict:
-    cur = [(m["t"], m["current"]) for m in members]
+    cur = _currents(members)
     volt = [(m["t"], m["voltage"]) for m in members]
     window = (ws, ws + 10 * SEC) if kind == "interval" else None
     return {
         "sp": td.spread(cur),
-        "tw": td.twa(cur),
+        "tw": td.twa(cur, window=window, series=_currents(_rows())),
         "el": td.elapsed(cur, unit_us=SEC, window=window),
         "el_ms": td.elapsed(cur, unit_us=1000, window=window),
         "ir": td.irate(cur),
@@ -115,8 +125,19 @@ def bench(tmp_path_factory, spark):
         "concat_ws('-', tbname, cast(count(*) AS NCHAR(4))) cw, concat_ws('-', 'a', NULL) cw_null, "
         "now() n1, today() t1, _tlocaltime lt, _twstart + 1s ws1 FROM %%trows;\n"
     )
+    # TWA at the bounds of overlapping windows: one stream ticked, one only recalculated over two windows
+    # (its read holds one point; the points around them lie outside it, the earlier one two reaches away).
+    for name in ("s_twa", "s_twa_alone"):
+        sql += (
+            f"CREATE STREAM {name} INTERVAL(4s) SLIDING(2s) FROM meters PARTITION BY tbname INTO out_{name} AS "
+            "SELECT _twstart, twa(current) tw, twa(voltage) tv FROM %%trows WHERE voltage < 229;\n"
+        )
+    sql += (
+        "CREATE STREAM s_twa_whole INTERVAL(4s) SLIDING(2s) FROM meters INTO out_s_twa_whole AS "
+        "SELECT _twstart, twa(current) tw FROM %%trows WHERE voltage < 229;\n"
+    )
     b = Bench(tmp_path_factory.mktemp("tdf"), spark, sql)
-    names = [*(f"s_{k}" for k in TRIGGERS), "s_scalar"]
+    names = [*(f"s_{k}" for k in TRIGGERS), "s_scalar", "s_twa", "s_twa_whole"]
     for name in names:
         assert b.tick(name).works == ()  # created on an empty table
     b.append([(sec, "d1", current, voltage, status) for sec, current, voltage, status in ROWS])
@@ -127,8 +148,7 @@ def bench(tmp_path_factory, spark):
 
 @pytest.mark.parametrize("kind", list(TRIGGERS))
 def test_aggregates_and_selectors_match_tdengine_definitions(bench, kind):
-    rows = [dict(t=us(T0 + timedelta(seconds=s)), current=c, voltage=v, status=st) for s, c, v, st in ROWS]
-    windows = _windows(kind, rows)
+    windows = _windows(kind, _rows())
     got = {us(r["_twstart"]): r for r in bench.sink(f"out_{kind}")}
     assert sorted(got) == sorted(windows), kind
     assert any(len(m) == 1 for m, _ in windows.values()) or kind in ("event", "count")
@@ -144,6 +164,53 @@ def test_aggregates_and_selectors_match_tdengine_definitions(bench, kind):
                 assert row[column] == pytest.approx(value), (kind, ws, column)
             else:
                 assert _same(row[column], value), (kind, ws, column, row[column], value)
+
+
+def _twa_expected(ws: int, members: list[dict]) -> dict:
+    """TWA over an INTERVAL(4s) SLIDING(2s) window whose WHERE keeps voltage < 229."""
+    kept = [r for r in _rows() if r["voltage"] < 229]
+    window = (ws, ws + 4 * SEC)
+    volts = [(r["t"], r["voltage"]) for r in kept]
+    mine = [m for m in members if m["voltage"] < 229]
+    return {
+        "tw": td.twa(_currents(mine), window=window, series=_currents(kept)),
+        "tv": td.twa([(m["t"], m["voltage"]) for m in mine], window=window, series=volts),
+    }
+
+
+def test_twa_interpolates_at_the_bounds_of_time_windows(bench):
+    windows = _windows("interval", _rows(), interval=4, sliding=2)
+    got = {us(r["_twstart"]): r for r in bench.sink("out_s_twa")}
+    assert sorted(got) == sorted(ws for ws, (m, _) in windows.items() if any(r["voltage"] < 229 for r in m))
+    for ws, (members, _) in windows.items():
+        if ws in got:
+            for column, value in _twa_expected(ws, members).items():
+                assert _same(got[ws][column], value), (ws, column, got[ws][column], value)
+    # [14 s, 18 s) holds 15 s alone: 15.0 between 14.25 (on the line from 9.0 at 7 s) at its start and
+    # 14.2 (on the line to 11.0 at 30 s) at its end; without interpolation it would be 15.0.
+    whole = {us(r["_twstart"]): r["tw"] for r in bench.sink("out_s_twa_whole")}  # no PARTITION BY: one group
+    assert whole == {ws: r["tw"] for ws, r in got.items()}
+    at14 = got[us(T0) + 14 * SEC]["tw"]
+    assert at14 == pytest.approx(((14.25 + 15) / 2 * 1 + (15 + 15 - 4 * 3 / 15) / 2 * 3) / 4)
+
+
+def test_twa_of_a_recalculated_window_reads_the_points_around_it(bench):
+    """A run reading only [12 s, 18 s) finds each group's points before and after it outside its read
+    (d1: 7 s, one reach and more away, and 30 s; d2, added now: 5 s and 45 s), and gives d1's windows
+    the values the run over all of its rows gave."""
+    d2 = [(5, 100.0), (15.5, 50.0), (45, 10.0)]
+    bench.append([(sec, "d2", current) for sec, current in d2])
+    result = bench.engine.recalculate("s_twa_alone", start=T0 + 14 * S, end=T0 + 16 * S, now=NOW)
+    assert result.rows_written == 4
+    alone = {(r["tbname"], us(r["_twstart"])): r for r in bench.sink("out_s_twa_alone")}
+    whole = {us(r["_twstart"]): r for r in bench.sink("out_s_twa")}
+    starts = [us(T0) + 12 * SEC, us(T0) + 14 * SEC]
+    assert sorted(alone) == [(g, ws) for g in ("d1", "d2") for ws in starts]
+    series = [(us(T0 + timedelta(seconds=sec)), current) for sec, current in d2]
+    for ws in starts:
+        assert (alone["d1", ws]["tw"], alone["d1", ws]["tv"]) == (whole[ws]["tw"], whole[ws]["tv"])
+        want = td.twa([series[1]], window=(ws, ws + 4 * SEC), series=series)
+        assert alone["d2", ws]["tw"] == pytest.approx(want) and alone["d2", ws]["tv"] == 220.0
 
 
 def test_scalar_functions(bench):

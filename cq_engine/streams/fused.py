@@ -150,6 +150,8 @@ def _shape(p: Planned) -> tuple | None:
         return None
     if s.options.force_output or s.notify is not None:  # their empty windows take a frame of their own
         return None
+    if s.interpolated:  # TWA's points outside the read are found when its own plan is built
+        return None
     return (
         p.read,
         s.trigger,

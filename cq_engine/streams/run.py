@@ -37,6 +37,7 @@ from cq_engine.notify import outbox as notify_outbox
 from cq_engine.resample.run import SINGLE_PARTITION_BYTES
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
 from cq_engine.streams import timing as st
+from cq_engine.streams.bounds import with_neighbours, with_outside
 from cq_engine.streams.events import NOTIFY_OK, build_events
 from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_name
 from cq_engine.streams.output import GROUP_ID
@@ -299,7 +300,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
         read_range = (lo, hi)
         df, scan = _read(ctx, table, time_column, read_range, work.version, reads)
         windows = assign_windows(
-            prepare(stream, df),
+            with_neighbours(stream, prepare(stream, df), time_column),  # TWA's points around windows
             stream.trigger,
             time_column=time_column,
             keys=list(stream.partition_by),
@@ -310,8 +311,15 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
         windows = with_row_time(stream, windows.filter(_in_ranges(WSTART, work.windows)), time_column)
         windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
         keep = tuple(_keep(stream, windows))
-        computed = windows
-        build = lambda: _compute(ctx, stream, computed, list(keep), read_range=(lo, hi), version=work.version)
+        computed, around = windows, (table, time_column, read_range, work.version)
+        build = lambda: _compute(
+            ctx,
+            stream,
+            with_outside(ctx, stream, computed, around),
+            list(keep),
+            read_range=(lo, hi),
+            version=work.version,
+        )
         scanned = (scan.files_read, scan.files_total)
 
     def finish(result: pa.Table | None) -> _Outcome:

@@ -1,13 +1,15 @@
 """TDengine's functions in a stream's expressions → Spark SQL, one lookup table (README, *TDengine
 functions*). Aggregates and selectors keep TDengine's definitions over a window's rows: NULLs skipped,
 "first"/"last" by event time (the rows' time column, ``TIME_REF``), TWA and IRATE over the points in
-time order, ELAPSED over the window. Duration literals (``1s``, ``10a``) are read here too.
+time order (TWA in INTERVAL / SLIDING windows extended to the window's bounds, ``bound_columns``),
+ELAPSED over the window. Duration literals (``1s``, ``10a``) are read here too.
 
 Each translation gets the call's arguments as Spark SQL and returns Spark SQL; the result is parsed
 back with sqlglot (Spark dialect) into the expression tree."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -36,6 +38,9 @@ class Call:
     placeholders: bool  # SELECT / WHERE: the run's placeholders (NOW → _tlocaltime) are columns here
     tz: str
     error: Callable[[exp.Expr, str], Exception]
+    # INTERVAL / SLIDING windows over %%trows: TWA interpolates at their bounds. Registers an
+    # argument's Spark SQL and returns ``bound_columns`` of it (None: no interpolation).
+    bounds: Callable[[str], tuple[str, str]] | None = None
 
     def sql(self, i: int) -> str:
         return f"({to_spark(self.args[i])})"
@@ -65,15 +70,65 @@ def _points(c: Call) -> str:
     return f"array_sort(collect_list(IF({x} IS NULL, NULL, {point})))"
 
 
-def _twa(c: Call) -> str:
-    a = _points(c)
-    pairs = f"zip_with(slice({a}, 1, greatest(size({a}) - 1, 0)), slice({a}, 2, greatest(size({a}) - 1, 0)), "
-    area = f"aggregate({pairs}(p, q) -> (p.v + q.v) / 2 * (q.t - p.t)), CAST(0 AS DOUBLE), (acc, s) -> acc + s)"
-    first, last = f"element_at({a}, 1)", f"element_at({a}, -1)"
-    return (
-        f"CASE WHEN size({a}) = 0 THEN CAST(NULL AS DOUBLE) WHEN {last}.t = {first}.t THEN {first}.v "
+def bound_columns(x_sql: str) -> tuple[str, str]:
+    """The per-row columns the plan gives TWA's argument ``x_sql`` in time windows (``streams.bounds``):
+    the nearest non-NULL point (a struct of ``t`` µs and ``v`` double) of the group before the row,
+    and after it."""
+    h = hashlib.sha256(x_sql.encode()).hexdigest()[:12]
+    return f"__cq_twa_{h}_before", f"__cq_twa_{h}_after"
+
+
+def _let(value: str, var: str, body: str) -> str:
+    """``body`` with ``var`` bound to ``value``, computed once (a one-element ``transform``)."""
+    return f"element_at(transform(array({value}), {var} -> {body}), 1)"
+
+
+def _line_mean(points: str) -> str:
+    """The mean of the line through ``points`` (an array of (t, v) in time order): the trapezoids'
+    area over the span from the first point to the last; one point (or one instant): its value."""
+    b = "__cq_line"
+    head_tail = f"slice({b}, 1, greatest(size({b}) - 1, 0)), slice({b}, 2, greatest(size({b}) - 1, 0))"
+    area = (
+        f"aggregate(zip_with({head_tail}, (p, q) -> (p.v + q.v) / 2 * (q.t - p.t)), "
+        "CAST(0 AS DOUBLE), (acc, s) -> acc + s)"
+    )
+    first, last = f"element_at({b}, 1)", f"element_at({b}, -1)"
+    mean = (
+        f"CASE WHEN size({b}) = 0 THEN CAST(NULL AS DOUBLE) WHEN {last}.t = {first}.t THEN {last}.v "
         f"ELSE {area} / ({last}.t - {first}.t) END"
     )
+    return _let(points, b, mean)
+
+
+def _at(p: str, q: str, t: str) -> str:
+    """The value at time ``t`` of the line through points ``p`` and ``q`` (``q.t`` may be ``t``)."""
+    return f"IF({q}.t = {t}, {q}.v, {p}.v + ({q}.v - {p}.v) * ({t} - {p}.t) / ({q}.t - {p}.t))"
+
+
+def _twa(c: Call) -> str:
+    """TDengine's TWA (README, TDengine functions; tests/tdengine_reference.py ``twa``)."""
+    if c.bounds is None:  # data-shaped windows, PERIOD, a query reading another table: first to last point
+        return _line_mean(_points(c))
+    x = to_spark(c.args[0])
+    if "__cq_" in x.lower():
+        raise c.error(
+            c.args[0],
+            "TWA: in INTERVAL and SLIDING windows its argument is also read outside the window "
+            "(to interpolate at the bounds), so it cannot use placeholders",
+        )
+    before, after = c.bounds(x)
+    ws, we = f"unix_micros({_WSTART})", f"unix_micros({_WEND})"
+    s = "__cq_w"
+    a, first, last = f"{s}.a", f"element_at({s}.a, 1)", f"element_at({s}.a, -1)"
+    none = f"slice({a}, 1, 0)"
+    start = f"IF({s}.p IS NULL OR {first}.t <= {s}.ws, {none}, array(named_struct('t', {s}.ws, 'v', {_at(f'{s}.p', first, f'{s}.ws')})))"
+    end = f"IF({s}.n IS NULL, {none}, array(named_struct('t', {s}.we, 'v', {_at(last, f'{s}.n', f'{s}.we')})))"
+    window = (
+        f"named_struct('a', {_points(c)}, "
+        f"'p', max_by({before}, IF({before}['t'] < {ws}, {before}['t'], NULL)), "
+        f"'n', min_by({after}, IF({after}['t'] >= {we}, {after}['t'], NULL)), 'ws', {ws}, 'we', {we})"
+    )
+    return _let(window, s, _line_mean(f"IF(size({a}) = 0, {a}, concat({start}, {a}, {end}))"))
 
 
 def _irate(c: Call) -> str:

@@ -75,6 +75,9 @@ class Scope:
         self.used: set[int] = set()
         self.tz = "UTC"  # CQ_TIMEZONE: TODAY(), TO_ISO8601, TIMETRUNCATE by day
         self.durations = tdf.durations(cur.tokens)  # 1s, 10a: offset -> (end, microseconds)
+        # TWA's arguments interpolated at the bounds of INTERVAL / SLIDING windows over %%trows
+        self.interpolates = False
+        self.interpolated: list[str] = []
 
     def fragment(self, toks: list[Token]) -> Fragment:
         frag = Fragment.of(self.cur.source, toks)
@@ -148,6 +151,7 @@ class Scope:
                     placeholders=clause == "SELECT" or (clause == "WHERE" and self.form != "old"),
                     tz=self.tz,
                     error=frag.error,
+                    bounds=self.bound_columns if self.interpolates else None,
                 )
                 new = tdf.translate(call)
             else:
@@ -159,6 +163,11 @@ class Scope:
         check_functions(tree, frag.error, dialect="TDengine", refused=tdf.REFUSED, own=tuple(tdf.FUNCTIONS))
         assert isinstance(tree, exp.Expression)  # parsed SQL: sqlglot types it with the base class
         return tree
+
+    def bound_columns(self, x_sql: str) -> tuple[str, str]:
+        if x_sql not in self.interpolated:
+            self.interpolated.append(x_sql)
+        return tdf.bound_columns(x_sql)
 
     @staticmethod
     def _tdengine_name(node: exp.Func, frag: Fragment) -> str | None:

@@ -185,9 +185,15 @@ def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_t
 def _query(scope: Scope, clauses: dict, f: dict, columns_tok: Token | None) -> None:
     if "WHERE" in clauses:
         f["where"] = where_clause(scope, clauses["WHERE"][1])
+    # TDengine's interval operator interpolates TWA at a time window's bounds from the rows around it;
+    # a query reading another table is a plain aggregate over what its WHERE selects.
+    scope.interpolates = (scope.interval_window or scope.family == "sliding") and f.get("reads", "trows") == "trows"
     f["select"], f["key_bound"] = select_items(
         scope, clauses["SELECT"][1], sink_columns=f.get("sink_columns"), columns_tok=columns_tok
     )
+    scope.interpolates = False
+    if scope.interpolated:
+        f["interpolated"] = tuple(scope.interpolated)
 
 
 def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
