@@ -11,6 +11,7 @@ its own made them: ``get_session`` drops them first (``drop_inherited_mode``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -42,6 +43,7 @@ _told: set[str] = set()  # the in-process fallback is said once per process and 
 # PySpark logs every analysis error as a JSON blob on stderr; the engine reports it as a one-line CQError.
 logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
 
+DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 BASE_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "4",
@@ -49,6 +51,10 @@ BASE_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.adaptive.enabled": "true",
+    # pyspark records the Python call site of every DataFrame and Column call for its error messages
+    # (a stack walk and a failed `import IPython` each: a quarter of the client's time in a batch of
+    # 400 fused firings); the engine's errors name the definition and its file:line:col instead.
+    DEBUGGING: "false",
 }
 
 # Everything the local server's JVM listens on stays on loopback: Connect's gRPC port, the driver's
@@ -466,8 +472,10 @@ def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
     try:
         spark = SparkSession.builder.remote(url).getOrCreate()
         bound_retries(spark)
-        if not own_server:  # ours was started with BASE_CONF's zone: spare the round trip
+        if not own_server:  # ours was started with BASE_CONF: spare the round trips
             spark.conf.set("spark.sql.session.timeZone", "UTC")
+            with contextlib.suppress(Exception):  # a server may refuse it: then only slower
+                spark.conf.set(DEBUGGING, BASE_CONF[DEBUGGING])
     except Exception as exc:  # pyspark raises many unrelated types here
         raise SparkError(f"cannot open a Spark Connect session at {_redact(url)}: {_redact(str(exc))}") from None
     return spark
