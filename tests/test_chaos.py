@@ -344,12 +344,15 @@ def _report(faults: list[Fault], instance, feeder, names) -> None:
 def _why(instance, run_id: str) -> str:
     """The first error of a failed run, as its page in the UI shows it (a step's or a resource's
     failure, else the run failure's message)."""
-    for event in instance.all_logs(run_id):
+    events = instance.all_logs(run_id)
+    for event in events:
         data = event.dagster_event.event_specific_data if event.dagster_event else None
         error = getattr(data, "error", None)
         if error is not None:
             return " ".join(error.message.split())[:400]
-    return "(no error event)"
+    # Failed from outside the run (run monitoring, the code server): the failure event's message.
+    failures = [e.message for e in events if e.dagster_event and e.dagster_event.event_type_value == "RUN_FAILURE"]
+    return " ".join(failures[-1].split())[:400] if failures else "(no error event)"
 
 
 def _source(feeder, version: int) -> pa.Table:
