@@ -66,12 +66,12 @@ def remote_host(grpc_info: str | None) -> str | None:
         return None
     info = json.loads(grpc_info)
     host = info.get("host")
-    if info.get("socket") or not host or host in ("localhost", socket.gethostname(), socket.getfqdn()):
+    if info.get("socket") or not host or host == "localhost":
         return None
     try:
         address = ipaddress.ip_address(host)
-    except ValueError:
-        return host
+    except ValueError:  # a name: this host's own (getfqdn may ask DNS: only for names)
+        return None if host in (socket.gethostname(), socket.getfqdn()) else host
     return None if address.is_loopback or address.is_unspecified else host
 
 

@@ -6,6 +6,7 @@ tests/test_dagster_e2e.py's."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -98,3 +99,7 @@ def test_no_recorded_worker_or_a_worker_on_another_host_is_left_to_max_runtime(i
 )
 def test_remote_host(info, expected):
     assert remote_host(json.dumps(info) if info else None) == expected
+
+
+def test_this_hosts_own_name_is_local():
+    assert remote_host(json.dumps({"host": socket.gethostname(), "port": 4000})) is None
