@@ -344,6 +344,8 @@ def _report(faults: list[Fault], instance, feeder, names) -> None:
 def _why(instance, run_id: str) -> str:
     """The first error of a failed run, as its page in the UI shows it (a step's or a resource's
     failure, else the run failure's message)."""
+    from dagster import DagsterEventType
+
     events = instance.all_logs(run_id)
     for event in events:
         data = event.dagster_event.event_specific_data if event.dagster_event else None
@@ -351,7 +353,9 @@ def _why(instance, run_id: str) -> str:
         if error is not None:
             return " ".join(error.message.split())[:400]
     # Failed from outside the run (run monitoring, the code server): the failure event's message.
-    failures = [e.message for e in events if e.dagster_event and e.dagster_event.event_type_value == "RUN_FAILURE"]
+    failures = [
+        e.message for e in events if e.dagster_event and e.dagster_event.event_type == DagsterEventType.RUN_FAILURE
+    ]
     return " ".join(failures[-1].split())[:400] if failures else "(no error event)"
 
 
