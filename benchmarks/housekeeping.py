@@ -8,7 +8,8 @@ default 20,000; ``--quick`` 2,000). The many-commit tables are written directly 
 each adding a real Parquet file (a writer's commit, without a writer's per-commit snapshot load), spread
 over 60 days of commit times; as their writers would have, they hold a checkpoint at every 100th
 version's position that matters: the newest one (a reader's starting point) and the newest one older
-than the log retention (30 days; what log cleanup may delete up to).
+than the log retention (30 days; what log cleanup may delete up to). The first commits, which the engine
+writes when it creates the tables, get the oldest times (delta-rs's log cleanup goes by file times).
 
 Measured on each, interleaved, medians: the sensor tick's reads (``evaluate_stream`` of a 1-minute
 interval stream over ``sensors`` finding one new commit, plus the ledger's last hour, which each
@@ -148,6 +149,16 @@ def append_commits(uri: str, first: int, count: int, rows, *, when, checkpoint_a
                 os.utime(p, (stamp, stamp))
 
 
+def _age(uri: str, upto: int, when) -> None:
+    """Give the log files of versions ``0 .. upto - 1`` (written by the engine now) the times of the first
+    commits, as a long-lived table's oldest files have: delta-rs's log cleanup (``cleanup_metadata``)
+    goes by the files' modification times and deleted none of a log whose first commit was the newest."""
+    for v in range(upto):
+        stamp = when(v).timestamp()
+        for path in (Path(uri) / "_delta_log").glob(f"{v:020d}.*"):
+            os.utime(path, (stamp, stamp))
+
+
 def _build(ctx: Context, label: str, commits: int, spark):
     """An engine whose source, sink and ledger have ``commits`` versions (the last source commit not
     yet seen by the stream's cursor), and that cursor."""
@@ -168,6 +179,8 @@ def _build(ctx: Context, label: str, commits: int, spark):
     sink_uri, ledger_uri = engine.storage.uri("out"), engine.storage.state_uri("firings")
     sink_schema = pa.schema(DeltaTable(sink_uri).schema().to_arrow())
     first = {u: DeltaTable(u).version() + 1 for u in (engine.storage.uri("sensors"), sink_uri, ledger_uri)}
+    for uri, upto in first.items():
+        _age(uri, upto, when)
     src = engine.storage.uri("sensors")
     append_commits(src, first[src], commits - 1 - first[src], _minute, when=when, checkpoint_at=points)
     cursor = evaluate_stream(engine, engine.stream("s"), cursor=None, now=now).cursor.to_json()

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import signal
 import time
 from datetime import datetime, timedelta
 from itertools import pairwise
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -732,6 +736,58 @@ def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes
     ledger = [e for e in stack.ledger(STREAM) if e.status == "succeeded"]
     keys = [(e.kind, e.range_start, e.range_end, tuple(e.source_versions.items())) for e in ledger]
     assert len(keys) == len(set(keys)), "a stream work was recorded twice across the daemon restart"
+
+
+# -- a run worker that died unnoticed: run monitoring fails its run, its firings are retried once ------
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_run_worker_that_died_unnoticed_is_failed_by_run_monitoring_and_its_firings_land_once(dagster_stack):
+    """A PostgreSQL outage kills a run worker and the code server's own check of it (README, Guarantees
+    after a crash or restart). Here: the slow location's code server is frozen (SIGSTOP) while its
+    run worker is SIGKILLed, so only the daemon's run monitoring, through CQRunLauncher's health check,
+    can fail the run; then the batch sensor retries the firings it had not committed."""
+    stack = dagster_stack
+    server = stack.procs["slow_code_server"].pid
+    found: dict = {}
+
+    def a_started_run() -> bool:
+        """A run of slow_blocked's firings that has started and not committed all of them."""
+        committed = {e.fire_time for e in stack.ledger("slow_blocked") if e.status == "succeeded"}
+        for run in stack.firing_runs("slow_blocked"):
+            if run["status"] == "STARTED" and set(run["firings"]["slow_blocked"]) - committed:
+                pids = re.findall(r"Started process for run \(pid: (\d+)\)", stack.run_log(run["runId"]))
+                if pids and _ppid(int(pids[0])) == server:  # the worker, a child of the code server
+                    found.update(run=run, pid=int(pids[0]), committed=sorted(committed))
+                    return True
+        return False
+
+    stack.wait_until("a batch run of slow_blocked in flight", a_started_run, WAIT)
+    run, pid = found["run"], found["pid"]
+    os.kill(server, signal.SIGSTOP)
+    try:
+        os.kill(pid, signal.SIGKILL)  # a firing sleeps 12 s before its commit: `lost` has not committed
+        killed_at = time.time()
+        ended = stack.wait_run(run["runId"], 180)  # run monitoring polls every 30 s (cq dev's dagster.yaml)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert ended["status"] == "FAILURE", ended
+    log = stack.run_log(run["runId"])
+    assert "Detected run worker status NOT_FOUND" in log and f"run worker (pid {pid}) exited without" in log, log
+    # The sensor requests its firings again from the first one that had not committed, in a later run.
+    committed = {e.fire_time for e in stack.ledger("slow_blocked") if e.status == "succeeded"}
+    lost = [f for f in run["firings"]["slow_blocked"] if f not in committed]
+    assert lost, (run["firings"]["slow_blocked"], found["committed"])
+    again = stack.wait_for_firings("slow_blocked", count=1, timeout=WAIT, after=lost[0] - timedelta(microseconds=1))
+    assert lost[0] in {e.fire_time for e in again}, again
+    retry = [r for r in stack.firing_runs("slow_blocked") if lost[0] in r["firings"]["slow_blocked"]]
+    assert len(retry) >= 2 and retry[0]["runId"] == run["runId"], retry
+    assert retry[1]["creationTime"] >= killed_at and int(retry[1]["tags"]["cq/attempt"]) >= 1, retry[1]
+    check_exactly_once(stack, "slow_blocked", "blocked_out")
+    sink = pa.table(DeltaTable(stack.settings.table_uri("blocked_out")).scan(columns=["ts", "device"])).to_pylist()
+    keys = [(r["ts"], r["device"]) for r in sink]
+    assert len(keys) == len(set(keys)), "blocked_out holds a window twice"
 
 
 # -- last, as it restarts the daemon: no firing lost or repeated across a daemon restart --------------

@@ -29,7 +29,8 @@ DAGSTER_YAML = """\
 # run at a time; at most 2 batch runs at once (tag cq/batch). Per-definition runs (a definition's own
 # job, a recalculation, a stream's runs, CQ_RUN_MODEL=per_firing): one at a time per definition
 # (tag cq/name), later ones queue and run in order; DISCARD definitions skip in their sensor instead.
-# Run monitoring ends runs past their dagster/max_runtime tag (a batch whose worker died), so the
+# Run monitoring fails a run whose worker process died (the run launcher's health check; Dagster's
+# default launcher has none) and ends runs past their dagster/max_runtime tag (a hung worker), so the
 # sensor retries their firings. Latency: the queue is read every second (Dagster's default is 5 s)
 # by several threads, and sensors are evaluated in parallel, so one slow sensor delays no other.
 # The freshness daemon evaluates every sink's freshness policy (on by default; stated so it stays on).
@@ -53,6 +54,9 @@ concurrency:
       - key: cq/batch
         value: "true"
         limit: 2
+run_launcher:
+  module: dagster_defs.launcher
+  class: CQRunLauncher
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30

@@ -1,0 +1,111 @@
+"""The run launcher of ``cq dev``'s and the Deployment's dagster.yaml: Dagster's DefaultRunLauncher
+(each run in a process of its code location's server) plus a run-worker health check, so run
+monitoring fails the run of a worker that died.
+
+Without it nothing may ever end such a run: DefaultRunLauncher offers run monitoring no check, and the
+code server marks a run failed when its process dies only if that server can reach the run storage
+then. A PostgreSQL outage of a minute does both at once: the run worker dies because it cannot write
+its events, and the server's thread that would record the death dies on the same unreachable database.
+The run stayed STARTED, and the batch sensor held its definitions' firings behind it, until the run's
+``dagster/max_runtime`` (README, Guarantees after a crash or restart).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+from pathlib import Path
+
+from dagster import DagsterEventType, DagsterRun, DefaultRunLauncher
+from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
+from dagster._core.storage.tags import GRPC_INFO_TAG
+
+WORKER_STARTED = "Started process for run (pid: "  # the engine event the worker writes first (dagster._grpc.impl)
+START_SLACK = 5.0  # seconds: /proc's boot time is whole seconds, and the worker writes its event after it started
+
+
+class CQRunLauncher(DefaultRunLauncher):
+    """DefaultRunLauncher whose workers run monitoring checks: the pid of the run's "Started process for
+    run" engine event must still be a live process that started before that event (a pid reused by a
+    later process is not the worker)."""
+
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return True
+
+    def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
+        host = remote_host(run.tags.get(GRPC_INFO_TAG))
+        if host is not None:  # a code server elsewhere: its pids mean nothing here (max runtime still applies)
+            return CheckRunHealthResult(WorkerStatus.RUNNING, f"run worker on {host}: not checked from here")
+        started = self._worker_started(run.run_id)
+        if started is None:
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "no run worker recorded yet")
+        pid, at = started
+        return worker_status(pid, reported_at=at)
+
+    def _worker_started(self, run_id: str) -> tuple[int, float] | None:
+        """The pid and time of the run's newest "Started process for run" event."""
+        records = self._instance.get_records_for_run(
+            run_id, of_type=DagsterEventType.ENGINE_EVENT, ascending=False
+        ).records
+        for record in records:
+            entry = record.event_log_entry
+            if entry.message.startswith(WORKER_STARTED):
+                pid = entry.message[len(WORKER_STARTED) :].split(")", 1)[0]
+                if pid.isdigit():
+                    return int(pid), entry.timestamp
+        return None
+
+
+def remote_host(grpc_info: str | None) -> str | None:
+    """The host of the code server that launched a run (its ``dagster/grpc_info`` tag) when it is not this
+    machine; None when it is (a socket, a loopback address, this host's name) or the tag is missing."""
+    if not grpc_info:
+        return None
+    info = json.loads(grpc_info)
+    host = info.get("host")
+    if info.get("socket") or not host or host == "localhost":
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name: this host's own (getfqdn may ask DNS: only for names)
+        return None if host in (socket.gethostname(), socket.getfqdn()) else host
+    return None if address.is_loopback or address.is_unspecified else host
+
+
+def worker_status(pid: int, *, reported_at: float) -> CheckRunHealthResult:
+    """RUNNING while ``pid`` is a live process that started by ``reported_at`` (when the worker recorded
+    its pid, epoch seconds); NOT_FOUND once it exited (a zombie counts as exited) or the pid is another's."""
+    alive, started = process_start(pid)
+    gone = f"the run worker (pid {pid}) exited without recording the end of the run"
+    if not alive:
+        # It dies so when it cannot write its events, e.g. while the run storage is unreachable.
+        return CheckRunHealthResult(WorkerStatus.NOT_FOUND, gone)
+    if started is not None and started > reported_at + START_SLACK:
+        return CheckRunHealthResult(WorkerStatus.NOT_FOUND, f"{gone}; its pid is now another process's")
+    return CheckRunHealthResult(WorkerStatus.RUNNING, run_worker_id=str(pid))
+
+
+def process_start(pid: int) -> tuple[bool, float | None]:
+    """Whether process ``pid`` is alive (a zombie is not), and when it started (epoch seconds; None where
+    there is no /proc to tell)."""
+    if not Path("/proc/stat").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False, None
+        except PermissionError:
+            pass  # alive, another user's
+        return True, None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False, None
+    if fields[0] in ("Z", "X"):  # exited; its parent (the code server) has not reaped it
+        return False, None
+    boot = next(
+        float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+    )
+    return True, boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # stat's field 22: start, in clock ticks
