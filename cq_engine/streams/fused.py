@@ -169,8 +169,7 @@ def _shape(p: Planned) -> tuple | None:
         s.output_subtable,
         s.tags,
         p.keep,
-        p.state,
-        (w.origin, w.emit_open, w.recompute_from),
+        p.state,  # data-shaped: the read (origin, open windows), the frontier (recomputation) included
     )
 
 

@@ -156,7 +156,7 @@ class Planned:
     build: Callable[[], DataFrame] | None  # None: nothing to compute (only deleted groups to drop)
     finish: Callable[[pa.Table | None], _Outcome]
     read: tuple | None = None  # its trigger-table read: (table, time column, range, version)
-    windows: DataFrame | None = None  # time windows: the windowed trigger rows the query evaluates
+    windows: DataFrame | None = None  # the windowed trigger rows the query evaluates (None: not shareable)
     keep: tuple[str, ...] = ()  # the engine columns its result keeps (``_keep``)
     state: tuple | None = None  # data-shaped windows: what its windowed rows depend on (frontier included)
 
