@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from cq_engine.context import EngineContext
 from cq_engine.model import SlidingTrigger, Stream
 from cq_engine.parse.tdengine.functions import bound_columns
-from cq_engine.streams.plan import prepare
+from cq_engine.streams.plan import instant, prepare
 from cq_engine.streams.timing import window_length
 from cq_engine.streams.windows.common import exact_col
 
@@ -123,7 +123,7 @@ def _outside(
         return {tuple(r[c] for c in names): r for r in out.to_pylist()}
 
     t = F.unix_micros(exact_col(time_column))
-    lo_us, hi_us = F.unix_micros(F.lit(lo).cast("timestamp")), F.unix_micros(F.lit(hi).cast("timestamp"))
+    lo_us, hi_us = F.unix_micros(instant(lo)), F.unix_micros(instant(hi))
 
     def nearest(n: int, x: str, *, forward: bool, cond: Column | None = None) -> Column:
         """Argument ``x``'s first point (``forward``) or last one among the rows ``cond`` keeps."""
