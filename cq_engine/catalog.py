@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -212,8 +213,10 @@ def _check_unique(tables: list[TableDecl], definitions: list[Definition]) -> Non
             raise _err(d.location, f"{d.name!r} reads and writes the same table {d.sink!r}")
 
 
-def _columns(sql: str) -> list[str]:
-    return [c.name for c in sqlglot.parse_one(sql, read="spark").find_all(exp.Column)]
+@functools.lru_cache(maxsize=8192)
+def _columns(sql: str) -> tuple[str, ...]:
+    # Cached: every firing's plan asks for its definition's columns, and a parse costs a millisecond.
+    return tuple(c.name for c in sqlglot.parse_one(sql, read="spark").find_all(exp.Column))
 
 
 def _names(sqls) -> set[str]:

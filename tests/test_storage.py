@@ -281,19 +281,17 @@ def test_replace_range_creates_missing_table(storage):
 def test_replace_range_concurrent_writers_retry(minutes):
     lo, hi = T0 + timedelta(minutes=1), T0 + timedelta(minutes=3)
     errors: list[BaseException] = []
-    versions: list[int] = []
+    versions: dict[int, int] = {}
 
     def writer(n: int) -> None:
         try:
-            versions.append(
-                minutes.replace_range(
-                    "m",
-                    rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
-                    time_column="ts",
-                    time_range=(lo, hi),
-                    app_id=f"w{n}",
-                    app_version=1,
-                )
+            versions[n] = minutes.replace_range(
+                "m",
+                rows([lo + timedelta(seconds=n)], [100.0 + n], device=f"w{n}"),
+                time_column="ts",
+                time_range=(lo, hi),
+                app_id=f"w{n}",
+                app_version=1,
             )
         except BaseException as exc:
             errors.append(exc)
@@ -308,7 +306,10 @@ def test_replace_range_concurrent_writers_retry(minutes):
     # Every writer committed; the last one's replace holds the range alone.
     assert len(in_range) == 1 and in_range[0][1].startswith("w")
     assert minutes.version("m") == 32
-    assert sorted(versions) == [30, 31, 32]  # each writer learns its own commit's version
+    assert sorted(versions.values()) == [30, 31, 32]
+    for n, version in versions.items():  # each writer learns its own commit's version
+        assert DeltaTable(minutes.uri("m"), version=version).transaction_version(f"w{n}") == 1
+        assert DeltaTable(minutes.uri("m"), version=version - 1).transaction_version(f"w{n}") is None
 
 
 def test_concurrent_streamed_replaces_on_disjoint_ranges_all_land(minutes):

@@ -258,17 +258,43 @@ class DeltaRsStorage(DeltaStateTables):
 
     def append(self, table: str, data: pa.Table, *, metadata: Mapping[str, str] | None = None) -> int:
         """Append ``data`` in one commit, creating the table if missing; returns the new version."""
-        if self.exists(table):
-            data = _cast_to(table, data, self.schema(table))
+        dt = self._open_existing(table)
+        if dt is not None:
+            data = _cast_to(table, data, pa.schema(dt.schema().to_arrow()))
         else:
             data = data.cast(storable_schema(data.schema))
         commit_id = uuid.uuid4().hex
         props = CommitProperties(custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id})
-        retry_conflicts(
-            lambda _attempt: write_deltalake(
-                self.uri(table), data, mode="append", commit_properties=props, storage_options=self.storage_options
-            )
-        )
+
+        def write(attempt: int) -> None:
+            if dt is None:
+                write_deltalake(
+                    self.uri(table), data, mode="append", commit_properties=props, storage_options=self.storage_options
+                )
+            else:
+                if attempt:
+                    dt.update_incremental()
+                write_deltalake(dt, data, mode="append", commit_properties=props)
+
+        retry_conflicts(write)
+        return self._version_written(table, dt, commit_id)
+
+    def _open_existing(self, table: str) -> DeltaTable | None:
+        """The table's latest snapshot, or None if there is no table (one log load, not two)."""
+        try:
+            return DeltaTable(self.uri(table), storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+        except DeltaError:
+            return self._open(table)  # the damaged log's error, naming the table
+
+    def _version_written(self, table: str, dt: DeltaTable | None, commit_id: str) -> int:
+        """The version of the commit ``commit_id`` just made through ``dt`` (which delta-rs moves to
+        the snapshot its commit made): that snapshot's last commit, checked by its id; else looked up."""
+        if dt is not None:
+            newest = dt.history(limit=1)
+            if newest and self._commit_matches(newest[0], commit_id):
+                return dt.version()
         return self._committed_version(table, commit_id)
 
     def _committed_version(self, table: str, commit_id: str) -> int:
@@ -373,7 +399,8 @@ class DeltaRsStorage(DeltaStateTables):
         ``txn``: Delta's idempotent-write identity ``(txnAppId, txnVersion)`` as delta-spark records it:
         a write whose identity the table already holds at that version or later is skipped (the
         table's version is returned), else the commit records it."""
-        if not self.exists(table):
+        dt = self._open_existing(table)
+        if dt is None:
             incoming = {f.name.lower(): f.type for f in data.schema}
             if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
                 raise TableError(
@@ -383,7 +410,7 @@ class DeltaRsStorage(DeltaStateTables):
             DeltaTable.create(
                 self.uri(table), storable_schema(data.schema), mode="ignore", storage_options=self.storage_options
             )
-        dt = self._open(table)
+            dt = self._open(table)
         held = None if txn is None else dt.transaction_version(txn[0])
         if txn is not None and held is not None and held >= txn[1]:
             if isinstance(data, pa.RecordBatchReader):
@@ -412,15 +439,17 @@ class DeltaRsStorage(DeltaStateTables):
         else:
             stream = Replayable(target, _checked_batches(table, data, target, check, failure))
 
-        def write(_attempt: int) -> None:
+        def write(attempt: int) -> None:
+            if attempt:  # a conflict: commit on top of the table as it is now
+                dt.update_incremental()
             try:
+                # Through the snapshot already loaded: a URI would load the log once more.
                 write_deltalake(
-                    self.uri(table),
+                    dt,
                     data if stream is None else stream.reader(),
                     mode="overwrite",
                     predicate=predicate,
                     commit_properties=props,
-                    storage_options=self.storage_options,
                 )
             except CommitFailedError:
                 raise
@@ -436,7 +465,7 @@ class DeltaRsStorage(DeltaStateTables):
         else:
             with stream:
                 retry_conflicts(write)
-        return self._committed_version(table, commit_id)
+        return self._version_written(table, dt, commit_id)
 
 
 def _check_readable(table: str, dt: DeltaTable) -> None:
