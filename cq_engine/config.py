@@ -42,9 +42,11 @@ class Settings:
     spark_write_bytes: int = 16 * 1024 * 1024
     # Dagster health (README "Health in Dagster"): how late a sink may be past its schedule before its
     # freshness policy fails (a definition's `-- cq: freshness_grace` overrides it), and how far back
-    # the completeness check compares the firings owed with the ledger.
+    # the completeness check compares the firings owed with the ledger, and how often batch runs
+    # evaluate it per definition (0s: every run).
     freshness_grace: str = "30s"
     completeness_horizon: str = "1h"
+    completeness_every: str = "5m"
     # Housekeeping (README "Deployment", `cq maintain`): ledger entries older than this are dropped
     # (each definition's newest run is kept); Delta log files (past the newest checkpoint) and data
     # files no longer in the table are deleted once older than theirs; when the Dagster schedule runs.
@@ -74,6 +76,13 @@ class Settings:
         if horizon <= timedelta(0):
             raise CQError(f"CQ_COMPLETENESS_HORIZON: expected a positive duration, got {self.completeness_horizon!r}")
         return horizon
+
+    @property
+    def completeness_every_delta(self) -> timedelta:
+        every = parse_duration(self.completeness_every, what="CQ_COMPLETENESS_EVERY")
+        if every < timedelta(0):
+            raise CQError(f"CQ_COMPLETENESS_EVERY: expected a duration >= 0, got {self.completeness_every!r}")
+        return every
 
     @property
     def retention(self) -> tuple[timedelta, timedelta, timedelta]:
@@ -116,6 +125,7 @@ _ENV = {
     "spark_write_bytes": "CQ_SPARK_WRITE_BYTES",
     "freshness_grace": "CQ_FRESHNESS_GRACE",
     "completeness_horizon": "CQ_COMPLETENESS_HORIZON",
+    "completeness_every": "CQ_COMPLETENESS_EVERY",
     "ledger_retention": "CQ_LEDGER_RETENTION",
     "log_retention": "CQ_LOG_RETENTION",
     "file_retention": "CQ_FILE_RETENTION",
@@ -180,6 +190,7 @@ def load_settings(*, environ: dict[str, str] | None = None, config_file: str | N
         settings.min_every_delta,
         settings.freshness_grace_delta,
         settings.completeness_horizon_delta,
+        settings.completeness_every_delta,
         settings.retention,
     )
     if settings.maintenance_cron != Settings.maintenance_cron:

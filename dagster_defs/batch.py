@@ -54,7 +54,8 @@ from .resource import CQEngineResource
 
 CURSOR_VERSION = 1
 MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
-MAX_FIRINGS_PER_RUN = 400  # definitions beyond it wait for the next batch
+COMMITS_PER_LOG_LINE = 100
+MAX_FIRINGS_PER_RUN = 1000  # definitions beyond it wait for the next batch (a run start costs seconds)
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
 MAX_RUNTIME_SECONDS = 1800  # run monitoring ends a batch run older than this (its worker died): retried
@@ -76,6 +77,7 @@ class DefinitionState:
     first: str | None = None  # first firing in that run
     since: float = 0.0  # when that run was requested (epoch seconds)
     attempt: int = 0  # failed attempts at the firings from `first`
+    checked: float = 0.0  # when a run last evaluated its completeness check (epoch seconds)
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0)}
@@ -104,6 +106,7 @@ class Batch:
     cursor: str
     skipped: list[str]  # DISCARD skips and definitions held back, for the tick's log
     attempt: int
+    checks: frozenset[str] = frozenset()  # definitions whose completeness check the run evaluates
 
     @property
     def run_key(self) -> str:
@@ -123,6 +126,7 @@ def plan_batch(
     failed: dict[str, set[str]] | None = None,
     finished: frozenset[str] = frozenset(),
     lead: dict[str, timedelta] | None = None,
+    check_every: timedelta = timedelta(0),
 ) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
@@ -130,7 +134,10 @@ def plan_batch(
     with another run of theirs in flight (their own job, a recalculation); ``paused``: definitions
     whose switch is stopped; ``finished``: definitions whose every firing in their still-running run
     is committed (a long catch-up of another definition in that run does not hold them); ``lead``:
-    per definition, how long before a firing is due it may be requested (the run waits for it)."""
+    per definition, how long before a firing is due it may be requested (the run waits for it);
+    ``check_every``: a definition's completeness check is evaluated by its first run after that long
+    (and by every retry), not by every run: each evaluation is two events in Dagster's event log, which
+    a thousand definitions firing every 30 s cannot afford on every run."""
     failed = failed or {}
     lead = lead or {}
     states = load_cursor(cursor)
@@ -203,9 +210,16 @@ def plan_batch(
         keep = d.timeout_policy == "DISCARD" and s.upto and parse_time(s.upto, tz=UTC) > fires[-1]
         s.upto = s.upto if keep else iso(fires[-1])
     batch = Batch(firings=firings, cursor="", skipped=skipped, attempt=attempt)
+    checks = set()
     for name in firings:
-        states[name].key, states[name].since = batch.run_key, now.timestamp()
-    return Batch(firings=firings, cursor=dump_cursor(states), skipped=skipped, attempt=attempt)
+        s = states[name]
+        s.key, s.since = batch.run_key, now.timestamp()
+        if s.attempt or now.timestamp() - s.checked >= check_every.total_seconds():
+            checks.add(name)
+            s.checked = now.timestamp()
+    return Batch(
+        firings=firings, cursor=dump_cursor(states), skipped=skipped, attempt=attempt, checks=frozenset(checks)
+    )
 
 
 # -- the op's side ----------------------------------------------------------------------------------
@@ -311,12 +325,22 @@ def run_batch(
     times = {n: [parse_time(t, tz=UTC) for t in fs] for n, fs in firings.items()}
     left = {n: len(fs) for n, fs in times.items()}  # firings not yet heard of, per definition
     finished: list[str] = []  # done since the last lull
+    # One log line for many commits: each line is an event written to Dagster's event log, and a
+    # thousand firings' lines cost a batch more than their materializations' own events.
+    committed: list[str] = []
+
+    def flush() -> None:
+        if committed:
+            context.log.info(f"{len(committed)} firing(s) committed: " + "; ".join(committed))
+            committed.clear()
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
         future = pool.submit(_execute, engine, times, done, out)
         while not (future.done() and out.empty()):
             try:
                 outcome, d, fire, value = out.get(timeout=0.5)
             except queue.Empty:
+                flush()
                 if finished and on_done is not None:
                     yield from on_done(finished)
                     finished = []
@@ -331,12 +355,15 @@ def run_batch(
                 failed_names.append(d.name)
                 context.log.error(f"{d.name}: firing {iso(fire)} failed: {value}")
             else:  # one materialization per firing, as it commits (the sinks' outputs are skippable)
-                context.log.info(
-                    f"{d.name}: firing {iso(fire)} committed: {value.rows_written} rows, {d.sink} v{value.sink_version}"
+                committed.append(
+                    f"{d.name}: firing {iso(fire)} committed ({value.rows_written} rows, {d.sink} v{value.sink_version})"
                 )
+                if len(committed) >= COMMITS_PER_LOG_LINE:
+                    flush()
                 metadata = materialization(d, value, engine=engine).metadata
                 yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=metadata)
         future.result()  # a bug in _execute itself surfaces here
+    flush()
     if finished and on_done is not None:
         yield from on_done(finished)
     committed = sum(len(fs) for fs in firings.values())
@@ -445,6 +472,7 @@ def build_batch_sensor(
     *,
     default_status: dg.DefaultSensorStatus,
     interval: int,
+    check_every: timedelta = timedelta(0),
 ) -> dg.SensorDefinition:
     """The sensor that requests the batches (see the module docstring); ``ticks_for(d)`` the ticks."""
     switches = {translator.get_sensor_name(d): d.name for d in definitions}
@@ -491,6 +519,7 @@ def build_batch_sensor(
             failed=failed,
             finished=frozenset(finished),
             lead={d.name: batch_lead(ticks[d.name].every) for d in definitions},
+            check_every=check_every,
         )
         for line in batch.skipped:
             context.log.info(line)
@@ -503,6 +532,7 @@ def build_batch_sensor(
                 "ops": {op: {"config": {"firings": {n: [iso(f) for f in fs] for n, fs in batch.firings.items()}}}}
             },
             asset_selection=[sink_keys[n] for n in batch.firings],
+            asset_check_keys=[dg.AssetCheckKey(sink_keys[n], health.CHECK_NAME) for n in sorted(batch.checks)],
             tags={
                 "cq/batch": "true",
                 "cq/firings": f"{count} firing(s) of {len(batch.firings)} definition(s)",

@@ -95,6 +95,7 @@ def build_definitions(
                 sink_keys,
                 default_status=sensor_status,
                 interval=batch_interval(batched, ticks),
+                check_every=settings.completeness_every_delta,
             )
         )
         # No jobs of their own (a run of cq_firings_job with one sink selected is one definition's):

@@ -54,6 +54,7 @@ def _plan(
     failed=None,
     finished=frozenset(),
     lead=None,
+    check_every=timedelta(0),
 ):
     defs = [catalog.definition(n) for n in names]
     ticks = {d.name: ticks_of(d, timezone="UTC") for d in defs}
@@ -68,6 +69,7 @@ def _plan(
         failed=failed,
         finished=frozenset(finished),
         lead=lead,
+        check_every=check_every,
     )
 
 
@@ -148,6 +150,27 @@ def test_a_failed_run_retries_its_definitions_from_their_first_firing_after_a_ba
     assert ok.firings == {"b": [_s(60)], "d": [_s(60)]} and ok.attempt == 0
 
 
+def test_a_definitions_completeness_check_is_evaluated_every_check_every_and_by_every_retry(project):
+    _, catalog = project
+    every = timedelta(seconds=60)
+    first = _plan(catalog, now=_s(5), check_every=every)
+    assert first.checks == {"b", "d"}  # never evaluated: the first run does
+    second = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"}, check_every=every)
+    assert second.firings == {"b": [_s(20)], "d": [_s(20)]} and second.checks == frozenset()
+    # b's run fails: its retry evaluates the check (the failure shows at once), d's next run does not.
+    failed = {second.run_key: "FAILURE"}
+    retry = _plan(
+        catalog, cursor=second.cursor, now=_s(45), status=failed, failed={second.run_key: {"b"}}, check_every=every
+    )
+    assert retry.firings == {"b": [_s(20), _s(40)], "d": [_s(40)]}
+    assert retry.checks == {"b"}
+    # A minute after its last evaluation, the next run evaluates it again (b's was its retry's, at 45 s).
+    later = _plan(catalog, cursor=retry.cursor, now=_s(65), status={retry.run_key: "SUCCESS"}, check_every=every)
+    assert later.checks == {"d"}
+    # 0 s: every run.
+    assert _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"}).checks == {"b", "d"}
+
+
 def test_a_stopped_switch_leaves_the_definition_out(project):
     _, catalog = project
     first = _plan(catalog, now=_s(5), paused={"b"})
@@ -210,6 +233,12 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         result = sensor.evaluate_tick(ctx)
     (request,) = result.run_requests
     assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
+    # Their completeness checks too: never evaluated yet (CQ_COMPLETENESS_EVERY after that).
+    assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == {
+        ("b_out", "cq_completeness"),
+        ("d_out", "cq_completeness"),
+        ("x_out", "cq_completeness"),
+    }
     assert request.run_key.startswith("cq_firings:") and request.tags["cq/attempt"] == "0"
 
     # The job, on the seed's data (ln.csv: 2021-05-11 14:18 UTC): b has two firings, d one, broken_src fails.
@@ -374,6 +403,12 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
         (request,) = sensor.evaluate_tick(ctx).run_requests
     assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
+    # Their completeness checks too: never evaluated yet (CQ_COMPLETENESS_EVERY after that).
+    assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == {
+        ("b_out", "cq_completeness"),
+        ("d_out", "cq_completeness"),
+        ("x_out", "cq_completeness"),
+    }
 
 
 def test_a_failed_run_retries_only_the_definitions_that_failed_in_it(project):
