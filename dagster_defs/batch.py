@@ -366,8 +366,8 @@ def run_batch(
     flush()
     if finished and on_done is not None:
         yield from on_done(finished)
-    committed = sum(len(fs) for fs in firings.values())
-    context.log.info(f"batch: {len(firings)} definition(s), {committed} firing(s) requested, {len(failures)} failed")
+    requested = sum(len(fs) for fs in firings.values())
+    context.log.info(f"batch: {len(firings)} definition(s), {requested} firing(s) requested, {len(failures)} failed")
     if failures:
         # Which definitions failed, for the sensor: it retries those only.
         context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failed_names))})
