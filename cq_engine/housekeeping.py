@@ -6,11 +6,16 @@ delete of files past their retention (README "Deployment", ARCHITECTURE.md §3).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from cq_engine.context import EngineContext
 from cq_engine.storage.ledger import STATE_NAME
 from cq_engine.storage.maintain import Retention, TableReport
+
+# The engine state tables' log is kept at most this long: the engine reads them at their latest version
+# only (no reader travels back in them), and a delta-rs open lists every log file kept, so a month of
+# a commit per firing would make every ledger read list tens of thousands of files.
+STATE_LOG_RETENTION = timedelta(days=1)
 
 
 def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> list[TableReport]:
@@ -20,6 +25,7 @@ def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> lis
     # The completeness check reads the ledger that far back: never keep less.
     ledger_keep = max(ledger_keep, ctx.settings.completeness_horizon_delta)
     retention = Retention(log=log_keep, files=file_keep)
+    state_retention = Retention(log=min(log_keep, STATE_LOG_RETENTION), files=file_keep)
     reports: list[TableReport] = []
 
     def guarded(name: str, step) -> TableReport:
@@ -35,10 +41,10 @@ def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> lis
     def trim_ledger() -> TableReport:
         nonlocal dropped
         dropped = ctx.ledger.drop_before(now - ledger_keep)
-        return ctx.storage.maintain_state(STATE_NAME, retention=retention)
+        return ctx.storage.maintain_state(STATE_NAME, retention=state_retention)
 
     for name in ctx.storage.state_names():
-        report = guarded(f"_cq/{name}", trim_ledger if name == STATE_NAME else _state(ctx, name, retention))
+        report = guarded(f"_cq/{name}", trim_ledger if name == STATE_NAME else _state(ctx, name, state_retention))
         if name == STATE_NAME:
             report.dropped_entries = dropped
     tables = {d.sink for d in ctx.catalog.definitions if d.sink}
