@@ -80,8 +80,8 @@ def run(ctx: Context) -> Outcome:
             time.sleep(5)
         # Warm-up: every definition has committed once (the first runs of a thousand start together
         # and queue), then one cadence more for that first backlog to clear.
-        names = {f"q{i:03d}" for i in range(n)}
-        while names - {e.definition for e in engine.ledger.entries() if e.status == "succeeded"}:
+        waiting = {f"q{i:03d}" for i in range(n)}
+        while waiting - {e.definition for e in engine.ledger.entries() if e.status == "succeeded"}:
             daemon._check()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not every definition committed within 600 s\n{daemon.log_tail('daemon')}")
