@@ -288,6 +288,22 @@ class DeltaRsStorage(DeltaStateTables):
         except DeltaError:
             return self._open(table)  # the damaged log's error, naming the table
 
+    def _open_or_create(self, table: str, schema_of: Callable[[], pa.Schema], *, time_column: str) -> DeltaTable:
+        """The table's latest snapshot; a missing table is created first from the data's schema
+        (``schema_of()``, asked only then), which must have a timestamp ``time_column``."""
+        dt = self._open_existing(table)
+        if dt is not None:
+            return dt
+        schema = schema_of()
+        incoming = {f.name.lower(): f.type for f in schema}
+        if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
+            raise TableError(
+                f"table '{table}' does not exist and the data to write has no "
+                f"timestamp column '{time_column}' to create it from"
+            )
+        DeltaTable.create(self.uri(table), storable_schema(schema), mode="ignore", storage_options=self.storage_options)
+        return self._open(table)
+
     def _version_written(self, table: str, dt: DeltaTable | None, commit_id: str) -> int:
         """The version of the commit ``commit_id`` just made through ``dt`` (which delta-rs moves to
         the snapshot its commit made): that snapshot's last commit, checked by its id; else looked up."""
@@ -399,18 +415,7 @@ class DeltaRsStorage(DeltaStateTables):
         ``txn``: Delta's idempotent-write identity ``(txnAppId, txnVersion)`` as delta-spark records it:
         a write whose identity the table already holds at that version or later is skipped (the
         table's version is returned), else the commit records it."""
-        dt = self._open_existing(table)
-        if dt is None:
-            incoming = {f.name.lower(): f.type for f in data.schema}
-            if not pa.types.is_timestamp(incoming.get(time_column.lower(), pa.null())):
-                raise TableError(
-                    f"table '{table}' does not exist and the data to write has no "
-                    f"timestamp column '{time_column}' to create it from"
-                )
-            DeltaTable.create(
-                self.uri(table), storable_schema(data.schema), mode="ignore", storage_options=self.storage_options
-            )
-            dt = self._open(table)
+        dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
         held = None if txn is None else dt.transaction_version(txn[0])
         if txn is not None and held is not None and held >= txn[1]:
             if isinstance(data, pa.RecordBatchReader):

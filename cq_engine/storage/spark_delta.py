@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
-from cq_engine.errors import CQError, TableError
+from cq_engine.errors import CQError
 from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange
 from cq_engine.storage.delta import (
@@ -40,7 +40,6 @@ from cq_engine.storage.delta import (
     kept_bytes,
     range_mask,
     snapshot_columns,
-    storable_schema,
     where_in_range,
 )
 from cq_engine.storage.maintain import Retention, TableReport, delete_files, maintain_table, vacuum_due
@@ -296,21 +295,7 @@ class SparkDeltaStorage(DeltaRsStorage):
             )
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()
-        if not self.exists(table):
-            incoming = arrow_schema(data) if not arrow else data.schema
-            if not pa.types.is_timestamp(
-                {f.name.lower(): f.type for f in incoming}.get(time_column.lower(), pa.null())
-            ):
-                raise TableError(
-                    f"table '{table}' does not exist and the data to write has no "
-                    f"timestamp column '{time_column}' to create it from"
-                )
-            from deltalake import DeltaTable
-
-            DeltaTable.create(
-                self.uri(table), storable_schema(incoming), mode="ignore", storage_options=self.storage_options
-            )
-        dt = self._open(table)
+        dt = self._open_or_create(table, lambda: data.schema if arrow else arrow_schema(data), time_column=time_column)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
         if arrow:
