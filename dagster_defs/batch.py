@@ -83,7 +83,7 @@ class DefinitionState:
         return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0)}
 
 
-def load_cursor(text: str | None) -> dict[str, DefinitionState]:
+def _cursor_data(text: str | None) -> dict:
     if not text:
         return {}
     data = json.loads(text)
@@ -91,13 +91,60 @@ def load_cursor(text: str | None) -> dict[str, DefinitionState]:
         raise CQError(
             f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; reset the sensor's cursor"
         )
-    return {name: DefinitionState(**s) for name, s in data["defs"].items()}
+    return data
 
 
-def dump_cursor(states: dict[str, DefinitionState]) -> str:
-    return json.dumps(
-        {"v": CURSOR_VERSION, "defs": {n: s.to_json() for n, s in sorted(states.items())}}, separators=(",", ":")
-    )
+def load_cursor(text: str | None) -> dict[str, DefinitionState]:
+    return {name: DefinitionState(**s) for name, s in _cursor_data(text).get("defs", {}).items()}
+
+
+def cursor_time(text: str | None) -> float | None:
+    """When the evaluation that returned cursor ``text`` started (epoch seconds; None: not recorded)."""
+    at = _cursor_data(text).get("at")
+    return float(at) if at is not None else None
+
+
+def dump_cursor(states: dict[str, DefinitionState], *, at: float | None = None) -> str:
+    data: dict = {"v": CURSOR_VERSION, "defs": {n: s.to_json() for n, s in sorted(states.items())}}
+    if at is not None:
+        data["at"] = at
+    return json.dumps(data, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RequestedRun:
+    """A batch run as its run record holds it: key, creation time, attempt and firings."""
+
+    key: str
+    created: float  # epoch seconds
+    attempt: int
+    firings: dict[str, list[str]]  # definition -> ISO firing times, in order
+
+
+def adopt_runs(states: dict[str, DefinitionState], runs: list[RequestedRun]) -> list[str]:
+    """Put into ``states`` (in place) the batch runs their cursor does not know (``runs``: created after
+    the cursor's evaluation, oldest first). Dagster stores a sensor's cursor only once its tick has
+    ended, after it created the tick's runs: a daemon killed (or a tick failing) in between leaves the
+    previous cursor, and planning from it requested the same firings again in a run of another key
+    (its due set had grown meanwhile), so both runs committed them. Returns a note per adopted run."""
+    known = {s.key for s in states.values() if s.key}
+    notes = []
+    for run in sorted(runs, key=lambda r: r.created):
+        if not run.key or run.key in known:
+            continue
+        for name, fires in run.firings.items():
+            if not fires:
+                continue
+            s = states.setdefault(name, DefinitionState())
+            last = parse_time(fires[-1], tz=UTC)
+            upto = max(last, parse_time(s.upto, tz=UTC)) if s.upto else last
+            s.key, s.first, s.upto, s.since, s.attempt = run.key, fires[0], iso(upto), run.created, run.attempt
+        known.add(run.key)
+        notes.append(
+            f"adopted run key {run.key} ({sum(map(len, run.firings.values()))} firing(s) of "
+            f"{len(run.firings)} definition(s)): requested by an evaluation whose cursor Dagster did not store"
+        )
+    return notes
 
 
 @dataclass(frozen=True)
@@ -218,7 +265,11 @@ def plan_batch(
             checks.add(name)
             s.checked = now.timestamp()
     return Batch(
-        firings=firings, cursor=dump_cursor(states), skipped=skipped, attempt=attempt, checks=frozenset(checks)
+        firings=firings,
+        cursor=dump_cursor(states, at=now.timestamp()),
+        skipped=skipped,
+        attempt=attempt,
+        checks=frozenset(checks),
     )
 
 
@@ -394,6 +445,26 @@ def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str
     return status, ids, failed
 
 
+def requested_runs(instance, job_name: str, op: str, *, after: float) -> list[RequestedRun]:
+    """The batch runs of ``job_name`` created after ``after`` (epoch seconds), oldest first."""
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=job_name, tags={"cq/batch": "true"}, created_after=datetime.fromtimestamp(after, UTC))
+    )
+    runs = []
+    for record in records:
+        run = record.dagster_run
+        firings = (((run.run_config or {}).get("ops") or {}).get(op) or {}).get("config", {}).get("firings") or {}
+        runs.append(
+            RequestedRun(
+                key=run.tags.get("dagster/run_key", ""),
+                created=record.create_timestamp.timestamp(),
+                attempt=int(run.tags.get("cq/attempt", "0")),
+                firings={n: list(fs) for n, fs in firings.items()},
+            )
+        )
+    return sorted(runs, key=lambda r: r.created)
+
+
 def sink_specs(definitions: list, translator) -> tuple[list[dg.AssetSpec], dict, dict]:
     """The skippable sink specs of a shared multi-asset, name -> sink key and sink key -> definition."""
     specs = [translator.get_sink_asset_spec(d).replace_attributes(skippable=True) for d in definitions]
@@ -489,6 +560,11 @@ def build_batch_sensor(
     def evaluate(context: dg.SensorEvaluationContext):
         now = datetime.now(UTC)
         states = load_cursor(context.cursor)
+        at = cursor_time(context.cursor)
+        if at is not None:
+            for note in adopt_runs(states, requested_runs(context.instance, job.name, op, after=at)):
+                context.log.warning(note)
+        cursor = dump_cursor(states, at=at)
         run_status, run_ids, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
         busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
@@ -511,7 +587,7 @@ def build_batch_sensor(
         batch = plan_batch(
             definitions,
             ticks=ticks,
-            cursor=context.cursor,
+            cursor=cursor,
             now=now,
             run_status=run_status,
             busy=busy,

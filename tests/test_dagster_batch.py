@@ -14,8 +14,9 @@ from cq_engine.catalog import load_catalog, parse_options
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
 from cq_engine.schedule.ticks import ticks_of
+from cq_engine.times import iso
 from dagster_defs import build_definitions
-from dagster_defs.batch import load_cursor, plan_batch
+from dagster_defs.batch import RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
 
 DATA = Path(__file__).parent / "data"
 T0 = datetime(2021, 5, 11, 14, 30, tzinfo=UTC)
@@ -427,3 +428,77 @@ def test_a_definition_done_inside_a_still_running_batch_goes_on_without_waiting_
     first = _plan(catalog, now=_s(5))
     later = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "STARTED"}, finished={"b"})
     assert later.firings == {"b": [_s(20)]}  # d (DISCARD) is still in that run: skipped
+
+
+# -- a cursor Dagster did not store -----------------------------------------------------------------
+def test_runs_created_after_the_cursor_it_does_not_know_are_adopted_in_order(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    assert cursor_time(first.cursor) == _s(5).timestamp()
+    states = load_cursor(first.cursor)
+    lost = [
+        RequestedRun(key="k2", created=_s(46).timestamp(), attempt=0, firings={"b": [_s(40).isoformat()]}),
+        RequestedRun(
+            key="k1", created=_s(26).timestamp(), attempt=1, firings={"b": [_s(0).isoformat(), _s(20).isoformat()]}
+        ),
+        RequestedRun(key=first.run_key, created=_s(6).timestamp(), attempt=0, firings={"d": [T0.isoformat()]}),
+    ]
+    notes = adopt_runs(states, lost)
+    assert [n.split()[3] for n in notes] == ["k1", "k2"]  # oldest first; the cursor's own run is known
+    b = states["b"]
+    assert (b.key, b.first, b.upto, b.since, b.attempt) == (
+        "k2",
+        _s(40).isoformat(),
+        _s(40).isoformat(),
+        _s(46).timestamp(),
+        0,
+    )
+    assert states["d"].key == first.run_key  # untouched
+    # Planning from the adopted state holds b behind its run (BLOCKED), never requests its firings again.
+    held = _plan(
+        catalog,
+        cursor=dump_cursor(states, at=_s(5).timestamp()),
+        now=_s(50),
+        status={first.run_key: "SUCCESS", "k2": "STARTED"},
+    )
+    assert "b" not in held.firings and held.firings == {"d": [_s(40)]}
+    after = _plan(catalog, cursor=held.cursor, now=_s(65), status={"k2": "SUCCESS", held.run_key: "SUCCESS"})
+    assert after.firings == {"b": [_s(60)], "d": [_s(60)]}
+
+
+def test_the_sensor_adopts_a_batch_run_its_stored_cursor_does_not_know(project, instance):
+    """Dagster stores a sensor's cursor only after its tick created the tick's runs: with the daemon
+    killed in between, the next evaluation starts from the cursor before. It must hold the definitions
+    of the run it cannot see in its cursor, not request their firings again under another run key."""
+    settings, catalog = project
+    defs = build_definitions(settings=settings, now=T0, run_model="batch")
+    sensor = defs.resolve_sensor_def("cq_firings")
+    past = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
+    stored = _plan(catalog, now=past, names=("b", "d", "broken_src"))  # the cursor Dagster kept
+    create_run_for_test(  # that cursor's own run, finished
+        instance,
+        job_name="cq_firings_job",
+        status=dg.DagsterRunStatus.SUCCESS,
+        tags={"cq/batch": "true", "dagster/run_key": stored.run_key},
+    )
+    b = load_cursor(stored.cursor)["b"]
+    ticks = ticks_of(catalog.definition("b"), timezone="UTC")
+    fires = [
+        b.upto,
+        *(iso(f) for f in ticks.between(datetime.fromisoformat(b.upto) + timedelta(seconds=1), datetime.now(UTC))),
+    ]
+    assert len(fires) >= 5
+    lost = create_run_for_test(  # the run of the tick whose cursor was not stored: b's firings since
+        instance,
+        job_name="cq_firings_job",
+        status=dg.DagsterRunStatus.STARTED,
+        tags={"cq/batch": "true", "dagster/run_key": "cq_firings:lost", "cq/attempt": "0"},
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"b": fires[1:]}}}}},
+    )
+    with dg.build_sensor_context(instance=instance, cursor=stored.cursor) as ctx:
+        result = sensor.evaluate_tick(ctx)
+    requested = [set(r.run_config["ops"]["cq_firings"]["config"]["firings"]) for r in result.run_requests]
+    assert all("b" not in names for names in requested), requested  # b waits for the adopted run
+    state = load_cursor(result.cursor)["b"]
+    assert (state.key, state.first, state.upto) == ("cq_firings:lost", fires[1], fires[-1])
+    instance.report_run_canceled(lost)
