@@ -193,7 +193,9 @@ def plan_batch(
     skipped: list[str] = []
     attempt = 0
     total = 0
-    for d in definitions:
+    # Furthest behind first: when a batch is full (MAX_FIRINGS_PER_RUN), what waits for the next one
+    # is what was requested last, not the same definitions at the end of the list every time.
+    for d in sorted(definitions, key=lambda d: states[d.name].upto or ""):
         s = states[d.name]
         original = replace(s)
         in_flight = d.name in busy

@@ -192,6 +192,18 @@ def test_a_long_outage_is_caught_up_in_bounded_batches(project):
     assert rest.firings["b"][0] == _s(20 * 101) and rest.firings["b"][-1] == _s(20 * 150)
 
 
+def test_a_full_batch_leaves_out_what_was_requested_last_not_the_same_definitions(project, monkeypatch):
+    monkeypatch.setattr("dagster_defs.batch.MAX_FIRINGS_PER_RUN", 1)
+    _, catalog = project
+    first = _plan(catalog, now=_s(5))
+    assert first.firings == {"b": [T0]}  # full: d waits
+    second = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"})
+    assert second.firings == {"d": [_s(20)]}  # never requested: first now, though b is due again
+    done = {first.run_key: "SUCCESS", second.run_key: "SUCCESS"}
+    third = _plan(catalog, cursor=second.cursor, now=_s(26), status=done)
+    assert third.firings == {"b": [_s(20)]}
+
+
 # -- the sensor and the job on a real instance ------------------------------------------------------
 @pytest.fixture
 def instance():
