@@ -55,6 +55,7 @@ from .resource import CQEngineResource
 CURSOR_VERSION = 1
 MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
 COMMITS_PER_LOG_LINE = 100
+SKIPPED_LINES = 20  # per tick: held or skipped definitions named in its log and skip reason
 MAX_FIRINGS_PER_RUN = 1000  # definitions beyond it wait for the next batch (a run start costs seconds)
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
@@ -599,10 +600,11 @@ def build_batch_sensor(
             lead={d.name: batch_lead(ticks[d.name].every) for d in definitions},
             check_every=check_every,
         )
-        for line in batch.skipped:
+        skipped = first_lines(batch.skipped)
+        for line in skipped:
             context.log.info(line)
         if not batch.firings:
-            return dg.SensorResult(skip_reason="; ".join(batch.skipped) or "no firing is due", cursor=batch.cursor)
+            return dg.SensorResult(skip_reason="; ".join(skipped) or "no firing is due", cursor=batch.cursor)
         count = sum(len(f) for f in batch.firings.values())
         request = dg.RunRequest(
             run_key=batch.run_key,
@@ -630,6 +632,14 @@ def build_batch_sensor(
         "streams (BLOCKED: all, in order, one run at a time per definition; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
+
+
+def first_lines(lines: list[str], limit: int = SKIPPED_LINES) -> list[str]:
+    """At most ``limit`` of ``lines``, then one saying how many more: a thousand held definitions'
+    lines in every tick's log and skip reason cost the sensor more than its planning."""
+    if len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"... and {len(lines) - limit} more definition(s) held or skipped"]
 
 
 def own_runs(instance, names: list[str], sink_keys: dict[str, dg.AssetKey], *, jobs: tuple[str, ...]) -> set[str]:

@@ -514,3 +514,12 @@ def test_the_sensor_adopts_a_batch_run_its_stored_cursor_does_not_know(project, 
     state = load_cursor(result.cursor)["b"]
     assert (state.key, state.first, state.upto) == ("cq_firings:lost", fires[1], fires[-1])
     instance.report_run_canceled(lost)
+
+
+def test_a_tick_names_at_most_twenty_held_definitions_then_counts_the_rest():
+    from dagster_defs.batch import first_lines
+
+    lines = [f"q{i:03d}: BLOCKED holds 1 firing(s) until its run finishes" for i in range(1000)]
+    assert first_lines(lines[:20]) == lines[:20]
+    shown = first_lines(lines)
+    assert shown[:20] == lines[:20] and shown[20:] == ["... and 980 more definition(s) held or skipped"]
