@@ -373,3 +373,31 @@ def test_long_weekly_cycles_are_refused():
     assert plan is not None and len(plan.cron_strings) == 49
     end = RESAMPLE_FROM + timedelta(days=15)
     assert croniter_instants(plan, RESAMPLE_FROM, end) == set(ticks(RESAMPLE_FROM, end))
+
+
+def test_latest_tick_looks_back_two_periods_first_and_two_days_only_when_needed():
+    from cq_engine.schedule.ticks import Ticks
+
+    every, origin = timedelta(seconds=30), datetime(2026, 1, 1, tzinfo=UTC)
+    enumerated: list[int] = []
+
+    def between(a: datetime, b: datetime, *, after: datetime = origin) -> list[datetime]:
+        first = max(0, -(-int((a - after).total_seconds()) // 30))
+        out = [after + k * every for k in range(first, first + 100_000) if after + k * every < b]
+        enumerated.append(len(out))
+        return out
+
+    ticks = Ticks(every=every, description="", between=between, range_of=lambda t: (t - every, t), cron=lambda n: None)
+    now = datetime(2026, 1, 3, 12, 0, 10, tzinfo=UTC)
+    assert ticks.latest(now) == datetime(2026, 1, 3, 12, 0, 0, tzinfo=UTC)
+    assert enumerated == [122]  # not the 5,760 ticks of two days
+    # No tick in the short window (the first one is 90 minutes back): the two days find it.
+    late = Ticks(
+        every=every,
+        description="",
+        between=lambda a, b: [t for t in between(a, b) if t <= now - timedelta(minutes=90)],
+        range_of=lambda t: (t - every, t),
+        cron=lambda n: None,
+    )
+    assert late.latest(now) == now - timedelta(minutes=90, seconds=10)
+    assert ticks.latest(origin - timedelta(days=3)) is None
