@@ -30,6 +30,7 @@ import json
 import os
 import queue
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -266,7 +267,7 @@ def plan_batch(
         s.key, s.since = batch.run_key, now.timestamp()
         if s.attempt or now.timestamp() - s.checked >= check_every.total_seconds():
             checks.add(name)
-            s.checked = now.timestamp()
+            s.checked = now.timestamp() - check_stagger(name, check_every)
     return Batch(
         firings=firings,
         cursor=dump_cursor(states, at=now.timestamp()),
@@ -274,6 +275,15 @@ def plan_batch(
         attempt=attempt,
         checks=frozenset(checks),
     )
+
+
+def check_stagger(name: str, check_every: timedelta) -> float:
+    """Seconds (a fixed share of half ``check_every``, by name) by which a definition's next check
+    comes early. Definitions that start together are otherwise all due together: a thousand checks,
+    3,000 events in one run, kept that run (a batch slot, and the event log) busy 30 s longer every
+    five minutes, and the next cadence's firings waited. Each is still evaluated at least every
+    ``check_every``."""
+    return (zlib.crc32(name.encode()) % 1000) / 1000 * check_every.total_seconds() / 2
 
 
 # -- the op's side ----------------------------------------------------------------------------------

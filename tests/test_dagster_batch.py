@@ -523,3 +523,14 @@ def test_a_tick_names_at_most_twenty_held_definitions_then_counts_the_rest():
     assert first_lines(lines[:20]) == lines[:20]
     shown = first_lines(lines)
     assert shown[:20] == lines[:20] and shown[20:] == ["... and 980 more definition(s) held or skipped"]
+
+
+def test_checks_of_definitions_that_started_together_come_due_spread_out():
+    from dagster_defs.batch import check_stagger
+
+    every = timedelta(minutes=5)
+    offsets = [check_stagger(f"q{i:03d}", every) for i in range(1000)]
+    assert all(0 <= o < 150 for o in offsets) and check_stagger("q001", every) == offsets[1]  # stable
+    # Their next checks fall due over the half period before five minutes, not in one run.
+    per_30s = [sum(1 for o in offsets if k * 30 <= o < (k + 1) * 30) for k in range(5)]
+    assert max(per_30s) < 300, per_30s
