@@ -167,7 +167,9 @@ def _build(ctx: Context, label: str, commits: int, spark):
     from cq_engine.storage.ledger import SCHEMA
     from cq_engine.streams.sensor import evaluate_stream
 
-    engine = make_engine(ctx.workdir(f"{NAME}/{label}"), SQL, spark)
+    # CQ_BENCH_HK_LOG_RETENTION: the tables' CQ_LOG_RETENTION (default 30d), to see what a shorter one buys.
+    retention = os.environ.get("CQ_BENCH_HK_LOG_RETENTION", "30d")
+    engine = make_engine(ctx.workdir(f"{NAME}/{label}"), SQL, spark, log_retention=retention)
     now = datetime.now(UTC)
     when = lambda v: now - SPAN * (commits - v) / commits
     cutoff = now - timedelta(days=31)
