@@ -459,7 +459,7 @@ def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str
 
 
 def requested_runs(instance, job_name: str, op: str, *, after: float) -> list[RequestedRun]:
-    """The batch runs of ``job_name`` created after ``after`` (epoch seconds), oldest first."""
+    """The batch runs of ``job_name`` created after ``after`` (epoch seconds)."""
     records = instance.get_run_records(
         dg.RunsFilter(job_name=job_name, tags={"cq/batch": "true"}, created_after=datetime.fromtimestamp(after, UTC))
     )
@@ -475,7 +475,7 @@ def requested_runs(instance, job_name: str, op: str, *, after: float) -> list[Re
                 firings={n: list(fs) for n, fs in firings.items()},
             )
         )
-    return sorted(runs, key=lambda r: r.created)
+    return runs  # adopt_runs takes them oldest first
 
 
 def sink_specs(definitions: list, translator) -> tuple[list[dg.AssetSpec], dict, dict]:
