@@ -5,11 +5,12 @@ them, the Dagster daemon) running 100 continuous queries (every 30 s) and the sa
 ``CQ_BENCH_SOAK_SECONDS`` (default 1,800; ``--quick`` 300). Not part of CI.
 
 Reported: the memory (RSS) of every long-lived process of the stack at the start of the window and at
-its end; the Delta log of the sinks and the engine state tables on the object store at both ends (JSON
+its end, and each JVM's heap in use right after a full GC (``jcmd``: a JVM's RSS also grows as it
+expands its heap towards the maximum, which is not a leak); the Delta log of the sinks and the engine state tables on the object store at both ends (JSON
 commits, checkpoints, bytes, live data files); PostgreSQL's database size at both ends; the worst lag
 of the continuous queries over the window (now minus the newest committed range end, each second) and
 the streams' runs; then what ``cq maintain`` does to the tables afterwards. Informational (no target):
-growth beyond noise in the RSS columns, or a log without checkpoints, is what to look for.
+growth beyond noise in the RSS columns or the live heaps, or a log without checkpoints, is what to look for.
 """
 
 from __future__ import annotations
@@ -113,6 +114,25 @@ def _memory(roots: list[int]) -> dict[int, tuple[str, int]]:
     return out
 
 
+JVMS = ("Spark Connect server (driver)", "Spark master", "Spark worker", "Spark executor")
+
+
+def _live_heaps(memory: dict[int, tuple[str, int]]) -> dict[int, int]:
+    """MiB of Java heap in use right after a full GC (``jcmd``), per JVM of ``memory``: what a leak
+    grows, unlike the RSS, which also grows as the JVM expands its heap towards its maximum."""
+    out = {}
+    for pid, (label, _rss_mib) in memory.items():
+        if label not in JVMS:
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60, check=True)
+            info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=60)
+            used = re.search(r"heap\s+total \d+K, used (\d+)K", info.stdout)
+            if used:
+                out[pid] = int(used.group(1)) // 1024
+    return out
+
+
 def _logs(cluster, names: list[str]) -> dict[str, tuple[int, int, int, int]]:
     """Per table (``_cq/...`` for state): JSON commits, checkpoint files, log bytes, data files."""
     import boto3
@@ -186,6 +206,7 @@ def run(ctx: Context) -> Outcome:
         state = [f"_cq/{n}" for n in feeder.storage.state_names()]
         w0 = datetime.now(UTC)
         mem0, logs0, pg0 = _memory(cluster.roots), _logs(cluster, state + names), _pg_size(cluster)
+        heap0 = _live_heaps(mem0)
         ctx.log(f"soaking {seconds}s from {w0:%H:%M:%S}")
         loads = [os.getloadavg()[0]]
         end = time.monotonic() + seconds
@@ -195,6 +216,7 @@ def run(ctx: Context) -> Outcome:
         w1 = datetime.now(UTC)
         state = [f"_cq/{n}" for n in feeder.storage.state_names()]
         mem1, logs1, pg1 = _memory(cluster.roots), _logs(cluster, state + names), _pg_size(cluster)
+        heap1 = _live_heaps(mem1)
         time.sleep(EVERY + 5)
         entries = feeder.ledger.entries()
         stop.set()
@@ -224,7 +246,7 @@ def run(ctx: Context) -> Outcome:
         cluster.stop()
         os.environ.clear()
         os.environ.update(old_env)
-    notes, line, growth = _report(measured, mem0, mem1, logs0, logs1, logs2, state + names, outcome)
+    notes, line, growth = _report(measured, (mem0, heap0), (mem1, heap1), logs0, logs1, logs2, state + names, outcome)
     return Outcome(NAME, line, ratio=growth, target=None, notes=notes)
 
 
@@ -249,8 +271,9 @@ def _window_figures(entries, feeder, *, w0, w1, load0, loads, pg) -> tuple[list[
     return notes, (w0, w1, lag, done, due, len(streams), pg0, pg1)
 
 
-def _report(measured, mem0, mem1, logs0, logs1, logs2, tables, maintained: str):
+def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str):
     notes, (w0, w1, lag, done, due, streams, pg0, pg1) = list(measured[0]), measured[1]
+    (mem0, heap0), (mem1, heap1) = start, end
     notes.append("RSS MiB at start -> end of the window (processes alive at both):")
     by_label: dict[str, list[tuple[int, int]]] = {}
     for pid, (label, rss) in sorted(mem0.items()):
@@ -261,6 +284,12 @@ def _report(measured, mem0, mem1, logs0, logs1, logs2, tables, maintained: str):
     transient = sorted({mem1[p][0] for p in mem1 if p not in mem0})
     if transient:
         notes.append(f"  started during the window and alive at its end: {', '.join(transient)}")
+    heaps = [(mem1[p][0], heap0[p], heap1[p]) for p in sorted(heap0) if p in heap1]
+    if heaps:
+        notes.append(
+            "JVM heap in use after a full GC, MiB, start -> end: "
+            + ", ".join(f"{label} {a} -> {b}" for label, a, b in heaps)
+        )
     notes.append("Delta log (JSON commits / checkpoints / log KiB / data files) at start -> end -> after cq maintain:")
     for name in tables:
         a, b, c = logs0.get(name, (0, 0, 0, 0)), logs1.get(name), logs2.get(name)
@@ -268,9 +297,10 @@ def _report(measured, mem0, mem1, logs0, logs1, logs2, tables, maintained: str):
         notes.append(f"  {name}: {fmt(a)} -> {fmt(b)} -> {fmt(c)}")
     notes.append(f"cq maintain --sources: {maintained[:2000]}")
     growth = max((b / a for pairs in by_label.values() for a, b in pairs if a >= 50), default=1.0)
+    heap_growth = max((b / a for _label, a, b in heaps if a >= 10), default=1.0)
     line = (
         f"{NAME}: {N} CQs + {streams} streams on the cluster topology for {(w1 - w0).total_seconds() / 60:.1f} "
-        f"min: worst CQ lag {lag:.0f}s, {done}/{due} firings done, largest RSS growth x{growth:.2f}, "
+        f"min: worst CQ lag {lag:.0f}s, {done}/{due} firings done, largest RSS growth x{growth:.2f} (JVM live heap x{heap_growth:.2f}), "
         f"PostgreSQL {pg0 / 2**20:.0f} -> {pg1 / 2**20:.0f} MiB (informational)"
     )
     return notes, line, growth

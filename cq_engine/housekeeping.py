@@ -6,6 +6,7 @@ delete of files past their retention (README "Deployment", ARCHITECTURE.md §3).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from cq_engine.context import EngineContext
@@ -16,6 +17,8 @@ from cq_engine.storage.maintain import Retention, TableReport
 # only (no reader travels back in them), and a delta-rs open lists every log file kept, so a month of
 # a commit per firing would make every ledger read list tens of thousands of files.
 STATE_LOG_RETENTION = timedelta(days=1)
+# Tables maintained at once.
+MAINTAIN_THREADS = 4
 
 
 def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> list[TableReport]:
@@ -26,34 +29,33 @@ def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> lis
     ledger_keep = max(ledger_keep, ctx.settings.completeness_horizon_delta)
     retention = Retention(log=log_keep, files=file_keep)
     state_retention = Retention(log=min(log_keep, STATE_LOG_RETENTION), files=file_keep)
-    reports: list[TableReport] = []
 
     def guarded(name: str, step) -> TableReport:
         try:
-            report = step()
+            return step()
         except Exception as exc:  # one table's failure (a damaged log, a lost object store) is reported
-            report = TableReport(name, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
-        reports.append(report)
-        return report
-
-    dropped = 0
+            return TableReport(name, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
 
     def trim_ledger() -> TableReport:
-        nonlocal dropped
         dropped = ctx.ledger.drop_before(now - ledger_keep)
-        return ctx.storage.maintain_state(STATE_NAME, retention=state_retention)
+        report = ctx.storage.maintain_state(STATE_NAME, retention=state_retention)
+        report.dropped_entries = dropped
+        return report
 
-    for name in ctx.storage.state_names():
-        report = guarded(f"_cq/{name}", trim_ledger if name == STATE_NAME else _state(ctx, name, state_retention))
-        if name == STATE_NAME:
-            report.dropped_entries = dropped
+    steps = [
+        (f"_cq/{name}", trim_ledger if name == STATE_NAME else _state(ctx, name, state_retention))
+        for name in ctx.storage.state_names()
+    ]
     tables = {d.sink for d in ctx.catalog.definitions if d.sink}
     if sources:
         tables |= {t.name for t in ctx.catalog.tables}
     for table in sorted(tables, key=str.lower):
         if ctx.storage.exists(table):
-            guarded(table, lambda t=table: ctx.storage.maintain(t, retention=retention))
-    return reports
+            steps.append((table, lambda t=table: ctx.storage.maintain(t, retention=retention)))
+    # Tables are independent and each step mostly waits (object-store requests, Spark jobs), so a few
+    # at once: one by one, the soak's 200-odd tables on S3 beside a busy stack took over 10 minutes.
+    with ThreadPoolExecutor(max_workers=MAINTAIN_THREADS, thread_name_prefix="cq-maintain") as pool:
+        return list(pool.map(lambda step: guarded(*step), steps))
 
 
 def _state(ctx: EngineContext, name: str, retention: Retention):

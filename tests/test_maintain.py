@@ -98,6 +98,29 @@ def test_maintain_compacts_checkpoints_and_cleans_old_log_files_only(tmp_path):
     assert again.compacted == 0 and again.vacuumed == 0 and not again.properties_set
 
 
+def test_engine_commits_leave_expired_log_cleanup_to_maintenance(tmp_path):
+    # delta-rs would otherwise list (and stat) the whole log after every commit to clean it.
+    store, uri = _sink(tmp_path, checkpoint=19)
+    log_dir = Path(uri) / "_delta_log"
+    _age(log_dir, below=20, days=40)
+    store.append("out", _rows(40))
+    store.append_state("firings", _rows(40))
+    store.replace_range(
+        "out",
+        _rows(41),
+        time_column="ts",
+        time_range=(T0 + timedelta(minutes=41), T0 + timedelta(minutes=42)),
+        app_id="cq:out",
+        app_version=1,
+    )
+    names = {p.name for p in log_dir.iterdir()}
+    assert all(f"{v:020d}.json" in names for v in range(33)), sorted(names)
+    state_log = Path(store.state_uri("firings")) / "_delta_log"
+    assert (state_log / f"{0:020d}.json").exists()
+    report = store.maintain("out", retention=Retention())
+    assert report.error is None and report.logs_removed == 19
+
+
 def test_vacuum_deletes_only_files_out_of_the_table_past_the_retention(tmp_path):
     store, uri = _sink(tmp_path, commits=5)
     rows = _sorted(uri)

@@ -23,6 +23,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from cq_engine.errors import CQError, TableError
 from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
+from cq_engine.storage.maintain import WRITER_HOOKS
 from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
 from cq_engine.storage.retry import MAX_ATTEMPTS, Replayable, retry_conflicts
 from cq_engine.storage.state import DeltaStateTables
@@ -145,7 +146,9 @@ class DeltaRsStorage(DeltaStateTables):
         return pa.schema(self._open(table).schema().to_arrow())
 
     def version(self, table: str) -> int:
-        return self._open(table).version()
+        # Probed by commit file names from the last checkpoint: opening the table would list its log.
+        found = log.latest_version(self.uri(table), storage_options=self.storage_options)
+        return self._open(table).version() if found is None else found  # missing: the error naming it
 
     def transaction_version(self, table: str, app_id: str) -> int | None:
         return self._open(table).transaction_version(app_id)
@@ -269,12 +272,19 @@ class DeltaRsStorage(DeltaStateTables):
         def write(attempt: int) -> None:
             if dt is None:
                 write_deltalake(
-                    self.uri(table), data, mode="append", commit_properties=props, storage_options=self.storage_options
+                    self.uri(table),
+                    data,
+                    mode="append",
+                    commit_properties=props,
+                    post_commithook_properties=WRITER_HOOKS,
+                    storage_options=self.storage_options,
                 )
             else:
                 if attempt:
                     dt.update_incremental()
-                write_deltalake(dt, data, mode="append", commit_properties=props)
+                write_deltalake(
+                    dt, data, mode="append", commit_properties=props, post_commithook_properties=WRITER_HOOKS
+                )
 
         retry_conflicts(write)
         return self._version_written(table, dt, commit_id)
@@ -307,9 +317,9 @@ class DeltaRsStorage(DeltaStateTables):
     def _version_written(self, table: str, dt: DeltaTable | None, commit_id: str) -> int:
         """The version of the commit ``commit_id`` just made through ``dt`` (which delta-rs moves to
         the snapshot its commit made): that snapshot's last commit, checked by its id; else looked up."""
-        if dt is not None:
-            newest = dt.history(limit=1)
-            if newest and self._commit_matches(newest[0], commit_id):
+        if dt is not None:  # its commit file, read by name: history() would list the whole log
+            newest = log.commit_info(self.uri(table), dt.version(), storage_options=self.storage_options)
+            if newest and self._commit_matches(newest, commit_id):
                 return dt.version()
         return self._committed_version(table, commit_id)
 
@@ -455,6 +465,7 @@ class DeltaRsStorage(DeltaStateTables):
                     mode="overwrite",
                     predicate=predicate,
                     commit_properties=props,
+                    post_commithook_properties=WRITER_HOOKS,
                 )
             except CommitFailedError:
                 raise

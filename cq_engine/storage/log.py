@@ -214,7 +214,25 @@ def _listed_version(fs: pafs.FileSystem, log: str) -> int | None:
     return max(versions) if versions else None
 
 
+def commit_info(uri: str, version: int, *, storage_options: Mapping[str, str] | None = None) -> dict | None:
+    """The ``commitInfo`` action of commit ``version`` (its custom metadata included), read from its
+    JSON log file without listing the log; None if the file is gone or holds none."""
+    fs, root = _filesystem(_normalize(uri), storage_options)
+    raw = _read(fs, f"{root}/{_LOG}/{_json_name(version)}")
+    for line in (raw or b"").splitlines():
+        if line.startswith(b'{"commitInfo":'):
+            info = json.loads(line)["commitInfo"]
+            return info if isinstance(info, dict) else None
+    return None
+
+
 # -- commits -------------------------------------------------------------------------------------
+
+
+# An add or remove line whose own `dataChange` is false: its map fields hold only JSON strings, so the
+# unquoted form appears nowhere else on such a line (Delta writes its log as compact JSON).
+_FILE_ACTIONS = (b'{"add":', b'{"remove":')
+_NO_DATA_CHANGE = b'"dataChange":false'
 
 
 def read_commits(
@@ -249,8 +267,8 @@ def read_commits(
         info: dict = {}
         adds, removes = [], []
         for line in raw.splitlines():
-            if not line.strip():
-                continue
+            if not line.strip() or (line.startswith(_FILE_ACTIONS) and _NO_DATA_CHANGE in line):
+                continue  # compaction's thousands of adds and removes change no data: not parsed
             action = json.loads(line)
             if "commitInfo" in action:
                 info = action["commitInfo"] or {}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import DeltaTable, PostCommitHookProperties
 from deltalake.exceptions import DeltaError
 
 from cq_engine.storage import log
@@ -37,6 +37,10 @@ FILE_RETENTION_KEY = "delta.deletedFileRetentionDuration"
 DEFAULTS = {LOG_RETENTION_KEY: timedelta(days=30), FILE_RETENTION_KEY: timedelta(days=7)}
 # Appends to an engine state table compact it when they land on a multiple of this version.
 STATE_COMPACT_EVERY = 100
+# The engine's own commits: a checkpoint at the table's interval, but no expired-log cleanup. delta-rs
+# would otherwise list the whole log directory, stat'ing every file, after *each* commit (350 ms per
+# sink commit at 50,000 log files against 70 ms without); `maintain_table` cleans the log instead.
+WRITER_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,14 @@ from cq_engine.errors import TableError
 from cq_engine.names import check_name
 from cq_engine.storage import log
 from cq_engine.storage.groups import KnownGroups
-from cq_engine.storage.maintain import STATE_COMPACT_EVERY, Retention, TableReport, compact_files, maintain_table
+from cq_engine.storage.maintain import (
+    STATE_COMPACT_EVERY,
+    WRITER_HOOKS,
+    Retention,
+    TableReport,
+    compact_files,
+    maintain_table,
+)
 from cq_engine.storage.retry import retry_conflicts
 
 
@@ -56,7 +63,9 @@ class DeltaStateTables:
         # Retried: e.g. two first writers racing to create the table; the loser appends on its next try.
         uri = self.state_uri(name)
         retry_conflicts(
-            lambda _attempt: write_deltalake(uri, data, mode="append", storage_options=self.storage_options)
+            lambda _attempt: write_deltalake(
+                uri, data, mode="append", post_commithook_properties=WRITER_HOOKS, storage_options=self.storage_options
+            )
         )
         # Each append adds a small file and a read opens every live one: the append landing on a
         # multiple of STATE_COMPACT_EVERY compacts them (the ledger read by each run stays a few files).
@@ -76,7 +85,14 @@ class DeltaStateTables:
         def write(_attempt: int) -> None:
             dt = DeltaTable(uri, storage_options=self.storage_options)
             data = rows(log.arrow_table(dt.scan()))
-            write_deltalake(dt, data, mode="overwrite", predicate=predicate, storage_options=self.storage_options)
+            write_deltalake(
+                dt,
+                data,
+                mode="overwrite",
+                predicate=predicate,
+                post_commithook_properties=WRITER_HOOKS,
+                storage_options=self.storage_options,
+            )
 
         retry_conflicts(write)
 
@@ -112,6 +128,7 @@ class DeltaStateTables:
             mode="overwrite",
             schema_mode="overwrite",
             commit_properties=props,
+            post_commithook_properties=WRITER_HOOKS,
             storage_options=self.storage_options,
         )
 
