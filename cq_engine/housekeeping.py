@@ -6,6 +6,8 @@ delete of files past their retention (README "Deployment", ARCHITECTURE.md §3).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -30,7 +32,7 @@ def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> lis
     retention = Retention(log=log_keep, files=file_keep)
     state_retention = Retention(log=min(log_keep, STATE_LOG_RETENTION), files=file_keep)
 
-    def guarded(name: str, step) -> TableReport:
+    def guarded(name: str, step: Callable[[], TableReport]) -> TableReport:
         try:
             return step()
         except Exception as exc:  # one table's failure (a damaged log, a lost object store) is reported
@@ -42,7 +44,7 @@ def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> lis
         report.dropped_entries = dropped
         return report
 
-    steps = [
+    steps: list[tuple[str, Callable[[], TableReport]]] = [
         (f"_cq/{name}", trim_ledger if name == STATE_NAME else _state(ctx, name, state_retention))
         for name in ctx.storage.state_names()
     ]
@@ -51,12 +53,12 @@ def maintain(ctx: EngineContext, *, now: datetime, sources: bool = False) -> lis
         tables |= {t.name for t in ctx.catalog.tables}
     for table in sorted(tables, key=str.lower):
         if ctx.storage.exists(table):
-            steps.append((table, lambda t=table: ctx.storage.maintain(t, retention=retention)))
+            steps.append((table, functools.partial(ctx.storage.maintain, table, retention=retention)))
     # Tables are independent and each step mostly waits (object-store requests, Spark jobs), so a few
     # at once: one by one, the soak's 200-odd tables on S3 beside a busy stack took over 10 minutes.
     with ThreadPoolExecutor(max_workers=MAINTAIN_THREADS, thread_name_prefix="cq-maintain") as pool:
         return list(pool.map(lambda step: guarded(*step), steps))
 
 
-def _state(ctx: EngineContext, name: str, retention: Retention):
+def _state(ctx: EngineContext, name: str, retention: Retention) -> Callable[[], TableReport]:
     return lambda: ctx.storage.maintain_state(name, retention=retention)
