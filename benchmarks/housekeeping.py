@@ -8,16 +8,20 @@ default 20,000; ``--quick`` 2,000). The many-commit tables are written directly 
 each adding a real Parquet file (a writer's commit, without a writer's per-commit snapshot load), spread
 over 60 days of commit times; as their writers would have, they hold a checkpoint at every 100th
 version's position that matters: the newest one (a reader's starting point) and the newest one older
-than the log retention (30 days; what log cleanup may delete up to). The first commits, which the engine
-writes when it creates the tables, get the oldest times (delta-rs's log cleanup goes by file times).
+than the table's log retention (``CQ_BENCH_HK_LOG_RETENTION``, default 30 days, for the source and the
+sink; a state table keeps at most a day; what log cleanup may delete up to). The first commits, which
+the engine writes when it creates the tables, get the oldest times (delta-rs's log cleanup goes by file
+times).
 
 Measured on each, interleaved, medians: the sensor tick's reads (``evaluate_stream`` of a 1-minute
 interval stream over ``sensors`` finding one new commit, plus the ledger's last hour, which each
 Dagster run's completeness check and a retried run read) and one firing (``Engine.run_firing``: the
 source read, the sink's range replace, the ledger append), each repetition a different minute. Then
-``Engine.maintain(sources=True)`` on both (its time reported), the rows checked unchanged, and the same
-again. The many-commit ledger is one file per commit, as before state tables compacted themselves;
-delta-rs writers (and this build's checkpoints) already delete log files past the retention.
+``Engine.maintain(sources=True)`` on both (its time reported), the rows checked unchanged, one tick
+that reads the maintenance commits (as a sensor's next tick would), and the same again. The many-commit
+ledger is one file per commit, as before state tables compacted themselves. Reported with it: each large
+table's log files and checkpoint actions after housekeeping (a checkpoint keeps the compaction's
+tombstones for the file retention, and every open reads them).
 """
 
 from __future__ import annotations
@@ -166,6 +170,7 @@ def _build(ctx: Context, label: str, commits: int, spark):
     yet seen by the stream's cursor), and that cursor."""
     from deltalake import DeltaTable
 
+    from cq_engine.housekeeping import STATE_LOG_RETENTION
     from cq_engine.storage.ledger import SCHEMA
     from cq_engine.streams.sensor import evaluate_stream
 
@@ -174,12 +179,16 @@ def _build(ctx: Context, label: str, commits: int, spark):
     engine = make_engine(ctx.workdir(f"{NAME}/{label}"), SQL, spark, log_retention=retention)
     now = datetime.now(UTC)
     when = lambda v: now - SPAN * (commits - v) / commits
-    # The newest checkpoint a cleanup under this retention may delete up to (a writer checkpointing
-    # every 100 versions leaves one just past the boundary).
-    cutoff = now - parse_duration(retention) - timedelta(days=1)
-    old = max((v for v in range(99, commits, 100) if when(v) < cutoff), default=None)
     newest = max((v for v in range(99, commits - 1, 100)), default=None)
-    points = {v for v in (old, newest) if v is not None}
+
+    def points(keep: timedelta) -> set[int]:
+        # The newest checkpoint a log cleanup keeping `keep` may delete up to (a writer checkpointing
+        # every 100 versions leaves one just past the boundary), and the newest.
+        cutoff = now - keep - timedelta(days=1)
+        old = max((v for v in range(99, commits, 100) if when(v) < cutoff), default=None)
+        return {v for v in (old, newest) if v is not None}
+
+    keep = parse_duration(retention)
     engine.storage.append("sensors", _minute(1))  # version 1: minute 1 (version v holds minute v)
     engine.run_firing("q", T0 + timedelta(minutes=2))  # creates the sink (its schema) and the ledger
     sink_uri, ledger_uri = engine.storage.uri("out"), engine.storage.state_uri("firings")
@@ -188,7 +197,7 @@ def _build(ctx: Context, label: str, commits: int, spark):
     for uri, upto in first.items():
         _age(uri, upto, when)
     src = engine.storage.uri("sensors")
-    append_commits(src, first[src], commits - 1 - first[src], _minute, when=when, checkpoint_at=points)
+    append_commits(src, first[src], commits - 1 - first[src], _minute, when=when, checkpoint_at=points(keep))
     cursor = evaluate_stream(engine, engine.stream("s"), cursor=None, now=now).cursor.to_json()
     append_commits(src, commits - 1, 1, _minute, when=when)  # the commit each timed tick finds
     append_commits(
@@ -197,7 +206,7 @@ def _build(ctx: Context, label: str, commits: int, spark):
         commits - first[sink_uri],
         lambda v: _sink_rows(sink_schema, v + 1),
         when=when,
-        checkpoint_at=points,
+        checkpoint_at=points(keep),
     )
     append_commits(
         ledger_uri,
@@ -205,7 +214,7 @@ def _build(ctx: Context, label: str, commits: int, spark):
         commits - first[ledger_uri],
         lambda v: _ledger_rows(SCHEMA, v, when(v)),
         when=when,
-        checkpoint_at=points,
+        checkpoint_at=points(min(keep, STATE_LOG_RETENTION)),  # a state table's log retention
     )
     return engine, cursor
 
@@ -225,6 +234,14 @@ def _advance(engine, cursor: str, minute: int) -> str:
     ahead = evaluate_stream(engine, engine.stream("s"), cursor=cursor, now=datetime.now(UTC)).cursor.to_json()
     engine.storage.append("sensors", _minute(minute))
     return ahead
+
+
+def _log_shape(uri: str) -> tuple[int, int]:
+    """The table's log files, and the actions of its last checkpoint (live files plus tombstones)."""
+    log = Path(uri) / "_delta_log"
+    pointer = log / "_last_checkpoint"
+    actions = json.loads(pointer.read_text()).get("size", 0) if pointer.exists() else 0
+    return sum(1 for _ in log.iterdir()), actions
 
 
 def _counts(engine) -> tuple[int, int, int]:
@@ -283,6 +300,14 @@ def run(ctx: Context) -> Outcome:
     # no data change); the timed ticks are the ones after it, each finding one new commit.
     s_cursor, l_cursor = _advance(small, s_cursor, SMALL + 1), _advance(large, l_cursor, commits + 1)
     files_after = len(DeltaTable(large.storage.uri("out")).file_uris())
+    shape = {
+        name: _log_shape(uri)
+        for name, uri in (
+            ("source", large.storage.uri("sensors")),
+            ("sink", large.storage.uri("out")),
+            ("ledger", large.storage.state_uri("firings")),
+        )
+    }
     ctx.log("timing after housekeeping")
     tick_after, fire_after = phase()
     ratios = {
@@ -303,7 +328,9 @@ def run(ctx: Context) -> Outcome:
     notes = [
         f"cq maintain took {spent['small']:.1f}s (small) and {spent['large']:.1f}s ({commits:,} commits); the large "
         f"sink went to {files_after} file(s), the source's _delta_log from {logs_before:,} to {logs_after:,} "
-        f"files; source and sink rows unchanged, {dropped['large']:,} ledger entries past the 30-day retention dropped; building the tables took {built:.0f}s; load average "
+        f"files; log files / checkpoint actions after: "
+        + ", ".join(f"{name} {files:,} / {actions:,}" for name, (files, actions) in shape.items())
+        + f"; source and sink rows unchanged, {dropped['large']:,} ledger entries past the 30-day retention dropped; building the tables took {built:.0f}s; load average "
         + " ".join(f"{x:.1f}" for x in os.getloadavg())
     ]
     return Outcome(NAME, line, ratio=ratio, target=TARGET, notes=notes)
