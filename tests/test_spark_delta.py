@@ -155,6 +155,25 @@ def test_sink_with_deletion_vectors_is_written_by_the_executors(spark, tmp_path)
     assert sink(engine, "per_minute_out") == [(T0 + M, "a", 1.5, 2)]
 
 
+def test_who_writes_a_sink_is_decided_again_only_when_its_protocol_or_metadata_changes(spark, tmp_path, monkeypatch):
+    from cq_engine.storage import spark_delta
+
+    engine = make_engine(tmp_path, spark, SQL, storage="spark")
+    _append_minutes(engine, range(3))
+    first = engine.run_firing("per_minute", T0 + M)
+    assert writer_of(engine, "per_minute_out", first.sink_version) == "delta-rs"
+    assert not engine.storage.writes_frame("per_minute_out", input_bytes=1)
+    looks = []
+    real = spark_delta._delta_rs_writes
+    monkeypatch.setattr(spark_delta, "_delta_rs_writes", lambda dt: looks.append(dt.version()) or real(dt))
+    second = engine.run_firing("per_minute", T0 + 2 * M)  # a plain commit: the answer stands
+    assert not engine.storage.writes_frame("per_minute_out", input_bytes=1) and looks == []
+    path = engine.settings.table_uri("per_minute_out")
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    assert engine.storage.writes_frame("per_minute_out", input_bytes=1)  # delta-rs cannot write it now
+    assert looks == [second.sink_version + 1]
+
+
 def test_disjoint_ranges_committing_at_once_both_land(spark, tmp_path):
     engine = make_engine(tmp_path, spark, SQL, storage="spark")
     _append_minutes(engine, range(2))

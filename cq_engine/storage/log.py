@@ -226,6 +226,24 @@ def commit_info(uri: str, version: int, *, storage_options: Mapping[str, str] | 
     return None
 
 
+def changes_table_features(
+    uri: str, *, after: int, until: int, storage_options: Mapping[str, str] | None = None, limit: int = 100
+) -> bool:
+    """Might a commit ``after + 1 .. until`` have changed the table's protocol or metadata? Read from
+    the commit files by name; True when one is gone or there are more than ``limit`` of them."""
+    if until - after > limit:
+        return True
+    fs, root = _filesystem(_normalize(uri), storage_options)
+    for version in range(after + 1, until + 1):
+        raw = _read(fs, f"{root}/{_LOG}/{_json_name(version)}")
+        if raw is None or any(line.startswith(_TABLE_ACTIONS) for line in raw.splitlines()):
+            return True
+    return False
+
+
+_TABLE_ACTIONS = (b'{"protocol":', b'{"metaData":')
+
+
 # -- commits -------------------------------------------------------------------------------------
 
 

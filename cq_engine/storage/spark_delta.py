@@ -135,7 +135,14 @@ class SparkDeltaStorage(DeltaRsStorage):
         if version is None:
             return True  # not created yet: delta-rs creates it
         if known is None or known[0] != version:
-            known = (version, _delta_rs_writes(self._open(table, version)))
+            # Only a protocol or metadata change can change the answer: the new commit files say
+            # (opening the table to look again costs a log listing and a checkpoint read per firing).
+            if known is not None and not log.changes_table_features(
+                self.uri(table), after=known[0], until=version, storage_options=self.storage_options
+            ):
+                known = (version, known[1])
+            else:
+                known = (version, _delta_rs_writes(self._open(table, version)))
             self._delta_rs_writable[table] = known
         return known[1]
 
