@@ -147,7 +147,7 @@ class DeltaRsStorage(DeltaStateTables):
 
     def version(self, table: str) -> int:
         # Probed by commit file names from the last checkpoint: opening the table would list its log.
-        found = log.latest_version(self.uri(table), storage_options=self.storage_options)
+        found = self.latest_version(table)
         return self._open(table).version() if found is None else found  # missing: the error naming it
 
     def transaction_version(self, table: str, app_id: str) -> int | None:

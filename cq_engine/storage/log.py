@@ -226,6 +226,9 @@ def commit_info(uri: str, version: int, *, storage_options: Mapping[str, str] | 
     return None
 
 
+_TABLE_ACTIONS = (b'{"protocol":', b'{"metaData":')
+
+
 def changes_table_features(
     uri: str, *, after: int, until: int, storage_options: Mapping[str, str] | None = None, limit: int = 100
 ) -> bool:
@@ -239,9 +242,6 @@ def changes_table_features(
         if raw is None or any(line.startswith(_TABLE_ACTIONS) for line in raw.splitlines()):
             return True
     return False
-
-
-_TABLE_ACTIONS = (b'{"protocol":', b'{"metaData":')
 
 
 # -- commits -------------------------------------------------------------------------------------
