@@ -16,7 +16,7 @@ from cq_engine.errors import CQError
 from cq_engine.schedule.ticks import ticks_of
 from cq_engine.times import iso
 from dagster_defs import build_definitions
-from dagster_defs.batch import RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
+from dagster_defs.batch_plan import RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
 
 DATA = Path(__file__).parent / "data"
 T0 = datetime(2021, 5, 11, 14, 30, tzinfo=UTC)
@@ -193,7 +193,7 @@ def test_a_long_outage_is_caught_up_in_bounded_batches(project):
 
 
 def test_a_full_batch_leaves_out_what_was_requested_last_not_the_same_definitions(project, monkeypatch):
-    monkeypatch.setattr("dagster_defs.batch.MAX_FIRINGS_PER_RUN", 1)
+    monkeypatch.setattr("dagster_defs.batch_plan.MAX_FIRINGS_PER_RUN", 1)
     _, catalog = project
     first = _plan(catalog, now=_s(5))
     assert first.firings == {"b": [T0]}  # full: d waits
@@ -526,7 +526,7 @@ def test_a_tick_names_at_most_twenty_held_definitions_then_counts_the_rest():
 
 
 def test_checks_of_definitions_that_started_together_come_due_spread_out():
-    from dagster_defs.batch import check_stagger
+    from dagster_defs.batch_plan import check_stagger
 
     every = timedelta(minutes=5)
     offsets = [check_stagger(f"q{i:03d}", every) for i in range(1000)]

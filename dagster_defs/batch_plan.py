@@ -1,0 +1,244 @@
+"""The batch sensor's planner, pure (``now`` is an argument): its cursor (per definition: the last
+firing requested and the runs holding its firings), which firings to request now under BLOCKED and
+DISCARD, retries after a failed run, and runs adopted from a cursor Dagster did not store. See
+``dagster_defs.batch`` for the run model it serves."""
+
+import hashlib
+import json
+import zlib
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from cq_engine.errors import CQError
+from cq_engine.model import Definition
+from cq_engine.schedule.ticks import Ticks
+from cq_engine.times import UTC, iso, parse_time
+
+from .builders import IN_FLIGHT
+
+CURSOR_VERSION = 1
+MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
+MAX_FIRINGS_PER_RUN = 1000  # definitions beyond it wait for the next batch (a run start costs seconds)
+LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
+RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
+RUNNING = {s.value for s in IN_FLIGHT}
+
+
+def batch_interval(definitions: list[Definition], ticks: dict[str, Ticks]) -> int:
+    """The batch sensor's cadence: half the shortest EVERY, between 1 and 5 seconds."""
+    shortest = min((ticks[d.name].every.total_seconds() for d in definitions if d.name in ticks), default=10)
+    return int(max(1, min(5, shortest // 2)))
+
+
+@dataclass
+class DefinitionState:
+    upto: str | None = None  # last firing requested
+    key: str | None = None  # run key of the run holding its firings
+    first: str | None = None  # first firing in that run
+    since: float = 0.0  # when that run was requested (epoch seconds)
+    attempt: int = 0  # failed attempts at the firings from `first`
+    checked: float = 0.0  # when a run last evaluated its completeness check (epoch seconds)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0)}
+
+
+def _cursor_data(text: str | None) -> dict:
+    if not text:
+        return {}
+    data = json.loads(text)
+    if data.get("v") != CURSOR_VERSION:
+        raise CQError(
+            f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; reset the sensor's cursor"
+        )
+    return data
+
+
+def load_cursor(text: str | None) -> dict[str, DefinitionState]:
+    return {name: DefinitionState(**s) for name, s in _cursor_data(text).get("defs", {}).items()}
+
+
+def cursor_time(text: str | None) -> float | None:
+    """When the evaluation that returned cursor ``text`` started (epoch seconds; None: not recorded)."""
+    at = _cursor_data(text).get("at")
+    return float(at) if at is not None else None
+
+
+def dump_cursor(states: dict[str, DefinitionState], *, at: float | None = None) -> str:
+    data: dict = {"v": CURSOR_VERSION, "defs": {n: s.to_json() for n, s in sorted(states.items())}}
+    if at is not None:
+        data["at"] = at
+    return json.dumps(data, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RequestedRun:
+    """A batch run as its run record holds it: key, creation time, attempt and firings."""
+
+    key: str
+    created: float  # epoch seconds
+    attempt: int
+    firings: dict[str, list[str]]  # definition -> ISO firing times, in order
+
+
+def adopt_runs(states: dict[str, DefinitionState], runs: list[RequestedRun]) -> list[str]:
+    """Put into ``states`` (in place) the batch runs their cursor does not know (``runs``: created after
+    the cursor's evaluation, oldest first). Dagster stores a sensor's cursor only once its tick has
+    ended, after it created the tick's runs: a daemon killed (or a tick failing) in between leaves the
+    previous cursor, and planning from it requested the same firings again in a run of another key
+    (its due set had grown meanwhile), so both runs committed them. Returns a note per adopted run."""
+    known = {s.key for s in states.values() if s.key}
+    notes = []
+    for run in sorted(runs, key=lambda r: r.created):
+        if not run.key or run.key in known:
+            continue
+        for name, fires in run.firings.items():
+            if not fires:
+                continue
+            s = states.setdefault(name, DefinitionState())
+            last = parse_time(fires[-1], tz=UTC)
+            upto = max(last, parse_time(s.upto, tz=UTC)) if s.upto else last
+            s.key, s.first, s.upto, s.since, s.attempt = run.key, fires[0], iso(upto), run.created, run.attempt
+        known.add(run.key)
+        notes.append(
+            f"adopted run key {run.key} ({sum(map(len, run.firings.values()))} firing(s) of "
+            f"{len(run.firings)} definition(s)): requested by an evaluation whose cursor Dagster did not store"
+        )
+    return notes
+
+
+@dataclass(frozen=True)
+class Batch:
+    firings: dict[str, list[datetime]]  # definition -> firing times, in order
+    cursor: str
+    skipped: list[str]  # DISCARD skips and definitions held back, for the tick's log
+    attempt: int
+    checks: frozenset[str] = frozenset()  # definitions whose completeness check the run evaluates
+
+    @property
+    def run_key(self) -> str:
+        text = json.dumps({n: [iso(f) for f in fs] for n, fs in sorted(self.firings.items())}) + f"#{self.attempt}"
+        return "cq_firings:" + hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def plan_batch(
+    definitions: list[Definition],
+    *,
+    ticks: dict[str, Ticks],
+    cursor: str | None,
+    now: datetime,
+    run_status: dict[str, str],
+    busy: set[str],
+    paused: set[str],
+    failed: dict[str, set[str]] | None = None,
+    finished: frozenset[str] = frozenset(),
+    lead: dict[str, timedelta] | None = None,
+    check_every: timedelta = timedelta(0),
+) -> Batch:
+    """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
+    cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
+    that run (its ``cq/failed`` tag; a failed run without it failed as a whole); ``busy``: definitions
+    with another run of theirs in flight (their own job, a recalculation); ``paused``: definitions
+    whose switch is stopped; ``finished``: definitions whose every firing in their still-running run
+    is committed (a long catch-up of another definition in that run does not hold them); ``lead``:
+    per definition, how long before a firing is due it may be requested (the run waits for it);
+    ``check_every``: a definition's completeness check is evaluated by its first run after that long
+    (and by every retry), not by every run: each evaluation is two events in Dagster's event log, which
+    a thousand definitions firing every 30 s cannot afford on every run."""
+    failed = failed or {}
+    lead = lead or {}
+    states = load_cursor(cursor)
+    states = {d.name: states.get(d.name, DefinitionState()) for d in definitions}
+    firings: dict[str, list[datetime]] = {}
+    skipped: list[str] = []
+    attempt = 0
+    total = 0
+    # Furthest behind first: when a batch is full (MAX_FIRINGS_PER_RUN), what waits for the next one
+    # is what was requested last, not the same definitions at the end of the list every time.
+    for d in sorted(definitions, key=lambda d: states[d.name].upto or ""):
+        s = states[d.name]
+        original = replace(s)
+        in_flight = d.name in busy
+        retry = False
+        if s.key:
+            status, age = run_status.get(s.key), now.timestamp() - s.since
+            if d.name in finished:
+                s.key, s.first, s.attempt = None, None, 0
+            elif status in RUNNING or (status is None and age < LOST_AFTER.total_seconds()):
+                in_flight = True
+            elif status == "SUCCESS" or (status == "FAILURE" and s.key in failed and d.name not in failed[s.key]):
+                s.key, s.first, s.attempt = None, None, 0
+            elif age < RETRY_BACKOFF[min(s.attempt, len(RETRY_BACKOFF) - 1)]:
+                in_flight = True  # failed (or lost): held for a back-off, then retried from `first`
+            else:
+                s.key, s.attempt, retry = None, s.attempt + 1, True
+        if d.name in paused:
+            continue
+        t = ticks[d.name]
+        due = t.due(cursor=parse_time(s.upto, tz=UTC) if s.upto else None, now=now + lead.get(d.name, timedelta(0)))
+        if d.timeout_policy == "DISCARD":
+            if in_flight:
+                if due:
+                    s.upto = iso(due[-1])
+                    skipped.append(
+                        f"{d.name}: DISCARD skipped {len(due)} firing(s) up to {iso(due[-1])} "
+                        "(a run of it is queued or running)"
+                    )
+                continue
+            fires = due[-1:] or ([parse_time(s.first, tz=UTC)] if retry and s.first else [])
+        else:
+            if in_flight:
+                if due:
+                    skipped.append(f"{d.name}: BLOCKED holds {len(due)} firing(s) until its run finishes")
+                continue
+            again = []
+            if retry and s.first and s.upto:  # a retry always has both
+                first = parse_time(s.first, tz=UTC)
+                again = [
+                    first,
+                    *t.between(
+                        first + timedelta(microseconds=1), parse_time(s.upto, tz=UTC) + timedelta(microseconds=1)
+                    ),
+                ]
+            fires = (again + due)[:MAX_FIRINGS_PER_DEFINITION]
+        if not fires:
+            if retry:
+                s.first, s.attempt = None, 0
+            continue
+        if total and total + len(fires) > MAX_FIRINGS_PER_RUN:
+            states[d.name] = original  # as if not looked at: the next batch decides again
+            continue
+        total += len(fires)
+        firings[d.name] = fires
+        if retry:
+            attempt = max(attempt, s.attempt)
+        else:
+            s.attempt = 0
+        s.first = iso(fires[0])
+        # BLOCKED: what a full batch left out is due again; DISCARD never goes back.
+        keep = d.timeout_policy == "DISCARD" and s.upto and parse_time(s.upto, tz=UTC) > fires[-1]
+        s.upto = s.upto if keep else iso(fires[-1])
+    batch = Batch(firings=firings, cursor="", skipped=skipped, attempt=attempt)
+    checks = set()
+    for name in firings:
+        s = states[name]
+        s.key, s.since = batch.run_key, now.timestamp()
+        if s.attempt or now.timestamp() - s.checked >= check_every.total_seconds():
+            checks.add(name)
+            s.checked = now.timestamp() - check_stagger(name, check_every)
+    return Batch(
+        firings=firings,
+        cursor=dump_cursor(states, at=now.timestamp()),
+        skipped=skipped,
+        attempt=attempt,
+        checks=frozenset(checks),
+    )
+
+
+def check_stagger(name: str, check_every: timedelta) -> float:
+    """Seconds (a fixed share of half ``check_every``, by name) by which a definition's next check
+    comes early. Definitions that start together are otherwise all due together: a thousand checks,
+    3,000 events in one run, kept that run (a batch slot, and the event log) busy 30 s longer every
+    five minutes, and the next cadence's firings waited. Each is still evaluated at least every
+    ``check_every``."""
+    return (zlib.crc32(name.encode()) % 1000) / 1000 * check_every.total_seconds() / 2
