@@ -54,6 +54,7 @@ SKIPPED_LINES = 20  # per tick: held or skipped definitions named in its log and
 MAX_RUNTIME_SECONDS = 1800  # run monitoring ends a batch run older than this (its worker died): retried
 SWITCH_CRON = "0 0 1 1 *"  # a switch's running state is what counts; its yearly tick requests nothing
 SWITCH_INTERVAL_SECONDS = 24 * 3600  # a stream switch sensor (it holds a cursor): evaluated daily
+FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the commit it waits for
 
 
 # -- the op's side ----------------------------------------------------------------------------------
@@ -92,14 +93,41 @@ def batch_threads() -> int:
     return int(value)
 
 
-def _execute(engine, firings: dict[str, list[datetime]], done: set, out: queue.Queue) -> None:
+Gate = Callable[[dict[str, list[str]]], dict[str, bool | None]]
+
+
+def _execute(
+    engine,
+    firings: dict[str, list[datetime]],
+    done: set,
+    out: queue.Queue,
+    *,
+    after: dict[str, list[str]] | None = None,
+    gate: Gate | None = None,
+) -> None:
     """Every definition's firings in rounds (round r: each definition's r-th firing), each result
     (or a definition's first failure, after which it stops) put on ``out``; a round's continuous
-    queries share one Spark job (``resample.fused``), its PERIOD streams run beside it."""
+    queries share one Spark job (``resample.fused``), its PERIOD streams run beside it. A definition
+    in ``after`` (pipelined: [run key, range end]) joins the rounds once ``gate`` says that run
+    committed it (True), or is left out if that run ended without (False; None: not yet)."""
     pending = {n: list(fs) for n, fs in firings.items()}
+    waiting = {n: a for n, a in (after or {}).items() if n in pending}
     with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
         while pending:
-            due = {n: fs.pop(0) for n, fs in pending.items()}
+            if waiting and gate is not None:
+                wait_for(min(fs[0] for fs in pending.values()))  # nothing runs before its time anyway
+                for name, go in gate(waiting).items():
+                    if go is not None:
+                        del waiting[name]
+                    if go is False:
+                        del pending[name]
+                        out.put(("left_out", engine.definition(name), None, after[name] if after else None))
+                if pending and all(n in waiting for n in pending):
+                    time.sleep(FOLLOW_POLL_SECONDS)
+                    continue
+                if not pending:
+                    break
+            due = {n: fs.pop(0) for n, fs in pending.items() if n not in waiting}
             wait_for(max(due.values()))  # a round requested early runs when its newest firing is due
             queries: list[FiringRequest] = []
             periods = []
@@ -141,12 +169,15 @@ def run_batch(
     sink_keys: dict[str, dg.AssetKey],
     retry: bool,
     on_done: Callable[[list[str]], Iterable] | None = None,
+    after: dict[str, list[str]] | None = None,
 ) -> Iterator:
     """Execute each definition's firings in order; a failing firing stops its definition (BLOCKED
     order) but not the others. Yields one materialization per firing as it commits, and what
     ``on_done(names)`` yields for the definitions done since the last lull (their completeness
     checks: a long catch-up of one definition does not hold the others'); raises at the end naming
-    the definitions that failed (run tag ``cq/failed``)."""
+    the definitions that failed (run tag ``cq/failed``). A definition in ``after`` (a pipelined
+    batch: the run it follows and the range end it waits for) starts once that run has committed
+    it; if that run ends without, it is left out (run tag ``cq/left_out``) and the sensor retries it."""
     done: set[tuple[str, datetime]] = set()
     if retry:  # a retried batch: what already succeeded is not redone
         done = {
@@ -155,7 +186,7 @@ def run_batch(
             if e.status == "succeeded" and e.kind in ("firing", "period") and e.fire_time is not None
         }
     out: queue.Queue = queue.Queue()
-    failures, failed_names = [], []
+    failures, failed_names, left_out = [], [], []
     times = {n: [parse_time(t, tz=UTC) for t in fs] for n, fs in firings.items()}
     left = {n: len(fs) for n, fs in times.items()}  # firings not yet heard of, per definition
     finished: list[str] = []  # done since the last lull
@@ -169,7 +200,8 @@ def run_batch(
             committed.clear()
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
-        future = pool.submit(_execute, engine, times, done, out)
+        gate = partial(_followed, context.instance, sink_keys)
+        future = pool.submit(_execute, engine, times, done, out, after=after, gate=gate)
         while not (future.done() and out.empty()):
             try:
                 outcome, d, fire, value = out.get(timeout=0.5)
@@ -182,6 +214,13 @@ def run_batch(
             left[d.name] = 0 if outcome == "failed" else left[d.name] - 1
             if left[d.name] == 0:
                 finished.append(d.name)
+            if outcome == "left_out":
+                left_out.append(d.name)
+                context.log.warning(
+                    f"{d.name}: left out: run key {value[0]} ended without committing its firing ending "
+                    f"{value[1]}, which this run's firings follow; the sensor retries them from there"
+                )
+                continue
             if outcome == "skipped":
                 context.log.info(f"{d.name}: firing {iso(fire)} already succeeded (ledger); skipped")
             elif outcome == "failed":
@@ -202,6 +241,8 @@ def run_batch(
         yield from on_done(finished)
     requested = sum(len(fs) for fs in firings.values())
     context.log.info(f"batch: {len(firings)} definition(s), {requested} firing(s) requested, {len(failures)} failed")
+    if left_out:
+        context.instance.add_run_tags(context.run_id, {"cq/left_out": ",".join(sorted(left_out))})
     if failures:
         # Which definitions failed, for the sensor: it retries those only.
         context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failed_names))})
@@ -211,10 +252,25 @@ def run_batch(
         )
 
 
+def _followed(instance, sink_keys: dict[str, dg.AssetKey], waiting: dict[str, list[str]]) -> dict[str, bool | None]:
+    """Per pipelined definition (``waiting``: name -> [run key, range end]): True once that run's
+    firing is in its sink's materializations, False if the run has ended without it, else None.
+    The statuses are read first: a run that has ended has written all its materializations."""
+    status, _, _ = keyed_runs(instance, {key for key, _ in waiting.values()})
+    latest = instance.get_latest_materialization_events([sink_keys[n] for n in waiting])
+    return {
+        name: True
+        if committed_through(latest.get(sink_keys[name]), end)
+        else (None if status.get(key) in RUNNING else False)
+        for name, (key, end) in waiting.items()
+    }
+
+
 # -- the Dagster objects ----------------------------------------------------------------------------
 def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
     """Per run key among ``keys``: its run's status, its run id, and the definitions its ``cq/failed``
-    tag names (only runs that have that tag)."""
+    and ``cq/left_out`` tags name (only runs that have either tag): what failed, and what a pipelined
+    run left out because the run it followed did not commit it."""
     status: dict[str, str] = {}
     ids: dict[str, str] = {}
     failed: dict[str, set[str]] = {}
@@ -223,8 +279,9 @@ def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str
             run = record.dagster_run
             key = run.tags["dagster/run_key"]
             status[key], ids[key] = run.status.value, run.run_id
-            if "cq/failed" in run.tags:
-                failed[key] = set(run.tags["cq/failed"].split(","))
+            for tag in ("cq/failed", "cq/left_out"):
+                if tag in run.tags:
+                    failed.setdefault(key, set()).update(run.tags[tag].split(","))
     return status, ids, failed
 
 
@@ -236,13 +293,15 @@ def requested_runs(instance, job_name: str, op: str, *, after: float) -> list[Re
     runs = []
     for record in records:
         run = record.dagster_run
-        firings = (((run.run_config or {}).get("ops") or {}).get(op) or {}).get("config", {}).get("firings") or {}
+        config = (((run.run_config or {}).get("ops") or {}).get(op) or {}).get("config", {})
+        firings = config.get("firings") or {}
         runs.append(
             RequestedRun(
                 key=run.tags.get("dagster/run_key", ""),
                 created=record.create_timestamp.timestamp(),
                 attempt=int(run.tags.get("cq/attempt", "0")),
                 firings={n: list(fs) for n, fs in firings.items()},
+                after={n: list(a) for n, a in (config.get("after") or {}).items()},
             )
         )
     return runs  # adopt_runs takes them oldest first
@@ -263,7 +322,7 @@ def build_shared_asset(
 ) -> tuple[dg.AssetsDefinition, dict]:
     """One subsettable multi-asset over the sinks of ``definitions`` (also name -> sink key). A run with
     the run config field ``many`` (``firings`` or ``works``: name -> items) executes them through
-    ``run_many(context, engine, items, sink_keys=, retry=, checks=)``; a run selecting one sink is that
+    ``run_many(context, engine, items, sink_keys=, retry=, checks=, config=)``; a run selecting one sink is that
     definition's own firing or recalculation."""
     specs, sink_keys, by_key = sink_specs(definitions, translator)
 
@@ -286,7 +345,7 @@ def build_shared_asset(
                 raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
             retry = context.run.tags.get("cq/attempt", "0") != "0"
             yield from checks.around(
-                lambda: run_many(context, engine, items, sink_keys=sink_keys, retry=retry, checks=checks)
+                lambda: run_many(context, engine, items, sink_keys=sink_keys, retry=retry, checks=checks, config=config)
             )
             return
         selected = [by_key[k] for k in context.selected_asset_keys]
@@ -311,8 +370,8 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
         description="The firings of the location's continuous queries and PERIOD streams: a batch "
         "(run config `firings`) or one definition's firing or recalculation.",
         many="firings",
-        run_many=lambda context, engine, firings, *, sink_keys, retry, checks: run_batch(
-            context, engine, firings, sink_keys=sink_keys, retry=retry, on_done=checks.report
+        run_many=lambda context, engine, firings, *, sink_keys, retry, checks, config: run_batch(
+            context, engine, firings, sink_keys=sink_keys, retry=retry, on_done=checks.report, after=config.after
         ),
     )
 
@@ -348,7 +407,8 @@ def build_batch_sensor(
             for note in adopt_runs(states, requested_runs(context.instance, job.name, op, after=at)):
                 context.log.warning(note)
         cursor = dump_cursor(states, at=at)
-        run_status, run_ids, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
+        keys = {k for s in states.values() for k in (s.key, s.prev) if k}
+        run_status, run_ids, failed = keyed_runs(context.instance, keys)
         busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
         finished = set()
@@ -360,13 +420,18 @@ def build_batch_sensor(
                 # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
                 last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
                 running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]))
-        latest = context.instance.get_latest_materialization_events([sink_keys[n] for n in running])
+        following = {n: s.prev_end for n, s in states.items() if s.prev and s.prev_end and n in sink_keys}
+        latest = context.instance.get_latest_materialization_events(
+            [sink_keys[n] for n in sorted(set(running) | set(following))]
+        )
         for name, (run_id, end) in running.items():
             event = latest.get(sink_keys[name])
             mat = event.asset_materialization if event and event.run_id == run_id else None
             value = mat.metadata.get("cq/range_end") if mat else None
             if value and value.value == end:
                 finished.add(name)
+        # Pipelined: the run a definition's run follows has committed its firing there.
+        prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
         batch = plan_batch(
             definitions,
             ticks=ticks,
@@ -377,6 +442,7 @@ def build_batch_sensor(
             paused=paused(context),
             failed=failed,
             finished=frozenset(finished),
+            prev_done=frozenset(prev_done),
             lead={d.name: batch_lead(ticks[d.name].every) for d in definitions},
             check_every=check_every,
         )
@@ -386,11 +452,12 @@ def build_batch_sensor(
         if not batch.firings:
             return dg.SensorResult(skip_reason="; ".join(skipped) or "no firing is due", cursor=batch.cursor)
         count = sum(len(f) for f in batch.firings.values())
+        config: dict = {"firings": {n: [iso(f) for f in fs] for n, fs in batch.firings.items()}}
+        if batch.after:
+            config["after"] = batch.after
         request = dg.RunRequest(
             run_key=batch.run_key,
-            run_config={
-                "ops": {op: {"config": {"firings": {n: [iso(f) for f in fs] for n, fs in batch.firings.items()}}}}
-            },
+            run_config={"ops": {op: {"config": config}}},
             asset_selection=[sink_keys[n] for n in batch.firings],
             asset_check_keys=[dg.AssetCheckKey(sink_keys[n], health.CHECK_NAME) for n in sorted(batch.checks)],
             tags={
@@ -412,6 +479,14 @@ def build_batch_sensor(
         "streams (BLOCKED: all, in order, one run at a time per definition; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
+
+
+def committed_through(event, end: str) -> bool:
+    """Whether materialization ``event`` (the sink's latest, or None) is of a firing whose range ends
+    at or after ``end`` (ISO)."""
+    mat = event.asset_materialization if event else None
+    value = mat.metadata.get("cq/range_end") if mat else None
+    return bool(value and value.value and parse_time(value.value, tz=UTC) >= parse_time(end, tz=UTC))
 
 
 def first_lines(lines: list[str], limit: int = SKIPPED_LINES) -> list[str]:

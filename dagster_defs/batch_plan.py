@@ -6,7 +6,7 @@ DISCARD, retries after a failed run, and runs adopted from a cursor Dagster did 
 import hashlib
 import json
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from cq_engine.errors import CQError
@@ -16,7 +16,8 @@ from cq_engine.times import UTC, iso, parse_time
 
 from .builders import IN_FLIGHT
 
-CURSOR_VERSION = 1
+CURSOR_VERSION = 2  # 2: a definition's state may name the run before its own (``prev``: pipelined)
+READABLE_VERSIONS = (1, 2)  # a version 1 cursor is a version 2 one with no ``prev``
 MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
 MAX_FIRINGS_PER_RUN = 1000  # definitions beyond it wait for the next batch (a run start costs seconds)
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
@@ -38,6 +39,15 @@ class DefinitionState:
     since: float = 0.0  # when that run was requested (epoch seconds)
     attempt: int = 0  # failed attempts at the firings from `first`
     checked: float = 0.0  # when a run last evaluated its completeness check (epoch seconds)
+    # Pipelined: `key` was requested while the run `prev` still held the definition's firings from
+    # `prev_first` up to the one whose range ends at `prev_end`; `key` waits for that commit.
+    prev: str | None = None
+    prev_first: str | None = None
+    prev_end: str | None = None
+    prev_since: float = 0.0
+
+    def clear_prev(self) -> None:
+        self.prev, self.prev_first, self.prev_end, self.prev_since = None, None, None, 0.0
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0)}
@@ -47,7 +57,7 @@ def _cursor_data(text: str | None) -> dict:
     if not text:
         return {}
     data = json.loads(text)
-    if data.get("v") != CURSOR_VERSION:
+    if data.get("v") not in READABLE_VERSIONS:
         raise CQError(
             f"cq_firings: cursor version {data.get('v')!r} is not {CURSOR_VERSION}; reset the sensor's cursor"
         )
@@ -79,6 +89,7 @@ class RequestedRun:
     created: float  # epoch seconds
     attempt: int
     firings: dict[str, list[str]]  # definition -> ISO firing times, in order
+    after: dict[str, list[str]] = field(default_factory=dict)  # pipelined: definition -> [prev key, its end]
 
 
 def adopt_runs(states: dict[str, DefinitionState], runs: list[RequestedRun]) -> list[str]:
@@ -96,6 +107,10 @@ def adopt_runs(states: dict[str, DefinitionState], runs: list[RequestedRun]) -> 
             if not fires:
                 continue
             s = states.setdefault(name, DefinitionState())
+            if name in run.after:  # it followed another run of the definition: keep that one too
+                prev_key, prev_end = run.after[name]
+                first = s.first if s.key == prev_key else s.prev_first or s.first
+                s.prev, s.prev_first, s.prev_end, s.prev_since = prev_key, first, prev_end, s.since
             last = parse_time(fires[-1], tz=UTC)
             upto = max(last, parse_time(s.upto, tz=UTC)) if s.upto else last
             s.key, s.first, s.upto, s.since, s.attempt = run.key, fires[0], iso(upto), run.created, run.attempt
@@ -114,6 +129,7 @@ class Batch:
     skipped: list[str]  # DISCARD skips and definitions held back, for the tick's log
     attempt: int
     checks: frozenset[str] = frozenset()  # definitions whose completeness check the run evaluates
+    after: dict[str, list[str]] = field(default_factory=dict)  # pipelined: definition -> [prev key, its end]
 
     @property
     def run_key(self) -> str:
@@ -132,6 +148,7 @@ def plan_batch(
     paused: set[str],
     failed: dict[str, set[str]] | None = None,
     finished: frozenset[str] = frozenset(),
+    prev_done: frozenset[str] = frozenset(),
     lead: dict[str, timedelta] | None = None,
     check_every: timedelta = timedelta(0),
 ) -> Batch:
@@ -140,16 +157,24 @@ def plan_batch(
     that run (its ``cq/failed`` tag; a failed run without it failed as a whole); ``busy``: definitions
     with another run of theirs in flight (their own job, a recalculation); ``paused``: definitions
     whose switch is stopped; ``finished``: definitions whose every firing in their still-running run
-    is committed (a long catch-up of another definition in that run does not hold them); ``lead``:
+    is committed (a long catch-up of another definition in that run does not hold them);
+    ``prev_done``: definitions whose firings in their ``prev`` run are committed; ``lead``:
     per definition, how long before a firing is due it may be requested (the run waits for it);
     ``check_every``: a definition's completeness check is evaluated by its first run after that long
     (and by every retry), not by every run: each evaluation is two events in Dagster's event log, which
-    a thousand definitions firing every 30 s cannot afford on every run."""
+    a thousand definitions firing every 30 s cannot afford on every run.
+
+    Pipelining: a BLOCKED definition whose one firing is in a run that has started is requested
+    again, in the next batch, as soon as its next firing is within its lead, without waiting for the
+    commit; the batch's ``after`` names the run and range end it waits for before that definition's
+    first firing. A definition is in at most two runs, the second waiting for the first. If its
+    firing fails in the first, the second leaves it out and it is retried from the first's firing."""
     failed = failed or {}
     lead = lead or {}
     states = load_cursor(cursor)
     states = {d.name: states.get(d.name, DefinitionState()) for d in definitions}
     firings: dict[str, list[datetime]] = {}
+    after: dict[str, list[str]] = {}
     skipped: list[str] = []
     attempt = 0
     total = 0
@@ -159,15 +184,29 @@ def plan_batch(
         s = states[d.name]
         original = replace(s)
         in_flight = d.name in busy
+        follow: tuple[str, str | None, str, float] | None = None
         retry = False
+        if s.prev:
+            status, age = run_status.get(s.prev), now.timestamp() - s.prev_since
+            if d.name in finished or d.name in prev_done or _done_in(status, s.prev, d.name, failed):
+                s.clear_prev()
+            elif status in RUNNING or (status is None and age < LOST_AFTER.total_seconds()):
+                in_flight = True
+            else:  # its firings failed in `prev`: `key` leaves them out, all retried from prev's first
+                s.first = s.prev_first
+                s.clear_prev()
         if s.key:
             status, age = run_status.get(s.key), now.timestamp() - s.since
             if d.name in finished:
                 s.key, s.first, s.attempt = None, None, 0
+                s.clear_prev()
             elif status in RUNNING or (status is None and age < LOST_AFTER.total_seconds()):
                 in_flight = True
-            elif status == "SUCCESS" or (status == "FAILURE" and s.key in failed and d.name not in failed[s.key]):
-                s.key, s.first, s.attempt = None, None, 0
+            elif _done_in(status, s.key, d.name, failed):
+                if s.prev:  # its firings there followed `prev`'s, still unresolved: wait for it
+                    in_flight = True
+                else:
+                    s.key, s.first, s.attempt = None, None, 0
             elif age < RETRY_BACKOFF[min(s.attempt, len(RETRY_BACKOFF) - 1)]:
                 in_flight = True  # failed (or lost): held for a back-off, then retried from `first`
             else:
@@ -187,7 +226,14 @@ def plan_batch(
                 continue
             fires = due[-1:] or ([parse_time(s.first, tz=UTC)] if retry and s.first else [])
         else:
-            if in_flight:
+            # Keeping up (one firing in a run that has started, the next one due; a queued run could
+            # start after its follower and hold a slot while it waits), no retry pending, no run of
+            # its own: it may be followed. A run behind holds its definition (BLOCKED) as before.
+            one = bool(s.key and s.upto and s.first == s.upto and not s.prev and not s.attempt)
+            if in_flight and len(due) == 1 and one and d.name not in busy and run_status.get(s.key or "") == "STARTED":
+                end = iso(t.range_of(parse_time(s.upto or "", tz=UTC))[1])
+                follow = (s.key or "", s.first, end, s.since)
+            if in_flight and not follow:
                 if due:
                     skipped.append(f"{d.name}: BLOCKED holds {len(due)} firing(s) until its run finishes")
                 continue
@@ -210,6 +256,9 @@ def plan_batch(
             continue
         total += len(fires)
         firings[d.name] = fires
+        if follow:
+            s.prev, s.prev_first, s.prev_end, s.prev_since = follow
+            after[d.name] = [follow[0], follow[2]]
         if retry:
             attempt = max(attempt, s.attempt)
         else:
@@ -218,7 +267,7 @@ def plan_batch(
         # BLOCKED: what a full batch left out is due again; DISCARD never goes back.
         keep = d.timeout_policy == "DISCARD" and s.upto and parse_time(s.upto, tz=UTC) > fires[-1]
         s.upto = s.upto if keep else iso(fires[-1])
-    batch = Batch(firings=firings, cursor="", skipped=skipped, attempt=attempt)
+    batch = Batch(firings=firings, cursor="", skipped=skipped, attempt=attempt, after=after)
     checks = set()
     for name in firings:
         s = states[name]
@@ -232,7 +281,17 @@ def plan_batch(
         skipped=skipped,
         attempt=attempt,
         checks=frozenset(checks),
+        after=after,
     )
+
+
+def _done_in(status: str | None, key: str, name: str, failed: dict[str, set[str]]) -> bool:
+    """Whether run ``key`` (of ``status``) ended with every firing of ``name`` in it committed: it
+    succeeded and left none out (``failed`` holds what a run failed or left out), or it failed in
+    other definitions only."""
+    if status == "SUCCESS":
+        return name not in failed.get(key, ())
+    return status == "FAILURE" and key in failed and name not in failed[key]
 
 
 def check_stagger(name: str, check_every: timedelta) -> float:

@@ -36,6 +36,8 @@ class FiringConfig(dg.Config):
     recalculate_from: str | None = None
     recalculate_to: str | None = None
     firings: dict[str, list[str]] | None = None  # a batch (the cq_firings job): definition -> firing times
+    # A pipelined batch: definition -> [run key, range end] of the run whose commit its first firing awaits.
+    after: dict[str, list[str]] | None = None
     works: dict[str, list[str]] | None = None  # a stream round (the cq_streams job): stream -> StreamWork JSON
 
 

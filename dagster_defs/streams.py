@@ -126,7 +126,7 @@ def build_streams_asset(streams: list[Stream], translator) -> tuple[dg.AssetsDef
         description="The works of the location's window-triggered streams and eKuiper rules that their "
         "sensor hands to a run (run config `works`), or one stream's run or recalculation (its sink selected).",
         many="works",
-        run_many=lambda context, engine, works, *, sink_keys, retry, checks: run_streams(
+        run_many=lambda context, engine, works, *, sink_keys, retry, checks, config: run_streams(
             context, engine, works, sink_keys=sink_keys, retry=retry
         ),
     )

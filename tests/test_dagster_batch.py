@@ -54,6 +54,7 @@ def _plan(
     names=("b", "d"),
     failed=None,
     finished=frozenset(),
+    prev_done=frozenset(),
     lead=None,
     check_every=timedelta(0),
 ):
@@ -69,6 +70,7 @@ def _plan(
         paused=set(paused),
         failed=failed,
         finished=frozenset(finished),
+        prev_done=frozenset(prev_done),
         lead=lead,
         check_every=check_every,
     )
@@ -442,6 +444,96 @@ def test_a_definition_done_inside_a_still_running_batch_goes_on_without_waiting_
     assert later.firings == {"b": [_s(20)]}  # d (DISCARD) is still in that run: skipped
 
 
+# -- pipelining: the next firing requested while the run of the previous one is still going --------
+LEAD = {"b": timedelta(seconds=10), "d": timedelta(seconds=10)}
+
+
+def test_a_definition_keeping_up_is_requested_again_while_its_run_goes_on_and_waits_for_its_commit(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5), lead=LEAD)
+    k1 = first.run_key
+    # 12 s: b's firing at 20 s is within its lead and its run has started: requested now, after k1's
+    # firing ending at 0 s. d (DISCARD) is never pipelined: it skips while its run goes on.
+    second = _plan(catalog, cursor=first.cursor, now=_s(12), status={k1: "STARTED"}, lead=LEAD)
+    assert second.firings == {"b": [_s(20)]} and second.after == {"b": [k1, iso(T0)]}
+    b = load_cursor(second.cursor)["b"]
+    assert (b.key, b.first, b.prev, b.prev_first, b.prev_end) == (
+        second.run_key,
+        iso(_s(20)),
+        k1,
+        iso(T0),
+        iso(T0),
+    )
+    # A queued run is not followed (it could start after its follower); nor is a definition whose run
+    # is behind (more than its next firing due: BLOCKED holds it, as ever).
+    assert _plan(catalog, cursor=first.cursor, now=_s(12), status={k1: "QUEUED"}, lead=LEAD).firings == {}
+    assert _plan(catalog, cursor=first.cursor, now=_s(35), status={k1: "STARTED"}, lead=LEAD).firings == {}
+    # At most two runs: with both still going, b's firing at 40 s waits.
+    k2 = second.run_key
+    held = _plan(catalog, cursor=second.cursor, now=_s(32), status={k1: "STARTED", k2: "STARTED"}, lead=LEAD)
+    assert "b" not in held.firings and any("b: BLOCKED holds 1" in line for line in held.skipped)
+    # k1 committed b (its sink's latest materialization): k2 is b's only run and may be followed in turn.
+    third = _plan(
+        catalog, cursor=second.cursor, now=_s(32), status={k1: "STARTED", k2: "STARTED"}, prev_done={"b"}, lead=LEAD
+    )
+    assert third.firings["b"] == [_s(40)] and third.after == {"b": [k2, iso(_s(20))]}
+    assert load_cursor(third.cursor)["b"].prev == k2
+    # Both ended well: b goes on as usual, with no run before its own.
+    done = _plan(catalog, cursor=second.cursor, now=_s(32), status={k1: "SUCCESS", k2: "SUCCESS"}, lead=LEAD)
+    assert done.firings["b"] == [_s(40)] and done.after == {}
+    assert load_cursor(done.cursor)["b"].prev is None
+
+
+def test_a_pipelined_definition_whose_first_run_failed_is_retried_from_that_runs_firing(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5), lead=LEAD)
+    k1 = first.run_key
+    second = _plan(catalog, cursor=first.cursor, now=_s(12), status={k1: "STARTED"}, lead=LEAD)
+    k2 = second.run_key
+    # k1 failed b; k2 is still running (it will leave b out): b waits for it.
+    failed = {k1: {"b"}}
+    waiting = _plan(
+        catalog, cursor=second.cursor, now=_s(25), status={k1: "FAILURE", k2: "STARTED"}, failed=failed, lead=LEAD
+    )
+    assert "b" not in waiting.firings
+    state = load_cursor(waiting.cursor)["b"]
+    assert (state.key, state.first, state.prev) == (k2, iso(T0), None)  # retried from k1's firing
+    # k2 ended having left b out (tag cq/left_out, read as failed): after the back-off, b's firings
+    # from 0 s are requested again, in order, as a retry.
+    failed[k2] = {"b"}
+    retry = _plan(catalog, cursor=waiting.cursor, now=_s(45), status={k2: "SUCCESS"}, failed=failed, lead=LEAD)
+    assert retry.firings["b"] == [T0, _s(20), _s(40)] and retry.attempt == 1 and retry.after == {}
+    # Had k2 committed b (k1 failed elsewhere): b is done with both, nothing to redo.
+    ok = _plan(
+        catalog,
+        cursor=second.cursor,
+        now=_s(45),
+        status={k1: "FAILURE", k2: "SUCCESS"},
+        failed={k1: {"d"}},
+        lead=LEAD,
+    )
+    assert ok.firings["b"] == [_s(40)] and load_cursor(ok.cursor)["b"].attempt == 0  # d's retry is attempt 1
+
+
+def test_an_adopted_pipelined_run_keeps_the_run_it_follows(project):
+    _, catalog = project
+    first = _plan(catalog, now=_s(5), lead=LEAD)
+    states = load_cursor(first.cursor)
+    follower = RequestedRun(
+        key="k2",
+        created=_s(12).timestamp(),
+        attempt=0,
+        firings={"b": [iso(_s(20))]},
+        after={"b": [first.run_key, iso(T0)]},
+    )
+    adopt_runs(states, [follower])
+    b = states["b"]
+    assert (b.key, b.first, b.prev, b.prev_first, b.prev_end) == ("k2", iso(_s(20)), first.run_key, iso(T0), iso(T0))
+    # The cursor round-trips (version 2), and a version 1 cursor still reads.
+    assert load_cursor(dump_cursor(states))["b"] == b
+    assert load_cursor('{"v":1,"defs":{"b":{"upto":"x"}}}')["b"].prev is None
+
+
 # -- a cursor Dagster did not store -----------------------------------------------------------------
 def test_runs_created_after_the_cursor_it_does_not_know_are_adopted_in_order(project):
     _, catalog = project
@@ -534,3 +626,88 @@ def test_checks_of_definitions_that_started_together_come_due_spread_out():
     # Their next checks fall due over the half period before five minutes, not in one run.
     per_30s = [sum(1 for o in offsets if k * 30 <= o < (k + 1) * 30) for k in range(5)]
     assert max(per_30s) < 300, per_30s
+
+
+def test_a_pipelined_batch_waits_for_the_commit_it_follows_and_leaves_a_definition_out_if_it_never_comes(
+    tmp_path, instance, spark, monkeypatch
+):
+    """The run side of pipelining, on a real instance, Spark and Delta: a definition named in the
+    run config's ``after`` starts once the run it follows has its firing in the sink's
+    materializations; if that run ended without it, the definition is left out (tag cq/left_out,
+    nothing written, the others run)."""
+    import threading
+
+    from cq_engine.engine import Engine
+
+    monkeypatch.setenv("CQ_COMPLETENESS_HORIZON", "36500d")
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "cq.sql").write_text(SQL)
+    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
+    Engine(settings=settings, spark_session=spark).ingest("ln", str(DATA / "ln.csv"))
+    job = build_definitions(settings=settings, now=T0, run_model="batch").resolve_job_def("cq_firings_job")
+    sinks = [dg.AssetKey("b_out"), dg.AssetKey("d_out")]
+
+    def batch(firings: dict, after: dict, key: str):
+        config = {"ops": {"cq_firings": {"config": {"firings": firings, "after": after}}}}
+        return job.execute_in_process(
+            instance=instance,
+            run_config=config,
+            asset_selection=sinks,
+            tags={"cq/batch": "true", "dagster/run_key": key},
+            raise_on_error=False,
+        )
+
+    def ends(result, sink="b_out"):
+        return [
+            m.metadata["cq/range_end"].value
+            for m in result.asset_materializations_for_node("cq_firings")
+            if m.asset_key.to_user_string() == sink
+        ]
+
+    first = batch({"b": ["2021-05-11T14:18:40+00:00"]}, {}, "k1")
+    assert first.success and ends(first) == ["2021-05-11T14:18:40+00:00"]
+    # Following k1, whose firing is committed: b runs at once.
+    second = batch({"b": ["2021-05-11T14:19:00+00:00"]}, {"b": ["k1", "2021-05-11T14:18:40+00:00"]}, "k2")
+    assert second.success and ends(second) == ["2021-05-11T14:19:00+00:00"]
+
+    # Following a run still going (STARTED) whose firing ends 14:19:20: b waits; d, not pipelined, runs.
+    # Its commit arrives 3 s later (a materialization of that range, as the run would report it).
+    going = create_run_for_test(
+        instance,
+        job_name="cq_firings_job",
+        status=dg.DagsterRunStatus.STARTED,
+        tags={"cq/batch": "true", "dagster/run_key": "k3"},
+    )
+    commit = threading.Timer(
+        3,
+        lambda: instance.report_runless_asset_event(
+            dg.AssetMaterialization(asset_key="b_out", metadata={"cq/range_end": "2021-05-11T14:19:20+00:00"})
+        ),
+    )
+    commit.start()
+    fourth = batch(
+        {"b": ["2021-05-11T14:19:40+00:00"], "d": ["2021-05-11T14:19:40+00:00"]},
+        {"b": ["k3", "2021-05-11T14:19:20+00:00"]},
+        "k4",
+    )
+    commit.join()
+    assert fourth.success and ends(fourth) == ["2021-05-11T14:19:40+00:00"]
+    assert ends(fourth, "d_out") == ["2021-05-11T14:19:40+00:00"]
+    # b's firing came after the commit it waited for, in the event log's order; d's did not wait.
+    events = instance.fetch_materializations(dg.AssetKey("b_out"), limit=10, ascending=True).records
+    order = [e.asset_materialization.metadata["cq/range_end"].value for e in events]
+    assert order[-2:] == ["2021-05-11T14:19:20+00:00", "2021-05-11T14:19:40+00:00"]
+
+    # Following a run that ended without committing b's firing: b is left out, d goes on.
+    instance.report_run_failed(going)
+    fifth = batch(
+        {"b": ["2021-05-11T14:20:00+00:00"], "d": ["2021-05-11T14:20:00+00:00"]},
+        {"b": ["k3", "2021-05-11T14:19:50+00:00"]},
+        "k5",
+    )
+    assert fifth.success and ends(fifth) == [] and ends(fifth, "d_out") == ["2021-05-11T14:20:00+00:00"]
+    assert instance.get_run_by_id(fifth.run_id).tags["cq/left_out"] == "b"
+    warning = next(e.message for e in instance.all_logs(fifth.run_id) if e.message and "left out" in e.message)
+    assert "b: left out: run key k3 ended without committing its firing ending 2021-05-11T14:19:50" in warning
+    fires = {e.fire_time for e in Engine(settings=settings).ledger.entries("b")}
+    assert datetime(2021, 5, 11, 14, 20, tzinfo=UTC) not in fires and len(fires) == 3
