@@ -39,9 +39,11 @@ from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.scheduler.instigation import InstigatorStatus
 from dagster_pyspark import PySparkResource
 
+from cq_engine.context import RunResult
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Definition
 from cq_engine.resample.fused import FiringRequest, run_firings
+from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.times import UTC, iso, parse_time
 
 from . import health
@@ -99,7 +101,7 @@ Gate = Callable[[dict[str, list[str]]], dict[str, bool | None]]
 def _execute(
     engine,
     firings: dict[str, list[datetime]],
-    done: set,
+    done: dict,
     out: queue.Queue,
     *,
     after: dict[str, list[str]] | None = None,
@@ -134,7 +136,7 @@ def _execute(
             for name, fire in due.items():
                 d = engine.definition(name)
                 if (name, fire) in done:
-                    out.put(("skipped", d, fire, None))
+                    out.put(("skipped", d, fire, done[name, fire]))
                 elif isinstance(d, ContinuousQuery):
                     queries.append(FiringRequest(cq=d, fire_time=fire))
                 else:
@@ -178,13 +180,14 @@ def run_batch(
     the definitions that failed (run tag ``cq/failed``). A definition in ``after`` (a pipelined
     batch: the run it follows and the range end it waits for) starts once that run has committed
     it; if that run ends without, it is left out (run tag ``cq/left_out``) and the sensor retries it."""
-    done: set[tuple[str, datetime]] = set()
+    done: dict[tuple[str, datetime], LedgerEntry] = {}
     if retry:  # a retried batch: what already succeeded is not redone
         done = {
-            (e.definition, e.fire_time)
+            (e.definition, e.fire_time): e
             for e in engine.ledger.entries()
             if e.status == "succeeded" and e.kind in ("firing", "period") and e.fire_time is not None
         }
+    reported: dict[str, set[str]] = {}  # per definition with a skipped firing: its sink's reported range ends
     out: queue.Queue = queue.Queue()
     failures, failed_names, left_out = [], [], []
     times = {n: [parse_time(t, tz=UTC) for t in fs] for n, fs in firings.items()}
@@ -223,6 +226,17 @@ def run_batch(
                 continue
             if outcome == "skipped":
                 context.log.info(f"{d.name}: firing {iso(fire)} already succeeded (ledger); skipped")
+                # Committed by a run killed before it reported the firing: reported now, once.
+                if d.name not in reported:
+                    reported[d.name] = _reported_ends(context.instance, sink_keys[d.name], since=value.started_at)
+                if iso(value.range_end) not in reported[d.name]:
+                    reported[d.name].add(iso(value.range_end))
+                    context.log.warning(
+                        f"{d.name}: firing {iso(fire)} was committed by a run that ended before reporting it; "
+                        "its materialization is reported now"
+                    )
+                    metadata = materialization(d, _result_of(value), engine=engine).metadata
+                    yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=metadata)
             elif outcome == "failed":
                 failures.append(f"{d.name} @ {iso(fire)}: {' '.join(str(value).split())[:500]}")
                 failed_names.append(d.name)
@@ -250,6 +264,31 @@ def run_batch(
             description=f"{len(failures)} firing(s) failed (their definitions are retried from "
             f"there; the others are committed): " + "; ".join(failures)
         )
+
+
+def _reported_ends(instance, key: dg.AssetKey, *, since: datetime) -> set[str]:
+    """The range ends (``cq/range_end``) of sink ``key``'s materializations since ``since``."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, after_timestamp=since.timestamp() - 1), limit=10_000
+    ).records
+    mats = [r.asset_materialization for r in records]
+    return {str(m.metadata["cq/range_end"].value) for m in mats if m and "cq/range_end" in m.metadata}
+
+
+def _result_of(entry: LedgerEntry) -> RunResult:
+    """A committed firing's result as the ledger recorded it (what its materialization reports)."""
+    return RunResult(
+        definition=entry.definition,
+        kind=entry.kind,
+        fire_time=entry.fire_time,
+        time_range=(entry.range_start, entry.range_end),
+        rows_written=entry.rows_written,
+        sink_version=entry.sink_version if entry.sink_version is not None else -1,
+        source_versions=entry.source_versions,
+        files_read=0,
+        files_total=0,
+        seconds=(entry.finished_at - entry.started_at).total_seconds(),
+    )
 
 
 def _followed(instance, sink_keys: dict[str, dg.AssetKey], waiting: dict[str, list[str]]) -> dict[str, bool | None]:

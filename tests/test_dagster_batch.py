@@ -711,3 +711,42 @@ def test_a_pipelined_batch_waits_for_the_commit_it_follows_and_leaves_a_definiti
     assert "b: left out: run key k3 ended without committing its firing ending 2021-05-11T14:19:50" in warning
     fires = {e.fire_time for e in Engine(settings=settings).ledger.entries("b")}
     assert datetime(2021, 5, 11, 14, 20, tzinfo=UTC) not in fires and len(fires) == 3
+
+
+def test_a_retry_reports_the_materialization_of_a_firing_committed_by_a_run_killed_before_reporting_it(
+    tmp_path, instance, spark, monkeypatch
+):
+    """A batch run commits a firing (sink, then ledger) and then yields its materialization; a worker
+    killed in between leaves the firing committed but unreported. The retried run skips it (the
+    ledger) and reports its materialization, once, from the ledger's entry."""
+    from cq_engine.engine import Engine
+
+    monkeypatch.setenv("CQ_COMPLETENESS_HORIZON", "36500d")
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "cq.sql").write_text(SQL)
+    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
+    engine = Engine(settings=settings, spark_session=spark)
+    engine.ingest("ln", str(DATA / "ln.csv"))
+    committed = engine.run_firing("b", datetime(2021, 5, 11, 14, 18, 40, tzinfo=UTC))  # no Dagster event
+    job = build_definitions(settings=settings, now=T0, run_model="batch").resolve_job_def("cq_firings_job")
+    firings = {"b": ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"]}
+
+    def retry():
+        result = job.execute_in_process(
+            instance=instance,
+            run_config={"ops": {"cq_firings": {"config": {"firings": firings}}}},
+            asset_selection=[dg.AssetKey("b_out")],
+            tags={"cq/batch": "true", "cq/attempt": "1"},
+        )
+        assert result.success
+        return [
+            (m.metadata["cq/range_end"].value, m.metadata["cq/rows_written"].value, m.metadata["cq/sink_version"].value)
+            for m in result.asset_materializations_for_node("cq_firings")
+        ]
+
+    first = retry()
+    # The skipped firing, as the ledger recorded it, then the one this run computed.
+    assert first[0] == ("2021-05-11T14:18:40+00:00", committed.rows_written, committed.sink_version)
+    assert [end for end, _, _ in first] == ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"]
+    assert retry() == []  # both reported: nothing again
+    assert len(Engine(settings=settings).ledger.entries("b")) == 2  # and nothing recomputed
