@@ -6,9 +6,10 @@ queries and PERIOD streams) in one run, on one warm Spark session.
   get them as the run's asset selection. Each firing is one materialization of its sink with its
   ``cq/*`` metadata, so the sink's asset page shows its firings as before.
 - Per definition (the sensor's cursor): ``upto`` (last firing requested) and, while a run holds some
-  of its firings, that run's key and its first firing. A definition is never in two runs at once:
-  BLOCKED holds its due firings while its run is queued or running and requests them all, in order,
-  next; DISCARD skips them and then requests only the latest.
+  of its firings, that run's key and its first firing. BLOCKED holds its due firings while its run
+  is queued or running and requests them all, in order, next; DISCARD skips them and then requests
+  only the latest. Pipelined (``batch_plan.plan_batch``): a BLOCKED definition keeping up is
+  requested again while its run goes on, and the new run waits for that run's commit.
 - A run key per batch makes a repeated evaluation harmless. A run that failed (or vanished) puts its
   definitions' firings back, from the first one, into a later batch with a new attempt number; the
   other definitions of that run are not redone, and in the retried run a firing the ledger already
@@ -515,7 +516,7 @@ def build_batch_sensor(
         minimum_interval_seconds=interval,
         default_status=default_status,
         description="Requests one run with every firing due across the location's continuous queries and PERIOD "
-        "streams (BLOCKED: all, in order, one run at a time per definition; DISCARD: the latest). "
+        "streams (BLOCKED: all, in order, each after the one before has committed; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
 
