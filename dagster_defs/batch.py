@@ -61,11 +61,15 @@ FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the com
 
 
 # -- the op's side ----------------------------------------------------------------------------------
-def batch_lead(every: timedelta) -> timedelta:
-    """How early a firing may be requested: ``CQ_BATCH_LEAD`` seconds (default 20), at most half the
-    definition's period. A run takes seconds to start (a new process); requested early, it has
-    started by the time its firings are due, and waits for each (``wait_for``)."""
-    return min(timedelta(seconds=env_seconds("CQ_BATCH_LEAD", 20)), every / 2)
+def batch_lead(every: timedelta, policy: str = "BLOCKED") -> timedelta:
+    """How early a firing may be requested: ``CQ_BATCH_LEAD`` seconds (default 25), at most half the
+    definition's period, or for BLOCKED its period less 5 s if that is more. A run takes seconds to
+    be created and to start (a new process); requested early, it has started by the time its firings
+    are due, and waits for each (``wait_for``). BLOCKED may ask that early since a run that follows
+    one still going waits for its commit (pipelining); DISCARD may not: it decides to skip a firing
+    when it is requested, and a run one lead after its firing is due is not late."""
+    cap = every / 2 if policy == "DISCARD" else max(every / 2, every - timedelta(seconds=5))
+    return min(timedelta(seconds=env_seconds("CQ_BATCH_LEAD", 25)), cap)
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -483,7 +487,7 @@ def build_batch_sensor(
             failed=failed,
             finished=frozenset(finished),
             prev_done=frozenset(prev_done),
-            lead={d.name: batch_lead(ticks[d.name].every) for d in definitions},
+            lead={d.name: batch_lead(ticks[d.name].every, d.timeout_policy) for d in definitions},
             check_every=check_every,
         )
         skipped = first_lines(batch.skipped)

@@ -41,7 +41,7 @@ def freshness_policy(definition: Definition, settings: Settings) -> dg.Freshness
     if is_ticked(definition):
         from .batch import batch_lead  # the batch sensor's own lead: a firing may run that much early
 
-        lead = batch_lead(_every(definition))
+        lead = batch_lead(_every(definition), definition.timeout_policy)
     window = freshness_window(definition, grace=settings.freshness_grace_delta, lead=lead)
     return dg.FreshnessPolicy.time_window(fail_window=window.fail, warn_window=window.warn)
 
@@ -75,7 +75,7 @@ def completeness_results(
     now = now or datetime.now(UTC)
     horizon = engine.settings.completeness_horizon_delta
     since = now - horizon
-    # A firing of `since` may have started a batch lead (at most half its EVERY) before it.
+    # A firing of `since` may have started a batch lead (less than its EVERY) before it.
     entries = engine.ledger.entries_since(since - horizon, [d.name for d in definitions])
     by_name: dict[str, list] = {}
     for entry in entries:

@@ -102,9 +102,13 @@ def test_a_firing_due_within_its_lead_is_requested_early(project, monkeypatch):
     assert early.firings == {"b": [_s(20)]}
     # At 9 s it is not yet.
     assert _plan(catalog, cursor=first.cursor, now=_s(9), status={first.run_key: "SUCCESS"}, lead=lead).firings == {}
-    # The lead: CQ_BATCH_LEAD (default 20 s), at most half the period; a bad value is a clear error.
-    assert batch_lead(timedelta(seconds=30)) == timedelta(seconds=15)
-    assert batch_lead(timedelta(minutes=5)) == timedelta(seconds=20)
+    # The lead: CQ_BATCH_LEAD (default 25 s); a bad value is a clear error.
+    # BLOCKED: up to its period less 5 s (a run following one still going waits for its commit);
+    # DISCARD: half its period (it decides to skip a firing when it requests the next one).
+    assert batch_lead(timedelta(seconds=30)) == timedelta(seconds=25)
+    assert batch_lead(timedelta(seconds=30), "DISCARD") == timedelta(seconds=15)
+    assert batch_lead(timedelta(seconds=5)) == batch_lead(timedelta(seconds=5), "DISCARD") == timedelta(seconds=2.5)
+    assert batch_lead(timedelta(minutes=5)) == timedelta(seconds=25)
     monkeypatch.setenv("CQ_BATCH_LEAD", "0")
     assert batch_lead(timedelta(minutes=5)) == timedelta(0)
     monkeypatch.setenv("CQ_BATCH_LEAD", "soon")

@@ -86,7 +86,7 @@ def check_batches(stack, name: str) -> list[dict]:
         fires = run["firings"][name]
         assert fires == sorted(fires) and all(f.timestamp() % 5 == 0 for f in fires), fires
         assert run["tags"]["dagster/sensor_name"] == "cq_firings" and run["tags"]["cq/batch"] == "true"
-        # A firing is requested at most its lead (CQ_BATCH_LEAD, at most half of EVERY 5s) before it
+        # A firing is requested at most its lead (CQ_BATCH_LEAD, for EVERY 5s: half of it) before it
         # is due, never earlier; check_exactly_once checks that it executes only once due.
         lead = batch_lead(EVERY).total_seconds()
         assert run["creationTime"] >= fires[-1].timestamp() - lead - 0.001, (run["creationTime"], fires[-1])
