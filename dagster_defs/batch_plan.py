@@ -269,9 +269,10 @@ def plan_batch(
         s.upto = s.upto if keep else iso(fires[-1])
     batch = Batch(firings=firings, cursor="", skipped=skipped, attempt=attempt, after=after)
     checks = set()
+    key = batch.run_key  # once: it hashes the whole batch (a thousand definitions' firings)
     for name in firings:
         s = states[name]
-        s.key, s.since = batch.run_key, now.timestamp()
+        s.key, s.since = key, now.timestamp()
         if s.attempt or now.timestamp() - s.checked >= check_every.total_seconds():
             checks.add(name)
             s.checked = now.timestamp() - check_stagger(name, check_every)
