@@ -32,9 +32,10 @@ def batch_interval(definitions: list[Definition], ticks: dict[str, Ticks]) -> in
 
 
 def batch_spacing(definitions: list[Definition], ticks: dict[str, Ticks]) -> timedelta:
-    """How far apart small batches are requested (see ``plan_batch``): half the shortest EVERY, at most 15 s."""
+    """How far apart batches are requested (see ``plan_batch``): the shortest EVERY less 5 s, at least
+    half of it and at most 25 s, so at most one batch per cadence of the fastest definitions."""
     shortest = min((ticks[d.name].every for d in definitions if d.name in ticks), default=timedelta(seconds=10))
-    return min(shortest / 2, timedelta(seconds=15))
+    return min(max(shortest / 2, shortest - timedelta(seconds=5)), timedelta(seconds=25))
 
 
 @dataclass
@@ -185,13 +186,10 @@ def plan_batch(
     first firing. A definition is in at most two runs, the second waiting for the first. If its
     firing fails in the first, the second leaves it out and it is retried from the first's firing.
 
-    ``spacing``: a small batch (fewer than half the definitions, and under ``MAX_FIRINGS_PER_RUN``
-    firings) is requested at least that long after the last batch; what comes due in between joins it.
-    Each run costs a process start and Dagster's events for every sink it selects, so a batch per group
-    of definitions ready at its own moment (a run that started late, a catch-up) turned 1,000
-    definitions' one run per cadence into two or three, and they fell behind. A large batch goes at
-    once: spacing those too capped a stack that had fallen behind at one full batch per spacing, the
-    rate firings come due, so it never caught up (every definition three firings late, for good)."""
+    ``spacing``: batches are requested at least that far apart; what comes due in between waits for
+    the next one. Each run costs a process start and Dagster's events for every sink it selects, so a
+    batch per group of definitions ready at its own moment (catching up, or a run that started late)
+    turned 1,000 definitions' one run per cadence into two or three, and they fell behind."""
     failed = failed or {}
     lead = lead or {}
     states = load_cursor(cursor)
@@ -298,8 +296,7 @@ def plan_batch(
     if not firings:
         cursor_now = dump_cursor(states, at=now.timestamp(), requested=last_request)
         return Batch(firings={}, cursor=cursor_now, skipped=skipped, attempt=0)
-    small = len(firings) < len(definitions) / 2 and total < MAX_FIRINGS_PER_RUN
-    if small and last_request is not None and 0 <= now.timestamp() - last_request < spacing.total_seconds():
+    if last_request is not None and 0 <= now.timestamp() - last_request < spacing.total_seconds():
         # As if not evaluated (the cursor it was given): the next evaluation after the spacing plans
         # these firings, and whatever else is due by then, into one batch.
         wait = spacing.total_seconds() - (now.timestamp() - last_request)

@@ -760,29 +760,26 @@ def test_a_retry_reports_the_materialization_of_a_firing_committed_by_a_run_kill
     assert len(Engine(settings=settings).ledger.entries("b")) == 2  # and nothing recomputed
 
 
-def test_a_small_batch_waits_spacing_after_the_last_and_a_large_one_goes_at_once(project):
+def test_batches_are_requested_at_least_spacing_apart_and_what_came_due_waits_for_the_next(project):
     _, catalog = project
-    names = ("b", "d", "broken_src")
     spacing = timedelta(seconds=10)
-    first = _plan(catalog, now=_s(5), spacing=spacing, names=names)
-    assert first.firings == {"b": [T0], "d": [T0], "broken_src": [T0]}
-    going = {first.run_key: "STARTED"}
-    # 8 s later b's next firing is within its lead and its run is going (pipelined), but a batch was
-    # requested 8 s ago and b alone is a small batch (under half the definitions): nothing is
-    # requested and the cursor stays as it was.
+    first = _plan(catalog, now=_s(5), spacing=spacing)
+    assert first.firings == {"b": [T0], "d": [T0]}
+    # 8 s later b's next firing is within its lead and its run is going (pipelined): but a batch was
+    # requested 8 s ago, so nothing is requested and the cursor stays as it was.
     lead = {"b": timedelta(seconds=15)}
-    held = _plan(catalog, cursor=first.cursor, now=_s(13), status=going, lead=lead, spacing=spacing, names=names)
+    held = _plan(
+        catalog, cursor=first.cursor, now=_s(13), status={first.run_key: "STARTED"}, lead=lead, spacing=spacing
+    )
     assert held.firings == {} and held.cursor == first.cursor
     assert any("wait 2s for the next batch" in line for line in held.skipped), held.skipped
     # 10 s after the last request: requested.
-    later = _plan(catalog, cursor=first.cursor, now=_s(15), status=going, lead=lead, spacing=spacing, names=names)
+    later = _plan(
+        catalog, cursor=first.cursor, now=_s(15), status={first.run_key: "STARTED"}, lead=lead, spacing=spacing
+    )
     assert later.firings == {"b": [_s(20)]}
-    # A large batch (half the definitions or more) goes at once: a stack behind catches up in full batches.
-    both = {"b": timedelta(seconds=15), "broken_src": timedelta(seconds=15)}
-    large = _plan(catalog, cursor=first.cursor, now=_s(13), status=going, lead=both, spacing=spacing, names=names)
-    assert large.firings == {"b": [_s(20)], "broken_src": [_s(20)]}
     # An evaluation requesting nothing keeps the time of the last request.
     from dagster_defs.batch_plan import requested_time
 
-    idle = _plan(catalog, cursor=later.cursor, now=_s(16), status={**going, later.run_key: "STARTED"}, names=names)
+    idle = _plan(catalog, cursor=later.cursor, now=_s(16), status={first.run_key: "STARTED", later.run_key: "STARTED"})
     assert idle.firings == {} and requested_time(idle.cursor) == _s(15).timestamp()
