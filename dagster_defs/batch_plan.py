@@ -32,10 +32,9 @@ def batch_interval(definitions: list[Definition], ticks: dict[str, Ticks]) -> in
 
 
 def batch_spacing(definitions: list[Definition], ticks: dict[str, Ticks]) -> timedelta:
-    """How far apart batches are requested (see ``plan_batch``): the shortest EVERY less 5 s, at least
-    half of it and at most 25 s, so at most one batch per cadence of the fastest definitions."""
+    """How far apart batches are requested: half the shortest EVERY, at most 15 s (see ``plan_batch``)."""
     shortest = min((ticks[d.name].every for d in definitions if d.name in ticks), default=timedelta(seconds=10))
-    return min(max(shortest / 2, shortest - timedelta(seconds=5)), timedelta(seconds=25))
+    return min(shortest / 2, timedelta(seconds=15))
 
 
 @dataclass
