@@ -48,17 +48,7 @@ from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.times import UTC, iso, parse_time
 
 from . import health
-from .batch_plan import (
-    RUNNING,
-    RequestedRun,
-    adopt_runs,
-    batch_spacing,
-    cursor_time,
-    dump_cursor,
-    load_cursor,
-    plan_batch,
-    requested_time,
-)
+from .batch_plan import RUNNING, RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
 from .builders import IN_FLIGHT, FiringConfig, execute_one, materialization
 from .resource import CQEngineResource
 
@@ -460,7 +450,7 @@ def build_batch_sensor(
         if at is not None:
             for note in adopt_runs(states, requested_runs(context.instance, job.name, op, after=at)):
                 context.log.warning(note)
-        cursor = dump_cursor(states, at=at, requested=requested_time(context.cursor))
+        cursor = dump_cursor(states, at=at)
         keys = {k for s in states.values() for k in (s.key, s.prev) if k}
         run_status, run_ids, failed = keyed_runs(context.instance, keys)
         busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
@@ -499,7 +489,6 @@ def build_batch_sensor(
             prev_done=frozenset(prev_done),
             lead={d.name: batch_lead(ticks[d.name].every, d.timeout_policy) for d in definitions},
             check_every=check_every,
-            spacing=batch_spacing(definitions, ticks),
         )
         skipped = first_lines(batch.skipped)
         for line in skipped:

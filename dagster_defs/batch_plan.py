@@ -31,12 +31,6 @@ def batch_interval(definitions: list[Definition], ticks: dict[str, Ticks]) -> in
     return int(max(1, min(5, shortest // 2)))
 
 
-def batch_spacing(definitions: list[Definition], ticks: dict[str, Ticks]) -> timedelta:
-    """How far apart batches are requested: half the shortest EVERY, at most 15 s (see ``plan_batch``)."""
-    shortest = min((ticks[d.name].every for d in definitions if d.name in ticks), default=timedelta(seconds=10))
-    return min(shortest / 2, timedelta(seconds=15))
-
-
 @dataclass
 class DefinitionState:
     upto: str | None = None  # last firing requested
@@ -80,18 +74,10 @@ def cursor_time(text: str | None) -> float | None:
     return float(at) if at is not None else None
 
 
-def requested_time(text: str | None) -> float | None:
-    """When the last batch was requested (epoch seconds; None: not recorded)."""
-    req = _cursor_data(text).get("req")
-    return float(req) if req is not None else None
-
-
-def dump_cursor(states: dict[str, DefinitionState], *, at: float | None = None, requested: float | None = None) -> str:
+def dump_cursor(states: dict[str, DefinitionState], *, at: float | None = None) -> str:
     data: dict = {"v": CURSOR_VERSION, "defs": {n: s.to_json() for n, s in sorted(states.items())}}
     if at is not None:
         data["at"] = at
-    if requested is not None:
-        data["req"] = requested
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -165,7 +151,6 @@ def plan_batch(
     prev_done: frozenset[str] = frozenset(),
     lead: dict[str, timedelta] | None = None,
     check_every: timedelta = timedelta(0),
-    spacing: timedelta = timedelta(0),
 ) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
@@ -183,17 +168,11 @@ def plan_batch(
     again, in the next batch, as soon as its next firing is within its lead, without waiting for the
     commit; the batch's ``after`` names the run and range end it waits for before that definition's
     first firing. A definition is in at most two runs, the second waiting for the first. If its
-    firing fails in the first, the second leaves it out and it is retried from the first's firing.
-
-    ``spacing``: batches are requested at least that far apart; what comes due in between waits for
-    the next one. Each run costs a process start and Dagster's events for every sink it selects, so a
-    batch per group of definitions ready at its own moment (catching up, or a run that started late)
-    turned 1,000 definitions' one run per cadence into two or three, and they fell behind."""
+    firing fails in the first, the second leaves it out and it is retried from the first's firing."""
     failed = failed or {}
     lead = lead or {}
     states = load_cursor(cursor)
     states = {d.name: states.get(d.name, DefinitionState()) for d in definitions}
-    last_request = requested_time(cursor)
     firings: dict[str, list[datetime]] = {}
     after: dict[str, list[str]] = {}
     skipped: list[str] = []
@@ -292,18 +271,6 @@ def plan_batch(
         # BLOCKED: what a full batch left out is due again; DISCARD never goes back.
         keep = d.timeout_policy == "DISCARD" and s.upto and parse_time(s.upto, tz=UTC) > fires[-1]
         s.upto = s.upto if keep else iso(fires[-1])
-    if not firings:
-        cursor_now = dump_cursor(states, at=now.timestamp(), requested=last_request)
-        return Batch(firings={}, cursor=cursor_now, skipped=skipped, attempt=0)
-    if last_request is not None and 0 <= now.timestamp() - last_request < spacing.total_seconds():
-        # As if not evaluated (the cursor it was given): the next evaluation after the spacing plans
-        # these firings, and whatever else is due by then, into one batch.
-        wait = spacing.total_seconds() - (now.timestamp() - last_request)
-        note = (
-            f"{len(firings)} definition(s) due wait {wait:.0f}s for the next batch "
-            f"(one per {spacing.total_seconds():.0f}s)"
-        )
-        return Batch(firings={}, cursor=cursor or "", skipped=[*skipped, note], attempt=0)
     batch = Batch(firings=firings, cursor="", skipped=skipped, attempt=attempt, after=after)
     checks = set()
     key = batch.run_key  # once: it hashes the whole batch (a thousand definitions' firings)
@@ -315,7 +282,7 @@ def plan_batch(
             s.checked = now.timestamp() - check_stagger(name, check_every)
     return Batch(
         firings=firings,
-        cursor=dump_cursor(states, at=now.timestamp(), requested=now.timestamp()),
+        cursor=dump_cursor(states, at=now.timestamp()),
         skipped=skipped,
         attempt=attempt,
         checks=frozenset(checks),

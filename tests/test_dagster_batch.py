@@ -57,7 +57,6 @@ def _plan(
     prev_done=frozenset(),
     lead=None,
     check_every=timedelta(0),
-    spacing=timedelta(0),
 ):
     defs = [catalog.definition(n) for n in names]
     ticks = {d.name: ticks_of(d, timezone="UTC") for d in defs}
@@ -74,7 +73,6 @@ def _plan(
         prev_done=frozenset(prev_done),
         lead=lead,
         check_every=check_every,
-        spacing=spacing,
     )
 
 
@@ -758,28 +756,3 @@ def test_a_retry_reports_the_materialization_of_a_firing_committed_by_a_run_kill
     assert [end for end, _, _ in first] == ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"]
     assert retry() == []  # both reported: nothing again
     assert len(Engine(settings=settings).ledger.entries("b")) == 2  # and nothing recomputed
-
-
-def test_batches_are_requested_at_least_spacing_apart_and_what_came_due_waits_for_the_next(project):
-    _, catalog = project
-    spacing = timedelta(seconds=10)
-    first = _plan(catalog, now=_s(5), spacing=spacing)
-    assert first.firings == {"b": [T0], "d": [T0]}
-    # 8 s later b's next firing is within its lead and its run is going (pipelined): but a batch was
-    # requested 8 s ago, so nothing is requested and the cursor stays as it was.
-    lead = {"b": timedelta(seconds=15)}
-    held = _plan(
-        catalog, cursor=first.cursor, now=_s(13), status={first.run_key: "STARTED"}, lead=lead, spacing=spacing
-    )
-    assert held.firings == {} and held.cursor == first.cursor
-    assert any("wait 2s for the next batch" in line for line in held.skipped), held.skipped
-    # 10 s after the last request: requested.
-    later = _plan(
-        catalog, cursor=first.cursor, now=_s(15), status={first.run_key: "STARTED"}, lead=lead, spacing=spacing
-    )
-    assert later.firings == {"b": [_s(20)]}
-    # An evaluation requesting nothing keeps the time of the last request.
-    from dagster_defs.batch_plan import requested_time
-
-    idle = _plan(catalog, cursor=later.cursor, now=_s(16), status={first.run_key: "STARTED", later.run_key: "STARTED"})
-    assert idle.firings == {} and requested_time(idle.cursor) == _s(15).timestamp()
