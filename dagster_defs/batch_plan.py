@@ -226,15 +226,11 @@ def plan_batch(
                 continue
             fires = due[-1:] or ([parse_time(s.first, tz=UTC)] if retry and s.first else [])
         else:
-            # Keeping up (one firing in a run that Dagster holds, queued or going, and exactly the
-            # next one due), no retry pending, no run of its own: it may be followed. The follower
-            # cannot start before the run it follows: batch runs share their queue tags and priority,
-            # and Dagster's queue starts such runs in the order they were created. Following a queued
-            # run too keeps the definitions of one cadence in one batch (only started ones: the
-            # definitions whose run started a tick later got a batch of their own, two runs a cadence).
-            # A run behind holds its definition (BLOCKED) as before.
+            # Keeping up (one firing in a run that has started, the next one due; a queued run could
+            # start after its follower and hold a slot while it waits), no retry pending, no run of
+            # its own: it may be followed. A run behind holds its definition (BLOCKED) as before.
             one = bool(s.key and s.upto and s.first == s.upto and not s.prev and not s.attempt)
-            if in_flight and len(due) == 1 and one and d.name not in busy and run_status.get(s.key or "") in RUNNING:
+            if in_flight and len(due) == 1 and one and d.name not in busy and run_status.get(s.key or "") == "STARTED":
                 end = iso(t.range_of(parse_time(s.upto or "", tz=UTC))[1])
                 follow = (s.key or "", s.first, end, s.since)
             if in_flight and not follow:
