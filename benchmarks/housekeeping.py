@@ -8,7 +8,7 @@ default 20,000; ``--quick`` 2,000). The many-commit tables are written directly 
 each adding a real Parquet file (a writer's commit, without a writer's per-commit snapshot load), spread
 over 60 days of commit times; as their writers would have, they hold a checkpoint at every 100th
 version's position that matters: the newest one (a reader's starting point) and the newest one older
-than the table's log retention (``CQ_BENCH_HK_LOG_RETENTION``, default 30 days, for the source and the
+than the table's log retention (``CQ_BENCH_HK_LOG_RETENTION``, default the engine's 7 days, for the source and the
 sink; a state table keeps at most a day; what log cleanup may delete up to). The first commits, which
 the engine writes when it creates the tables, get the oldest times (delta-rs's log cleanup goes by file
 times).
@@ -170,12 +170,13 @@ def _build(ctx: Context, label: str, commits: int, spark):
     yet seen by the stream's cursor), and that cursor."""
     from deltalake import DeltaTable
 
+    from cq_engine.config import Settings
     from cq_engine.housekeeping import STATE_LOG_RETENTION
     from cq_engine.storage.ledger import SCHEMA
     from cq_engine.streams.sensor import evaluate_stream
 
-    # CQ_BENCH_HK_LOG_RETENTION: the tables' CQ_LOG_RETENTION (default 30d), to see what a shorter one buys.
-    retention = os.environ.get("CQ_BENCH_HK_LOG_RETENTION", "30d")
+    # CQ_BENCH_HK_LOG_RETENTION: the tables' CQ_LOG_RETENTION (default: the engine's), to see what another buys.
+    retention = os.environ.get("CQ_BENCH_HK_LOG_RETENTION", Settings().log_retention)
     engine = make_engine(ctx.workdir(f"{NAME}/{label}"), SQL, spark, log_retention=retention)
     now = datetime.now(UTC)
     when = lambda v: now - SPAN * (commits - v) / commits

@@ -51,7 +51,9 @@ class Settings:
     # (each definition's newest run is kept); Delta log files (past the newest checkpoint) and data
     # files no longer in the table are deleted once older than theirs; when the Dagster schedule runs.
     ledger_retention: str = "30d"
-    log_retention: str = "30d"
+    # As long as the data files (Delta's own advice: not shorter): an older version's files may be gone
+    # already (VACUUM), and a month of a 30 s sink's log is 86,000 files every open lists.
+    log_retention: str = "7d"
     file_retention: str = "7d"
     maintenance_cron: str = "0 3 * * *"
 

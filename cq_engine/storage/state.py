@@ -17,7 +17,7 @@ from deltalake.exceptions import DeltaError
 
 from cq_engine.errors import TableError
 from cq_engine.names import check_name
-from cq_engine.storage import log
+from cq_engine.storage import log, snapshot
 from cq_engine.storage.groups import KnownGroups
 from cq_engine.storage.maintain import (
     STATE_COMPACT_EVERY,
@@ -52,6 +52,11 @@ class DeltaStateTables:
     def read_state(self, name: str) -> pa.Table | None:
         """The state table ``name`` (e.g. ``streams/s1/outbox``), or None if never written."""
         uri = self.state_uri(name)
+        # By file name (the checkpoint and the commits since), not a delta-rs open, which lists the
+        # log and loads every tombstone: the ledger read stays as fast at 100,000 commits as at 100.
+        fast = snapshot.read_live(uri, storage_options=self.storage_options)
+        if fast is not None:
+            return fast
         if not DeltaTable.is_deltatable(uri, storage_options=self.storage_options):
             return None
         # DeltaTable.scan (delta-rs' own engine), not to_pyarrow_table: the latter's pyarrow dataset

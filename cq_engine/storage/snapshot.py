@@ -1,0 +1,131 @@
+"""The live files of an engine state table, read by file name: the checkpoint ``_last_checkpoint``
+names and the commits after it, never a listing of the log (ARCHITECTURE.md §3).
+
+Why: a delta-rs open lists the whole ``_delta_log`` and loads every action of the newest checkpoint,
+tombstones included. A state table appended once per firing keeps thousands of log files and, after
+compaction, a checkpoint holding every compacted file's tombstone for the file retention; opening the
+ledger cost 50-90 ms at 100,000 commits against a few at 100, on every read. Here the cost is the
+checkpoint's ``add`` column and the commits since it (at most a checkpoint interval).
+
+Only the plain tables the engine writes with delta-rs qualify: reader version 1 (no deletion vectors, no
+column mapping), unpartitioned, a single-file checkpoint, relative paths. Anything else, or a log that
+changed under the read, answers None, and the caller opens the table with delta-rs as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cq_engine.storage import log
+
+
+def live_files(uri: str, *, storage_options: Mapping[str, str] | None = None) -> list[str] | None:
+    """The file-system paths (for ``log._filesystem(uri)``) of the table's live data files at its
+    latest version, or None if the table is not one this reader takes (see the module docstring)."""
+    fs, root = log._filesystem(log._normalize(uri), storage_options)
+    logdir = f"{root}/_delta_log"
+    checkpoint = _checkpoint_version(fs, logdir)
+    files: set[str] = set()
+    start = 0
+    if checkpoint is not None:
+        base = _checkpoint_files(fs, f"{logdir}/{checkpoint:020d}.checkpoint.parquet")
+        if base is None:
+            return None
+        files, start = base, checkpoint + 1
+    latest = log.latest_version(uri, known=checkpoint, storage_options=storage_options)
+    if latest is None:
+        return None
+    for version in range(start, latest + 1):
+        raw = log._read(fs, f"{logdir}/{log._json_name(version)}")
+        if raw is None:  # cleaned up under a stale `_last_checkpoint`: leave it to delta-rs
+            return None
+        for line in raw.splitlines():
+            if not line.strip():
+                continue
+            action = json.loads(line)
+            if "add" in action:
+                if action["add"].get("deletionVector") or action["add"].get("partitionValues"):
+                    return None
+                files.add(action["add"]["path"])
+            elif "remove" in action:
+                files.discard(action["remove"]["path"])
+            elif ("protocol" in action and not _plain_protocol(action["protocol"])) or (
+                "metaData" in action and not _plain_metadata(action["metaData"])
+            ):
+                return None
+    if any(len(urlparse(p).scheme) > 1 for p in files):  # absolute URIs: not this table's own files
+        return None
+    return sorted(f"{root}/{unquote(p)}" for p in files)
+
+
+def read_live(uri: str, *, storage_options: Mapping[str, str] | None = None) -> pa.Table | None:
+    """The rows of the table's live files (``live_files``), or None if it has none or this reader
+    does not take it. Columns a file lacks (added later) are null in its rows."""
+    paths = live_files(uri, storage_options=storage_options)
+    if not paths:
+        return None
+    fs, _ = log._filesystem(log._normalize(uri), storage_options)
+    try:
+        tables = [pq.read_table(path, filesystem=fs) for path in paths]
+    except FileNotFoundError:  # compacted and vacuumed between the log read and the file read
+        return None
+    return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+
+
+def _checkpoint_version(fs, logdir: str) -> int | None:
+    raw = log._read(fs, f"{logdir}/_last_checkpoint")
+    if raw is None:
+        return None
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(info, dict) or info.get("parts") or info.get("v2Checkpoint"):
+        return None
+    version = info.get("version")
+    return version if isinstance(version, int) and version >= 0 else None
+
+
+def _checkpoint_files(fs, path: str) -> set[str] | None:
+    """The ``add`` paths of a single-file checkpoint, or None if it is not a plain table's."""
+    try:
+        schema = pq.read_schema(path, filesystem=fs)
+        names = set(schema.names)
+        columns = [c for c in ("add", "protocol", "metaData") if c in names]
+        data = pq.read_table(path, columns=columns, filesystem=fs)
+    except (FileNotFoundError, OSError, pa.ArrowInvalid):
+        return None
+    for row in data.column("protocol").drop_null().to_pylist() if "protocol" in names else []:
+        if not _plain_protocol(row):
+            return None
+    for row in data.column("metaData").drop_null().to_pylist() if "metaData" in names else []:
+        if not _plain_metadata(row):
+            return None
+    if "add" not in names:
+        return set()
+    adds = data.column("add").drop_null()
+    fields = {f.name for f in adds.type}
+    if "deletionVector" in fields and adds.combine_chunks().field("deletionVector").null_count < len(adds):
+        return None
+    if "partitionValues" in fields:
+        for value in adds.combine_chunks().field("partitionValues").to_pylist():
+            if value:
+                return None
+    return set(adds.combine_chunks().field("path").to_pylist())
+
+
+def _plain_protocol(protocol: Mapping) -> bool:
+    return int(protocol.get("minReaderVersion") or 1) <= 1
+
+
+def _plain_metadata(metadata: Mapping) -> bool:
+    configuration = metadata.get("configuration") or {}
+    if isinstance(configuration, list):  # a map column read from parquet: (key, value) pairs
+        configuration = dict(configuration)
+    mode = configuration.get("delta.columnMapping.mode")
+    return not metadata.get("partitionColumns") and mode in (None, "none")
