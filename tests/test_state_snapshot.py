@@ -83,3 +83,15 @@ def test_read_state_reads_by_file_name_and_equals_a_delta_rs_scan(tmp_path):
     assert fast is not None and sorted(fast.column("n").to_pylist()) == sorted(scan.column("n").to_pylist())
     assert fast.column_names == scan.column_names
     assert storage.read_state("never_written") is None
+
+
+def test_a_column_added_later_is_null_in_the_older_files_rows(tmp_path):
+    uri = str(tmp_path / "evolving")
+    for i in range(3):
+        write_deltalake(uri, _row(i), mode="append")
+    newer = _row(3).append_column("extra", pa.array(["e"]))
+    write_deltalake(uri, newer, mode="append", schema_mode="merge")
+    table = snapshot.read_live(uri)
+    assert table is not None and table.num_rows == 4
+    by_n = dict(zip(table.column("n").to_pylist(), table.column("extra").to_pylist(), strict=True))
+    assert by_n == {0: None, 1: None, 2: None, 3: "e"}

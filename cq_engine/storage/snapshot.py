@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from deltalake import Schema
 
 from cq_engine.storage import log
 
@@ -27,16 +29,23 @@ from cq_engine.storage import log
 def live_files(uri: str, *, storage_options: Mapping[str, str] | None = None) -> list[str] | None:
     """The file-system paths (for ``log._filesystem(uri)``) of the table's live data files at its
     latest version, or None if the table is not one this reader takes (see the module docstring)."""
+    found = _live(uri, storage_options)
+    return found[0] if found is not None else None
+
+
+def _live(uri: str, storage_options: Mapping[str, str] | None) -> tuple[list[str], str | None] | None:
+    """The live files' paths and the table's newest schema (Delta's ``schemaString``)."""
     fs, root = log._filesystem(log._normalize(uri), storage_options)
     logdir = f"{root}/_delta_log"
     checkpoint = _checkpoint_version(fs, logdir)
     files: set[str] = set()
+    schema: str | None = None
     start = 0
     if checkpoint is not None:
         base = _checkpoint_files(fs, f"{logdir}/{checkpoint:020d}.checkpoint.parquet")
         if base is None:
             return None
-        files, start = base, checkpoint + 1
+        (files, schema), start = base, checkpoint + 1
     latest = log.latest_version(uri, known=checkpoint, storage_options=storage_options)
     if latest is None:
         return None
@@ -54,27 +63,34 @@ def live_files(uri: str, *, storage_options: Mapping[str, str] | None = None) ->
                 files.add(action["add"]["path"])
             elif "remove" in action:
                 files.discard(action["remove"]["path"])
-            elif ("protocol" in action and not _plain_protocol(action["protocol"])) or (
-                "metaData" in action and not _plain_metadata(action["metaData"])
-            ):
+            elif "protocol" in action and not _plain_protocol(action["protocol"]):
                 return None
+            elif "metaData" in action:
+                if not _plain_metadata(action["metaData"]):
+                    return None
+                schema = action["metaData"].get("schemaString")
     if any(len(urlparse(p).scheme) > 1 for p in files):  # absolute URIs: not this table's own files
         return None
-    return sorted(f"{root}/{unquote(p)}" for p in files)
+    return sorted(f"{root}/{unquote(p)}" for p in files), schema
 
 
 def read_live(uri: str, *, storage_options: Mapping[str, str] | None = None) -> pa.Table | None:
     """The rows of the table's live files (``live_files``), or None if it has none or this reader
     does not take it. Columns a file lacks (added later) are null in its rows."""
-    paths = live_files(uri, storage_options=storage_options)
-    if not paths:
+    found = _live(uri, storage_options)
+    if not found or not found[0]:
         return None
+    paths, schema_string = found
     fs, _ = log._filesystem(log._normalize(uri), storage_options)
     try:
-        tables = [pq.read_table(path, filesystem=fs) for path in paths]
-    except FileNotFoundError:  # compacted and vacuumed between the log read and the file read
+        if len(paths) == 1:
+            return pq.read_table(paths[0], filesystem=fs)
+        # One dataset over the files (read in parallel; 99 small files: 12 ms against 36 one by one)
+        # with the table's own schema, so columns added later are null in the older files' rows.
+        schema = pa.schema(Schema.from_json(schema_string).to_arrow()) if schema_string else None
+        return ds.dataset(paths, schema=schema, filesystem=fs, format="parquet").to_table()
+    except (FileNotFoundError, pa.ArrowInvalid):  # vacuumed between the log read and the file read
         return None
-    return pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
 
 
 def _checkpoint_version(fs, logdir: str) -> int | None:
@@ -91,8 +107,8 @@ def _checkpoint_version(fs, logdir: str) -> int | None:
     return version if isinstance(version, int) and version >= 0 else None
 
 
-def _checkpoint_files(fs, path: str) -> set[str] | None:
-    """The ``add`` paths of a single-file checkpoint, or None if it is not a plain table's."""
+def _checkpoint_files(fs, path: str) -> tuple[set[str], str | None] | None:
+    """The ``add`` paths and the schema of a single-file checkpoint, or None if it is not a plain table's."""
     try:
         schema = pq.read_schema(path, filesystem=fs)
         names = set(schema.names)
@@ -103,11 +119,13 @@ def _checkpoint_files(fs, path: str) -> set[str] | None:
     for row in data.column("protocol").drop_null().to_pylist() if "protocol" in names else []:
         if not _plain_protocol(row):
             return None
+    schema = None
     for row in data.column("metaData").drop_null().to_pylist() if "metaData" in names else []:
         if not _plain_metadata(row):
             return None
+        schema = row.get("schemaString")
     if "add" not in names:
-        return set()
+        return set(), schema
     adds = data.column("add").drop_null()
     fields = {f.name for f in adds.type}
     if "deletionVector" in fields and adds.combine_chunks().field("deletionVector").null_count < len(adds):
@@ -116,7 +134,7 @@ def _checkpoint_files(fs, path: str) -> set[str] | None:
         for value in adds.combine_chunks().field("partitionValues").to_pylist():
             if value:
                 return None
-    return set(adds.combine_chunks().field("path").to_pylist())
+    return set(adds.combine_chunks().field("path").to_pylist()), schema
 
 
 def _plain_protocol(protocol: Mapping) -> bool:
