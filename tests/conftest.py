@@ -111,3 +111,17 @@ def on_both_storages(request, monkeypatch):
 
     monkeypatch.setitem(streams_util.STORAGE, "settings", STORAGES[request.param])
     return request.param
+
+
+def record_paths(monkeypatch, module, name: str) -> list[str]:
+    """Patch ``module.name(fs, path)`` to record each call's file name (then call the real one);
+    the list of names, in call order."""
+    seen: list[str] = []
+    real = getattr(module, name)
+
+    def recording(fs, path):
+        seen.append(os.path.basename(path))
+        return real(fs, path)
+
+    monkeypatch.setattr(module, name, recording)
+    return seen

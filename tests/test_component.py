@@ -75,7 +75,7 @@ def test_a_defs_yaml_adds_the_definitions_assets_sensors_and_jobs(tmp_path, monk
     assert resource.warehouse == str(root / "warehouse")
     # ... and the health: the sink's freshness (its directive's 10m grace), its check, its location.
     sink = graph.get(dg.AssetKey("per_minute_out"))
-    assert sink.freshness_policy.fail_window.to_timedelta().total_seconds() == 60 + 20 + 600
+    assert sink.freshness_policy.fail_window.to_timedelta().total_seconds() == 60 + 25 + 600
     assert sink.metadata["dagster/uri"] == str(root / "warehouse" / "per_minute_out")
     assert {c.name for c in graph.asset_check_keys} == {"cq_completeness"} and len(graph.asset_check_keys) == 2
     source = graph.get(dg.AssetKey("sensors"))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from conftest import record_paths
 from deltalake import DeltaTable, write_deltalake
 
 from cq_engine.errors import CQError
@@ -64,15 +65,7 @@ def uri(tmp_path) -> str:
 @pytest.fixture
 def probes(monkeypatch) -> list[str]:
     """Every existence probe latest_version makes."""
-    seen: list[str] = []
-    real = log._exists
-
-    def counting(fs, path):
-        seen.append(os.path.basename(path))
-        return real(fs, path)
-
-    monkeypatch.setattr(log, "_exists", counting)
-    return seen
+    return record_paths(monkeypatch, log, "_exists")
 
 
 # -- latest_version ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 from datetime import UTC, datetime
 
 import pyarrow as pa
+from conftest import record_paths
 from deltalake import DeltaTable, write_deltalake
 
 from cq_engine.storage import log, snapshot
@@ -41,14 +42,7 @@ def test_live_files_match_delta_rs_through_appends_compactions_and_checkpoints(t
     assert set(snapshot.live_files(uri) or []) == _live(uri) and len(_live(uri)) == 1
 
     # No listing of the log: only files named by version (and the checkpoint pointer) are opened.
-    opened: list[str] = []
-    real = log._read
-
-    def reading(fs, path):
-        opened.append(os.path.basename(path))
-        return real(fs, path)
-
-    monkeypatch.setattr(log, "_read", reading)
+    opened = record_paths(monkeypatch, log, "_read")
     monkeypatch.setattr(log, "_listed_version", _no_listing)  # the one place storage.log lists the log
     table = snapshot.read_live(uri)
     assert table is not None and sorted(table.column("n").to_pylist()) == list(range(230))
