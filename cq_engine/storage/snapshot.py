@@ -110,8 +110,7 @@ def _checkpoint_version(fs, logdir: str) -> int | None:
 def _checkpoint_files(fs, path: str) -> tuple[set[str], str | None] | None:
     """The ``add`` paths and the schema of a single-file checkpoint, or None if it is not a plain table's."""
     try:
-        schema = pq.read_schema(path, filesystem=fs)
-        names = set(schema.names)
+        names = set(pq.read_schema(path, filesystem=fs).names)
         columns = [c for c in ("add", "protocol", "metaData") if c in names]
         data = pq.read_table(path, columns=columns, filesystem=fs)
     except (FileNotFoundError, OSError, pa.ArrowInvalid):
@@ -126,15 +125,13 @@ def _checkpoint_files(fs, path: str) -> tuple[set[str], str | None] | None:
         schema = row.get("schemaString")
     if "add" not in names:
         return set(), schema
-    adds = data.column("add").drop_null()
+    adds = data.column("add").drop_null().combine_chunks()
     fields = {f.name for f in adds.type}
-    if "deletionVector" in fields and adds.combine_chunks().field("deletionVector").null_count < len(adds):
+    if "deletionVector" in fields and adds.field("deletionVector").null_count < len(adds):
         return None
-    if "partitionValues" in fields:
-        for value in adds.combine_chunks().field("partitionValues").to_pylist():
-            if value:
-                return None
-    return set(adds.combine_chunks().field("path").to_pylist()), schema
+    if "partitionValues" in fields and any(adds.field("partitionValues").to_pylist()):
+        return None
+    return set(adds.field("path").to_pylist()), schema
 
 
 def _plain_protocol(protocol: Mapping) -> bool:
