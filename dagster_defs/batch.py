@@ -58,6 +58,9 @@ MAX_RUNTIME_SECONDS = 1800  # run monitoring ends a batch run older than this (i
 SWITCH_CRON = "0 0 1 1 *"  # a switch's running state is what counts; its yearly tick requests nothing
 SWITCH_INTERVAL_SECONDS = 24 * 3600  # a stream switch sensor (it holds a cursor): evaluated daily
 FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the commit it waits for
+MAX_HORIZON_SECONDS = 600  # a run lives about one horizon window; run monitoring allows 1800 s
+ROUND_GATHER = timedelta(seconds=1)  # firings due this close after a round's first one join it
+SWITCH_CHECK_SECONDS = 5.0  # a run looks this often (at most) whether a definition was stopped
 
 
 # -- the op's side ----------------------------------------------------------------------------------
@@ -70,6 +73,17 @@ def batch_lead(every: timedelta, policy: str = "BLOCKED") -> timedelta:
     when it is requested, and a run one lead after its firing is due is not late."""
     cap = every / 2 if policy == "DISCARD" else max(every / 2, every - timedelta(seconds=5))
     return min(timedelta(seconds=env_seconds("CQ_BATCH_LEAD", 25)), cap)
+
+
+def batch_horizon(every: timedelta, policy: str = "BLOCKED") -> timedelta:
+    """The horizon window of a BLOCKED definition (``CQ_BATCH_HORIZON`` seconds, default 120, at most
+    600): a batch run holds every firing of the window, waiting for each, so one process start serves
+    several periods. None (zero) for DISCARD, which decides what to skip when it requests, and for a
+    definition with fewer than two firings per window."""
+    span = timedelta(seconds=min(env_seconds("CQ_BATCH_HORIZON", 120), MAX_HORIZON_SECONDS))
+    if policy == "DISCARD" or every * 2 > span:
+        return timedelta(0)
+    return span
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -101,6 +115,7 @@ def batch_threads() -> int:
 
 
 Gate = Callable[[dict[str, list[str]]], dict[str, bool | None]]
+Stopped = Callable[[set[str]], set[str]]
 
 
 def _execute(
@@ -111,14 +126,18 @@ def _execute(
     *,
     after: dict[str, list[str]] | None = None,
     gate: Gate | None = None,
+    stopped: Stopped | None = None,
 ) -> None:
-    """Every definition's firings in rounds (round r: each definition's r-th firing), each result
-    (or a definition's first failure, after which it stops) put on ``out``; a round's continuous
+    """Every definition's firings in rounds, in time order (a round: each definition's next firing,
+    those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
+    a definition's first failure, after which it stops) put on ``out``; a round's continuous
     queries share one Spark job (``resample.fused``), its PERIOD streams run beside it. A definition
     in ``after`` (pipelined: [run key, range end]) joins the rounds once ``gate`` says that run
-    committed it (True), or is left out if that run ended without (False; None: not yet)."""
+    committed it (True), or is left out if that run ended without (False; None: not yet). A
+    definition ``stopped`` names (its switch was stopped) is left out from its next firing on."""
     pending = {n: list(fs) for n, fs in firings.items()}
     waiting = {n: a for n, a in (after or {}).items() if n in pending}
+    looked = 0.0
     with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
         while pending:
             if waiting and gate is not None:
@@ -134,7 +153,20 @@ def _execute(
                     continue
                 if not pending:
                     break
-            due = {n: fs.pop(0) for n, fs in pending.items() if n not in waiting}
+            ready = {n: fs for n, fs in pending.items() if n not in waiting}
+            soonest = min(fs[0] for fs in ready.values())
+            wait_for(soonest)
+            if stopped is not None and time.monotonic() - looked >= SWITCH_CHECK_SECONDS:
+                looked = time.monotonic()
+                for name in stopped(set(pending)):
+                    out.put(("stopped", engine.definition(name), pending.pop(name)[0], None))
+                    waiting.pop(name, None)
+                    ready.pop(name, None)
+                if not ready:
+                    continue
+                soonest = min(fs[0] for fs in ready.values())
+            cutoff = max(soonest, datetime.now(UTC)) + ROUND_GATHER
+            due = {n: fs.pop(0) for n, fs in ready.items() if fs[0] <= cutoff}
             wait_for(max(due.values()))  # a round requested early runs when its newest firing is due
             queries: list[FiringRequest] = []
             periods = []
@@ -177,6 +209,7 @@ def run_batch(
     retry: bool,
     on_done: Callable[[list[str]], Iterable] | None = None,
     after: dict[str, list[str]] | None = None,
+    stopped: Stopped | None = None,
 ) -> Iterator:
     """Execute each definition's firings in order; a failing firing stops its definition (BLOCKED
     order) but not the others. Yields one materialization per firing as it commits, and what
@@ -184,7 +217,9 @@ def run_batch(
     checks: a long catch-up of one definition does not hold the others'); raises at the end naming
     the definitions that failed (run tag ``cq/failed``). A definition in ``after`` (a pipelined
     batch: the run it follows and the range end it waits for) starts once that run has committed
-    it; if that run ends without, it is left out (run tag ``cq/left_out``) and the sensor retries it."""
+    it; if that run ends without, it is left out (run tag ``cq/left_out``) and the sensor retries it.
+    A definition ``stopped`` names is left out from its next firing on (the same tag: the sensor
+    requests those firings again once it is started)."""
     done: dict[tuple[str, datetime], LedgerEntry] = {}
     if retry:  # a retried batch: what already succeeded is not redone
         done = {
@@ -209,7 +244,7 @@ def run_batch(
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
         gate = partial(_followed, context.instance, sink_keys)
-        future = pool.submit(_execute, engine, times, done, out, after=after, gate=gate)
+        future = pool.submit(_execute, engine, times, done, out, after=after, gate=gate, stopped=stopped)
         while not (future.done() and out.empty()):
             try:
                 outcome, d, fire, value = out.get(timeout=0.5)
@@ -219,9 +254,16 @@ def run_batch(
                     yield from on_done(finished)
                     finished = []
                 continue
-            left[d.name] = 0 if outcome == "failed" else left[d.name] - 1
+            left[d.name] = 0 if outcome in ("failed", "stopped") else left[d.name] - 1
             if left[d.name] == 0:
                 finished.append(d.name)
+            if outcome == "stopped":
+                left_out.append(d.name)
+                context.log.warning(
+                    f"{d.name}: stopped: its firings from {iso(fire)} are left out of this run; the sensor "
+                    "requests them again once it is started"
+                )
+                continue
             if outcome == "left_out":
                 left_out.append(d.name)
                 context.log.warning(
@@ -407,6 +449,7 @@ def build_shared_asset(
 
 def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.AssetsDefinition, dict]:
     """The multi-asset of the continuous queries and PERIOD streams: batches of firings."""
+    switches = {translator.get_sensor_name(d): d.name for d in definitions}
     return build_shared_asset(
         definitions,
         translator,
@@ -415,7 +458,14 @@ def build_batch_asset(definitions: list[Definition], translator) -> tuple[dg.Ass
         "(run config `firings`) or one definition's firing or recalculation.",
         many="firings",
         run_many=lambda context, engine, firings, *, sink_keys, retry, checks, config: run_batch(
-            context, engine, firings, sink_keys=sink_keys, retry=retry, on_done=checks.report, after=config.after
+            context,
+            engine,
+            firings,
+            sink_keys=sink_keys,
+            retry=retry,
+            on_done=checks.report,
+            after=config.after,
+            stopped=stopped_switches(context, switches),
         ),
     )
 
@@ -474,6 +524,11 @@ def build_batch_sensor(
             value = mat.metadata.get("cq/range_end") if mat else None
             if value and value.value == end:
                 finished.add(name)
+        caught_up = {
+            n
+            for n, end in penultimate(states, ticks, running).items()
+            if committed_through(latest.get(sink_keys[n]), end)
+        }
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
         batch = plan_batch(
@@ -489,6 +544,8 @@ def build_batch_sensor(
             prev_done=frozenset(prev_done),
             lead={d.name: batch_lead(ticks[d.name].every, d.timeout_policy) for d in definitions},
             check_every=check_every,
+            horizon={d.name: batch_horizon(ticks[d.name].every, d.timeout_policy) for d in definitions},
+            caught_up=frozenset(caught_up),
         )
         skipped = first_lines(batch.skipped)
         for line in skipped:
@@ -523,6 +580,19 @@ def build_batch_sensor(
         "streams (BLOCKED: all, in order, each after the one before has committed; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
+
+
+def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, str]:
+    """Per definition in a running batch run with several firings there: the range end (ISO) of the
+    firing before its last one."""
+    ends = {}
+    for name in running:
+        s = states[name]
+        if s.first and s.upto and s.first != s.upto:
+            before = ticks[name].between(parse_time(s.first, tz=UTC), parse_time(s.upto, tz=UTC))
+            if before:
+                ends[name] = iso(ticks[name].range_of(before[-1])[1])
+    return ends
 
 
 def committed_through(event, end: str) -> bool:
@@ -564,15 +634,33 @@ def switch_states(
     """Per definition whose switch (``switches``: sensor name -> definition) has a stored state in
     this code location: whether it runs, and its cursor."""
     origin = context.code_location_origin
-    states = context.instance.all_instigator_state(instigator_type=kind)
+    return instigator_states(context.instance, switches, kind, location=origin.location_name if origin else None)
+
+
+def instigator_states(
+    instance, switches: dict[str, str], kind: InstigatorType, *, location: str | None
+) -> dict[str, tuple[bool, str | None]]:
+    """``switch_states`` from an instance and a code location's name (None: any location)."""
     return {
         switches[s.origin.instigator_name]: (
             s.status != InstigatorStatus.STOPPED,
             getattr(s.instigator_data, "cursor", None),
         )
-        for s in states
-        if s.origin.instigator_name in switches and (origin is None or s.origin.location_name == origin.location_name)
+        for s in instance.all_instigator_state(instigator_type=kind)
+        if s.origin.instigator_name in switches and (location is None or s.origin.location_name == location)
     }
+
+
+def stopped_switches(context, switches: dict[str, str]) -> Stopped:
+    """For a batch run: which of the given definitions have their switch (a schedule) stopped now."""
+    origin = context.run.remote_job_origin
+    location = origin.location_name if origin else None
+
+    def stopped(names: set[str]) -> set[str]:
+        states = instigator_states(context.instance, switches, InstigatorType.SCHEDULE, location=location)
+        return {n for n in names if n in states and not states[n][0]}
+
+    return stopped
 
 
 def build_switch_sensor(

@@ -5,6 +5,7 @@ DISCARD, retries after a failed run, and runs adopted from a cursor Dagster did 
 
 import hashlib
 import json
+import math
 import zlib
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -151,6 +152,8 @@ def plan_batch(
     prev_done: frozenset[str] = frozenset(),
     lead: dict[str, timedelta] | None = None,
     check_every: timedelta = timedelta(0),
+    horizon: dict[str, timedelta] | None = None,
+    caught_up: frozenset[str] = frozenset(),
 ) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
@@ -162,15 +165,25 @@ def plan_batch(
     per definition, how long before a firing is due it may be requested (the run waits for it);
     ``check_every``: a definition's completeness check is evaluated by its first run after that long
     (and by every retry), not by every run: each evaluation is two events in Dagster's event log, which
-    a thousand definitions firing every 30 s cannot afford on every run.
+    a thousand definitions firing every 30 s cannot afford on every run; ``horizon``: per BLOCKED
+    definition, the length of the aligned windows (UTC epoch multiples) whose firings are requested
+    together (see ``window_of``); ``caught_up``: definitions whose firings in their running run are
+    committed but for the last.
 
     Pipelining: a BLOCKED definition whose one firing is in a run that has started is requested
     again, in the next batch, as soon as its next firing is within its lead, without waiting for the
     commit; the batch's ``after`` names the run and range end it waits for before that definition's
     first firing. A definition is in at most two runs, the second waiting for the first. If its
-    firing fails in the first, the second leaves it out and it is retried from the first's firing."""
+    firing fails in the first, the second leaves it out and it is retried from the first's firing.
+
+    Horizon: a BLOCKED definition keeping up gets, with its firing due within the lead, every later
+    firing of the horizon window that holds ``now + lead``; the run waits for each (one process for
+    several periods), and the next window's batch follows it. Windows are aligned, so definitions
+    of any phase come due together, once per window, and batches that split (a retry, a straggler)
+    merge again at the next window."""
     failed = failed or {}
     lead = lead or {}
+    horizon = horizon or {}
     states = load_cursor(cursor)
     states = {d.name: states.get(d.name, DefinitionState()) for d in definitions}
     firings: dict[str, list[datetime]] = {}
@@ -213,8 +226,17 @@ def plan_batch(
                 s.key, s.attempt, retry = None, s.attempt + 1, True
         if d.name in paused:
             continue
+        if not retry and not s.key and s.attempt and s.first and s.upto:
+            retry = True  # its run failed (or left it out) while it was stopped: retried now it runs again
         t = ticks[d.name]
-        due = t.due(cursor=parse_time(s.upto, tz=UTC) if s.upto else None, now=now + lead.get(d.name, timedelta(0)))
+        reach = now + lead.get(d.name, timedelta(0))
+        due = t.due(cursor=parse_time(s.upto, tz=UTC) if s.upto else None, now=reach)
+        span = horizon.get(d.name, timedelta(0)) if d.timeout_policy != "DISCARD" else timedelta(0)
+        window = window_of(reach, span) if span > timedelta(0) else None
+        ahead: list[datetime] = []
+        if window is not None:
+            base = due[-1] if due else (parse_time(s.upto, tz=UTC) if s.upto else None)
+            ahead = t.between(base + timedelta(microseconds=1), window[1]) if base else []
         if d.timeout_policy == "DISCARD":
             if in_flight:
                 if due:
@@ -229,8 +251,12 @@ def plan_batch(
             # Keeping up (one firing in a run that has started, the next one due; a queued run could
             # start after its follower and hold a slot while it waits), no retry pending, no run of
             # its own: it may be followed. A run behind holds its definition (BLOCKED) as before.
-            one = bool(s.key and s.upto and s.first == s.upto and not s.prev and not s.attempt)
-            if in_flight and len(due) == 1 and one and d.name not in busy and run_status.get(s.key or "") == "STARTED":
+            # Under a horizon: its next firing is in the current window (nothing older is due), and its
+            # run has committed all but its last firing.
+            one = bool(s.key and s.upto and not s.prev and not s.attempt and (s.first == s.upto or d.name in caught_up))
+            upcoming = due + ahead
+            next_only = (upcoming[0] >= window[0]) if (window and upcoming) else len(due) == 1
+            if in_flight and next_only and one and d.name not in busy and run_status.get(s.key or "") == "STARTED":
                 end = iso(t.range_of(parse_time(s.upto or "", tz=UTC))[1])
                 follow = (s.key or "", s.first, end, s.since)
             if in_flight and not follow:
@@ -246,15 +272,17 @@ def plan_batch(
                         first + timedelta(microseconds=1), parse_time(s.upto, tz=UTC) + timedelta(microseconds=1)
                     ),
                 ]
-            fires = (again + due)[:MAX_FIRINGS_PER_DEFINITION]
+            fires = (again + due + ahead)[:MAX_FIRINGS_PER_DEFINITION]
         if not fires:
             if retry:
                 s.first, s.attempt = None, 0
             continue
-        if total and total + len(fires) > MAX_FIRINGS_PER_RUN:
+        # The run's size is what is due now; later firings of the horizon come one period at a time.
+        need = sum(1 for f in fires if f <= reach)
+        if total and total + need > MAX_FIRINGS_PER_RUN:
             states[d.name] = original  # as if not looked at: the next batch decides again
             continue
-        total += len(fires)
+        total += need
         firings[d.name] = fires
         if follow:
             s.prev, s.prev_first, s.prev_end, s.prev_since = follow
@@ -284,6 +312,13 @@ def plan_batch(
         checks=frozenset(checks),
         after=after,
     )
+
+
+def window_of(t: datetime, span: timedelta) -> tuple[datetime, datetime]:
+    """The horizon window ``[start, end)`` of length ``span`` (aligned to UTC epoch multiples) holding ``t``."""
+    seconds = span.total_seconds()
+    start = datetime.fromtimestamp(math.floor(t.timestamp() / seconds) * seconds, UTC)
+    return start, start + span
 
 
 def _done_in(status: str | None, key: str, name: str, failed: dict[str, set[str]]) -> bool:

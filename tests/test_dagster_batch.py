@@ -57,6 +57,8 @@ def _plan(
     prev_done=frozenset(),
     lead=None,
     check_every=timedelta(0),
+    horizon=None,
+    caught_up=frozenset(),
 ):
     defs = [catalog.definition(n) for n in names]
     ticks = {d.name: ticks_of(d, timezone="UTC") for d in defs}
@@ -73,6 +75,8 @@ def _plan(
         prev_done=frozenset(prev_done),
         lead=lead,
         check_every=check_every,
+        horizon=horizon,
+        caught_up=frozenset(caught_up),
     )
 
 
@@ -488,6 +492,81 @@ def test_a_definition_keeping_up_is_requested_again_while_its_run_goes_on_and_wa
     assert load_cursor(done.cursor)["b"].prev is None
 
 
+def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(project, monkeypatch):
+    from dagster_defs.batch import batch_horizon
+
+    _, catalog = project
+    lead, horizon = {"b": timedelta(seconds=10)}, {"b": timedelta(seconds=60), "d": timedelta(seconds=60)}
+    # b (BLOCKED, every 20 s) gets every firing of the aligned minute holding now + lead; d (DISCARD)
+    # never a horizon: it decides what to skip when it requests.
+    first = _plan(catalog, now=_s(5), lead=lead, horizon=horizon)
+    k1 = first.run_key
+    assert first.firings == {"b": [T0, _s(20), _s(40)], "d": [T0]}
+    b = load_cursor(first.cursor)["b"]
+    assert (b.first, b.upto) == (iso(T0), iso(_s(40)))
+    # Until the next window is within the lead nothing more is requested, even with the run done.
+    assert (
+        "b"
+        not in _plan(
+            catalog, cursor=first.cursor, now=_s(45), status={k1: "SUCCESS"}, lead=lead, horizon=horizon
+        ).firings
+    )
+    # 52 s: the next window is within the lead; k1 runs b's last firing (40 s). Followed only once k1
+    # has committed all of b's firings but the last (caught up); the next window waits for it.
+    held = _plan(catalog, cursor=first.cursor, now=_s(52), status={k1: "STARTED"}, lead=lead, horizon=horizon)
+    assert "b" not in held.firings and any("b: BLOCKED holds 1" in line for line in held.skipped)
+    nxt = _plan(
+        catalog, cursor=first.cursor, now=_s(52), status={k1: "STARTED"}, lead=lead, horizon=horizon, caught_up={"b"}
+    )
+    assert nxt.firings["b"] == [_s(60), _s(80), _s(100)] and nxt.after == {"b": [k1, iso(_s(40))]}
+    # A queued run is not followed.
+    assert (
+        "b"
+        not in _plan(
+            catalog, cursor=first.cursor, now=_s(52), status={k1: "QUEUED"}, lead=lead, horizon=horizon, caught_up={"b"}
+        ).firings
+    )
+    # Behind by a whole window: BLOCKED holds it, as ever.
+    late = _plan(
+        catalog, cursor=first.cursor, now=_s(125), status={k1: "STARTED"}, lead=lead, horizon=horizon, caught_up={"b"}
+    )
+    assert "b" not in late.firings
+    # Once k1 is done, everything since, in order, then the rest of the current window.
+    done = _plan(catalog, cursor=first.cursor, now=_s(125), status={k1: "SUCCESS"}, lead=lead, horizon=horizon)
+    assert done.firings["b"] == [_s(60), _s(80), _s(100), _s(120), _s(140), _s(160)]
+    # CQ_BATCH_HORIZON (default 120 s, at most 600): none for DISCARD or a period over half of it.
+    assert batch_horizon(timedelta(seconds=30)) == timedelta(seconds=120)
+    assert batch_horizon(timedelta(seconds=30), "DISCARD") == timedelta(0)
+    assert batch_horizon(timedelta(seconds=61)) == timedelta(0)
+    monkeypatch.setenv("CQ_BATCH_HORIZON", "0")
+    assert batch_horizon(timedelta(seconds=30)) == timedelta(0)
+    monkeypatch.setenv("CQ_BATCH_HORIZON", "3600")
+    assert batch_horizon(timedelta(seconds=30)) == timedelta(seconds=600)
+
+
+def test_a_definition_whose_run_failed_while_it_was_stopped_is_retried_when_it_is_started(project):
+    _, catalog = project
+    horizon = {"b": timedelta(seconds=60)}
+    first = _plan(catalog, now=_s(5), horizon=horizon)
+    k1 = first.run_key
+    assert first.firings["b"] == [T0, _s(20), _s(40)]
+    # k1 left b out (its switch was stopped mid-run: tag cq/left_out, read as failed) and b is stopped.
+    stopped = _plan(
+        catalog,
+        cursor=first.cursor,
+        now=_s(70),
+        status={k1: "SUCCESS"},
+        failed={k1: {"b"}},
+        paused={"b"},
+        horizon=horizon,
+    )
+    assert "b" not in stopped.firings
+    # Started again: its firings from k1's first are requested again (the run skips what the ledger
+    # holds), then what came due meanwhile and the rest of the window.
+    again = _plan(catalog, cursor=stopped.cursor, now=_s(75), horizon=horizon)
+    assert again.firings["b"] == [T0, _s(20), _s(40), _s(60), _s(80), _s(100)] and again.attempt == 1
+
+
 def test_a_pipelined_definition_whose_first_run_failed_is_retried_from_that_runs_firing(project):
     _, catalog = project
     first = _plan(catalog, now=_s(5), lead=LEAD)
@@ -754,3 +833,63 @@ def test_a_retry_reports_the_materialization_of_a_firing_committed_by_a_run_kill
     assert [end for end, _, _ in first] == ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"]
     assert retry() == []  # both reported: nothing again
     assert len(Engine(settings=settings).ledger.entries("b")) == 2  # and nothing recomputed
+
+
+def test_a_definition_stopped_while_its_batch_run_holds_later_firings_is_left_out_from_there(
+    tmp_path, instance, spark, monkeypatch
+):
+    """Under a horizon a batch run holds firings ahead of time. Stopping a definition's switch (its
+    `<name>_ticks` schedule, on a real instance) while the run goes on leaves the definition's later
+    firings out of it (tag cq/left_out, a warning, nothing written for them); the others go on."""
+    import threading
+
+    from dagster._core.definitions.run_request import InstigatorType
+    from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteInstigatorOrigin, RemoteRepositoryOrigin
+    from dagster._core.scheduler.instigation import InstigatorState, InstigatorStatus, ScheduleInstigatorData
+
+    from cq_engine.engine import Engine
+
+    monkeypatch.setenv("CQ_COMPLETENESS_HORIZON", "36500d")
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "cq.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS ln (time TIMESTAMP, device STRING, temperature DOUBLE);\n"
+        + "".join(
+            f"CREATE CQ {n} RESAMPLE EVERY 2s BEGIN SELECT max_value(temperature) AS m INTO {n}_out FROM ln "
+            "GROUP BY (1s), device END;\n"
+            for n in ("f", "g")
+        )
+    )
+    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
+    Engine(settings=settings, spark_session=spark).ingest("ln", str(DATA / "ln.csv"))
+    job = build_definitions(settings=settings, run_model="batch").resolve_job_def("cq_firings_job")
+    start = datetime.fromtimestamp((int(datetime.now(UTC).timestamp()) // 2 + 3) * 2, UTC)
+    fires = [iso(start + timedelta(seconds=2 * i)) for i in range(7)]  # 6 s to 18 s ahead, as a horizon holds them
+
+    def stop_f():
+        origin = RemoteInstigatorOrigin(
+            RemoteRepositoryOrigin(GrpcServerCodeLocationOrigin(host="localhost", port=1, location_name="x"), "r"),
+            "f_ticks",
+        )
+        state = InstigatorState(
+            origin, InstigatorType.SCHEDULE, InstigatorStatus.STOPPED, ScheduleInstigatorData("0 0 1 1 *")
+        )
+        instance.add_instigator_state(state)
+
+    stopper = threading.Timer((start - datetime.now(UTC)).total_seconds() + 3, stop_f)
+    stopper.start()
+    result = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"f": fires, "g": fires}}}}},
+        asset_selection=[dg.AssetKey("f_out"), dg.AssetKey("g_out")],
+        tags={"cq/batch": "true", "dagster/run_key": "h1"},
+        raise_on_error=False,
+    )
+    stopper.join()
+    assert result.success
+    assert instance.get_run_by_id(result.run_id).tags["cq/left_out"] == "f"
+    ledger = Engine(settings=settings).ledger
+    done_f = sorted(iso(e.fire_time) for e in ledger.entries("f") if e.status == "succeeded")
+    assert 1 <= len(done_f) < len(fires) and done_f == fires[: len(done_f)]  # in order, then none
+    assert sorted(iso(e.fire_time) for e in ledger.entries("g") if e.status == "succeeded") == fires
+    warning = next(e.message for e in instance.all_logs(result.run_id) if e.message and "stopped:" in e.message)
+    assert f"f: stopped: its firings from {fires[len(done_f)]} are left out of this run" in warning
