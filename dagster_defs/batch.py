@@ -59,12 +59,13 @@ SWITCH_CRON = "0 0 1 1 *"  # a switch's running state is what counts; its yearly
 SWITCH_INTERVAL_SECONDS = 24 * 3600  # a stream switch sensor (it holds a cursor): evaluated daily
 FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the commit it waits for
 MAX_HORIZON_SECONDS = 600  # a run lives about one horizon window; run monitoring allows 1800 s
+HORIZON_LEAD = timedelta(seconds=60)  # how early a window's batch may be requested, at most
 ROUND_GATHER = timedelta(seconds=1)  # firings due this close after a round's first one join it
 SWITCH_CHECK_SECONDS = 5.0  # a run looks this often (at most) whether a definition was stopped
 
 
 # -- the op's side ----------------------------------------------------------------------------------
-def batch_lead(every: timedelta, policy: str = "BLOCKED") -> timedelta:
+def batch_lead(every: timedelta, policy: str = "BLOCKED", *, horizon: timedelta = timedelta(0)) -> timedelta:
     """How early a firing may be requested: ``CQ_BATCH_LEAD`` seconds (default 25), at most half the
     definition's period, or for BLOCKED its period less 5 s if that is more. A run takes seconds to
     be created and to start (a new process); requested early, it has started by the time its firings
@@ -72,7 +73,13 @@ def batch_lead(every: timedelta, policy: str = "BLOCKED") -> timedelta:
     one still going waits for its commit (pipelining); DISCARD may not: it decides to skip a firing
     when it is requested, and a run one lead after its firing is due is not late."""
     cap = every / 2 if policy == "DISCARD" else max(every / 2, every - timedelta(seconds=5))
-    return min(timedelta(seconds=env_seconds("CQ_BATCH_LEAD", 25)), cap)
+    lead = min(timedelta(seconds=env_seconds("CQ_BATCH_LEAD", 25)), cap)
+    if horizon > timedelta(0):
+        # A window's batch is one large run: creating it (an event per sink) and starting it took
+        # 25-45 s at 1,000 definitions. Asked for earlier it is ready when the window starts; it is
+        # asked only once the run before has committed all but its last firing anyway.
+        lead = max(lead, min(horizon / 2, HORIZON_LEAD))
+    return lead
 
 
 def batch_horizon(every: timedelta, policy: str = "BLOCKED") -> timedelta:
@@ -531,6 +538,7 @@ def build_batch_sensor(
         }
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
+        horizon = {d.name: batch_horizon(ticks[d.name].every, d.timeout_policy) for d in definitions}
         batch = plan_batch(
             definitions,
             ticks=ticks,
@@ -542,9 +550,11 @@ def build_batch_sensor(
             failed=failed,
             finished=frozenset(finished),
             prev_done=frozenset(prev_done),
-            lead={d.name: batch_lead(ticks[d.name].every, d.timeout_policy) for d in definitions},
+            lead={
+                d.name: batch_lead(ticks[d.name].every, d.timeout_policy, horizon=horizon[d.name]) for d in definitions
+            },
             check_every=check_every,
-            horizon={d.name: batch_horizon(ticks[d.name].every, d.timeout_policy) for d in definitions},
+            horizon=horizon,
             caught_up=frozenset(caught_up),
         )
         skipped = first_lines(batch.skipped)

@@ -538,6 +538,11 @@ def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(p
     assert batch_horizon(timedelta(seconds=30)) == timedelta(seconds=120)
     assert batch_horizon(timedelta(seconds=30), "DISCARD") == timedelta(0)
     assert batch_horizon(timedelta(seconds=61)) == timedelta(0)
+    # Under a horizon a window's batch may be asked for up to half the window (at most 60 s) early.
+    from dagster_defs.batch import batch_lead
+
+    assert batch_lead(timedelta(seconds=30), horizon=timedelta(seconds=120)) == timedelta(seconds=60)
+    assert batch_lead(timedelta(seconds=10), horizon=timedelta(seconds=60)) == timedelta(seconds=30)
     monkeypatch.setenv("CQ_BATCH_HORIZON", "0")
     assert batch_horizon(timedelta(seconds=30)) == timedelta(0)
     monkeypatch.setenv("CQ_BATCH_HORIZON", "3600")

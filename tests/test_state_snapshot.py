@@ -89,3 +89,18 @@ def test_a_column_added_later_is_null_in_the_older_files_rows(tmp_path):
     assert table is not None and table.num_rows == 4
     by_n = dict(zip(table.column("n").to_pylist(), table.column("extra").to_pylist(), strict=True))
     assert by_n == {0: None, 1: None, 2: None, 3: "e"}
+
+
+def test_a_checkpoint_is_read_once_per_process_until_the_next_one(tmp_path, monkeypatch):
+    uri = str(tmp_path / "state")
+    for i in range(101):  # delta-rs checkpoints at version 99 (its 100th commit)
+        write_deltalake(uri, _row(i), mode="append", post_commithook_properties=WRITER_HOOKS)
+    reads = record_paths(monkeypatch, snapshot, "_read_checkpoint")
+    first = snapshot.live_files(uri)
+    write_deltalake(uri, _row(101), mode="append", post_commithook_properties=WRITER_HOOKS)
+    second = snapshot.live_files(uri)  # the same checkpoint: remembered, only the commits since read
+    assert reads == ["00000000000000000099.checkpoint.parquet"]
+    assert set(second or []) == _live(uri) and len(second or []) == len(first or []) + 1
+    DeltaTable(uri).optimize.compact()
+    DeltaTable(uri).create_checkpoint()  # a new checkpoint: read
+    assert set(snapshot.live_files(uri) or []) == _live(uri) and len(reads) == 2

@@ -287,10 +287,17 @@ class DeltaRsStorage(DeltaStateTables):
                 )
 
         retry_conflicts(write)
-        return self._version_written(table, dt, commit_id)
+        version = self._version_written(table, dt, commit_id)
+        if dt is not None:  # after its last use here: another writer may take it at once
+            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
+        return version
 
     def _open_existing(self, table: str) -> DeltaTable | None:
-        """The table's latest snapshot, or None if there is no table (one log load, not two)."""
+        """The table's latest snapshot, or None if there is no table (one log load, not two); for a
+        write: one kept open since an earlier write (``open_tables``) when there is one."""
+        kept = self.open_tables.take(self.uri(table), storage_options=self.storage_options)
+        if kept is not None:
+            return kept
         try:
             return DeltaTable(self.uri(table), storage_options=self.storage_options)
         except TableNotFoundError:
@@ -481,7 +488,9 @@ class DeltaRsStorage(DeltaStateTables):
         else:
             with stream:
                 retry_conflicts(write)
-        return self._version_written(table, dt, commit_id)
+        version = self._version_written(table, dt, commit_id)
+        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)  # after its last use
+        return version
 
 
 def _check_readable(table: str, dt: DeltaTable) -> None:

@@ -15,11 +15,14 @@ changed under the read, answers None, and the caller opens the table with delta-
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import Schema
 
@@ -107,7 +110,36 @@ def _checkpoint_version(fs, logdir: str) -> int | None:
     return version if isinstance(version, int) and version >= 0 else None
 
 
+_CHECKPOINTS: OrderedDict[tuple[str, int, int], tuple[frozenset[str], str | None] | None] = OrderedDict()
+_CHECKPOINTS_LOCK = threading.Lock()
+CHECKPOINTS_KEPT = 256  # checkpoints' file sets remembered per process
+
+
 def _checkpoint_files(fs, path: str) -> tuple[set[str], str | None] | None:
+    """``_read_checkpoint`` remembered per checkpoint file (its path, size and modification time: a
+    checkpoint is written once): a checkpoint after a compaction holds every removed file's tombstone
+    for the file retention (100,000 rows at 100,000 commits), and a sensor reads the same one at
+    every tick until the next checkpoint."""
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None
+    key = (path, int(info.size or 0), int(info.mtime_ns or 0))
+    with _CHECKPOINTS_LOCK:
+        known = key in _CHECKPOINTS
+        found = _CHECKPOINTS.get(key)
+        if known:
+            _CHECKPOINTS.move_to_end(key)
+    if not known:
+        read = _read_checkpoint(fs, path)
+        found = None if read is None else (frozenset(read[0]), read[1])
+        with _CHECKPOINTS_LOCK:
+            _CHECKPOINTS[key] = found
+            while len(_CHECKPOINTS) > CHECKPOINTS_KEPT:
+                _CHECKPOINTS.popitem(last=False)
+    return None if found is None else (set(found[0]), found[1])
+
+
+def _read_checkpoint(fs, path: str) -> tuple[set[str], str | None] | None:
     """The ``add`` paths and the schema of a single-file checkpoint, or None if it is not a plain table's."""
     try:
         names = set(pq.read_schema(path, filesystem=fs).names)

@@ -340,6 +340,7 @@ class SparkDeltaStorage(DeltaRsStorage):
                     raise
                 LOG.info("table %s: concurrent commit, retrying the write (%d)", table, attempt + 1)
                 time.sleep(0.05 * (attempt + 1))
+        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
         return self._committed_version(table, commit_id)
 
     def _commit_matches(self, commit: dict, commit_id: str) -> bool:

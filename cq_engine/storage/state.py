@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from cq_engine.errors import TableError
 from cq_engine.names import check_name
@@ -27,6 +27,7 @@ from cq_engine.storage.maintain import (
     compact_files,
     maintain_table,
 )
+from cq_engine.storage.open_tables import OpenTables
 from cq_engine.storage.retry import retry_conflicts
 
 
@@ -63,15 +64,44 @@ class DeltaStateTables:
         # intermittently aborts the interpreter at exit in deltalake 1.6.6.
         return log.arrow_table(DeltaTable(uri, storage_options=self.storage_options).scan())
 
+    @property
+    def open_tables(self) -> OpenTables:
+        """Tables kept open between this object's writes (``storage.open_tables``)."""
+        return self.__dict__.setdefault("_open_tables", OpenTables())
+
+    def _writable(self, uri: str) -> DeltaTable | None:
+        """The table at ``uri`` for a write (kept open since the last one, or opened), None if missing."""
+        kept = self.open_tables.take(uri, storage_options=self.storage_options)
+        if kept is not None:
+            return kept
+        try:
+            return DeltaTable(uri, storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+
     def append_state(self, name: str, data: pa.Table) -> None:
         """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
-        # Retried: e.g. two first writers racing to create the table; the loser appends on its next try.
         uri = self.state_uri(name)
-        retry_conflicts(
-            lambda _attempt: write_deltalake(
-                uri, data, mode="append", post_commithook_properties=WRITER_HOOKS, storage_options=self.storage_options
-            )
-        )
+        dt = self._writable(uri)
+
+        def write(attempt: int) -> None:
+            # Retried: e.g. two first writers racing to create the table; the loser appends on its next try.
+            if dt is None:
+                write_deltalake(
+                    uri,
+                    data,
+                    mode="append",
+                    post_commithook_properties=WRITER_HOOKS,
+                    storage_options=self.storage_options,
+                )
+                return
+            if attempt:
+                dt.update_incremental()
+            write_deltalake(dt, data, mode="append", post_commithook_properties=WRITER_HOOKS)
+
+        retry_conflicts(write)
+        if dt is not None:
+            self.open_tables.give(uri, dt, storage_options=self.storage_options)
         # Each append adds a small file and a read opens every live one: the append landing on a
         # multiple of STATE_COMPACT_EVERY compacts them (the ledger read by each run stays a few files).
         seen = self.__dict__.setdefault("_state_versions", {})
@@ -87,8 +117,13 @@ class DeltaStateTables:
         ``rows(current table)`` in one commit; after a conflict, computed again from the new snapshot."""
         uri = self.state_uri(name)
 
+        kept: list[DeltaTable] = []
+
         def write(_attempt: int) -> None:
-            dt = DeltaTable(uri, storage_options=self.storage_options)
+            dt = (None if kept else self.open_tables.take(uri, storage_options=self.storage_options)) or DeltaTable(
+                uri, storage_options=self.storage_options
+            )
+            kept[:] = [dt]
             data = rows(log.arrow_table(dt.scan()))
             write_deltalake(
                 dt,
@@ -100,6 +135,7 @@ class DeltaStateTables:
             )
 
         retry_conflicts(write)
+        self.open_tables.give(uri, kept[0], storage_options=self.storage_options)
 
     def state_names(self) -> list[str]:
         """Every state table under ``_cq/`` (``firings``, ``streams/s1/frontier``, ...)."""
