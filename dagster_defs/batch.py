@@ -539,7 +539,8 @@ def build_batch_sensor(
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
         horizon = {d.name: batch_horizon(ticks[d.name].every, d.timeout_policy) for d in definitions}
-        batch = plan_batch(
+        plan = partial(
+            plan_batch,
             definitions,
             ticks=ticks,
             cursor=cursor,
@@ -550,13 +551,19 @@ def build_batch_sensor(
             failed=failed,
             finished=frozenset(finished),
             prev_done=frozenset(prev_done),
-            lead={
-                d.name: batch_lead(ticks[d.name].every, d.timeout_policy, horizon=horizon[d.name]) for d in definitions
-            },
             check_every=check_every,
             horizon=horizon,
             caught_up=frozenset(caught_up),
         )
+        # A window's batch is asked for early (the far lead) only when every definition keeping up
+        # can join it; while some are still committing the firing before their last, only what the
+        # usual lead asks for: requested as they come ready, the batch split into several runs
+        # (each a process start, all wanting a slot at once).
+        near = {d.name: batch_lead(ticks[d.name].every, d.timeout_policy) for d in definitions}
+        far = {d.name: batch_lead(ticks[d.name].every, d.timeout_policy, horizon=horizon[d.name]) for d in definitions}
+        batch = plan(lead=far)
+        if batch.unready and far != near:
+            batch = plan(lead=near)
         skipped = first_lines(batch.skipped)
         for line in skipped:
             context.log.info(line)

@@ -131,6 +131,9 @@ class Batch:
     attempt: int
     checks: frozenset[str] = frozenset()  # definitions whose completeness check the run evaluates
     after: dict[str, list[str]] = field(default_factory=dict)  # pipelined: definition -> [prev key, its end]
+    # Keeping up, its next window within the lead, but its run has not committed all but its last
+    # firing yet: it would be followed a moment later (see the sensor's two leads).
+    unready: frozenset[str] = frozenset()
 
     @property
     def run_key(self) -> str:
@@ -189,6 +192,7 @@ def plan_batch(
     firings: dict[str, list[datetime]] = {}
     after: dict[str, list[str]] = {}
     skipped: list[str] = []
+    unready: set[str] = set()
     attempt = 0
     total = 0
     # Furthest behind first: when a batch is full (MAX_FIRINGS_PER_RUN), what waits for the next one
@@ -256,9 +260,12 @@ def plan_batch(
             one = bool(s.key and s.upto and not s.prev and not s.attempt and (s.first == s.upto or d.name in caught_up))
             upcoming = due + ahead
             next_only = (upcoming[0] >= window[0]) if (window and upcoming) else len(due) == 1
-            if in_flight and next_only and one and d.name not in busy and run_status.get(s.key or "") == "STARTED":
+            started = in_flight and next_only and d.name not in busy and run_status.get(s.key or "") == "STARTED"
+            if started and one:
                 end = iso(t.range_of(parse_time(s.upto or "", tz=UTC))[1])
                 follow = (s.key or "", s.first, end, s.since)
+            elif started and window and s.key and s.upto and not s.prev and not s.attempt:
+                unready.add(d.name)
             if in_flight and not follow:
                 if due:
                     skipped.append(f"{d.name}: BLOCKED holds {len(due)} firing(s) until its run finishes")
@@ -311,6 +318,7 @@ def plan_batch(
         attempt=attempt,
         checks=frozenset(checks),
         after=after,
+        unready=frozenset(unready),
     )
 
 

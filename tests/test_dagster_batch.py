@@ -515,10 +515,12 @@ def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(p
     # has committed all of b's firings but the last (caught up); the next window waits for it.
     held = _plan(catalog, cursor=first.cursor, now=_s(52), status={k1: "STARTED"}, lead=lead, horizon=horizon)
     assert "b" not in held.firings and any("b: BLOCKED holds 1" in line for line in held.skipped)
+    assert held.unready == {"b"}  # the sensor then plans with the usual lead only (see batch.evaluate)
     nxt = _plan(
         catalog, cursor=first.cursor, now=_s(52), status={k1: "STARTED"}, lead=lead, horizon=horizon, caught_up={"b"}
     )
     assert nxt.firings["b"] == [_s(60), _s(80), _s(100)] and nxt.after == {"b": [k1, iso(_s(40))]}
+    assert nxt.unready == frozenset()
     # A queued run is not followed.
     assert (
         "b"
