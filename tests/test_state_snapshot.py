@@ -104,3 +104,31 @@ def test_a_checkpoint_is_read_once_per_process_until_the_next_one(tmp_path, monk
     DeltaTable(uri).optimize.compact()
     DeltaTable(uri).create_checkpoint()  # a new checkpoint: read
     assert set(snapshot.live_files(uri) or []) == _live(uri) and len(reads) == 2
+
+
+def test_a_large_file_is_read_once_per_process_and_later_columns_are_null_in_its_rows(tmp_path, monkeypatch):
+    uri = str(tmp_path / "state")
+    big = pa.table({"n": list(range(40_000)), "s": [os.urandom(12).hex() for _ in range(40_000)]})
+    write_deltalake(uri, big, post_commithook_properties=WRITER_HOOKS)
+    write_deltalake(uri, pa.table({"n": [-1], "s": ["small"]}), mode="append", post_commithook_properties=WRITER_HOOKS)
+    sizes = sorted(f.stat().st_size for f in (tmp_path / "state").glob("*.parquet"))
+    assert sizes[0] < snapshot.BIG_FILE <= sizes[-1]
+    reads: list[str] = []
+    real = snapshot.pq.read_table
+    monkeypatch.setattr(snapshot.pq, "read_table", lambda path, **kw: reads.append(path) or real(path, **kw))
+    first = snapshot.read_live(uri)
+    second = snapshot.read_live(uri)
+    assert first is not None and second is not None and first.num_rows == second.num_rows == 40_001
+    assert len(reads) == 1  # the large file, once; the small one through a dataset each time
+    # A column added later: null in the remembered file's rows too.
+    write_deltalake(
+        uri,
+        pa.table({"n": [-2], "s": ["new"], "extra": ["x"]}),
+        mode="append",
+        schema_mode="merge",
+        post_commithook_properties=WRITER_HOOKS,
+    )
+    third = snapshot.read_live(uri)
+    assert third is not None and third.num_rows == 40_002 and len(reads) == 1
+    assert third.column_names == ["n", "s", "extra"] and third["extra"].null_count == 40_001
+    assert sorted(third["n"].to_pylist()) == sorted(DeltaTable(uri).to_pyarrow_table()["n"].to_pylist())
