@@ -561,9 +561,9 @@ def build_batch_sensor(
         # (each a process start, all wanting a slot at once).
         near = {d.name: batch_lead(ticks[d.name].every, d.timeout_policy) for d in definitions}
         far = {d.name: batch_lead(ticks[d.name].every, d.timeout_policy, horizon=horizon[d.name]) for d in definitions}
-        batch = plan(lead=far)
+        batch = plan(lead=near, horizon_lead=far)
         if batch.unready and far != near:
-            batch = plan(lead=near)
+            batch = plan(lead=near, horizon_lead=near)
         skipped = first_lines(batch.skipped)
         for line in skipped:
             context.log.info(line)

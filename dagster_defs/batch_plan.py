@@ -156,6 +156,7 @@ def plan_batch(
     lead: dict[str, timedelta] | None = None,
     check_every: timedelta = timedelta(0),
     horizon: dict[str, timedelta] | None = None,
+    horizon_lead: dict[str, timedelta] | None = None,
     caught_up: frozenset[str] = frozenset(),
 ) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
@@ -170,8 +171,9 @@ def plan_batch(
     (and by every retry), not by every run: each evaluation is two events in Dagster's event log, which
     a thousand definitions firing every 30 s cannot afford on every run; ``horizon``: per BLOCKED
     definition, the length of the aligned windows (UTC epoch multiples) whose firings are requested
-    together (see ``window_of``); ``caught_up``: definitions whose firings in their running run are
-    committed but for the last.
+    together (see ``window_of``); ``horizon_lead``: how early a window's batch may be requested (at
+    least ``lead``); ``caught_up``: definitions whose firings in their running run are committed but
+    for the last.
 
     Pipelining: a BLOCKED definition whose one firing is in a run that has started is requested
     again, in the next batch, as soon as its next firing is within its lead, without waiting for the
@@ -179,14 +181,17 @@ def plan_batch(
     first firing. A definition is in at most two runs, the second waiting for the first. If its
     firing fails in the first, the second leaves it out and it is retried from the first's firing.
 
-    Horizon: a BLOCKED definition keeping up gets, with its firing due within the lead, every later
-    firing of the horizon window that holds ``now + lead``; the run waits for each (one process for
-    several periods), and the next window's batch follows it. Windows are aligned, so definitions
+    Horizon: a BLOCKED definition keeping up, when it is followed (above), gets every firing of the
+    horizon window its next firing falls in, once that firing is within ``horizon_lead``; the run
+    waits for each (one process for several periods), and the next window's batch follows it in
+    turn. A definition not followed (its first run, a retry, one behind) gets what is due within its
+    lead, as without a horizon, so a slow definition never holds a run for a whole window. Windows are aligned, so definitions
     of any phase come due together, once per window, and batches that split (a retry, a straggler)
     merge again at the next window."""
     failed = failed or {}
     lead = lead or {}
     horizon = horizon or {}
+    horizon_lead = horizon_lead or {}
     states = load_cursor(cursor)
     states = {d.name: states.get(d.name, DefinitionState()) for d in definitions}
     firings: dict[str, list[datetime]] = {}
@@ -235,12 +240,11 @@ def plan_batch(
         t = ticks[d.name]
         reach = now + lead.get(d.name, timedelta(0))
         due = t.due(cursor=parse_time(s.upto, tz=UTC) if s.upto else None, now=reach)
+        if s.upto is None:  # first evaluation: the latest firing due now, then those within the lead
+            now_due = t.due(cursor=None, now=now)
+            if now_due:
+                due = now_due + t.between(now_due[-1] + timedelta(microseconds=1), reach + timedelta(microseconds=1))
         span = horizon.get(d.name, timedelta(0)) if d.timeout_policy != "DISCARD" else timedelta(0)
-        window = window_of(reach, span) if span > timedelta(0) else None
-        ahead: list[datetime] = []
-        if window is not None:
-            base = due[-1] if due else (parse_time(s.upto, tz=UTC) if s.upto else None)
-            ahead = t.between(base + timedelta(microseconds=1), window[1]) if base else []
         if d.timeout_policy == "DISCARD":
             if in_flight:
                 if due:
@@ -258,8 +262,15 @@ def plan_batch(
             # Under a horizon: its next firing is in the current window (nothing older is due), and its
             # run has committed all but its last firing.
             one = bool(s.key and s.upto and not s.prev and not s.attempt and (s.first == s.upto or d.name in caught_up))
-            upcoming = due + ahead
-            next_only = (upcoming[0] >= window[0]) if (window and upcoming) else len(due) == 1
+            window: tuple[datetime, datetime] | None = None
+            ahead: list[datetime] = []  # under a horizon: every firing after `upto` to its window's end
+            if span > timedelta(0) and s.upto:
+                far = now + max(lead.get(d.name, timedelta(0)), horizon_lead.get(d.name, timedelta(0)))
+                window = window_of(far, span)
+                ahead = t.between(parse_time(s.upto, tz=UTC) + timedelta(microseconds=1), window[1])
+                next_only = bool(ahead) and window[0] <= ahead[0] <= far
+            else:
+                next_only = len(due) == 1
             started = in_flight and next_only and d.name not in busy and run_status.get(s.key or "") == "STARTED"
             if started and one:
                 end = iso(t.range_of(parse_time(s.upto or "", tz=UTC))[1])
@@ -279,7 +290,7 @@ def plan_batch(
                         first + timedelta(microseconds=1), parse_time(s.upto, tz=UTC) + timedelta(microseconds=1)
                     ),
                 ]
-            fires = (again + due + ahead)[:MAX_FIRINGS_PER_DEFINITION]
+            fires = (again + (ahead if follow and window else due))[:MAX_FIRINGS_PER_DEFINITION]
         if not fires:
             if retry:
                 s.first, s.attempt = None, 0

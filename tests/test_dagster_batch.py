@@ -58,6 +58,7 @@ def _plan(
     lead=None,
     check_every=timedelta(0),
     horizon=None,
+    horizon_lead=None,
     caught_up=frozenset(),
 ):
     defs = [catalog.definition(n) for n in names]
@@ -76,6 +77,7 @@ def _plan(
         lead=lead,
         check_every=check_every,
         horizon=horizon,
+        horizon_lead=horizon_lead,
         caught_up=frozenset(caught_up),
     )
 
@@ -106,6 +108,8 @@ def test_a_firing_due_within_its_lead_is_requested_early(project, monkeypatch):
     assert early.firings == {"b": [_s(20)]}
     # At 9 s it is not yet.
     assert _plan(catalog, cursor=first.cursor, now=_s(9), status={first.run_key: "SUCCESS"}, lead=lead).firings == {}
+    # A first evaluation: the latest firing due now, then those within the lead (none skipped).
+    assert _plan(catalog, now=_s(15), lead=lead).firings["b"] == [T0, _s(20)]
     # The lead: CQ_BATCH_LEAD (default 25 s); a bad value is a clear error.
     # BLOCKED: up to its period less 5 s (a run following one still going waits for its commit);
     # DISCARD: half its period (it decides to skip a firing when it requests the next one).
@@ -493,56 +497,44 @@ def test_a_definition_keeping_up_is_requested_again_while_its_run_goes_on_and_wa
 
 
 def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(project, monkeypatch):
-    from dagster_defs.batch import batch_horizon
+    from dagster_defs.batch import batch_horizon, batch_lead
 
     _, catalog = project
-    lead, horizon = {"b": timedelta(seconds=10)}, {"b": timedelta(seconds=60), "d": timedelta(seconds=60)}
-    # b (BLOCKED, every 20 s) gets every firing of the aligned minute holding now + lead; d (DISCARD)
-    # never a horizon: it decides what to skip when it requests.
-    first = _plan(catalog, now=_s(5), lead=lead, horizon=horizon)
+    lead, early = {"b": timedelta(seconds=10)}, {"b": timedelta(seconds=30)}
+    horizon = {"b": timedelta(seconds=60), "d": timedelta(seconds=60)}
+
+    def plan(**kw):
+        return _plan(catalog, lead=lead, horizon=horizon, horizon_lead=early, **kw)
+
+    # A first run is no horizon's: what is due within the lead, as ever.
+    first = plan(now=_s(5))
     k1 = first.run_key
-    assert first.firings == {"b": [T0, _s(20), _s(40)], "d": [T0]}
-    b = load_cursor(first.cursor)["b"]
-    assert (b.first, b.upto) == (iso(T0), iso(_s(40)))
-    # Until the next window is within the lead nothing more is requested, even with the run done.
-    assert (
-        "b"
-        not in _plan(
-            catalog, cursor=first.cursor, now=_s(45), status={k1: "SUCCESS"}, lead=lead, horizon=horizon
-        ).firings
-    )
-    # 52 s: the next window is within the lead; k1 runs b's last firing (40 s). Followed only once k1
-    # has committed all of b's firings but the last (caught up); the next window waits for it.
-    held = _plan(catalog, cursor=first.cursor, now=_s(52), status={k1: "STARTED"}, lead=lead, horizon=horizon)
-    assert "b" not in held.firings and any("b: BLOCKED holds 1" in line for line in held.skipped)
-    assert held.unready == {"b"}  # the sensor then plans with the usual lead only (see batch.evaluate)
-    nxt = _plan(
-        catalog, cursor=first.cursor, now=_s(52), status={k1: "STARTED"}, lead=lead, horizon=horizon, caught_up={"b"}
-    )
-    assert nxt.firings["b"] == [_s(60), _s(80), _s(100)] and nxt.after == {"b": [k1, iso(_s(40))]}
+    assert first.firings == {"b": [T0], "d": [T0]}
+    # Followed (12 s: k1 has started, b's next firing is within the horizon lead): every firing of
+    # the aligned minute it falls in. d (DISCARD) is never followed.
+    second = plan(cursor=first.cursor, now=_s(12), status={k1: "STARTED"})
+    k2 = second.run_key
+    assert second.firings == {"b": [_s(20), _s(40)]} and second.after == {"b": [k1, iso(T0)]}
+    # 32 s: the next minute is within the horizon lead; k2 runs b's firings at 20 and 40 s. Followed
+    # only once k2 has committed all of them but the last (caught up): the next minute waits for it.
+    held = plan(cursor=second.cursor, now=_s(32), status={k1: "SUCCESS", k2: "STARTED"})
+    assert "b" not in held.firings and held.unready == {"b"}  # the sensor then plans with the usual lead
+    nxt = plan(cursor=second.cursor, now=_s(32), status={k1: "SUCCESS", k2: "STARTED"}, caught_up={"b"})
+    assert nxt.firings["b"] == [_s(60), _s(80), _s(100)] and nxt.after == {"b": [k2, iso(_s(40))]}
     assert nxt.unready == frozenset()
     # A queued run is not followed.
-    assert (
-        "b"
-        not in _plan(
-            catalog, cursor=first.cursor, now=_s(52), status={k1: "QUEUED"}, lead=lead, horizon=horizon, caught_up={"b"}
-        ).firings
-    )
-    # Behind by a whole window: BLOCKED holds it, as ever.
-    late = _plan(
-        catalog, cursor=first.cursor, now=_s(125), status={k1: "STARTED"}, lead=lead, horizon=horizon, caught_up={"b"}
-    )
-    assert "b" not in late.firings
-    # Once k1 is done, everything since, in order, then the rest of the current window.
-    done = _plan(catalog, cursor=first.cursor, now=_s(125), status={k1: "SUCCESS"}, lead=lead, horizon=horizon)
-    assert done.firings["b"] == [_s(60), _s(80), _s(100), _s(120), _s(140), _s(160)]
+    assert "b" not in plan(cursor=second.cursor, now=_s(32), status={k2: "QUEUED"}, caught_up={"b"}).firings
+    # Behind by a window: BLOCKED holds it, as ever.
+    late = plan(cursor=second.cursor, now=_s(125), status={k2: "STARTED"}, caught_up={"b"})
+    assert "b" not in late.firings and late.unready == frozenset()
+    # Once k2 is done, everything since, in order, within the lead: a catch-up is no horizon's.
+    done = plan(cursor=second.cursor, now=_s(125), status={k1: "SUCCESS", k2: "SUCCESS"})
+    assert done.firings["b"] == [_s(60), _s(80), _s(100), _s(120)]
     # CQ_BATCH_HORIZON (default 120 s, at most 600): none for DISCARD or a period over half of it.
     assert batch_horizon(timedelta(seconds=30)) == timedelta(seconds=120)
     assert batch_horizon(timedelta(seconds=30), "DISCARD") == timedelta(0)
     assert batch_horizon(timedelta(seconds=61)) == timedelta(0)
     # Under a horizon a window's batch may be asked for up to half the window (at most 60 s) early.
-    from dagster_defs.batch import batch_lead
-
     assert batch_lead(timedelta(seconds=30), horizon=timedelta(seconds=120)) == timedelta(seconds=60)
     assert batch_lead(timedelta(seconds=10), horizon=timedelta(seconds=60)) == timedelta(seconds=30)
     monkeypatch.setenv("CQ_BATCH_HORIZON", "0")
@@ -553,25 +545,18 @@ def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(p
 
 def test_a_definition_whose_run_failed_while_it_was_stopped_is_retried_when_it_is_started(project):
     _, catalog = project
-    horizon = {"b": timedelta(seconds=60)}
-    first = _plan(catalog, now=_s(5), horizon=horizon)
+    first = _plan(catalog, now=_s(5))
     k1 = first.run_key
-    assert first.firings["b"] == [T0, _s(20), _s(40)]
-    # k1 left b out (its switch was stopped mid-run: tag cq/left_out, read as failed) and b is stopped.
-    stopped = _plan(
-        catalog,
-        cursor=first.cursor,
-        now=_s(70),
-        status={k1: "SUCCESS"},
-        failed={k1: {"b"}},
-        paused={"b"},
-        horizon=horizon,
-    )
+    second = _plan(catalog, cursor=first.cursor, now=_s(25), status={k1: "SUCCESS"})
+    k2 = second.run_key
+    assert second.firings["b"] == [_s(20)]
+    # k2 left b out (its switch was stopped mid-run: tag cq/left_out, read as failed) and b is stopped.
+    stopped = _plan(catalog, cursor=second.cursor, now=_s(70), status={k2: "SUCCESS"}, failed={k2: {"b"}}, paused={"b"})
     assert "b" not in stopped.firings
-    # Started again: its firings from k1's first are requested again (the run skips what the ledger
-    # holds), then what came due meanwhile and the rest of the window.
-    again = _plan(catalog, cursor=stopped.cursor, now=_s(75), horizon=horizon)
-    assert again.firings["b"] == [T0, _s(20), _s(40), _s(60), _s(80), _s(100)] and again.attempt == 1
+    # Started again: its firings from k2's first are requested again (the run skips what the ledger
+    # holds), then what came due meanwhile.
+    again = _plan(catalog, cursor=stopped.cursor, now=_s(85))
+    assert again.firings["b"] == [_s(20), _s(40), _s(60), _s(80)] and again.attempt == 1
 
 
 def test_a_pipelined_definition_whose_first_run_failed_is_retried_from_that_runs_firing(project):

@@ -32,7 +32,8 @@ from deltalake import DeltaTable
 from streams_util import TYPES
 
 from cq_engine.engine import Engine
-from dagster_defs.batch import batch_lead
+from dagster_defs.batch import batch_horizon, batch_lead
+from dagster_defs.batch_plan import window_of
 
 EVERY = timedelta(seconds=5)
 RANGE = timedelta(seconds=10)
@@ -96,10 +97,16 @@ def check_batches(stack, name: str) -> list[dict]:
         fires = run["firings"][name]
         assert fires == sorted(fires) and all(f.timestamp() % 5 == 0 for f in fires), fires
         assert run["tags"]["dagster/sensor_name"] == "cq_firings" and run["tags"]["cq/batch"] == "true"
-        # A firing is requested at most its lead (CQ_BATCH_LEAD, for EVERY 5s: half of it) before it
-        # is due, never earlier; check_exactly_once checks that it executes only once due.
-        lead = batch_lead(EVERY).total_seconds()
-        assert run["creationTime"] >= fires[-1].timestamp() - lead - 0.001, (run["creationTime"], fires[-1])
+        # A run's first firing is requested at most its lead before it is due (CQ_BATCH_LEAD, for
+        # EVERY 5s half of it; under the horizon, half the window), and its last lies in the horizon
+        # window that lead reaches, never later; check_exactly_once checks that each executes only
+        # once due.
+        span = batch_horizon(EVERY)
+        lead = batch_lead(EVERY, horizon=span).total_seconds()
+        assert run["creationTime"] >= fires[0].timestamp() - lead - 0.001, (run["creationTime"], fires[0])
+        reach = datetime.fromtimestamp(run["creationTime"] + lead, UTC)
+        last = window_of(reach, span)[1] if span else reach + timedelta(microseconds=1)
+        assert fires[-1] < last, (run["creationTime"], fires[-1], last)
         requested += [f for f in fires if f not in requested]
     assert requested == sorted(requested), f"{name}: firings requested out of order: {requested}"
     return runs
