@@ -296,10 +296,7 @@ def plan_batch(
                 s.first, s.attempt = None, 0
             continue
         # The run's size is what is due now; later firings of the horizon come one period at a time.
-        # A definition followed into its window counts once: after a slow start its window's first
-        # firings may all be due, and counting them split the window's batch into runs that queued
-        # for the two slots for several windows (500 definitions each at 1,000).
-        need = 1 if follow else sum(1 for f in fires if f <= reach)
+        need = sum(1 for f in fires if f <= reach)
         if total and total + need > MAX_FIRINGS_PER_RUN:
             states[d.name] = original  # as if not looked at: the next batch decides again
             continue
