@@ -293,15 +293,10 @@ class DeltaRsStorage(DeltaStateTables):
         return version
 
     def _open_existing(self, table: str) -> DeltaTable | None:
-        """The table's latest snapshot, or None if there is no table (one log load, not two); for a
-        write: one kept open since an earlier write (``open_tables``) when there is one."""
-        kept = self.open_tables.take(self.uri(table), storage_options=self.storage_options)
-        if kept is not None:
-            return kept
+        """The table's latest snapshot for a write (``_writable``: kept open since an earlier write, or
+        opened), or None if there is no table (one log load, not two)."""
         try:
-            return DeltaTable(self.uri(table), storage_options=self.storage_options)
-        except TableNotFoundError:
-            return None
+            return self._writable(self.uri(table))
         except DeltaError:
             return self._open(table)  # the damaged log's error, naming the table
 

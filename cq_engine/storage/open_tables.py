@@ -63,10 +63,6 @@ class OpenTables:
             while len(self._free) > self._limit:
                 self._free.popitem(last=False)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
 
 def _stamp(uri: str, version: int, storage_options: Mapping[str, str] | None) -> tuple[int, int] | None:
     """Size and modification time (ns) of the commit file of ``version``; None if it is gone."""
