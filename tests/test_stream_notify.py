@@ -291,16 +291,15 @@ def test_old_form_notify_defaults_to_pause(tmp_path, spark, recorder):
 
 def test_cq_listen_prints_each_message(tmp_path):
     import json
-    import socket
     import subprocess
     import sys
     import time
 
+    from netutil import free_port
+
     from cq_engine.notify.ws import deliver
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cq_engine.cli.main", "listen", "--port", str(port), "--count", "1"],
         stdout=subprocess.PIPE,

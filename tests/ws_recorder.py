@@ -23,15 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from netutil import free_port
 from websockets.sync.server import serve
 
 HOST = "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
@@ -112,7 +107,7 @@ class Recorder:
     """
 
     def __init__(self, *, tls: bool = False, port: int | None = None):
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.tls = tls
         self.reject_status: int | None = None
         self.paths: list[str] = []
