@@ -31,6 +31,7 @@ import queue
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -61,6 +62,7 @@ FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the com
 MAX_HORIZON_SECONDS = 600  # a run lives about one horizon window; run monitoring allows 1800 s
 HORIZON_LEAD = timedelta(seconds=60)  # how early a window's batch may be requested, at most
 ROUND_GATHER = timedelta(seconds=1)  # firings due this close after a round's first one join it
+DONE_BEFORE_TAG = "cq/done_before"  # a batch run: every firing of it due before this time is done
 SWITCH_CHECK_SECONDS = 5.0  # a run looks this often (at most) whether a definition was stopped
 
 
@@ -134,6 +136,7 @@ def _execute(
     after: dict[str, list[str]] | None = None,
     gate: Gate | None = None,
     stopped: Stopped | None = None,
+    progress: Callable[[datetime], None] | None = None,
 ) -> None:
     """Every definition's firings in rounds, in time order (a round: each definition's next firing,
     those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
@@ -141,8 +144,10 @@ def _execute(
     queries share one Spark job (``resample.fused``), its PERIOD streams run beside it. A definition
     in ``after`` (pipelined: [run key, range end]) joins the rounds once ``gate`` says that run
     committed it (True), or is left out if that run ended without (False; None: not yet). A
-    definition ``stopped`` names (its switch was stopped) is left out from its next firing on."""
+    definition ``stopped`` names (its switch was stopped) is left out from its next firing on. After
+    each round, ``progress(t)``: every firing before ``t`` is done (committed or failed)."""
     pending = {n: list(fs) for n, fs in firings.items()}
+    told: datetime | None = None
     waiting = {n: a for n, a in (after or {}).items() if n in pending}
     looked = 0.0
     with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
@@ -192,6 +197,11 @@ def _execute(
                 failed |= {f.cq.name for f, o in zip(queries, outcomes) if isinstance(o, Exception)}
             # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
             pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
+            if progress is not None and pending:
+                before = min(fs[0] for fs in pending.values())
+                if before != told:
+                    told = before
+                    progress(before)
 
 
 def _heard(out: queue.Queue, f: FiringRequest, outcome) -> None:
@@ -251,7 +261,10 @@ def run_batch(
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
         gate = partial(_followed, context.instance, sink_keys)
-        future = pool.submit(_execute, engine, times, done, out, after=after, gate=gate, stopped=stopped)
+        progress = partial(_report_progress, context)
+        future = pool.submit(
+            _execute, engine, times, done, out, after=after, gate=gate, stopped=stopped, progress=progress
+        )
         while not (future.done() and out.empty()):
             try:
                 outcome, d, fire, value = out.get(timeout=0.5)
@@ -320,6 +333,18 @@ def run_batch(
         )
 
 
+def _report_progress(context, before: datetime) -> None:
+    """Tag the run with how far its rounds got (``DONE_BEFORE_TAG``). The sensor follows every
+    definition of a run into the next horizon window at once when a round ends, instead of each as
+    its own commit's event arrives: a thousand commits land over 10-30 s, and followed as they
+    landed they split the next window into a run per sensor tick. Advisory: a failed write leaves
+    the sensor on the commits' events, as before."""
+    try:
+        context.instance.add_run_tags(context.run_id, {DONE_BEFORE_TAG: iso(before)})
+    except Exception as exc:  # the run's work does not depend on it
+        context.log.warning(f"could not record the batch's progress ({DONE_BEFORE_TAG}): {exc}")
+
+
 def _reported_ends(instance, key: dg.AssetKey, *, since: datetime) -> set[str]:
     """The range ends (``cq/range_end``) of sink ``key``'s materializations since ``since``."""
     records = instance.fetch_materializations(
@@ -349,7 +374,7 @@ def _followed(instance, sink_keys: dict[str, dg.AssetKey], waiting: dict[str, li
     """Per pipelined definition (``waiting``: name -> [run key, range end]): True once that run's
     firing is in its sink's materializations, False if the run has ended without it, else None.
     The statuses are read first: a run that has ended has written all its materializations."""
-    status, _, _ = keyed_runs(instance, {key for key, _ in waiting.values()})
+    status = keyed_runs(instance, {key for key, _ in waiting.values()}).status
     latest = instance.get_latest_materialization_events([sink_keys[n] for n in waiting])
     return {
         name: True
@@ -360,22 +385,33 @@ def _followed(instance, sink_keys: dict[str, dg.AssetKey], waiting: dict[str, li
 
 
 # -- the Dagster objects ----------------------------------------------------------------------------
-def keyed_runs(instance, keys) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
-    """Per run key among ``keys``: its run's status, its run id, and the definitions its ``cq/failed``
-    and ``cq/left_out`` tags name (only runs that have either tag): what failed, and what a pipelined
-    run left out because the run it followed did not commit it."""
-    status: dict[str, str] = {}
-    ids: dict[str, str] = {}
-    failed: dict[str, set[str]] = {}
+@dataclass(frozen=True)
+class KeyedRuns:
+    """Per run key: its run's status, its run id, the definitions its ``cq/failed`` and
+    ``cq/left_out`` tags name (only runs that have either tag: what failed, and what a pipelined run
+    left out because the run it followed did not commit it), and how far its rounds got
+    (``DONE_BEFORE_TAG``, only runs that have it)."""
+
+    status: dict[str, str] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, set[str]] = field(default_factory=dict)
+    done_before: dict[str, datetime] = field(default_factory=dict)
+
+
+def keyed_runs(instance, keys) -> KeyedRuns:
+    """What the runs whose run key is among ``keys`` say of themselves (see ``KeyedRuns``)."""
+    runs = KeyedRuns()
     if keys:
         for record in instance.get_run_records(dg.RunsFilter(tags={"dagster/run_key": sorted(keys)})):
             run = record.dagster_run
             key = run.tags["dagster/run_key"]
-            status[key], ids[key] = run.status.value, run.run_id
+            runs.status[key], runs.ids[key] = run.status.value, run.run_id
             for tag in ("cq/failed", "cq/left_out"):
                 if tag in run.tags:
-                    failed.setdefault(key, set()).update(run.tags[tag].split(","))
-    return status, ids, failed
+                    runs.failed.setdefault(key, set()).update(run.tags[tag].split(","))
+            if DONE_BEFORE_TAG in run.tags:
+                runs.done_before[key] = parse_time(run.tags[DONE_BEFORE_TAG], tz=UTC)
+    return runs
 
 
 def requested_runs(instance, job_name: str, op: str, *, after: float) -> list[RequestedRun]:
@@ -509,7 +545,8 @@ def build_batch_sensor(
                 context.log.warning(note)
         cursor = dump_cursor(states, at=at)
         keys = {k for s in states.values() for k in (s.key, s.prev) if k}
-        run_status, run_ids, failed = keyed_runs(context.instance, keys)
+        runs = keyed_runs(context.instance, keys)
+        run_status, run_ids, failed = runs.status, runs.ids, runs.failed
         busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
         finished = set()
@@ -531,10 +568,13 @@ def build_batch_sensor(
             value = mat.metadata.get("cq/range_end") if mat else None
             if value and value.value == end:
                 finished.add(name)
+        # Its run committed all its firings there but the last: by that commit's event, or for all of
+        # the run's definitions at once, by the run's progress tag.
         caught_up = {
             n
-            for n, end in penultimate(states, ticks, running).items()
+            for n, (fire, end) in penultimate(states, ticks, running).items()
             if committed_through(latest.get(sink_keys[n]), end)
+            or runs.done_before.get(states[n].key or "", fire) > fire
         }
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
@@ -599,16 +639,16 @@ def build_batch_sensor(
     )
 
 
-def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, str]:
-    """Per definition in a running batch run with several firings there: the range end (ISO) of the
-    firing before its last one."""
+def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, tuple[datetime, str]]:
+    """Per definition in a running batch run with several firings there: the firing before its last
+    one, and that firing's range end (ISO)."""
     ends = {}
     for name in running:
         s = states[name]
         if s.first and s.upto and s.first != s.upto:
             before = ticks[name].between(parse_time(s.first, tz=UTC), parse_time(s.upto, tz=UTC))
             if before:
-                ends[name] = iso(ticks[name].range_of(before[-1])[1])
+                ends[name] = (before[-1], iso(ticks[name].range_of(before[-1])[1]))
     return ends
 
 

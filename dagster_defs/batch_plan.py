@@ -295,8 +295,14 @@ def plan_batch(
             if retry:
                 s.first, s.attempt = None, 0
             continue
-        # The run's size is what is due now; later firings of the horizon come one period at a time.
-        need = sum(1 for f in fires if f <= reach)
+        # The run's size is what it can run at once: the firings due now (one round each), a followed
+        # definition's at most one (they wait for its previous run anyway). Later firings, requested
+        # early or of the horizon, come one period at a time. Counting the firings within the lead
+        # (two per definition at a cold start, or for a follower a period late) cut a thousand
+        # definitions into runs of 500 that queued for the two slots and never merged again.
+        need = sum(1 for f in fires if f <= now)
+        if follow:
+            need = min(need, 1)
         if total and total + need > MAX_FIRINGS_PER_RUN:
             states[d.name] = original  # as if not looked at: the next batch decides again
             continue

@@ -265,7 +265,8 @@ def build_streams_sensor(
         )
 
     def _runs(context, states) -> tuple[dict[str, str], dict[str, set[str]]]:
-        status, _, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
+        runs = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
+        status, failed = runs.status, runs.failed
         return status, failed
 
     def _take_switch_cursor(s: r.StreamState, text: str | None, context, name: str) -> None:
