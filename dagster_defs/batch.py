@@ -568,14 +568,7 @@ def build_batch_sensor(
             value = mat.metadata.get("cq/range_end") if mat else None
             if value and value.value == end:
                 finished.add(name)
-        # Its run committed all its firings there but the last: by that commit's event, or for all of
-        # the run's definitions at once, by the run's progress tag.
-        caught_up = {
-            n
-            for n, (fire, end) in penultimate(states, ticks, running).items()
-            if committed_through(latest.get(sink_keys[n]), end)
-            or runs.done_before.get(states[n].key or "", fire) > fire
-        }
+        caught_up = caught_up_in(states, ticks, running, {n: latest.get(sink_keys[n]) for n in running}, runs)
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
         horizon = {d.name: batch_horizon(ticks[d.name].every, d.timeout_policy) for d in definitions}
@@ -637,6 +630,17 @@ def build_batch_sensor(
         "streams (BLOCKED: all, in order, each after the one before has committed; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
+
+
+def caught_up_in(states: dict, ticks: dict, running: dict, latest: dict, runs: KeyedRuns) -> set[str]:
+    """The definitions (of ``running``: in a running batch run) whose run has done all their firings
+    there but the last: by their sink's ``latest`` materialization event, or, for all of the run's
+    definitions at once, by the run's progress tag (``DONE_BEFORE_TAG``)."""
+    return {
+        name
+        for name, (fire, end) in penultimate(states, ticks, running).items()
+        if committed_through(latest.get(name), end) or runs.done_before.get(states[name].key or "", fire) > fire
+    }
 
 
 def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, tuple[datetime, str]]:

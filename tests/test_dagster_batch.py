@@ -218,6 +218,41 @@ def test_a_full_batch_leaves_out_what_was_requested_last_not_the_same_definition
     assert third.firings == {"b": [_s(20)]}
 
 
+def test_a_runs_size_counts_the_firings_due_now_not_those_requested_early(project, monkeypatch):
+    """A firing within the lead runs a period later, in a round of its own: counted toward
+    MAX_FIRINGS_PER_RUN it cut a cold start of a thousand definitions (each its firing due now and
+    the next within the lead) into runs of 500, which queued for the two slots and never merged."""
+    monkeypatch.setattr("dagster_defs.batch_plan.MAX_FIRINGS_PER_RUN", 2)
+    _, catalog = project
+    first = _plan(catalog, now=_s(5), lead={"b": timedelta(seconds=18)})
+    assert first.firings == {"b": [T0, _s(20)], "d": [T0]}
+    # Firings due now do count, each: d (requested longest ago, first) and b's two (40 and 60 s)
+    # are more than two, so b waits for the next batch.
+    behind = _plan(catalog, cursor=first.cursor, now=_s(65), status={first.run_key: "SUCCESS"})
+    assert behind.firings == {"d": [_s(60)]}
+
+
+def test_a_run_is_caught_up_by_its_commits_or_all_at_once_by_its_progress_tag(project):
+    """The sensor follows a definition into its next horizon window once its run has done all its
+    firings there but the last: by its sink's latest event, or by the run's cq/done_before tag (set
+    after each round), which makes every definition of the run ready at the same tick."""
+    from dagster_defs.batch import KeyedRuns, caught_up_in
+    from dagster_defs.batch_plan import DefinitionState
+
+    _, catalog = project
+    ticks = {"b": ticks_of(catalog.definition("b"), timezone="UTC")}
+    states = {"b": DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0))}  # b's firings 0, 20, 40 s in k
+    running = {"b": ("run-id", iso(_s(40)))}
+
+    def caught_up(done_before):
+        return caught_up_in(states, ticks, running, {"b": None}, KeyedRuns(done_before=done_before))
+
+    assert caught_up({}) == set()
+    assert caught_up({"k": _s(20)}) == set()  # the round of 20 s is still going
+    assert caught_up({"k": _s(40)}) == {"b"}  # every firing before 40 s is done
+    assert caught_up({"other": _s(40)}) == set()
+
+
 # -- the sensor and the job on a real instance ------------------------------------------------------
 @pytest.fixture
 def instance():
@@ -306,7 +341,10 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         "ERROR",
         [{"start": "2021-05-11T14:18:20+00:00", "end": "2021-05-11T14:18:40+00:00", "reason": "failed", "count": 1}],
     )
-    assert instance.get_run_by_id(result.run_id).tags["cq/failed"] == "broken_src"
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert tags["cq/failed"] == "broken_src"
+    # How far its rounds got (for the sensor): after the first round, everything before 14:19:00 is done.
+    assert tags["cq/done_before"] == "2021-05-11T14:19:00+00:00"
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
     ledger = Engine(settings=settings).ledger.entries()
