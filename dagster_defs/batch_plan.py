@@ -20,7 +20,10 @@ from .builders import IN_FLIGHT
 CURSOR_VERSION = 2  # 2: a definition's state may name the run before its own (``prev``: pipelined)
 READABLE_VERSIONS = (1, 2)  # a version 1 cursor is a version 2 one with no ``prev``
 MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
-MAX_FIRINGS_PER_RUN = 1000  # definitions beyond it wait for the next batch (a run start costs seconds)
+# Firings due at once per run (definitions beyond it wait for the next batch): five rounds of a
+# thousand definitions, a minute or two of fused work. At 1,000 it cut a thousand definitions two or
+# three periods late (a cold start) into runs of 333-500 that queued for the two slots.
+MAX_FIRINGS_PER_RUN = 5000
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
 RUNNING = {s.value for s in IN_FLIGHT}
