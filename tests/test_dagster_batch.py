@@ -581,6 +581,38 @@ def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(p
     assert batch_horizon(timedelta(seconds=30)) == timedelta(seconds=600)
 
 
+def test_a_run_caught_up_late_in_a_window_is_followed_into_the_rest_of_that_window(project):
+    """A catch-up run (not a window's) that has done all but its last firing is followed even when
+    the horizon lead already reaches the next window: its follower gets the rest of the window its
+    next firing falls in (left unfollowed, every run of a slow start was a catch-up of its own)."""
+    _, catalog = project
+    horizon, early = {"b": timedelta(seconds=60)}, {"b": timedelta(seconds=30)}
+    first = _plan(catalog, now=_s(5), names=("b",), lead={"b": timedelta(seconds=18)})
+    assert first.firings == {"b": [T0, _s(20)]}
+    k1 = first.run_key
+
+    def plan(**kw):
+        return _plan(
+            catalog,
+            cursor=first.cursor,
+            status={k1: "STARTED"},
+            names=("b",),
+            lead={"b": timedelta(seconds=10)},
+            horizon=horizon,
+            horizon_lead=early,
+            **kw,
+        )
+
+    # 32 s: the horizon lead reaches the next minute, b's next firing (40 s) is in this one.
+    nxt = plan(now=_s(32), caught_up={"b"})
+    assert nxt.firings == {"b": [_s(40)]} and nxt.after == {"b": [k1, iso(_s(20))]}
+    # Not yet caught up: the sensor waits (and plans with the usual lead meanwhile).
+    assert plan(now=_s(32)).unready == {"b"}
+    # Behind (40 and 60 s both within the usual lead): BLOCKED holds it until its run ends.
+    late = plan(now=_s(52), caught_up={"b"})
+    assert late.firings == {} and late.unready == frozenset()
+
+
 def test_a_definition_whose_run_failed_while_it_was_stopped_is_retried_when_it_is_started(project):
     _, catalog = project
     first = _plan(catalog, now=_s(5))
