@@ -577,7 +577,15 @@ def build_batch_sensor(
         caught_up = caught_up_in(states, ticks, running, {n: latest.get(sink_keys[n]) for n in running}, runs)
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
-        horizon = {d.name: batch_horizon(ticks[d.name].every, d.timeout_policy) for d in definitions}
+        # The horizon only for a definition whose latest firing took under half its period: one
+        # slower than its EVERY (an e2e test's takes 12 s per 5 s firing) would hold a run, and one of
+        # the two slots, for windows. Known once it has committed a firing.
+        horizon = {
+            d.name: batch_horizon(ticks[d.name].every, d.timeout_policy)
+            if keeps_pace(latest.get(sink_keys[d.name]), ticks[d.name].every)
+            else timedelta(0)
+            for d in definitions
+        }
         plan = partial(
             plan_batch,
             definitions,
@@ -660,6 +668,14 @@ def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, tuple[dat
             if before:
                 ends[name] = (before[-1], iso(ticks[name].range_of(before[-1])[1]))
     return ends
+
+
+def keeps_pace(event, every: timedelta) -> bool:
+    """Whether materialization ``event`` (a sink's latest, or None) is of a firing that took under
+    half of ``every`` (its ``cq/seconds``: in a fused round, its share of the job and its commit)."""
+    mat = event.asset_materialization if event else None
+    value = mat.metadata.get("cq/seconds") if mat else None
+    return bool(value is not None and value.value is not None and value.value < every.total_seconds() / 2)
 
 
 def committed_through(event, end: str) -> bool:

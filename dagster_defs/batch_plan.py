@@ -262,22 +262,21 @@ def plan_batch(
             # Keeping up (one firing in a run that has started, the next one due; a queued run could
             # start after its follower and hold a slot while it waits), no retry pending, no run of
             # its own: it may be followed. A run behind holds its definition (BLOCKED) as before.
-            # Under a horizon: its next firing is within the horizon lead and at most that one is due
-            # within the usual lead, and its run has done all but its last firing; it gets the rest of
-            # the window its next firing falls in. (Asking for that firing to lie in the window the
-            # horizon lead reaches left a run that had caught up in the second half of a window
-            # unfollowed: it ended, and its definitions were caught up run after run, never pipelined.)
+            # Under a horizon: its next firing is within the horizon lead, at most a window's worth of
+            # firings is due within the usual lead, and its run has done all but its last firing; it
+            # gets every firing up to the end of the window the horizon lead reaches. A run behind
+            # (a slow start: a thousand definitions three periods late, each run ~25 s a round) is
+            # followed too, so its successor's start overlaps its last round: caught up run after run
+            # instead, each start a gap, the stack stayed three periods late for good. A definition
+            # slower than its period has no horizon (the sensor's `keeps_pace`).
             one = bool(s.key and s.upto and not s.prev and not s.attempt and (s.first == s.upto or d.name in caught_up))
             window: tuple[datetime, datetime] | None = None
             ahead: list[datetime] = []  # under a horizon: every firing after `upto` to its window's end
             if span > timedelta(0) and s.upto:
                 far = now + max(lead.get(d.name, timedelta(0)), horizon_lead.get(d.name, timedelta(0)))
-                after_upto = parse_time(s.upto, tz=UTC) + timedelta(microseconds=1)
-                upcoming = t.between(after_upto, far + timedelta(microseconds=1))
-                next_only = bool(upcoming) and len(due) <= 1
-                if next_only:
-                    window = window_of(upcoming[0], span)
-                    ahead = t.between(after_upto, window[1])
+                window = window_of(far, span)
+                ahead = t.between(parse_time(s.upto, tz=UTC) + timedelta(microseconds=1), window[1])
+                next_only = bool(ahead) and ahead[0] <= far and len(due) * t.every <= span
             else:
                 next_only = len(due) == 1
             started = in_flight and next_only and d.name not in busy and run_status.get(s.key or "") == "STARTED"

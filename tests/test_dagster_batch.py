@@ -260,6 +260,20 @@ def instance():
         yield inst
 
 
+def test_only_a_definition_whose_latest_firing_took_under_half_its_period_keeps_pace(instance):
+    from dagster_defs.batch import keeps_pace
+
+    def latest(seconds):
+        meta = {} if seconds is None else {"cq/seconds": dg.MetadataValue.float(seconds)}
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="b_out", metadata=meta))
+        return instance.get_latest_materialization_events([dg.AssetKey("b_out")])[dg.AssetKey("b_out")]
+
+    every = timedelta(seconds=5)
+    assert keeps_pace(latest(0.04), every)  # a fused firing's share of its job and its commit
+    assert not keeps_pace(latest(12.0), every)  # the e2e suite's slow definitions
+    assert not keeps_pace(latest(None), every) and not keeps_pace(None, every)  # not known yet
+
+
 def _checks(result) -> dict[str, tuple[bool, str, list]]:
     """The run's cq_completeness evaluations: sink -> (passed, severity, missing ranges)."""
     out = {}
@@ -581,10 +595,11 @@ def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(p
     assert batch_horizon(timedelta(seconds=30)) == timedelta(seconds=600)
 
 
-def test_a_run_caught_up_late_in_a_window_is_followed_into_the_rest_of_that_window(project):
-    """A catch-up run (not a window's) that has done all but its last firing is followed even when
-    the horizon lead already reaches the next window: its follower gets the rest of the window its
-    next firing falls in (left unfollowed, every run of a slow start was a catch-up of its own)."""
+def test_a_run_behind_by_less_than_a_window_is_followed_into_the_window_its_horizon_lead_reaches(project):
+    """A catch-up run (not a window's) that has done all but its last firing is followed, even a
+    period or two behind, with everything up to the end of the window the horizon lead reaches: its
+    successor starts during its last round. Caught up run after run instead (each start a gap), a
+    thousand definitions three periods late stayed three periods late."""
     _, catalog = project
     horizon, early = {"b": timedelta(seconds=60)}, {"b": timedelta(seconds=30)}
     first = _plan(catalog, now=_s(5), names=("b",), lead={"b": timedelta(seconds=18)})
@@ -603,13 +618,15 @@ def test_a_run_caught_up_late_in_a_window_is_followed_into_the_rest_of_that_wind
             **kw,
         )
 
-    # 32 s: the horizon lead reaches the next minute, b's next firing (40 s) is in this one.
+    # 32 s: the horizon lead reaches the next minute; b's next firing (40 s) is in this one.
     nxt = plan(now=_s(32), caught_up={"b"})
-    assert nxt.firings == {"b": [_s(40)]} and nxt.after == {"b": [k1, iso(_s(20))]}
+    assert nxt.firings == {"b": [_s(40), _s(60), _s(80), _s(100)]} and nxt.after == {"b": [k1, iso(_s(20))]}
     # Not yet caught up: the sensor waits (and plans with the usual lead meanwhile).
     assert plan(now=_s(32)).unready == {"b"}
-    # Behind (40 and 60 s both within the usual lead): BLOCKED holds it until its run ends.
-    late = plan(now=_s(52), caught_up={"b"})
+    # Two periods behind (40 and 60 s within the usual lead): still followed.
+    assert plan(now=_s(52), caught_up={"b"}).firings == {"b": [_s(40), _s(60), _s(80), _s(100)]}
+    # More than a window behind (40-100 s): BLOCKED holds it until its run ends.
+    late = plan(now=_s(95), caught_up={"b"})
     assert late.firings == {} and late.unready == frozenset()
 
 
