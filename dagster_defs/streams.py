@@ -36,7 +36,8 @@ from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, env_seconds, keyed_runs, switch_states
+from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, env_seconds, switch_states
+from .batch_run import keyed_runs
 from .builders import IN_FLIGHT, materialization
 
 INTERVAL_SECONDS = 1

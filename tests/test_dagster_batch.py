@@ -236,8 +236,9 @@ def test_a_run_is_caught_up_by_its_commits_or_all_at_once_by_its_progress_tag(pr
     """The sensor follows a definition into its next horizon window once its run has done all its
     firings there but the last: by its sink's latest event, or by the run's cq/done_before tag (set
     after each round), which makes every definition of the run ready at the same tick."""
-    from dagster_defs.batch import KeyedRuns, caught_up_in
+    from dagster_defs.batch import caught_up_in
     from dagster_defs.batch_plan import DefinitionState
+    from dagster_defs.batch_run import KeyedRuns
 
     _, catalog = project
     ticks = {"b": ticks_of(catalog.definition("b"), timezone="UTC")}
