@@ -256,7 +256,7 @@ def build_batch_sensor(
             later = runs.done_before.get(states[name].key or "", last_fire[name]) > last_fire[name]
             if value and value.value == end and later:
                 finished.add(name)
-        caught_up = caught_up_in(states, ticks, running, {n: latest.get(sink_keys[n]) for n in running}, runs)
+        caught_up = caught_up_in(states, ticks, running, runs)
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
         # The horizon only for a definition whose latest firing took under half its period: one
@@ -328,27 +328,29 @@ def build_batch_sensor(
     )
 
 
-def caught_up_in(states: dict, ticks: dict, running: dict, latest: dict, runs: KeyedRuns) -> set[str]:
+def caught_up_in(states: dict, ticks: dict, running: dict, runs: KeyedRuns) -> set[str]:
     """The definitions (of ``running``: in a running batch run) whose run has done all their firings
-    there but the last: by their sink's ``latest`` materialization event, or, for all of the run's
-    definitions at once, by the run's progress tag (``DONE_BEFORE_TAG``)."""
+    there but the last, by the run's progress tag (``DONE_BEFORE_TAG``): every definition of a run at
+    the same tick. Not by each sink's own commit event: a thousand of them land over 10-30 s, and
+    followed as they landed the definitions of one run split the next window into a run per tick.
+    A run without the tag (its write failed) is not followed; its definitions go on when it ends."""
     return {
         name
-        for name, (fire, end) in penultimate(states, ticks, running).items()
-        if committed_through(latest.get(name), end) or runs.done_before.get(states[name].key or "", fire) > fire
+        for name, fire in penultimate(states, ticks, running).items()
+        if runs.done_before.get(states[name].key or "", fire) > fire
     }
 
 
-def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, tuple[datetime, str]]:
+def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, datetime]:
     """Per definition in a running batch run with several firings there: the firing before its last
-    one, and that firing's range end (ISO)."""
+    one."""
     ends = {}
     for name in running:
         s = states[name]
         if s.first and s.upto and s.first != s.upto:
             before = ticks[name].between(parse_time(s.first, tz=UTC), parse_time(s.upto, tz=UTC))
             if before:
-                ends[name] = (before[-1], iso(ticks[name].range_of(before[-1])[1]))
+                ends[name] = before[-1]
     return ends
 
 

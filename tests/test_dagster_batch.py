@@ -232,10 +232,10 @@ def test_a_runs_size_counts_the_firings_due_now_not_those_requested_early(projec
     assert behind.firings == {"d": [_s(60)]}
 
 
-def test_a_run_is_caught_up_by_its_commits_or_all_at_once_by_its_progress_tag(project):
+def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
     """The sensor follows a definition into its next horizon window once its run has done all its
-    firings there but the last: by its sink's latest event, or by the run's cq/done_before tag (set
-    after each round), which makes every definition of the run ready at the same tick."""
+    firings there but the last, by the run's cq/done_before tag (set after each round): every
+    definition of the run is ready at the same tick."""
     from dagster_defs.batch import caught_up_in
     from dagster_defs.batch_plan import DefinitionState
     from dagster_defs.batch_run import KeyedRuns
@@ -246,7 +246,7 @@ def test_a_run_is_caught_up_by_its_commits_or_all_at_once_by_its_progress_tag(pr
     running = {"b": ("run-id", iso(_s(40)))}
 
     def caught_up(done_before):
-        return caught_up_in(states, ticks, running, {"b": None}, KeyedRuns(done_before=done_before))
+        return caught_up_in(states, ticks, running, KeyedRuns(done_before=done_before))
 
     assert caught_up({}) == set()
     assert caught_up({"k": _s(20)}) == set()  # the round of 20 s is still going
