@@ -28,6 +28,7 @@ COMMITS_PER_LOG_LINE = 100
 FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the commit it waits for
 ROUND_GATHER = timedelta(seconds=1)  # firings due this close after a round's first one join it
 DONE_BEFORE_TAG = "cq/done_before"  # a batch run: every firing of it due before this time is done
+ROUND_SECONDS_TAG = "cq/round_seconds"  # a batch run: how long its latest round took
 SWITCH_CHECK_SECONDS = 5.0  # a run looks this often (at most) whether a definition was stopped
 
 
@@ -60,7 +61,7 @@ def _execute(
     after: dict[str, list[str]] | None = None,
     gate: Gate | None = None,
     stopped: Stopped | None = None,
-    progress: Callable[[datetime], None] | None = None,
+    progress: Callable[[datetime, float], None] | None = None,
 ) -> None:
     """Every definition's firings in rounds, in time order (a round: each definition's next firing,
     those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
@@ -69,7 +70,8 @@ def _execute(
     in ``after`` (pipelined: [run key, range end]) joins the rounds once ``gate`` says that run
     committed it (True), or is left out if that run ended without (False; None: not yet). A
     definition ``stopped`` names (its switch was stopped) is left out from its next firing on. After
-    each round, ``progress(t)``: every firing before ``t`` is done (committed or failed)."""
+    each round, ``progress(t, seconds)``: every firing before ``t`` is done (committed or failed), and
+    the round took ``seconds``."""
     pending = {n: list(fs) for n, fs in firings.items()}
     told: datetime | None = None
     waiting = {n: a for n, a in (after or {}).items() if n in pending}
@@ -104,6 +106,7 @@ def _execute(
             cutoff = max(soonest, datetime.now(UTC)) + ROUND_GATHER
             due = {n: fs.pop(0) for n, fs in ready.items() if fs[0] <= cutoff}
             wait_for(max(due.values()))  # a round requested early runs when its newest firing is due
+            began = time.monotonic()
             queries: list[FiringRequest] = []
             periods = []
             for name, fire in due.items():
@@ -125,7 +128,7 @@ def _execute(
                 before = min(fs[0] for fs in pending.values())
                 if before != told:
                     told = before
-                    progress(before)
+                    progress(before, time.monotonic() - began)
 
 
 def _heard(out: queue.Queue, f: FiringRequest, outcome) -> None:
@@ -257,14 +260,17 @@ def run_batch(
         )
 
 
-def _report_progress(context, before: datetime) -> None:
-    """Tag the run with how far its rounds got (``DONE_BEFORE_TAG``). The sensor follows every
-    definition of a run into the next horizon window at once when a round ends, instead of each as
-    its own commit's event arrives: a thousand commits land over 10-30 s, and followed as they
-    landed they split the next window into a run per sensor tick. Advisory: a failed write leaves
-    the sensor on the commits' events, as before."""
+def _report_progress(context, before: datetime, seconds: float) -> None:
+    """Tag the run with how far its rounds got (``DONE_BEFORE_TAG``) and how long the latest took
+    (``ROUND_SECONDS_TAG``). The sensor follows every definition of a run into the next horizon
+    window at once when a round ends, instead of each as its own commit's event arrives: a thousand
+    commits and their events land over 10-50 s, and followed as they landed they split the next
+    window into a run per sensor tick. Advisory: without the tags, the run's definitions go on when
+    it ends."""
     try:
-        context.instance.add_run_tags(context.run_id, {DONE_BEFORE_TAG: iso(before)})
+        context.instance.add_run_tags(
+            context.run_id, {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}"}
+        )
     except Exception as exc:  # the run's work does not depend on it
         context.log.warning(f"could not record the batch's progress ({DONE_BEFORE_TAG}): {exc}")
 
@@ -312,13 +318,15 @@ def _followed(instance, sink_keys: dict[str, dg.AssetKey], waiting: dict[str, li
 class KeyedRuns:
     """Per run key: its run's status, its run id, the definitions its ``cq/failed`` and
     ``cq/left_out`` tags name (only runs that have either tag: what failed, and what a pipelined run
-    left out because the run it followed did not commit it), and how far its rounds got
-    (``DONE_BEFORE_TAG``, only runs that have it)."""
+    left out because the run it followed did not commit it), how far its rounds got
+    (``DONE_BEFORE_TAG``) and how long the latest took (``ROUND_SECONDS_TAG``; only runs that have
+    them)."""
 
     status: dict[str, str] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)
     failed: dict[str, set[str]] = field(default_factory=dict)
     done_before: dict[str, datetime] = field(default_factory=dict)
+    round_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def keyed_runs(instance, keys) -> KeyedRuns:
@@ -334,6 +342,8 @@ def keyed_runs(instance, keys) -> KeyedRuns:
                     runs.failed.setdefault(key, set()).update(run.tags[tag].split(","))
             if DONE_BEFORE_TAG in run.tags:
                 runs.done_before[key] = parse_time(run.tags[DONE_BEFORE_TAG], tz=UTC)
+            if ROUND_SECONDS_TAG in run.tags:
+                runs.round_seconds[key] = float(run.tags[ROUND_SECONDS_TAG])
     return runs
 
 

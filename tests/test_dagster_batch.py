@@ -273,6 +273,9 @@ def test_only_a_definition_whose_latest_firing_took_under_half_its_period_keeps_
     assert keeps_pace(latest(0.04), every)  # a fused firing's share of its job and its commit
     assert not keeps_pace(latest(12.0), every)  # the e2e suite's slow definitions
     assert not keeps_pace(latest(None), every) and not keeps_pace(None, every)  # not known yet
+    # Its run's latest round under its period (cq/round_seconds): known for all of the run at once.
+    assert keeps_pace(None, every, round_seconds=4.0)
+    assert not keeps_pace(None, every, round_seconds=12.5)
 
 
 def _checks(result) -> dict[str, tuple[bool, str, list]]:
@@ -360,6 +363,7 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     assert tags["cq/failed"] == "broken_src"
     # How far its rounds got (for the sensor): after the first round, everything before 14:19:00 is done.
     assert tags["cq/done_before"] == "2021-05-11T14:19:00+00:00"
+    assert float(tags["cq/round_seconds"]) > 0
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
     ledger = Engine(settings=settings).ledger.entries()
