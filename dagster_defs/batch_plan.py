@@ -184,13 +184,14 @@ def plan_batch(
     first firing. A definition is in at most two runs, the second waiting for the first. If its
     firing fails in the first, the second leaves it out and it is retried from the first's firing.
 
-    Horizon: a BLOCKED definition keeping up, when it is followed (above), gets every firing of the
-    horizon window its next firing falls in, once that firing is within ``horizon_lead``; the run
-    waits for each (one process for several periods), and the next window's batch follows it in
-    turn. A definition not followed (its first run, a retry, one behind) gets what is due within its
-    lead, as without a horizon, so a slow definition never holds a run for a whole window. Windows are aligned, so definitions
-    of any phase come due together, once per window, and batches that split (a retry, a straggler)
-    merge again at the next window."""
+    Horizon: a BLOCKED definition with a ``horizon`` (the sensor gives one only to a definition that
+    keeps pace), when it is followed (above; under a horizon also when its run is behind by up to a
+    window), gets every firing up to the end of the horizon window ``horizon_lead`` reaches, once its
+    next firing is within that lead; the run waits for each (one process for several periods), and
+    the next window's batch follows it in turn. A definition not followed (its first run, a retry, a
+    catch-up) gets what is due within its lead, as without a horizon. Windows are aligned, so
+    definitions of any phase come due together, once per window, and batches that split (a retry, a
+    straggler) merge again at the next window."""
     failed = failed or {}
     lead = lead or {}
     horizon = horizon or {}
