@@ -234,14 +234,12 @@ def build_batch_sensor(
         finished = set()
         # Done inside a batch run that is still running (others catching up): one query for all.
         running: dict[str, tuple[str, str]] = {}  # name -> (run id, range end of its last firing there)
-        last_fire: dict[str, datetime] = {}
         for d in definitions:
             s = states.get(d.name)
             if s and s.key and s.upto and run_status.get(s.key) in RUNNING and s.key in run_ids:
                 # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
                 last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
-                last_fire[d.name] = parse_time(last, tz=UTC)
-                running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(last_fire[d.name])[1]))
+                running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]))
         following = {n: s.prev_end for n, s in states.items() if s.prev and s.prev_end and n in sink_keys}
         latest = context.instance.get_latest_materialization_events(
             [sink_keys[n] for n in sorted(set(running) | set(following))]
@@ -250,11 +248,7 @@ def build_batch_sensor(
             event = latest.get(sink_keys[name])
             mat = event.asset_materialization if event and event.run_id == run_id else None
             value = mat.metadata.get("cq/range_end") if mat else None
-            # Only while the run goes on with later rounds (its progress tag past this firing): done in
-            # its last round, the definitions of a run come free together when it ends, not one by
-            # one as the round's commits land (a thousand catch-up batches a sensor tick apart).
-            later = runs.done_before.get(states[name].key or "", last_fire[name]) > last_fire[name]
-            if value and value.value == end and later:
+            if value and value.value == end:
                 finished.add(name)
         caught_up = caught_up_in(states, ticks, running, runs)
         # Pipelined: the run a definition's run follows has committed its firing there.
