@@ -295,18 +295,14 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
     assert main(["stop", "slow_discard", "--dagster", address]) == 0
     out = capsys.readouterr().out
     assert f"slow_discard: schedule slow_discard_switch in {SLOW_LOCATION} stopped" in out, out
-    # Its last requested firing committed (the batch run may go on with slow_blocked's catch-up).
-    last = stack.firing_runs("slow_discard")[-1]["firings"]["slow_discard"][-1]
-    stack.wait_until(
-        "slow_discard's last firing",
-        lambda: [e for e in stack.ledger("slow_discard") if e.fire_time == last and e.status == "succeeded"],
-        WAIT,
-    )
+    # A run requested before the sensor saw the stop may still hold its last firing: the run commits
+    # it or, if it sees the stop first, leaves it out (tag cq/left_out); which one is a race, so only
+    # what the sensor requests once it has seen the stop (a tick or two) is checked.
     stopped_at = time.time()
     time.sleep(4 * EVERY.total_seconds())
-    assert not [r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 1], (
-        "a stopped definition got a batch"
-    )
+    assert not [
+        r for r in stack.firing_runs("slow_discard") if r["creationTime"] > stopped_at + 2 * EVERY.total_seconds()
+    ], "a stopped definition got a batch"
     assert main(["start", "slow_discard", "--dagster", address]) == 0
     assert "slow_discard_switch" in capsys.readouterr().out
     stack.wait_until(
