@@ -20,7 +20,10 @@ from .builders import IN_FLIGHT
 CURSOR_VERSION = 2  # 2: a definition's state may name the run before its own (``prev``: pipelined)
 READABLE_VERSIONS = (1, 2)  # a version 1 cursor is a version 2 one with no ``prev``
 MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
-MAX_FIRINGS_PER_RUN = 1000  # definitions beyond it wait for the next batch (a run start costs seconds)
+# Firings due at once per run (definitions beyond it wait for the next batch): five rounds of a
+# thousand definitions, a minute or two of fused work. At 1,000 it cut a thousand definitions two or
+# three periods late (a cold start) into runs of 333-500 that queued for the two slots.
+MAX_FIRINGS_PER_RUN = 5000
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
 RUNNING = {s.value for s in IN_FLIGHT}
@@ -181,13 +184,14 @@ def plan_batch(
     first firing. A definition is in at most two runs, the second waiting for the first. If its
     firing fails in the first, the second leaves it out and it is retried from the first's firing.
 
-    Horizon: a BLOCKED definition keeping up, when it is followed (above), gets every firing of the
-    horizon window its next firing falls in, once that firing is within ``horizon_lead``; the run
-    waits for each (one process for several periods), and the next window's batch follows it in
-    turn. A definition not followed (its first run, a retry, one behind) gets what is due within its
-    lead, as without a horizon, so a slow definition never holds a run for a whole window. Windows are aligned, so definitions
-    of any phase come due together, once per window, and batches that split (a retry, a straggler)
-    merge again at the next window."""
+    Horizon: a BLOCKED definition with a ``horizon`` (the sensor gives one only to a definition that
+    keeps pace), when it is followed (above; under a horizon also when its run is behind by up to a
+    window), gets every firing up to the end of the horizon window ``horizon_lead`` reaches, once its
+    next firing is within that lead; the run waits for each (one process for several periods), and
+    the next window's batch follows it in turn. A definition not followed (its first run, a retry, a
+    catch-up) gets what is due within its lead, as without a horizon. Windows are aligned, so
+    definitions of any phase come due together, once per window, and batches that split (a retry, a
+    straggler) merge again at the next window."""
     failed = failed or {}
     lead = lead or {}
     horizon = horizon or {}
@@ -259,8 +263,13 @@ def plan_batch(
             # Keeping up (one firing in a run that has started, the next one due; a queued run could
             # start after its follower and hold a slot while it waits), no retry pending, no run of
             # its own: it may be followed. A run behind holds its definition (BLOCKED) as before.
-            # Under a horizon: its next firing is in the current window (nothing older is due), and its
-            # run has committed all but its last firing.
+            # Under a horizon: its next firing is within the horizon lead, at most a window's worth of
+            # firings is due within the usual lead, and its run has done all but its last firing; it
+            # gets every firing up to the end of the window the horizon lead reaches. A run behind
+            # (a slow start: a thousand definitions three periods late, each run ~25 s a round) is
+            # followed too, so its successor's start overlaps its last round: caught up run after run
+            # instead, each start a gap, the stack stayed three periods late for good. A definition
+            # slower than its period has no horizon (the sensor's `keeps_pace`).
             one = bool(s.key and s.upto and not s.prev and not s.attempt and (s.first == s.upto or d.name in caught_up))
             window: tuple[datetime, datetime] | None = None
             ahead: list[datetime] = []  # under a horizon: every firing after `upto` to its window's end
@@ -268,7 +277,7 @@ def plan_batch(
                 far = now + max(lead.get(d.name, timedelta(0)), horizon_lead.get(d.name, timedelta(0)))
                 window = window_of(far, span)
                 ahead = t.between(parse_time(s.upto, tz=UTC) + timedelta(microseconds=1), window[1])
-                next_only = bool(ahead) and window[0] <= ahead[0] <= far
+                next_only = bool(ahead) and ahead[0] <= far and len(due) * t.every <= span
             else:
                 next_only = len(due) == 1
             started = in_flight and next_only and d.name not in busy and run_status.get(s.key or "") == "STARTED"
@@ -295,8 +304,14 @@ def plan_batch(
             if retry:
                 s.first, s.attempt = None, 0
             continue
-        # The run's size is what is due now; later firings of the horizon come one period at a time.
-        need = sum(1 for f in fires if f <= reach)
+        # The run's size is what it can run at once: the firings due now (one round each), a followed
+        # definition's at most one (they wait for its previous run anyway). Later firings, requested
+        # early or of the horizon, come one period at a time. Counting the firings within the lead
+        # (two per definition at a cold start, or for a follower a period late) cut a thousand
+        # definitions into runs of 500 that queued for the two slots and never merged again.
+        need = sum(1 for f in fires if f <= now)
+        if follow:
+            need = min(need, 1)
         if total and total + need > MAX_FIRINGS_PER_RUN:
             states[d.name] = original  # as if not looked at: the next batch decides again
             continue

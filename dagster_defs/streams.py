@@ -36,7 +36,8 @@ from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, env_seconds, keyed_runs, switch_states
+from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, env_seconds, switch_states
+from .batch_run import keyed_runs
 from .builders import IN_FLIGHT, materialization
 
 INTERVAL_SECONDS = 1
@@ -265,7 +266,8 @@ def build_streams_sensor(
         )
 
     def _runs(context, states) -> tuple[dict[str, str], dict[str, set[str]]]:
-        status, _, failed = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
+        runs = keyed_runs(context.instance, {s.key for s in states.values() if s.key})
+        status, failed = runs.status, runs.failed
         return status, failed
 
     def _take_switch_cursor(s: r.StreamState, text: str | None, context, name: str) -> None:

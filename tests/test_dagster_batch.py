@@ -218,11 +218,64 @@ def test_a_full_batch_leaves_out_what_was_requested_last_not_the_same_definition
     assert third.firings == {"b": [_s(20)]}
 
 
+def test_a_runs_size_counts_the_firings_due_now_not_those_requested_early(project, monkeypatch):
+    """A firing within the lead runs a period later, in a round of its own: counted toward
+    MAX_FIRINGS_PER_RUN it cut a cold start of a thousand definitions (each its firing due now and
+    the next within the lead) into runs of 500, which queued for the two slots and never merged."""
+    monkeypatch.setattr("dagster_defs.batch_plan.MAX_FIRINGS_PER_RUN", 2)
+    _, catalog = project
+    first = _plan(catalog, now=_s(5), lead={"b": timedelta(seconds=18)})
+    assert first.firings == {"b": [T0, _s(20)], "d": [T0]}
+    # Firings due now do count, each: d (requested longest ago, first) and b's two (40 and 60 s)
+    # are more than two, so b waits for the next batch.
+    behind = _plan(catalog, cursor=first.cursor, now=_s(65), status={first.run_key: "SUCCESS"})
+    assert behind.firings == {"d": [_s(60)]}
+
+
+def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
+    """The sensor follows a definition into its next horizon window once its run has done all its
+    firings there but the last, by the run's cq/done_before tag (set after each round): every
+    definition of the run is ready at the same tick."""
+    from dagster_defs.batch import caught_up_in
+    from dagster_defs.batch_plan import DefinitionState
+    from dagster_defs.batch_run import KeyedRuns
+
+    _, catalog = project
+    ticks = {"b": ticks_of(catalog.definition("b"), timezone="UTC")}
+    states = {"b": DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0))}  # b's firings 0, 20, 40 s in k
+    running = {"b": ("run-id", iso(_s(40)))}
+
+    def caught_up(done_before):
+        return caught_up_in(states, ticks, running, KeyedRuns(done_before=done_before))
+
+    assert caught_up({}) == set()
+    assert caught_up({"k": _s(20)}) == set()  # the round of 20 s is still going
+    assert caught_up({"k": _s(40)}) == {"b"}  # every firing before 40 s is done
+    assert caught_up({"other": _s(40)}) == set()
+
+
 # -- the sensor and the job on a real instance ------------------------------------------------------
 @pytest.fixture
 def instance():
     with dg.instance_for_test() as inst:
         yield inst
+
+
+def test_only_a_definition_whose_latest_firing_took_under_half_its_period_keeps_pace(instance):
+    from dagster_defs.batch import keeps_pace
+
+    def latest(seconds):
+        meta = {} if seconds is None else {"cq/seconds": dg.MetadataValue.float(seconds)}
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="b_out", metadata=meta))
+        return instance.get_latest_materialization_events([dg.AssetKey("b_out")])[dg.AssetKey("b_out")]
+
+    every = timedelta(seconds=5)
+    assert keeps_pace(latest(0.04), every)  # a fused firing's share of its job and its commit
+    assert not keeps_pace(latest(12.0), every)  # the e2e suite's slow definitions
+    assert not keeps_pace(latest(None), every) and not keeps_pace(None, every)  # not known yet
+    # Its run's latest round under its period (cq/round_seconds): known for all of the run at once.
+    assert keeps_pace(None, every, round_seconds=4.0)
+    assert not keeps_pace(None, every, round_seconds=12.5)
 
 
 def _checks(result) -> dict[str, tuple[bool, str, list]]:
@@ -306,7 +359,11 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         "ERROR",
         [{"start": "2021-05-11T14:18:20+00:00", "end": "2021-05-11T14:18:40+00:00", "reason": "failed", "count": 1}],
     )
-    assert instance.get_run_by_id(result.run_id).tags["cq/failed"] == "broken_src"
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert tags["cq/failed"] == "broken_src"
+    # How far its rounds got (for the sensor): after the first round, everything before 14:19:00 is done.
+    assert tags["cq/done_before"] == "2021-05-11T14:19:00+00:00"
+    assert float(tags["cq/round_seconds"]) > 0
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
     ledger = Engine(settings=settings).ledger.entries()
@@ -541,6 +598,41 @@ def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(p
     assert batch_horizon(timedelta(seconds=30)) == timedelta(0)
     monkeypatch.setenv("CQ_BATCH_HORIZON", "3600")
     assert batch_horizon(timedelta(seconds=30)) == timedelta(seconds=600)
+
+
+def test_a_run_behind_by_less_than_a_window_is_followed_into_the_window_its_horizon_lead_reaches(project):
+    """A catch-up run (not a window's) that has done all but its last firing is followed, even a
+    period or two behind, with everything up to the end of the window the horizon lead reaches: its
+    successor starts during its last round. Caught up run after run instead (each start a gap), a
+    thousand definitions three periods late stayed three periods late."""
+    _, catalog = project
+    horizon, early = {"b": timedelta(seconds=60)}, {"b": timedelta(seconds=30)}
+    first = _plan(catalog, now=_s(5), names=("b",), lead={"b": timedelta(seconds=18)})
+    assert first.firings == {"b": [T0, _s(20)]}
+    k1 = first.run_key
+
+    def plan(**kw):
+        return _plan(
+            catalog,
+            cursor=first.cursor,
+            status={k1: "STARTED"},
+            names=("b",),
+            lead={"b": timedelta(seconds=10)},
+            horizon=horizon,
+            horizon_lead=early,
+            **kw,
+        )
+
+    # 32 s: the horizon lead reaches the next minute; b's next firing (40 s) is in this one.
+    nxt = plan(now=_s(32), caught_up={"b"})
+    assert nxt.firings == {"b": [_s(40), _s(60), _s(80), _s(100)]} and nxt.after == {"b": [k1, iso(_s(20))]}
+    # Not yet caught up: the sensor waits (and plans with the usual lead meanwhile).
+    assert plan(now=_s(32)).unready == {"b"}
+    # Two periods behind (40 and 60 s within the usual lead): still followed.
+    assert plan(now=_s(52), caught_up={"b"}).firings == {"b": [_s(40), _s(60), _s(80), _s(100)]}
+    # More than a window behind (40-100 s): BLOCKED holds it until its run ends.
+    late = plan(now=_s(95), caught_up={"b"})
+    assert late.firings == {} and late.unready == frozenset()
 
 
 def test_a_definition_whose_run_failed_while_it_was_stopped_is_retried_when_it_is_started(project):
