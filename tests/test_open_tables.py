@@ -84,3 +84,52 @@ def test_state_appends_keep_their_table_open(tmp_path):
     kept = storage.open_tables.take(uri)
     assert kept is not None and kept.version() == 2
     assert sorted(storage.read_state("ledgerish")["n"].to_pylist()) == [0, 1, 2]
+
+
+def test_a_reader_pinned_at_or_after_the_kept_version_moves_it_forward(tmp_path):
+    uri = str(tmp_path / "t")
+    for n in range(2):
+        write_deltalake(uri, _rows(n), mode="append")
+    tables = OpenTables()
+    tables.give(uri, DeltaTable(uri, version=0))
+    for n in range(2, 4):
+        write_deltalake(uri, _rows(n), mode="append")
+    kept = tables.take(uri, version=2)
+    assert kept is not None and kept.version() == 2
+    assert sorted(kept.file_uris()) == sorted(DeltaTable(uri, version=2).file_uris())
+    tables.give(uri, kept)
+    again = tables.take(uri, version=2)  # the same version: as held
+    assert again is not None and again.version() == 2
+    tables.give(uri, again)
+    assert tables.take(uri, version=9) is None  # no such version: the caller's own open names the error
+
+
+def test_a_reader_pinned_before_the_kept_version_opens_its_own_and_leaves_the_kept_one(tmp_path):
+    uri = str(tmp_path / "t")
+    for n in range(3):
+        write_deltalake(uri, _rows(n), mode="append")
+    tables = OpenTables()
+    tables.give(uri, DeltaTable(uri))
+    assert tables.take(uri, version=1) is None
+    kept = tables.take(uri)
+    assert kept is not None and kept.version() == 2
+
+
+def test_reads_through_the_storage_use_the_kept_table_and_see_the_pinned_version(tmp_path, spark):
+    storage = DeltaRsStorage(warehouse=str(tmp_path))
+    for n in range(3):
+        storage.append("t", _rows(n))
+    uri = storage.uri("t")
+    write_deltalake(uri, _rows(3), mode="append")  # another process's commit: version 3
+
+    def ns(version):
+        df, scan = storage.read_range(spark, "t", time_column="ts", time_range=None, version=version)
+        return scan.version, sorted(r.n for r in df.collect())
+
+    assert ns(3) == (3, [0, 1, 2, 3])
+    assert ns(1) == (1, [0, 1])  # older than the kept table: read from a table of its own
+    kept = storage.open_tables.take(uri)
+    assert kept is not None and kept.version() == 3  # the reads returned the newest one they held
+    storage.open_tables.give(uri, kept)
+    df, scan = storage.read_added(spark, "t", after=1, until=3, time_column="ts")
+    assert scan.version == 3 and sorted(r.n for r in df.collect()) == [2, 3]

@@ -12,6 +12,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ __all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", 
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from cq_engine.model import TableDecl
 
@@ -142,6 +144,18 @@ class DeltaRsStorage(DeltaStateTables):
             # A damaged log: name the table, not delta-rs's backtrace.
             raise TableError(f"table '{table}' cannot be read: {str(exc).splitlines()[0]}") from None
 
+    @contextmanager
+    def _snapshot(self, table: str, version: int | None = None) -> Iterator[DeltaTable]:
+        """The table at ``version`` (None: latest) for a read: kept open since an earlier read or
+        write of this process and moved forward (``storage.open_tables``), or opened; returned for
+        the next one once the read has planned its files."""
+        uri = self.uri(table)
+        dt = self.open_tables.take(uri, version=version, storage_options=self.storage_options)
+        if dt is None:
+            dt = self._open(table, version)
+        yield dt
+        self.open_tables.give(uri, dt, storage_options=self.storage_options)
+
     def schema(self, table: str) -> pa.Schema:
         return pa.schema(self._open(table).schema().to_arrow())
 
@@ -207,7 +221,8 @@ class DeltaRsStorage(DeltaStateTables):
     ) -> tuple[DataFrame, Scan]:
         """Rows with ``time_column`` in ``time_range`` (None: all rows) at a pinned version, reading
         only the files whose statistics can hold such rows."""
-        return self._read_snapshot(spark, table, self._open(table, version), time_column, time_range)
+        with self._snapshot(table, version) as dt:
+            return self._read_snapshot(spark, table, dt, time_column, time_range)
 
     def _read_snapshot(
         self, spark: SparkSession, table: str, dt: DeltaTable, time_column: str, time_range: TimeRange | None
@@ -219,7 +234,7 @@ class DeltaRsStorage(DeltaStateTables):
         actions = log.arrow_table(dt.get_add_actions(flatten=True))
         mask = range_mask(actions, column, time_range)
         kept = [u for u, keep in zip(uris, mask) if keep]
-        df = where_in_range(_read_files(spark, dt, kept), column, time_range)
+        df = where_in_range(_read_files(spark, _spark_schema(dt), kept), column, time_range)
         return df, Scan(
             table=table,
             version=dt.version(),
@@ -246,14 +261,15 @@ class DeltaRsStorage(DeltaStateTables):
         rows too, so those count as added; appends are exact. Files compacted without data change are
         left out. ``Scan.files_total`` counts the added files, ``files_read`` those read (the same).
         If a commit file has been cleaned up, the files of ``until`` not in ``after`` are read instead."""
-        dt = self._open(table, until)
-        self._time_field(table, dt, time_column)
-        _check_readable(table, dt)
+        with self._snapshot(table, until) as dt:
+            self._time_field(table, dt, time_column)
+            _check_readable(table, dt)
+            spark_schema = _spark_schema(dt)
         commits = log.read_commits(
             self.uri(table), after=after, until=until, time_column=time_column, storage_options=self.storage_options
         )
         paths = list(dict.fromkeys(f.path for c in commits for f in c.added))
-        return _read_files(spark, dt, paths), Scan(
+        return _read_files(spark, spark_schema, paths), Scan(
             table=table, version=until, files_total=len(paths), files_read=len(paths)
         )
 
@@ -497,11 +513,15 @@ def _check_readable(table: str, dt: DeltaTable) -> None:
         )
 
 
-def _read_files(spark: SparkSession, dt: DeltaTable, uris: list[str]) -> DataFrame:
-    """``spark.read.parquet`` of ``uris`` with the snapshot's schema (an empty frame for no file)."""
+def _spark_schema(dt: DeltaTable) -> StructType:
+    """The snapshot's schema as Spark's."""
     from pyspark.sql.types import StructType
 
-    spark_schema = StructType.fromJson(json.loads(dt.schema().to_json()))
+    return StructType.fromJson(json.loads(dt.schema().to_json()))
+
+
+def _read_files(spark: SparkSession, spark_schema: StructType, uris: list[str]) -> DataFrame:
+    """``spark.read.parquet`` of ``uris`` with ``spark_schema`` (an empty frame for no file)."""
     if not uris:
         return spark.createDataFrame([], schema=spark_schema)
     # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs writes s3://.

@@ -1,13 +1,15 @@
-"""Delta tables kept open between writes in one process (ARCHITECTURE.md §3).
+"""Delta tables kept open between writes and reads in one process (ARCHITECTURE.md §3).
 
 Why: a delta-rs open lists the table's ``_delta_log`` and loads its newest checkpoint, tombstones
 included; a sink written once per firing for months keeps a week of log files and, after each
 compaction, a checkpoint holding every compacted file's tombstone for the file retention. A writer
 that opened its table again for every commit paid that on every firing (at 100,000 commits: 80 ms
 per open against a few at 100). A table kept open is brought up to date with
-``update_incremental`` (the commits since, nothing else) before its next write.
+``update_incremental`` (the commits since, nothing else) before its next write; a reader pinned to a
+version at or after the one held moves it forward the same way (a firing reads its source at the
+version it pinned, a commit or a few past the last firing's).
 
-A table is lent to one writer at a time (``take`` removes it, ``give`` returns it after a write
+A table is lent to one writer or reader at a time (``take`` removes it, ``give`` returns it after a write
 that succeeded), so threads never share one. Before lending, the commit file of the version it
 holds must still be the one seen when it was returned (same size and modification time): a table
 dropped and created again under the same name, or a log cleaned up past it, is opened afresh.
@@ -36,18 +38,29 @@ class OpenTables:
         self._lock = threading.Lock()
         self._limit = limit
 
-    def take(self, uri: str, *, storage_options: Mapping[str, str] | None = None) -> DeltaTable | None:
-        """The table at ``uri`` brought up to its latest version, if one was returned and is still
-        the same table; None otherwise (the caller opens it)."""
+    def take(
+        self, uri: str, *, version: int | None = None, storage_options: Mapping[str, str] | None = None
+    ) -> DeltaTable | None:
+        """The table at ``uri`` brought up to ``version`` (None: its latest), if one was returned, is
+        still the same table and holds no later version; None otherwise (the caller opens it)."""
         with self._lock:
             entry = self._free.pop(uri, None)
         if entry is None:
             return None
         dt, stamp = entry
+        if version is not None and dt.version() > version:
+            # A reader pinned to an older version: going back would load the checkpoint again, so it
+            # opens its own; the newer one stays for the next reader or writer.
+            with self._lock:
+                self._free.setdefault(uri, entry)
+            return None
         if _stamp(uri, dt.version(), storage_options) != stamp:
             return None
         try:
-            dt.update_incremental()
+            if version is None:
+                dt.update_incremental()
+            elif dt.version() < version:
+                dt.load_as_version(version)  # forward: the commits since, as update_incremental
         except DeltaError:
             return None
         return dt

@@ -168,22 +168,21 @@ class SparkDeltaStorage(DeltaRsStorage):
         A table without reader features (no deletion vectors, no column mapping) is read as its
         parquet files, listed from the snapshot delta-rs already has open: the same rows without
         delta-spark replaying the log in the JVM (seconds per firing on a fresh session)."""
-        dt = self._open(table, version)
-        if not _reader_features(dt):
-            return self._read_snapshot(spark, table, dt, time_column, time_range)
-        column = self._time_field(table, dt, time_column)
-        df = spark.read.format("delta").option("versionAsOf", dt.version()).load(self.spark_uri(table))
-        actions = log.arrow_table(dt.get_add_actions(flatten=True))
-        mask = range_mask(actions, column, time_range)
-        df = where_in_range(df, column, time_range)
-        return df, Scan(
-            table=table,
-            version=dt.version(),
-            files_total=actions.num_rows,
-            files_read=sum(mask),
-            columns=snapshot_columns(dt),
-            bytes_read=kept_bytes(actions, mask),
-        )
+        with self._snapshot(table, version) as dt:
+            if not _reader_features(dt):
+                return self._read_snapshot(spark, table, dt, time_column, time_range)
+            column = self._time_field(table, dt, time_column)
+            df = spark.read.format("delta").option("versionAsOf", dt.version()).load(self.spark_uri(table))
+            actions = log.arrow_table(dt.get_add_actions(flatten=True))
+            mask = range_mask(actions, column, time_range)
+            return where_in_range(df, column, time_range), Scan(
+                table=table,
+                version=dt.version(),
+                files_total=actions.num_rows,
+                files_read=sum(mask),
+                columns=snapshot_columns(dt),
+                bytes_read=kept_bytes(actions, mask),
+            )
 
     def read_added(
         self,
@@ -198,10 +197,12 @@ class SparkDeltaStorage(DeltaRsStorage):
         of version ``until`` (read by delta-spark) that lie in the files those commits added."""
         from pyspark.sql import functions as F
 
-        dt = self._open(table, until)
-        if not _NEEDS_DELTA_READ & _reader_features(dt):
+        with self._snapshot(table, until) as dt:
+            features = _reader_features(dt)
+            if _NEEDS_DELTA_READ & features:
+                self._time_field(table, dt, time_column)
+        if not _NEEDS_DELTA_READ & features:
             return super().read_added(spark, table, after=after, until=until, time_column=time_column)
-        self._time_field(table, dt, time_column)
         commits = self.read_commits(table, after=after, until=until, time_column=time_column)
         names = list(dict.fromkeys(f.path.rsplit("/", 1)[-1] for c in commits for f in c.added))
         df = spark.read.format("delta").option("versionAsOf", until).load(self.spark_uri(table))
