@@ -111,6 +111,8 @@ def test_a_reader_pinned_before_the_kept_version_opens_its_own_and_leaves_the_ke
     tables = OpenTables()
     tables.give(uri, DeltaTable(uri))
     assert tables.take(uri, version=1) is None
+    tables.give(uri, DeltaTable(uri, version=1))  # that reader's own table, returned: the newer one stays
+    assert tables.take(uri, version=1) is None
     kept = tables.take(uri)
     assert kept is not None and kept.version() == 2
 

@@ -66,12 +66,16 @@ class OpenTables:
         return dt
 
     def give(self, uri: str, dt: DeltaTable, *, storage_options: Mapping[str, str] | None = None) -> None:
-        """Return ``dt`` (at ``uri``) after a write that succeeded, for the next writer."""
+        """Return ``dt`` (at ``uri``) after a read or a write that succeeded, for the next one; a
+        table kept meanwhile at a later version (a reader of an older version opened its own, or
+        two opened at once) stays instead: moving forward is cheap, going back is not."""
         stamp = _stamp(uri, dt.version(), storage_options)
         if stamp is None:
             return
         with self._lock:
-            self._free[uri] = (dt, stamp)
+            kept = self._free.get(uri)
+            if kept is None or kept[0].version() <= dt.version():
+                self._free[uri] = (dt, stamp)
             self._free.move_to_end(uri)
             while len(self._free) > self._limit:
                 self._free.popitem(last=False)
