@@ -12,6 +12,7 @@ from seed_tables import CQ1, CQ2, CQ3, CQ4, CQ5, CST, aligned_to_rows, wide_to_r
 
 from cq_engine.config import Settings
 from cq_engine.engine import Engine
+from cq_engine.resample import fused as fused_module
 from cq_engine.resample.fused import FiringRequest, run_firings
 from cq_engine.times import parse_time
 
@@ -93,7 +94,10 @@ def _sink(engine: Engine, name: str) -> list[dict]:
     return sorted(table.to_pylist(), key=lambda r: tuple(str(v) for v in r.values()))
 
 
-def test_fused_firings_equal_firings_run_alone(spark, tmp_path):
+def test_fused_firings_equal_firings_run_alone(spark, tmp_path, monkeypatch):
+    # Chunks of 4: planned, computed and committed while the next chunk plans; a shared shape
+    # (s_max, s_cnt, s_min) is in one chunk, filtered and filtered2 fall in two.
+    monkeypatch.setattr(fused_module, "FUSE_CHUNK", 4)
     alone, fused = _engine(spark, tmp_path / "alone"), _engine(spark, tmp_path / "fused")
     fires = [T0 + timedelta(minutes=k) for k in (1, 2, 3)]
     for fire in fires:

@@ -27,7 +27,9 @@ from deltalake.exceptions import DeltaError
 
 from cq_engine.storage import log
 
-LIMIT = 256  # tables kept open per process (least recently returned first out)
+# Tables kept open per process (least recently returned first out). Above the number of sinks a
+# batch run writes each round: at 256, a thousand sinks written in turn missed on every write.
+LIMIT = 4096
 
 
 class OpenTables:
