@@ -45,6 +45,7 @@ from . import health
 from .batch_plan import RUNNING, RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
 from .batch_run import KeyedRuns, Stopped, committed_through, keyed_runs, run_batch
 from .builders import IN_FLIGHT, FiringConfig, execute_one
+from .event_log import event_log_kept_open
 from .resource import CQEngineResource
 
 SKIPPED_LINES = 20  # per tick: held or skipped definitions named in its log and skip reason
@@ -147,7 +148,10 @@ def build_shared_asset(
     def _shared(
         context: dg.AssetExecutionContext, config: FiringConfig, cq_engine: CQEngineResource, pyspark: PySparkResource
     ):
-        engine = cq_engine.engine(pyspark.spark_session)
+        with event_log_kept_open(context.instance, context.run_id):
+            yield from _execute(context, config, engine=cq_engine.engine(pyspark.spark_session))
+
+    def _execute(context: dg.AssetExecutionContext, config: FiringConfig, *, engine) -> Iterator:
         checks = health.CheckReporter(context, engine, by_key)
         items = getattr(config, many)
         if items:
@@ -231,25 +235,18 @@ def build_batch_sensor(
         run_status, run_ids, failed = runs.status, runs.ids, runs.failed
         busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
-        finished = set()
-        # Done inside a batch run that is still running (others catching up): one query for all.
-        running: dict[str, tuple[str, str]] = {}  # name -> (run id, range end of its last firing there)
+        # In a batch run that is still running: name -> its last firing there.
+        running: dict[str, datetime] = {}
         for d in definitions:
             s = states.get(d.name)
             if s and s.key and s.upto and run_status.get(s.key) in RUNNING and s.key in run_ids:
                 # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
-                last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
-                running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]))
+                running[d.name] = parse_time(s.first if d.timeout_policy == "DISCARD" and s.first else s.upto, tz=UTC)
         following = {n: s.prev_end for n, s in states.items() if s.prev and s.prev_end and n in sink_keys}
         latest = context.instance.get_latest_materialization_events(
             [sink_keys[n] for n in sorted(set(running) | set(following))]
         )
-        for name, (run_id, end) in running.items():
-            event = latest.get(sink_keys[name])
-            mat = event.asset_materialization if event and event.run_id == run_id else None
-            value = mat.metadata.get("cq/range_end") if mat else None
-            if value and value.value == end:
-                finished.add(name)
+        finished = finished_in(states, running, runs)
         caught_up = caught_up_in(states, ticks, running, runs)
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
@@ -323,6 +320,23 @@ def build_batch_sensor(
         "streams (BLOCKED: all, in order, each after the one before has committed; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
+
+
+def finished_in(states: dict, running: dict[str, datetime], runs: KeyedRuns) -> set[str]:
+    """The definitions (of ``running``: name -> its last firing in its running batch run) whose every
+    firing there is committed, by the run's progress tag (``DONE_BEFORE_TAG``, set once the round's
+    materializations are in the log) and not failed or left out (the run's ``cq/failed`` and
+    ``cq/left_out``, also set with the tag): every definition of the run at the same tick, so the
+    next batch holds them all. By each sink's own event, a thousand of them landing over 10-50 s, a
+    cold start split into runs of 192, 71 and 737 definitions that took windows to merge again. A
+    definition done long before others in its run (theirs a long catch-up) goes on after its own
+    last round. A run without the tag: its definitions go on when it ends."""
+    return {
+        name
+        for name, last in running.items()
+        if runs.done_before.get(states[name].key or "", last) > last
+        and name not in runs.failed.get(states[name].key or "", ())
+    }
 
 
 def caught_up_in(states: dict, ticks: dict, running: dict, runs: KeyedRuns) -> set[str]:

@@ -70,9 +70,10 @@ def _execute(
     in ``after`` (pipelined: [run key, range end]) joins the rounds once ``gate`` says that run
     committed it (True), or is left out if that run ended without (False; None: not yet). A
     definition ``stopped`` names (its switch was stopped) is left out from its next firing on. After
-    each round, ``progress(t, seconds)``: every firing before ``t`` is done (committed or failed), and
-    the round took ``seconds``."""
+    each round, ``progress(t, seconds)``: every firing before ``t`` is done (committed or failed; after
+    the last round, ``t`` is just after the run's last firing), and the round took ``seconds``."""
     pending = {n: list(fs) for n, fs in firings.items()}
+    end = max((f for fs in firings.values() for f in fs), default=datetime.now(UTC)) + timedelta(microseconds=1)
     told: datetime | None = None
     waiting = {n: a for n, a in (after or {}).items() if n in pending}
     looked = 0.0
@@ -124,8 +125,10 @@ def _execute(
                 failed |= {f.cq.name for f, o in zip(queries, outcomes) if isinstance(o, Exception)}
             # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
             pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
-            if progress is not None and pending:
-                before = min(fs[0] for fs in pending.values())
+            if progress is not None:
+                # All done: every firing up to the run's last one (the sensor goes on with all of
+                # its definitions at once, not each as its last event lands).
+                before = min(fs[0] for fs in pending.values()) if pending else end
                 if before != told:
                     told = before
                     progress(before, time.monotonic() - began)
@@ -173,7 +176,9 @@ def run_batch(
         }
     reported: dict[str, set[str]] = {}  # per definition with a skipped firing: its sink's reported range ends
     out: queue.Queue = queue.Queue()
-    failures, failed_names, left_out = [], [], []
+    failures: list[str] = []
+    failed_names: list[str] = []
+    left_out: list[str] = []
     times = {n: [parse_time(t, tz=UTC) for t in fs] for n, fs in firings.items()}
     left = {n: len(fs) for n, fs in times.items()}  # firings not yet heard of, per definition
     finished: list[str] = []  # done since the last lull
@@ -188,7 +193,12 @@ def run_batch(
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
         gate = partial(_followed, context.instance, sink_keys)
-        progress = partial(_report_progress, context)
+
+        def progress(before: datetime, seconds: float) -> None:
+            # Tagged by this thread once it has yielded the round's materializations: a definition
+            # the sensor goes on with (the tag) has its events in the log.
+            out.put(("progress", None, before, seconds))
+
         future = pool.submit(
             _execute, engine, times, done, out, after=after, gate=gate, stopped=stopped, progress=progress
         )
@@ -200,6 +210,10 @@ def run_batch(
                 if finished and on_done is not None:
                     yield from on_done(finished)
                     finished = []
+                continue
+            if outcome == "progress":
+                flush()
+                _report_progress(context, fire, value, failed=failed_names, left_out=left_out)
                 continue
             left[d.name] = 0 if outcome in ("failed", "stopped") else left[d.name] - 1
             if left[d.name] == 0:
@@ -260,17 +274,23 @@ def run_batch(
         )
 
 
-def _report_progress(context, before: datetime, seconds: float) -> None:
-    """Tag the run with how far its rounds got (``DONE_BEFORE_TAG``) and how long the latest took
-    (``ROUND_SECONDS_TAG``). The sensor follows every definition of a run into the next horizon
-    window at once when a round ends, instead of each as its own commit's event arrives: a thousand
-    commits and their events land over 10-50 s, and followed as they landed they split the next
-    window into a run per sensor tick. Advisory: without the tags, the run's definitions go on when
-    it ends."""
+def _report_progress(
+    context, before: datetime, seconds: float, *, failed: Iterable[str] = (), left_out: Iterable[str] = ()
+) -> None:
+    """Tag the run with how far its rounds got (``DONE_BEFORE_TAG``), how long the latest took
+    (``ROUND_SECONDS_TAG``) and the definitions failed or left out so far (``cq/failed``,
+    ``cq/left_out``: a firing before ``before`` that failed is done, not committed). The sensor
+    follows every definition of a run into the next horizon window at once when a round ends, and
+    goes on with every definition the run has finished, instead of each as its own commit's event
+    arrives: a thousand commits and their events land over 10-50 s, and followed as they landed
+    they split the next window into a run per sensor tick. Advisory: without the tags, the run's
+    definitions go on when it ends."""
+    tags = {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}"}
+    for tag, names in (("cq/failed", failed), ("cq/left_out", left_out)):
+        if names:
+            tags[tag] = ",".join(sorted(set(names)))
     try:
-        context.instance.add_run_tags(
-            context.run_id, {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}"}
-        )
+        context.instance.add_run_tags(context.run_id, tags)
     except Exception as exc:  # the run's work does not depend on it
         context.log.warning(f"could not record the batch's progress ({DONE_BEFORE_TAG}): {exc}")
 

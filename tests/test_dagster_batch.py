@@ -243,7 +243,7 @@ def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
     _, catalog = project
     ticks = {"b": ticks_of(catalog.definition("b"), timezone="UTC")}
     states = {"b": DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0))}  # b's firings 0, 20, 40 s in k
-    running = {"b": ("run-id", iso(_s(40)))}
+    running = {"b": _s(40)}
 
     def caught_up(done_before):
         return caught_up_in(states, ticks, running, KeyedRuns(done_before=done_before))
@@ -252,6 +252,30 @@ def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
     assert caught_up({"k": _s(20)}) == set()  # the round of 20 s is still going
     assert caught_up({"k": _s(40)}) == {"b"}  # every firing before 40 s is done
     assert caught_up({"other": _s(40)}) == set()
+
+
+def test_a_run_is_finished_all_at_once_by_its_progress_tag(project):
+    """The sensor goes on with a definition whose firings in a still-running run are all committed
+    by the run's cq/done_before tag (after its last round: just after its last firing), unless the
+    run's cq/failed or cq/left_out (set with it) names it: every definition at the same tick."""
+    from dagster_defs.batch import finished_in
+    from dagster_defs.batch_plan import DefinitionState
+    from dagster_defs.batch_run import KeyedRuns
+
+    states = {n: DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0)) for n in ("b", "d", "x")}
+    states["d"].upto = iso(T0)  # d's one firing, in a run where b and x catch up to 40 s
+    running = {n: _s(40) for n in ("b", "x")} | {"d": T0}
+    after = _s(40) + timedelta(microseconds=1)
+
+    def finished(done_before, failed=None):
+        return finished_in(states, running, KeyedRuns(done_before=done_before, failed=failed or {}))
+
+    assert finished({}) == set()  # no tag: they go on when the run ends
+    assert finished({"k": T0}) == set()  # the first round is still going
+    assert finished({"k": _s(20)}) == {"d"}  # d's round is done; b and x catch up
+    assert finished({"k": after}) == {"b", "d", "x"}
+    assert finished({"k": after}, failed={"k": {"x"}}) == {"b", "d"}  # x is retried from its failure
+    assert finished({"other": after}) == set()
 
 
 # -- the sensor and the job on a real instance ------------------------------------------------------
@@ -361,8 +385,8 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     )
     tags = instance.get_run_by_id(result.run_id).tags
     assert tags["cq/failed"] == "broken_src"
-    # How far its rounds got (for the sensor): after the first round, everything before 14:19:00 is done.
-    assert tags["cq/done_before"] == "2021-05-11T14:19:00+00:00"
+    # How far its rounds got (for the sensor): after its last round, everything up to its last firing.
+    assert tags["cq/done_before"] == "2021-05-11T14:19:00.000001+00:00"
     assert float(tags["cq/round_seconds"]) > 0
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
