@@ -235,18 +235,19 @@ def build_batch_sensor(
         run_status, run_ids, failed = runs.status, runs.ids, runs.failed
         busy = own_runs(context.instance, names, sink_keys, jobs=(job.name, IMPLICIT_ASSET_JOB_NAME))
         ticks = {d.name: ticks_for(d) for d in definitions}
-        # In a batch run that is still running: name -> its last firing there.
-        running: dict[str, datetime] = {}
+        # In a batch run that is still running: name -> (run id, range end of its last firing there).
+        running: dict[str, tuple[str, str]] = {}
         for d in definitions:
             s = states.get(d.name)
             if s and s.key and s.upto and run_status.get(s.key) in RUNNING and s.key in run_ids:
                 # Its last firing in that run: DISCARD has one (`first`; `upto` moves on with skips).
-                running[d.name] = parse_time(s.first if d.timeout_policy == "DISCARD" and s.first else s.upto, tz=UTC)
+                last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
+                running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]))
         following = {n: s.prev_end for n, s in states.items() if s.prev and s.prev_end and n in sink_keys}
         latest = context.instance.get_latest_materialization_events(
             [sink_keys[n] for n in sorted(set(running) | set(following))]
         )
-        finished = finished_in(states, running, runs)
+        finished = finished_in(states, running, runs, {n: latest.get(sink_keys[n]) for n in running})
         caught_up = caught_up_in(states, ticks, running, runs)
         # Pipelined: the run a definition's run follows has committed its firing there.
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
@@ -322,21 +323,25 @@ def build_batch_sensor(
     )
 
 
-def finished_in(states: dict, running: dict[str, datetime], runs: KeyedRuns) -> set[str]:
-    """The definitions (of ``running``: name -> its last firing in its running batch run) whose every
-    firing there is committed, by the run's progress tag (``DONE_BEFORE_TAG``, set once the round's
-    materializations are in the log) and not failed or left out (the run's ``cq/failed`` and
-    ``cq/left_out``, also set with the tag): every definition of the run at the same tick, so the
-    next batch holds them all. By each sink's own event, a thousand of them landing over 10-50 s, a
-    cold start split into runs of 192, 71 and 737 definitions that took windows to merge again. A
-    definition done long before others in its run (theirs a long catch-up) goes on after its own
-    last round. A run without the tag: its definitions go on when it ends."""
-    return {
-        name
-        for name, last in running.items()
-        if runs.done_before.get(states[name].key or "", last) > last
-        and name not in runs.failed.get(states[name].key or "", ())
-    }
+def finished_in(states: dict, running: dict[str, tuple[str, str]], runs: KeyedRuns, latest: dict) -> set[str]:
+    """The definitions (of ``running``: name -> (run id, range end of its last firing in its running
+    batch run)) whose every firing there is committed: their sink's latest materialization
+    (``latest``: name -> event) is that firing's, from that run, and was written before the run's
+    latest progress tag (``PROGRESS_AT_TAG``, set once a round's materializations are all yielded):
+    every definition a round finished comes free at the same tick, a definition done long before the
+    others in its run (theirs a long catch-up) after its own round. By each sink's event alone, a
+    thousand of them landing over 10-50 s, a cold start split into runs of 192, 71 and 737
+    definitions that took windows to merge again. A run without the tag: its definitions go on when
+    it ends."""
+    finished = set()
+    for name, (run_id, end) in running.items():
+        event = latest.get(name)
+        mat = event.asset_materialization if event and event.run_id == run_id else None
+        value = mat.metadata.get("cq/range_end") if mat else None
+        tagged = runs.progress_at.get(states[name].key or "")
+        if event and value and value.value == end and tagged is not None and event.timestamp <= tagged:
+            finished.add(name)
+    return finished
 
 
 def caught_up_in(states: dict, ticks: dict, running: dict, runs: KeyedRuns) -> set[str]:

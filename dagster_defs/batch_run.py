@@ -29,6 +29,7 @@ FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the com
 ROUND_GATHER = timedelta(seconds=1)  # firings due this close after a round's first one join it
 DONE_BEFORE_TAG = "cq/done_before"  # a batch run: every firing of it due before this time is done
 ROUND_SECONDS_TAG = "cq/round_seconds"  # a batch run: how long its latest round took
+PROGRESS_AT_TAG = "cq/progress_at"  # a batch run: when (epoch seconds) it last set its progress tags
 SWITCH_CHECK_SECONDS = 5.0  # a run looks this often (at most) whether a definition was stopped
 
 
@@ -285,7 +286,11 @@ def _report_progress(
     arrives: a thousand commits and their events land over 10-50 s, and followed as they landed
     they split the next window into a run per sensor tick. Advisory: without the tags, the run's
     definitions go on when it ends."""
-    tags = {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}"}
+    tags = {
+        DONE_BEFORE_TAG: iso(before),
+        ROUND_SECONDS_TAG: f"{seconds:.1f}",
+        PROGRESS_AT_TAG: f"{time.time():.6f}",  # after the round's events: finished_in compares them
+    }
     for tag, names in (("cq/failed", failed), ("cq/left_out", left_out)):
         if names:
             tags[tag] = ",".join(sorted(set(names)))
@@ -339,14 +344,15 @@ class KeyedRuns:
     """Per run key: its run's status, its run id, the definitions its ``cq/failed`` and
     ``cq/left_out`` tags name (only runs that have either tag: what failed, and what a pipelined run
     left out because the run it followed did not commit it), how far its rounds got
-    (``DONE_BEFORE_TAG``) and how long the latest took (``ROUND_SECONDS_TAG``; only runs that have
-    them)."""
+    (``DONE_BEFORE_TAG``), how long the latest took (``ROUND_SECONDS_TAG``) and when it said so
+    (``PROGRESS_AT_TAG``; only runs that have them)."""
 
     status: dict[str, str] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)
     failed: dict[str, set[str]] = field(default_factory=dict)
     done_before: dict[str, datetime] = field(default_factory=dict)
     round_seconds: dict[str, float] = field(default_factory=dict)
+    progress_at: dict[str, float] = field(default_factory=dict)
 
 
 def keyed_runs(instance, keys) -> KeyedRuns:
@@ -364,6 +370,8 @@ def keyed_runs(instance, keys) -> KeyedRuns:
                 runs.done_before[key] = parse_time(run.tags[DONE_BEFORE_TAG], tz=UTC)
             if ROUND_SECONDS_TAG in run.tags:
                 runs.round_seconds[key] = float(run.tags[ROUND_SECONDS_TAG])
+            if PROGRESS_AT_TAG in run.tags:
+                runs.progress_at[key] = float(run.tags[PROGRESS_AT_TAG])
     return runs
 
 

@@ -243,7 +243,7 @@ def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
     _, catalog = project
     ticks = {"b": ticks_of(catalog.definition("b"), timezone="UTC")}
     states = {"b": DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0))}  # b's firings 0, 20, 40 s in k
-    running = {"b": _s(40)}
+    running = {"b": ("run-id", iso(_s(40)))}
 
     def caught_up(done_before):
         return caught_up_in(states, ticks, running, KeyedRuns(done_before=done_before))
@@ -254,28 +254,47 @@ def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
     assert caught_up({"other": _s(40)}) == set()
 
 
-def test_a_run_is_finished_all_at_once_by_its_progress_tag(project):
-    """The sensor goes on with a definition whose firings in a still-running run are all committed
-    by the run's cq/done_before tag (after its last round: just after its last firing), unless the
-    run's cq/failed or cq/left_out (set with it) names it: every definition at the same tick."""
+def test_a_run_is_finished_all_at_once_by_its_progress_tag():
+    """The sensor goes on with a definition of a still-running run once its sink's latest
+    materialization is its last firing's, from that run, and was written before the run's latest
+    progress tag (cq/progress_at, set once a round's events are all yielded): every definition a
+    round finished at the same tick; one done long before a catch-up of another after its round."""
+    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+    from dagster._core.events.log import EventLogEntry
+
     from dagster_defs.batch import finished_in
     from dagster_defs.batch_plan import DefinitionState
     from dagster_defs.batch_run import KeyedRuns
 
-    states = {n: DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0)) for n in ("b", "d", "x")}
-    states["d"].upto = iso(T0)  # d's one firing, in a run where b and x catch up to 40 s
-    running = {n: _s(40) for n in ("b", "x")} | {"d": T0}
-    after = _s(40) + timedelta(microseconds=1)
+    def event(run_id: str, end, at: float) -> EventLogEntry:
+        mat = dg.AssetMaterialization(asset_key="sink", metadata={"cq/range_end": iso(end)})
+        return EventLogEntry(
+            error_info=None,
+            level=20,
+            user_message="",
+            run_id=run_id,
+            timestamp=at,
+            dagster_event=DagsterEvent(
+                DagsterEventType.ASSET_MATERIALIZATION.value,
+                "j",
+                event_specific_data=StepMaterializationData(mat),
+            ),
+        )
 
-    def finished(done_before, failed=None):
-        return finished_in(states, running, KeyedRuns(done_before=done_before, failed=failed or {}))
+    states = {n: DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0)) for n in ("b", "d", "x")}
+    running = {"b": ("r", iso(_s(60))), "d": ("r", iso(_s(20))), "x": ("r", iso(_s(60)))}
+    # d's one firing (ending at 20 s) was written at t=100; b's last at t=200; x's last failed.
+    latest = {"d": event("r", _s(20), 100.0), "b": event("r", _s(60), 200.0), "x": event("r", _s(40), 150.0)}
+
+    def finished(progress_at, events=latest):
+        return finished_in(states, running, KeyedRuns(progress_at=progress_at), events)
 
     assert finished({}) == set()  # no tag: they go on when the run ends
-    assert finished({"k": T0}) == set()  # the first round is still going
-    assert finished({"k": _s(20)}) == {"d"}  # d's round is done; b and x catch up
-    assert finished({"k": after}) == {"b", "d", "x"}
-    assert finished({"k": after}, failed={"k": {"x"}}) == {"b", "d"}  # x is retried from its failure
-    assert finished({"other": after}) == set()
+    assert finished({"k": 99.0}) == set()  # d's round is still yielding its events
+    assert finished({"k": 100.5}) == {"d"}  # d's round is done, b and x catch up
+    assert finished({"k": 200.5}) == {"b", "d"}  # x's last firing has no event: retried when the run ends
+    assert finished({"other": 200.5}) == set()
+    assert finished({"k": 200.5}, {**latest, "b": event("another run", _s(60), 190.0)}) == {"d"}
 
 
 # -- the sensor and the job on a real instance ------------------------------------------------------
@@ -387,6 +406,13 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     assert tags["cq/failed"] == "broken_src"
     # How far its rounds got (for the sensor): after its last round, everything up to its last firing.
     assert tags["cq/done_before"] == "2021-05-11T14:19:00.000001+00:00"
+    # ...tagged after the run's materializations were written (what the sensor's finished_in compares).
+    written = [
+        e.timestamp
+        for e in instance.all_logs(result.run_id)
+        if e.dagster_event and e.dagster_event.is_step_materialization
+    ]
+    assert len(written) == 3 and float(tags["cq/progress_at"]) >= max(written)
     assert float(tags["cq/round_seconds"]) > 0
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     assert "broken_src @ 2021-05-11T14:18:40+00:00" in failure.event_specific_data.error.message
