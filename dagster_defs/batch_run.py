@@ -127,8 +127,8 @@ def _execute(
             # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
             pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
             if progress is not None:
-                # All done: every firing up to the run's last one (the sensor goes on with all of
-                # its definitions at once, not each as its last event lands).
+                # All done: every firing up to the run's last one, and the last round's events
+                # precede the tag (the sensor goes on with its definitions at once).
                 before = min(fs[0] for fs in pending.values()) if pending else end
                 if before != told:
                     told = before
@@ -214,7 +214,7 @@ def run_batch(
                 continue
             if outcome == "progress":
                 flush()
-                _report_progress(context, fire, value, failed=failed_names, left_out=left_out)
+                _report_progress(context, fire, value)
                 continue
             left[d.name] = 0 if outcome in ("failed", "stopped") else left[d.name] - 1
             if left[d.name] == 0:
@@ -275,25 +275,16 @@ def run_batch(
         )
 
 
-def _report_progress(
-    context, before: datetime, seconds: float, *, failed: Iterable[str] = (), left_out: Iterable[str] = ()
-) -> None:
+def _report_progress(context, before: datetime, seconds: float) -> None:
     """Tag the run with how far its rounds got (``DONE_BEFORE_TAG``), how long the latest took
-    (``ROUND_SECONDS_TAG``) and the definitions failed or left out so far (``cq/failed``,
-    ``cq/left_out``: a firing before ``before`` that failed is done, not committed). The sensor
-    follows every definition of a run into the next horizon window at once when a round ends, and
-    goes on with every definition the run has finished, instead of each as its own commit's event
-    arrives: a thousand commits and their events land over 10-50 s, and followed as they landed
-    they split the next window into a run per sensor tick. Advisory: without the tags, the run's
-    definitions go on when it ends."""
-    tags = {
-        DONE_BEFORE_TAG: iso(before),
-        ROUND_SECONDS_TAG: f"{seconds:.1f}",
-        PROGRESS_AT_TAG: f"{time.time():.6f}",  # after the round's events: finished_in compares them
-    }
-    for tag, names in (("cq/failed", failed), ("cq/left_out", left_out)):
-        if names:
-            tags[tag] = ",".join(sorted(set(names)))
+    (``ROUND_SECONDS_TAG``) and when it said so (``PROGRESS_AT_TAG``: after the round's
+    materializations, which the sensor's ``finished_in`` compares with it). The sensor follows every
+    definition of a run into the next horizon window at once when a round ends, and goes on with every
+    definition a round finished at once, instead of each as its own commit's event arrives: a
+    thousand commits and their events land over 10-50 s, and followed as they landed they split the
+    next window into a run per sensor tick. Advisory: without the tags, the run's definitions go on
+    when it ends."""
+    tags = {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}", PROGRESS_AT_TAG: f"{time.time():.6f}"}
     try:
         context.instance.add_run_tags(context.run_id, tags)
     except Exception as exc:  # the run's work does not depend on it
