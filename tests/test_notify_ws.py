@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import socket
@@ -190,7 +191,7 @@ def test_rejected_handshake_is_a_notify_error(rec):
 
 def _closing_server(code: int):
     """A bare server that completes the upgrade, then at once sends a close frame with
-    ``code`` and hangs up: deterministic, unlike a websockets handler, whose library
+    ``code`` and stops writing: deterministic, unlike a websockets handler, whose library
     would already have answered the sender's own close frame with 1000."""
     listener = socket.create_server(("127.0.0.1", 0))
 
@@ -216,6 +217,15 @@ def _closing_server(code: int):
             )
             body = code.to_bytes(2, "big") + b"bye"
             conn.sendall(bytes([0x88, len(body)]) + body)
+            # Half-close, then drain until the sender hangs up: closing with the
+            # sender's frames unread would answer them with a RST, and a RST can
+            # discard the close frame from the sender's receive buffer before it
+            # is read (then the cause is "no close frame", not the code).
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(5)
+            with contextlib.suppress(OSError):
+                while conn.recv(65536):
+                    pass
 
     threading.Thread(target=run, daemon=True).start()
     return listener
