@@ -336,10 +336,9 @@ def finished_in(states: dict, running: dict[str, tuple[str, str]], runs: KeyedRu
     finished = set()
     for name, (run_id, end) in running.items():
         event = latest.get(name)
-        mat = event.asset_materialization if event and event.run_id == run_id else None
-        value = mat.metadata.get("cq/range_end") if mat else None
-        tagged = runs.progress_at.get(states[name].key or "")
-        if event and value and value.value == end and tagged is not None and event.timestamp <= tagged:
+        tagged = runs.progress_at.get(states[name].key or "", float("-inf"))
+        # From that run no firing ends after its last, so committed through its end is that firing's.
+        if event and event.run_id == run_id and committed_through(event, end) and event.timestamp <= tagged:
             finished.add(name)
     return finished
 
