@@ -253,12 +253,14 @@ def build_batch_sensor(
         prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
         # The horizon only for a definition that keeps pace: one slower than its EVERY (an e2e test's
         # takes 12 s per 5 s firing) would hold a run, and one of the two slots, for windows.
+        keys_of = {d.name: getattr(states.get(d.name), "key", None) or "" for d in definitions}
         horizon = {
             d.name: batch_horizon(ticks[d.name].every, d.timeout_policy)
             if keeps_pace(
                 latest.get(sink_keys[d.name]),
                 ticks[d.name].every,
-                round_seconds=runs.round_seconds.get(getattr(states.get(d.name), "key", None) or ""),
+                round_seconds=runs.round_seconds.get(keys_of[d.name]),
+                in_run=run_status.get(keys_of[d.name]) in RUNNING,
             )
             else timedelta(0)
             for d in definitions
@@ -369,15 +371,19 @@ def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, datetime]
     return ends
 
 
-def keeps_pace(event, every: timedelta, *, round_seconds: float | None = None) -> bool:
+def keeps_pace(event, every: timedelta, *, round_seconds: float | None = None, in_run: bool = False) -> bool:
     """Whether a definition keeps pace with its period ``every``: its run's latest round took less
-    than ``every`` (``round_seconds``, the run's ``cq/round_seconds``: known for all of the run's
-    definitions at once), or its sink's latest materialization ``event`` is of a firing that took
-    under half of it (``cq/seconds``: in a fused round, its share of the job and its commit). Not
-    known before either: a thousand events land over 10-50 s, and a definition's pace known as its
-    event landed split the next window's batch a group per tick."""
-    if round_seconds is not None and round_seconds < every.total_seconds():
-        return True
+    than ``every`` (``round_seconds``, the run's ``cq/round_seconds``, tagged as the round commits:
+    known for all of the run's definitions at once); without that tag, and outside a running run
+    (``in_run``), its sink's latest materialization ``event`` is of a firing that took under half of
+    it (``cq/seconds``: in a fused round, its share of the job and its commit). Not known before
+    either: a thousand events land over 10-110 s, and a definition's pace known as its event landed
+    split the next window's batch a group per tick (also when only the run's first events came before
+    its tag: 11, 202, 475 and 312 definitions)."""
+    if round_seconds is not None:
+        return round_seconds < every.total_seconds()
+    if in_run:
+        return False
     mat = event.asset_materialization if event else None
     value = mat.metadata.get("cq/seconds") if mat else None
     return bool(value is not None and value.value is not None and value.value < every.total_seconds() / 2)

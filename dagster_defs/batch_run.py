@@ -127,8 +127,8 @@ def _execute(
             # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
             pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
             if progress is not None:
-                # All done: every firing up to the run's last one, and the last round's events
-                # precede the tag (the sensor goes on with its definitions at once).
+                # All done: every firing up to the run's last one (the sensor goes on with its
+                # definitions at once, once the last round's events precede cq/progress_at).
                 before = min(fs[0] for fs in pending.values()) if pending else end
                 if before != told:
                     told = before
@@ -196,9 +196,11 @@ def run_batch(
         gate = partial(_followed, context.instance, sink_keys)
 
         def progress(before: datetime, seconds: float) -> None:
-            # Tagged by this thread once it has yielded the round's materializations: a definition
-            # the sensor goes on with (the tag) has its events in the log.
-            out.put(("progress", None, before, seconds))
+            # How far the rounds got, tagged by the rounds' thread as soon as the round has committed:
+            # the sensor may request a definition's next window then (its follower waits for the
+            # events itself). When, by this thread once it has yielded the round's materializations.
+            tags = {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}"}
+            out.put(("progress", None, before, _tag_run(context, tags)))
 
         future = pool.submit(
             _execute, engine, times, done, out, after=after, gate=gate, stopped=stopped, progress=progress
@@ -214,7 +216,9 @@ def run_batch(
                 continue
             if outcome == "progress":
                 flush()
-                _report_progress(context, fire, value)
+                for problem in (value, _tag_run(context, {PROGRESS_AT_TAG: f"{time.time():.6f}"})):
+                    if problem:
+                        context.log.warning(f"could not record the batch's progress: {problem}")
                 continue
             left[d.name] = 0 if outcome in ("failed", "stopped") else left[d.name] - 1
             if left[d.name] == 0:
@@ -275,20 +279,21 @@ def run_batch(
         )
 
 
-def _report_progress(context, before: datetime, seconds: float) -> None:
-    """Tag the run with how far its rounds got (``DONE_BEFORE_TAG``), how long the latest took
-    (``ROUND_SECONDS_TAG``) and when it said so (``PROGRESS_AT_TAG``: after the round's
-    materializations, which the sensor's ``finished_in`` compares with it). The sensor follows every
-    definition of a run into the next horizon window at once when a round ends, and goes on with every
-    definition a round finished at once, instead of each as its own commit's event arrives: a
-    thousand commits and their events land over 10-50 s, and followed as they landed they split the
-    next window into a run per sensor tick. Advisory: without the tags, the run's definitions go on
-    when it ends."""
-    tags = {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}", PROGRESS_AT_TAG: f"{time.time():.6f}"}
+def _tag_run(context, tags: dict[str, str]) -> str | None:
+    """Tag the run with how far its rounds got (``DONE_BEFORE_TAG`` and ``ROUND_SECONDS_TAG``, once a
+    round has committed) or when its events caught up (``PROGRESS_AT_TAG``, after the round's
+    materializations, which the sensor's ``finished_in`` compares with it); the error's text if the
+    write failed. The sensor follows every definition of a run into the next horizon window at once
+    when a round commits, and goes on with every definition a round finished at once, instead of each
+    as its own commit's event arrives: a thousand commits and their events land over 10-110 s, and
+    followed as they landed they split the next window into a run per sensor tick, or (following the
+    events' tag) requested the next window's run only as the run ended, every run a catch-up.
+    Advisory: without the tags, the run's definitions go on when it ends."""
     try:
         context.instance.add_run_tags(context.run_id, tags)
+        return None
     except Exception as exc:  # the run's work does not depend on it
-        context.log.warning(f"could not record the batch's progress ({DONE_BEFORE_TAG}): {exc}")
+        return str(exc) or type(exc).__name__
 
 
 def _reported_ends(instance, key: dg.AssetKey, *, since: datetime) -> set[str]:

@@ -319,6 +319,10 @@ def test_only_a_definition_whose_latest_firing_took_under_half_its_period_keeps_
     # Its run's latest round under its period (cq/round_seconds): known for all of the run at once.
     assert keeps_pace(None, every, round_seconds=4.0)
     assert not keeps_pace(None, every, round_seconds=12.5)
+    # The tag decides for all of the run: not one sink's own event, before or against it.
+    assert not keeps_pace(latest(0.04), every, round_seconds=12.5)
+    assert not keeps_pace(latest(0.04), every, in_run=True)
+    assert keeps_pace(latest(0.04), every, round_seconds=4.0, in_run=True)
 
 
 def _checks(result) -> dict[str, tuple[bool, str, list]]:
