@@ -3,6 +3,7 @@ a DAGSTER_HOME whose run queue serialises each definition, and a simulated senso
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -67,11 +68,24 @@ telemetry:
 """
 
 
+# `cq dev`'s storage: Dagster's SQLite files, the event log's connections kept for reuse (an event
+# 2 ms instead of 8; a thousand definitions' materializations and planned events are written in a
+# fraction of the time). The Deployment's dagster.yaml names PostgreSQL instead.
+DEV_EVENT_LOG_YAML = """\
+event_log_storage:
+  module: dagster_defs.event_log
+  class: PooledSqliteEventLogStorage
+  config:
+    base_dir: {base_dir}
+"""
+
+
 def write_dagster_home(path: str | Path) -> Path:
     """Create ``DAGSTER_HOME`` with the run-queue limits the timeout policies rely on."""
     home = Path(path).resolve()
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    base_dir = json.dumps(str(home / "history" / "runs") + os.sep)  # JSON strings are YAML
+    (home / "dagster.yaml").write_text(DAGSTER_YAML + DEV_EVENT_LOG_YAML.format(base_dir=base_dir))
     return home
 
 
