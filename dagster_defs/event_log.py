@@ -1,13 +1,13 @@
-"""A run's SQLite event log kept open while the run writes to it (``cq dev``'s Dagster instance).
+"""Dagster's SQLite event log made cheap to write (``cq dev``'s Dagster instance).
 
-Dagster's SQLite event log storage opens a connection for each event and closes it after. In WAL
-mode the last connection to close a database checkpoints it and deletes its write-ahead log, so
-each event paid a checkpoint (two syncs and a file deletion): 26 ms an event on this machine, and
-a batch run writing a thousand materializations a round fell 30-40 s behind its own commits (the
-next run, which waits for those events, started its first firing that late). One more connection
-held open for the run's duration means no event's connection is the last: 10 ms an event,
-nothing else changed (the same rows, the same durability). Other storages (PostgreSQL) need
-nothing."""
+Dagster's SQLite event log storage opens an engine and a connection for each statement group of an
+event and closes them after; in WAL mode the last connection to close a database also checkpoints
+it and deletes its write-ahead log. ``PooledSqliteEventLogStorage`` (named in the ``dagster.yaml``
+``cq dev`` writes, so the daemon, the webserver and every run use it) keeps each shard's engine and
+connection: 2.3 ms an event against 7.7 on an idle machine, the same files and rows. For another
+SQLite instance, ``event_log_kept_open`` holds one more connection open for a run's duration, so
+no event's connection is the last (no checkpoint per event; 10 ms an event against 26 then).
+Other storages (PostgreSQL) need neither."""
 
 from __future__ import annotations
 
