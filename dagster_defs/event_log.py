@@ -54,8 +54,8 @@ MAX_OPEN_SHARDS = 16  # run event logs (and the index) whose engine a process ke
 class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     """Dagster's sharded SQLite event log (``cq dev``'s instance: same files, same rows), with each
     shard's engine and one connection kept for reuse. Dagster's own opens an engine and a connection
-    for each of the four statements groups of an asset event and closes them after: half of the
-    11 ms an event costs on this machine. At a thousand materializations a round, the daemon's
+    for each of the four statement groups of an asset event and closes them after: half of what an
+    event costs (2.3 ms an event against 7.7 on this machine, idle). At a thousand materializations a round, the daemon's
     thousand planned events at a run's creation and the run's own trail its commits by tens of
     seconds on a loaded machine, and a pipelined successor waits for them."""
 
