@@ -12,7 +12,8 @@ BIN    := $(VENV)/bin
 # The JVM jars Spark loads from the local Maven repository, as cq_engine/jars.py names them: Delta's at
 # the installed delta-spark package's version (one pin in pyproject.toml), and hadoop-aws matching
 # pyspark's bundled Hadoop with its AWS SDK bundle (s3a:// warehouses). Fetched once; offline
-# afterwards. No mvn: the engine falls back to the delta-rs storage and says so.
+# afterwards. No mvn: the engine falls back to the delta-rs storage and says so. With a JDK (javac), the
+# engine's Delta log store for s3:// warehouses is compiled too (cq_engine/jvm/; otherwise on first use).
 M2     ?= $(HOME)/.m2/repository
 
 jars: $(BIN)/cq
@@ -22,7 +23,8 @@ jars: $(BIN)/cq
 	  g=$${a%%:*}; rest=$${a#*:}; n=$${rest%%:*}; v=$${rest#*:}; \
 	  f="$(M2)/$$(echo $$g | tr . /)/$$n/$$v/$$n-$$v.jar"; \
 	  [ -f "$$f" ] || mvn -B -q dependency:get -Dtransitive=false -Dartifact=$$a || exit 1; \
-	done; fi
+	done; \
+	if command -v javac >/dev/null; then $(BIN)/python -m cq_engine.jars --build >/dev/null || exit 1; fi; fi
 
 $(BIN)/cq: pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17+ is required (Spark 4): install e.g. openjdk-17-jre-headless" >&2; exit 1; }
@@ -58,7 +60,7 @@ check: lint
 # and moto's S3 server from PyPI, Spark standalone from the pip pyspark package, delta-spark and
 # hadoop-aws through Maven. Missing Debian packages are installed when running as root; otherwise
 # this stops and names them (the test needs them: it is never skipped).
-CLUSTER_DEBS := postgresql:/usr/lib/postgresql/*/bin/initdb maven:mvn
+CLUSTER_DEBS := postgresql:/usr/lib/postgresql/*/bin/initdb maven:mvn openjdk-17-jdk-headless:javac
 
 cluster-setup:
 	@missing=""; for d in $(CLUSTER_DEBS); do \
@@ -77,7 +79,7 @@ cluster-setup:
 	$(BIN)/pip install --quiet -e ".[test,cluster]"
 
 cluster-test: cluster-setup
-	$(BIN)/python -m pytest -q -m cluster tests/test_cluster.py
+	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py
 
 # The same cluster under faults (README, Faults on the deployed topology): a Spark worker, the
 # Connect server, PostgreSQL and the object store each fail once while runs are in flight (13-19 min
