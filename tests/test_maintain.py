@@ -224,7 +224,7 @@ def test_cq_maintain_reports_every_state_table_and_sink(tmp_path, monkeypatch, c
 def test_spark_storage_optimizes_and_vacuums_through_spark_sql(tmp_path, spark):
     from cq_engine.storage.spark_delta import SparkDeltaStorage
 
-    # Every commit by Spark (the cluster's CQ_SPARK_WRITE_BYTES=0): Spark stays the only committer.
+    # Every commit by Spark (CQ_SPARK_WRITE_BYTES=0): Spark stays the only committer.
     store = SparkDeltaStorage(warehouse=str(tmp_path / "wh"), session=lambda: spark, executor_write_bytes=0)
     uri = store.uri("out")
     for i in range(4):

@@ -352,3 +352,24 @@ def test_concurrent_streamed_replaces_on_disjoint_ranges_all_land(minutes):
         in_minute = [r for r in got if T0 + timedelta(minutes=m) <= r[0] < T0 + timedelta(minutes=m + 1)]
         assert in_minute == [(T0 + timedelta(minutes=m, seconds=s), "new", 1000.0 + m) for s in (0, 30)]
     assert len(got) == 6 * 30 - 6 * n + 2 * n
+
+
+def test_unsafe_rename_on_an_s3_warehouse_is_said_once(monkeypatch, caplog):
+    """delta-rs commits on S3 with a conditional PUT unless AWS_S3_ALLOW_UNSAFE_RENAME asks for its
+    rename backend: the engine says so once, and not for a local warehouse."""
+    from cq_engine.config import load_settings
+    from cq_engine.storage import factory
+
+    monkeypatch.setattr(factory, "_warned", set())
+    monkeypatch.setenv("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
+    local = load_settings(environ={"CQ_STORAGE": "deltars", "CQ_WAREHOUSE": "/tmp/wh"}, config_file="/nonexistent")
+    s3 = load_settings(environ={"CQ_STORAGE": "deltars", "CQ_WAREHOUSE": "s3://b/wh"}, config_file="/nonexistent")
+    with caplog.at_level("WARNING", logger="cq_engine.storage"):
+        factory.make_storage(local, session=lambda: None)
+        assert not caplog.records
+        for _ in range(2):
+            factory.make_storage(s3, session=lambda: None)
+    assert [r.getMessage() for r in caplog.records if "AWS_S3_ALLOW_UNSAFE_RENAME" in r.getMessage()] == [
+        caplog.records[0].getMessage()
+    ]
+    assert "conditional PUT" in caplog.records[0].getMessage()

@@ -4,6 +4,7 @@ with ``CQ_STORAGE=deltars`` (and, with one log line, when delta-spark's jars are
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ def spark_delta_available(settings: Settings) -> bool:
 
 def make_storage(settings: Settings, *, session: Callable[[], SparkSession]) -> Storage:
     """``SparkDeltaStorage`` when ``spark_delta_available``, else ``DeltaRsStorage``."""
+    _warn_unsafe_rename(settings)
     if spark_delta_available(settings):
         from cq_engine.storage.spark_delta import SparkDeltaStorage
 
@@ -47,3 +49,16 @@ def make_storage(settings: Settings, *, session: Callable[[], SparkSession]) -> 
             warehouse=settings.warehouse, session=session, executor_write_bytes=settings.spark_write_bytes
         )
     return DeltaRsStorage(warehouse=settings.warehouse)
+
+
+def _warn_unsafe_rename(settings: Settings) -> None:
+    """Say once that ``AWS_S3_ALLOW_UNSAFE_RENAME`` weakens an ``s3://`` warehouse's commits: delta-rs
+    then commits through its rename backend instead of the conditional PUT every other writer of the
+    table uses (ARCHITECTURE.md, Commits on an object store)."""
+    unsafe = os.environ.get("AWS_S3_ALLOW_UNSAFE_RENAME", "").strip().lower() in ("1", "true", "yes")
+    if unsafe and settings.warehouse.startswith(("s3://", "s3a://")) and "unsafe-rename" not in _warned:
+        _warned.add("unsafe-rename")
+        LOG.warning(
+            "AWS_S3_ALLOW_UNSAFE_RENAME is set: delta-rs commits by rename, not by the conditional PUT that "
+            "orders this warehouse's writers; unset it (S3 and S3-compatible stores with If-None-Match need nothing)"
+        )

@@ -7,6 +7,9 @@ without delta-spark replaying the log in the JVM). A large result (``writes_fram
 for a sink delta-rs cannot write (deletion vectors, column mapping, other writer features), is written
 by Spark's executors with ``replaceWhere`` in one commit; a small one, or one already in Arrow, is
 committed by delta-rs from this process (``executor_write_bytes`` = 0: the executors write them all).
+Both may write one table, from any number of processes: on an object store each claims a version
+with one conditional PUT (delta-rs natively, Spark through the engine's log store, ``jars.LOGSTORE_CLASS``),
+so the store itself orders their commits (ARCHITECTURE.md, Commits on an object store).
 With the run's source versions given, either commit carries the idempotent-write identity
 ``txnAppId``/``txnVersion``, so a retried run on unchanged inputs adds no second commit.
 Metadata (exists, schema, version, table creation) and the log reads the sensors make stay on delta-rs (``DeltaRsStorage``, the base class): they need no JVM. Engine state tables (ledger,
@@ -381,7 +384,7 @@ class SparkDeltaStorage(DeltaRsStorage):
         def vacuum(dt) -> int:
             # delta-rs finds what is due (Spark's VACUUM lists and joins every file in Spark jobs: minutes
             # for a few thousand small files on a busy machine) and the files are deleted without a
-            # commit, so Spark stays the table's only committer; Spark SQL when delta-rs cannot read it.
+            # commit; Spark SQL when delta-rs cannot read it.
             try:
                 due = vacuum_due(dt, retention)
             except DeltaError:
