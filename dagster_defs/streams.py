@@ -20,6 +20,7 @@
 import contextlib
 import fcntl
 import json
+import logging
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -40,6 +41,7 @@ from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, env_seconds, switch_
 from .batch_run import keyed_runs
 from .builders import IN_FLIGHT, materialization
 
+LOG = logging.getLogger(__name__)
 INTERVAL_SECONDS = 1
 ADOPT = "adopt"  # key of a switch cursor carrying a StreamCursor for the sensor to take
 LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up
@@ -297,6 +299,8 @@ def build_streams_sensor(
                 started.add(name)
                 if isinstance(outcome, Exception):
                     context.log.warning(f"{name}: computing in the sensor failed, a run takes over: {outcome}")
+                    # The code server's log keeps where it failed (the tick shows the one-line error).
+                    LOG.warning("%s: computing in the sensor failed", name, exc_info=outcome.__cause__ or outcome)
                     engine.ctx.spark_session = None  # a broken Connect session is not reused
                     s.attempt = max(s.attempt, 1)
                     to_run[name] = list(s.backlog)
