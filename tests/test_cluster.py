@@ -39,6 +39,7 @@ from deltalake import DeltaTable
 from netutil import free_port, port_open
 
 import cq_engine
+from cq_engine import jars
 from cq_engine.cli.dev import DAGSTER_YAML as DEV_DAGSTER_YAML
 
 pytestmark = pytest.mark.cluster
@@ -300,6 +301,7 @@ class Cluster:
             AWS_ENDPOINT_URL=self.env["AWS_ENDPOINT_URL"],
             AWS_REGION=self.env["AWS_REGION"],
             CQ_ENGINE=str(Path(cq_engine.__file__).resolve().parent),
+            CQ_LOGSTORE_JAR=str(jars.logstore_jar()),
         )
         assert running == submit_args(shlex.split(command)), (running, command)
 
@@ -363,6 +365,19 @@ def _expected(cq: str, source: pa.Table, lo: datetime, hi: datetime) -> list[tup
     return out
 
 
+def _committer(commit: dict) -> str:
+    """Who wrote a commit: ``Apache-Spark`` (delta-spark's engineInfo) or ``delta-rs`` (its clientVersion)."""
+    info = f"{commit.get('engineInfo', '')} {commit.get('clientVersion', '')}"
+    return "Apache-Spark" if "Apache-Spark" in info else "delta-rs" if "delta-rs" in info else info
+
+
+def _minutes(lo: datetime, hi: datetime) -> list[tuple[datetime, datetime]]:
+    """The one-minute windows of ``[lo, hi)`` (temperature_1m's GROUP BY interval)."""
+    return [
+        (lo + timedelta(minutes=i), lo + timedelta(minutes=i + 1)) for i in range(int((hi - lo) / timedelta(minutes=1)))
+    ]
+
+
 def _actual(cq: str, sink: pa.Table, lo: datetime, hi: datetime) -> list[tuple]:
     rows = [r for r in sink.to_pylist() if lo <= r["ts"] < hi]
     if cq == "temperature_fahrenheit":
@@ -375,7 +390,6 @@ def _actual(cq: str, sink: pa.Table, lo: datetime, hi: datetime) -> list[tuple]:
 def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
     if not (PG_BIN / "initdb").is_file():
         pytest.fail(f"PostgreSQL is not installed ({PG_BIN}/initdb): run `make cluster-test`, which installs it")
-    from cq_engine import jars
 
     assert not jars.missing(jars.delta_artifacts() + jars.s3a_artifacts()), "run `make jars`"
     (tmp_path / "sql").mkdir()
@@ -446,9 +460,37 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
                 ).to_pyarrow_table()
                 lo, hi = entry.range_start, entry.range_end
                 assert _actual(cq, sink, lo, hi) == _expected(cq, source, lo, hi), (cq, entry)
-        # Spark wrote the sinks (delta-spark commits), straight to the object store.
-        history = DeltaTable(feeder.settings.table_uri("sensors_1m")).history(5)
-        assert any("Apache-Spark" in str(h.get("engineInfo", "")) for h in history), history
+        # A firing's few rows were committed by delta-rs from the run's process: no Spark job for them.
+        sink_uri = feeder.settings.table_uri("sensors_1m")
+        firings = [h for h in DeltaTable(sink_uri).history() if h.get("operation") == "WRITE"]
+        assert firings and all(_committer(h) == "delta-rs" for h in firings), firings
+
+        # A large result is written and committed by the executors, through the engine's log store (one
+        # conditional PUT), while the daemon's runs go on committing to the same sink with delta-rs:
+        # CQ_SPARK_WRITE_BYTES=1 makes every result "large" for this one command.
+        done = sorted(
+            (e for e in feeder.ledger.entries("temperature_1m") if e.status == "succeeded"), key=lambda e: e.range_end
+        )
+        lo, hi = done[0].range_start, done[-1].range_end
+        recalc = subprocess.run(
+            [str(BIN / "cq"), "recalculate", "temperature_1m", "--from", lo.isoformat(), "--to", hi.isoformat()],
+            cwd=tmp_path,
+            env={**cluster.env, "CQ_SPARK_WRITE_BYTES": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert recalc.returncode == 0, recalc.stdout + recalc.stderr
+        entry = next(e for e in reversed(feeder.ledger.entries("temperature_1m")) if e.kind == "recalculate")
+        assert entry.status == "succeeded" and entry.sink_version is not None, entry
+        written = DeltaTable(sink_uri, version=entry.sink_version).history(1)[0]
+        assert _committer(written) == "Apache-Spark", written
+        sink = pa.table(DeltaTable(sink_uri, version=entry.sink_version).to_pyarrow_table())
+        source = DeltaTable(feeder.settings.table_uri("sensors"), version=entry.source_versions["sensors"])
+        expected = [row for t in _minutes(lo, hi) for row in _expected("temperature_1m", source.to_pyarrow_table(), *t)]
+        assert _actual("temperature_1m", sink, lo, hi) == sorted(expected)
+        # Nowhere in the deployment does delta-rs fall back to its unsafe rename.
+        assert "AWS_S3_ALLOW_UNSAFE_RENAME" not in cluster.env
     finally:
         stop_feed.set()
         cluster.stop()
