@@ -1,4 +1,4 @@
-"""soak: the deployed topology (README "Deployment", started as ``tests/test_cluster.py`` starts it:
+"""soak: the deployed topology (docs/operations/deployment.md, started as ``tests/test_cluster.py`` starts it:
 PostgreSQL, an S3 object store, Spark standalone with two workers, the engine's Spark Connect server on
 them, the Dagster daemon) running 100 continuous queries (every 30 s) and the sample streams
 (``sql/streams.sql`` but the NOTIFY one, ``sql/ekuiper.sql``) fed every 5 s, for

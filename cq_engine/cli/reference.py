@@ -35,8 +35,7 @@ SETTING_DOCS: dict[str, str] = {
     "executors; `0`: the executors write every commit",
     "freshness_grace": "how late past its schedule (or its windows' close) a sink may get before its Dagster "
     "freshness policy fails; a definition's `-- cq: freshness_grace` comment overrides it",
-    "completeness_horizon": "how far back the `cq_completeness` asset check compares the firings owed with "
-    "the ledger",
+    "completeness_horizon": "how far back the `cq_completeness` asset check compares the firings owed with the ledger",
     "completeness_every": "how often batch runs evaluate a continuous query's or PERIOD stream's "
     "`cq_completeness` check: its first batch run after this long since the last evaluation does (up to "
     "half of it earlier, fixed per definition, so that a thousand definitions' checks do not fall into one "
@@ -51,8 +50,7 @@ SETTING_DOCS: dict[str, str] = {
     "which every open lists",
     "file_retention": "set as each maintained table's `delta.deletedFileRetentionDuration` (Delta's default) "
     "and VACUUM's retention: data files out of the table for longer than this are deleted; at least `1h`",
-    "maintenance_cron": "when the `cq_maintenance` Dagster schedule runs housekeeping (5-field cron, in "
-    "`CQ_TIMEZONE`)",
+    "maintenance_cron": "when the `cq_maintenance` Dagster schedule runs housekeeping (5-field cron, in `CQ_TIMEZONE`)",
 }
 DEFAULT_TEXT = {"trigger_path": "the parent of `CQ_SQL_DIR`"}
 
@@ -121,4 +119,4 @@ def settings_reference() -> str:
 
 
 if __name__ == "__main__":
-    print({"cli": cli_reference, "settings": settings_reference}[sys.argv[1]]())
+    print(cli_reference() if sys.argv[1:] == ["cli"] else settings_reference())
