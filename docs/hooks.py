@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"^<!-- cq:(\w+)(?: (\S+))? -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- cq:([\w-]+)(?: (\S+))? -->$", re.MULTILINE)
 
 
 def render(kind: str, arg: str | None) -> str:

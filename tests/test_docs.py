@@ -8,6 +8,7 @@ fence; one that shows a statement the engine refuses, ``title="Refused"`` (it mu
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import textwrap
@@ -119,3 +120,17 @@ def test_no_markdown_file_narrates_the_history_of_the_work():
         for m in DIARY.finditer(text)
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_site_hook_fills_every_marker():
+    """What docs/hooks.py (mkdocs' hook) makes of each page: no marker left, the generated parts in."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "docs" / "hooks.py")
+    assert spec and spec.loader
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    pages = {p.relative_to(REPO / "docs").as_posix(): p.read_text() for p in (REPO / "docs").rglob("*.md")}
+    rendered = {name: hooks.on_page_markdown(text, None, None, None) for name, text in pages.items()}
+    assert not [name for name, text in rendered.items() if "<!-- cq:" in text]
+    assert "### `cq validate`" in rendered["cli.md"]
+    assert "| `CQ_SQL_DIR` | `sql_dir` |" in rendered["operations/configuration.md"]
+    assert rendered["architecture.md"].strip() == (REPO / "ARCHITECTURE.md").read_text().strip()
