@@ -94,7 +94,7 @@ def cli_reference(p: argparse.ArgumentParser | None = None) -> str:
     out: list[str] = []
     for name, sp in subcommands(p).items():
         out += [f"### `cq {name}`", "", _cell(sp.description or ""), "", "```text"]
-        out += [sp.format_usage().removeprefix("usage: ").strip(), "```", ""]
+        out += [" ".join(sp.format_usage().removeprefix("usage: ").split()), "```", ""]  # one line
         actions = [a for a in sp._actions if not isinstance(a, argparse._HelpAction)]
         if actions:
             out += ["| argument | choices | default | meaning |", "| --- | --- | --- | --- |"]
