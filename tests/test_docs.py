@@ -14,6 +14,7 @@ import subprocess
 import textwrap
 from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_readme import doc_pages
@@ -129,8 +130,13 @@ def test_the_site_hook_fills_every_marker():
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
     pages = {p.relative_to(REPO / "docs").as_posix(): p.read_text() for p in (REPO / "docs").rglob("*.md")}
-    rendered = {name: hooks.on_page_markdown(text, None, None, None) for name, text in pages.items()}
+    rendered = {
+        name: hooks.on_page_markdown(text, SimpleNamespace(file=SimpleNamespace(src_uri=name)), None, None)
+        for name, text in pages.items()
+    }
     assert not [name for name, text in rendered.items() if "<!-- cq:" in text]
     assert "### `cq validate`" in rendered["cli.md"]
     assert "| `CQ_SQL_DIR` | `sql_dir` |" in rendered["operations/configuration.md"]
     assert rendered["architecture.md"].strip() == (REPO / "ARCHITECTURE.md").read_text().strip()
+    tour = rendered["getting-started.md"]  # the README's tour, its links made relative to the page
+    assert "## A ten-minute tour" in tour and "](concepts.md#idempotence)" in tour and "](docs/" not in tour
