@@ -3,11 +3,12 @@
 #   (make demo  the scripted, UI-less demo)
 #   make test   set everything up, then run the whole test suite
 #   make check  the quick loop: lint, format check, types, every test that needs no Spark (about a minute)
+#   make docs   the documentation site (docs/, mkdocs.yml) built with --strict into site/
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup jars dev demo test check lint format cluster-setup cluster-test chaos-test bench clean
+.PHONY: setup jars dev demo test check lint format docs cluster-setup cluster-test chaos-test bench clean
 
 # The JVM jars Spark loads from the local Maven repository, as cq_engine/jars.py names them: Delta's at
 # the installed delta-spark package's version (one pin in pyproject.toml), and hadoop-aws matching
@@ -53,11 +54,17 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The site under docs/ (MkDocs + Material): --strict fails on a broken link or anchor. Its hook
+# (docs/hooks.py) generates the CLI reference and the settings table from the code.
+docs: setup
+	$(BIN)/pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 check: lint
 	CQ_TEST_QUICK=1 $(BIN)/python -m pytest -q -m "not spark and not dagster_e2e and not ui"
 
-# The one-machine cluster of the README's Deployment section: PostgreSQL from Debian, dagster-postgres
-# and moto's S3 server from PyPI, Spark standalone from the pip pyspark package, delta-spark and
+# The one-machine cluster of the docs' Deployment page (docs/operations/deployment.md): PostgreSQL
+# from Debian, dagster-postgres and moto's S3 server from PyPI, Spark standalone from the pip pyspark package, delta-spark and
 # hadoop-aws through Maven. Missing Debian packages are installed when running as root; otherwise
 # this stops and names them (the test needs them: it is never skipped).
 CLUSTER_DEBS := postgresql:/usr/lib/postgresql/*/bin/initdb maven:mvn openjdk-17-jdk-headless:javac
@@ -81,7 +88,7 @@ cluster-setup:
 cluster-test: cluster-setup
 	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py
 
-# The same cluster under faults (README, Faults on the deployed topology): a Spark worker, the
+# The same cluster under faults (docs/operations/guarantees.md, Faults on the deployed topology): a Spark worker, the
 # Connect server, PostgreSQL and the object store each fail once while runs are in flight (13-19 min
 # at a load average of 5-13; 32 min at 13-31 with CQ_CHAOS_EVERY=60, a 60 s cadence).
 chaos-test: cluster-setup
@@ -91,4 +98,4 @@ bench: setup
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf warehouse .cq .pytest_cache
+	rm -rf warehouse .cq .pytest_cache site

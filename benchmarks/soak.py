@@ -1,4 +1,4 @@
-"""soak: the deployed topology (the Deployment page, started as ``tests/test_cluster.py`` starts it:
+"""soak: the deployed topology (docs/operations/deployment.md, started as ``tests/test_cluster.py`` starts it:
 PostgreSQL, an S3 object store, Spark standalone with two workers, the engine's Spark Connect server on
 them, the Dagster daemon) running ``CQ_BENCH_SOAK_N`` continuous queries every 30 s (default 100,
 ``orchestration``'s definitions) and ``CQ_BENCH_SOAK_STREAMS`` window-triggered streams (default 10,

@@ -21,7 +21,8 @@ DEFAULT_SPARK_PORT = 15002
 
 @dataclass(frozen=True)
 class Settings:
-    """Every knob of the engine; see the README's configuration table."""
+    """Every knob of the engine; docs/operations/configuration.md lists them (its table is
+    generated from these fields by cq_engine/cli/reference.py)."""
 
     sql_dir: str = "./sql"
     warehouse: str = "./warehouse"
@@ -34,20 +35,20 @@ class Settings:
     recalculate_chunk_windows: int = 100_000
     trigger_path: str = ""  # where trigger modules are imported from; default: the parent of sql_dir
     # "spark": Delta through Spark's own connector (delta-spark), falling back to "deltars" when its
-    # jars are not in the local Maven repository; "deltars": the deltalake package (see the README).
+    # jars are not in the local Maven repository; "deltars": the deltalake package (docs/operations/spark-and-storage.md).
     storage: str = "spark"
     # Under "spark": a Spark result computed from less input than this is collected and committed by
     # delta-rs (a firing's few rows: a Spark write costs several jobs); larger ones, by the executors.
     # 0: the executors write every commit, also results already in Arrow (stream runs).
     spark_write_bytes: int = 16 * 1024 * 1024
-    # Dagster health (README "Health in Dagster"): how late a sink may be past its schedule before its
+    # Dagster health (docs/dagster/health.md): how late a sink may be past its schedule before its
     # freshness policy fails (a definition's `-- cq: freshness_grace` overrides it), and how far back
     # the completeness check compares the firings owed with the ledger, and how often batch runs
     # evaluate it per definition (0s: every run).
     freshness_grace: str = "30s"
     completeness_horizon: str = "1h"
     completeness_every: str = "5m"
-    # Housekeeping (README "Deployment", `cq maintain`): ledger entries older than this are dropped
+    # Housekeeping (docs/operations/housekeeping.md, `cq maintain`): ledger entries older than this are dropped
     # (each definition's newest run is kept); Delta log files (past the newest checkpoint) and data
     # files no longer in the table are deleted once older than theirs; when the Dagster schedule runs.
     ledger_retention: str = "30d"

@@ -21,7 +21,7 @@ from cq_engine.storage.base import Storage
 from cq_engine.storage.ledger import Ledger
 from cq_engine.times import UTC
 
-if TYPE_CHECKING:  # imported where used: a `cq run` of a continuous query needs neither (README, CLI reference)
+if TYPE_CHECKING:  # imported where used: a `cq run` of a continuous query needs neither (docs/cli.md)
     import pyarrow as pa
 
     from cq_engine.storage.maintain import TableReport

@@ -1,7 +1,7 @@
 """What a sink's health is made of, as pure functions (no Dagster, no Spark, no I/O): how stale a sink
 may get before it counts as late (its freshness window), and which firings the schedule owed over a
 recent horizon that the ledger does not show as done (the completeness check). ``dagster_defs.health``
-turns both into Dagster's freshness policies and asset checks (README "Health in Dagster")."""
+turns both into Dagster's freshness policies and asset checks (docs/dagster/health.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 the ledger's retention, then ``storage.maintain`` of every engine state table under ``_cq/`` and every
 sink (and, if asked, every declared source). Idempotent: a second run right after the first commits
 nothing. Safe beside running firings: every step is a Delta commit under Delta's conflict rules, or a
-delete of files past their retention (README "Deployment", ARCHITECTURE.md §3)."""
+delete of files past their retention (docs/operations/housekeeping.md, ARCHITECTURE.md §3)."""
 
 from __future__ import annotations
 

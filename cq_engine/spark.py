@@ -92,7 +92,7 @@ def engine_conf(settings: Settings | None = None) -> dict[str, str]:
 # timeout, 5 SDK attempts, 7 S3A retries) hold a Spark task for most of an hour. With these a request
 # gives up after 30 s of silence and is tried 3 times by the SDK, each failure retried 3 times by S3A
 # (with its back-off): a store away for a minute is ridden out, one away for good fails the job in
-# minutes (README, Guarantees after a crash or restart). Milliseconds, as every Hadoop line reads them.
+# minutes (docs/operations/guarantees.md). Milliseconds, as every Hadoop line reads them.
 S3A_TIMEOUTS = {
     "spark.hadoop.fs.s3a.connection.establish.timeout": "10000",
     "spark.hadoop.fs.s3a.connection.timeout": "30000",
@@ -392,7 +392,7 @@ def _launch(settings: Settings) -> None:
         **QUIET_CONF,
         "spark.connect.grpc.binding.port": str(settings.spark_port),
     }
-    # CQ_SPARK_MASTER attaches the server to a cluster (a standalone master, see the README's Deployment).
+    # CQ_SPARK_MASTER attaches the server to a cluster (a standalone master, see docs/operations/deployment.md).
     args = ["--master", settings.spark_master or "local[*]", "--driver-memory", DRIVER_MEMORY]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
@@ -485,7 +485,7 @@ def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
 # 60 s), which holds a run (or the cq_streams sensor, past Dagster's 60 s time-out) that long on a dead
 # server; and a restarted server of ours has a new token, so waiting for it is futile. About a minute
 # of retries (0.5, 1, 2, 4, 8, then 15 s) covers a blip; past it the call fails, the run fails cleanly
-# and its sensor requests its work again (README, Guarantees after a crash or restart).
+# and its sensor requests its work again (docs/operations/guarantees.md).
 CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 8, 500, 15_000
 
 

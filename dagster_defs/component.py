@@ -1,5 +1,5 @@
 """cq-engine as a Dagster Component: an existing Dagster project adds it with a ``defs.yaml`` and no
-Python (README "Adding cq-engine to a Dagster project as a Component")::
+Python (docs/dagster/component.md)::
 
     type: dagster_defs.component.CQComponent
     attributes:

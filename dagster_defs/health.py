@@ -1,4 +1,4 @@
-"""Dagster's own ways of showing a sink's health (README "Health in Dagster"): a freshness policy on
+"""Dagster's own ways of showing a sink's health (docs/dagster/health.md): a freshness policy on
 every sink (the daemon turns a late sink red), the ``cq_completeness`` asset check (the firings owed
 over a recent horizon against the ledger, evaluated after every batch or stream run without Spark),
 and the standard table metadata (``dagster/row_count``, ``dagster/column_schema``,

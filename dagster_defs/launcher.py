@@ -7,7 +7,7 @@ code server marks a run failed when its process dies only if that server can rea
 then. A PostgreSQL outage of a minute does both at once: the run worker dies because it cannot write
 its events, and the server's thread that would record the death dies on the same unreachable database.
 The run stayed STARTED, and the batch sensor held its definitions' firings behind it, until the run's
-``dagster/max_runtime`` (README, Guarantees after a crash or restart).
+``dagster/max_runtime`` (docs/operations/guarantees.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``cq_maintenance_job`` and its ``cq_maintenance`` schedule (daily by default, ``CQ_MAINTENANCE_CRON``):
 ``cq maintain`` as a Dagster run, so a deployment's tables are kept fast without a cron entry of its own
-(README "Deployment")."""
+(docs/operations/housekeeping.md)."""
 
 from datetime import UTC, datetime
 

@@ -1,7 +1,7 @@
 """A pure-Python reference of what an IoTDB continuous query writes at one firing, in the table model
 (one row per device and time, a NULL is a point that does not exist), and random definitions for it.
 
-IoTDB's rules it follows (README, IoTDB continuous queries):
+IoTDB's rules it follows (docs/dialects/iotdb.md):
 - every measurement is its own series: an aggregate sees only the non-NULL values (points);
 - the devices are every device the table holds (IoTDB's schema), not only those with rows in the range;
   a WHERE on ``device`` picks devices, a WHERE on values picks rows;

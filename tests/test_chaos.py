@@ -1,5 +1,5 @@
 """Faults on the deployed topology (``make chaos-test``; marker ``cluster``, run by ``.ci/run`` after the
-cluster test): the README's Deployment (``tests/test_cluster.py``'s ``Cluster``: Spark standalone, the
+cluster test): the docs' Deployment page (``tests/test_cluster.py``'s ``Cluster``: Spark standalone, the
 engine's Connect server on it, Dagster on PostgreSQL, the warehouse on an S3-compatible store through
 ``s3a://``) runs a continuous query, a PERIOD stream and a window-triggered stream every 30 s through the
 daemon while, one at a time and each while a run is in flight:
@@ -15,7 +15,7 @@ The feed writes straight to the store (not through the proxy), so windows keep c
 fault. After each fault the stack must recover on its own; at the end every firing, tick and window due
 from the first one to the last is in the ledger once as succeeded, its sink rows equal an independent
 pyarrow computation over the source at the version the ledger recorded, no sink holds a window twice,
-and no run stays queued or started. Per fault the test prints (and the README records) the time to
+and no run stays queued or started. Per fault the test prints (and docs/operations/guarantees.md records) the time to
 recover, the firings retried and the runs that failed, with the error the UI shows for each.
 """
 
@@ -141,7 +141,7 @@ class ChaosCluster(Cluster):
     mend each part."""
 
     def start_s3(self) -> None:
-        # Every process of the deployment gets the proxy's port (the README's 9000); moto listens behind it.
+        # Every process of the deployment gets the proxy's port (the Deployment page's 9000); moto listens behind it.
         self.moto_port = free_port()
         self._spawn("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.moto_port)])
         _wait("the S3 server", lambda: port_open(self.moto_port), 120, self.logs)
@@ -394,7 +394,7 @@ def _check_exactly_once(feeder, names) -> None:
                 source = _source(feeder, e.source_versions["sensors"])
                 rows = _between(source, e.range_start, e.range_end).to_pylist()
                 expected = []
-                # Every device the source holds at that version is a row (README, IoTDB: the known groups),
+                # Every device the source holds at that version is a row (docs/dialects/iotdb.md: the known groups),
                 # also one without a temperature in the range (the feed's 3% missing, or a range the feed
                 # did not reach during a fault): null aggregates, 0 samples.
                 for device in sorted(set(source.column("device").to_pylist())):

@@ -1,11 +1,11 @@
 """The engine on a real cluster on one machine (``make cluster-test``; marker ``cluster``, run by ``.ci/run``
 after ``make test``).
 
-This is the README's "Deployment" section, read from README.md and run as written, with only its ports
-and directories replaced by free ones of the test's own: the environment of step 1, the Spark standalone
+This is the docs' Deployment page, read from docs/operations/deployment.md and run as written, with only
+its ports and directories replaced by free ones of the test's own: the environment of step 1, the Spark standalone
 block (a master and two workers from pip pyspark's ``sbin/spark-daemon.sh``), ``cq spark start`` attaching
 the engine's Spark Connect server to that master (its command line checked conf by conf against the
-README's), the dagster.yaml (PostgreSQL, the run queue and the tag limits). The warehouse is on an
+page's), the dagster.yaml (PostgreSQL, the run queue and the tag limits). The warehouse is on an
 S3-compatible object store (moto's server) through ``s3a://`` for Spark and delta-rs for the sensors, the
 ledger and the feed. The sample continuous queries (sql/sensors.sql, sql/resample.sql) fire through the
 daemon and their sinks must equal an independent computation over the source at the version each firing
@@ -57,12 +57,16 @@ CHECKED = ("temperature_1m", "temperature_fahrenheit")  # disjoint firing ranges
 FENCE = re.compile(r"^( *)```(\w+)\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
 
 
-def deployment_blocks() -> list[tuple[str, str]]:
-    """(language, dedented body) of each fenced block of the README's Deployment section, in order:
-    the environment, Spark standalone, ``cq spark start``, the command it runs, dagster.yaml."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("### Deployment\n") :]
-    section = section[: section.index("\n## ")]
+DEPLOYMENT = REPO / "docs" / "operations" / "deployment.md"
+
+
+def deployment_blocks(page: Path = DEPLOYMENT) -> list[tuple[str, str]]:
+    """(language, dedented body) of each fenced block of the docs' Deployment page, in order, up to its
+    first subsection (if it ever gets one): the environment, Spark standalone, ``cq spark start``, the
+    command it runs, dagster.yaml."""
+    text = page.read_text()
+    section = text[text.index("# Deployment\n") :]
+    section = section.split("\n## ", 1)[0]
     blocks = [(m.group(2), textwrap.dedent(m.group(3))) for m in FENCE.finditer(section)]
     assert [lang for lang, _ in blocks] == ["sh", "sh", "sh", "sh", "yaml"], blocks
     return blocks
@@ -166,7 +170,7 @@ class Cluster:
         self.pg_port, self.s3_port, self.connect_port = free_port(), free_port(), free_port()
         self.master_port, self.master_ui = free_port(), free_port()
         self.master = f"spark://127.0.0.1:{self.master_port}"
-        # The README's addresses and directories -> this test's own.
+        # The Deployment page's addresses and directories -> this test's own.
         self.subst = {
             "127.0.0.1:9000": f"127.0.0.1:{self.s3_port}",
             "127.0.0.1:7077": f"127.0.0.1:{self.master_port}",
@@ -271,7 +275,7 @@ class Cluster:
             aws_secret_access_key="testing",
         ).create_bucket(Bucket=BUCKET)
 
-    # -- Spark standalone (the README's block, as written) --------------------------------------
+    # -- Spark standalone (the page's block, as written) -----------------------------------------
     def start_spark(self) -> None:
         script = self.local(self.blocks[1][1])
         assert self.master in script and f"--port {self.master_port}" in script and str(self.logs) in script, script
@@ -287,7 +291,7 @@ class Cluster:
     def master_state(self) -> dict:
         return requests.get(f"http://127.0.0.1:{self.master_ui}/json/", timeout=5).json()
 
-    # -- the engine's Spark Connect server: `cq spark start`, checked against the README's command ---
+    # -- the engine's Spark Connect server: `cq spark start`, checked against the page's command -----
     def start_connect(self) -> None:
         self.stops.append(lambda: subprocess.run([str(BIN / "cq"), "spark", "stop"], env=self.env, capture_output=True))
         self._run(["bash", "-e", "-c", self.local(self.blocks[2][1])])
@@ -312,7 +316,7 @@ class Cluster:
         assert conf.pop("storage") == {
             "postgres": {"postgres_url": f"postgresql+psycopg2://postgres:postgres@127.0.0.1:{self.pg_port}/dagster"}
         }
-        assert conf == yaml.safe_load(DEV_DAGSTER_YAML)  # the README's dagster.yaml is `cq dev`'s plus storage
+        assert conf == yaml.safe_load(DEV_DAGSTER_YAML)  # the page's dagster.yaml is `cq dev`'s plus storage
         home = Path(self.env["DAGSTER_HOME"])
         home.mkdir(parents=True)
         (home / "dagster.yaml").write_text(text)

@@ -757,7 +757,7 @@ def _ppid(pid: int) -> int:
 
 
 def test_a_run_worker_that_died_unnoticed_is_failed_by_run_monitoring_and_its_firings_land_once(dagster_stack):
-    """A PostgreSQL outage kills a run worker and the code server's own check of it (README, Guarantees
+    """A PostgreSQL outage kills a run worker and the code server's own check of it (docs/operations/guarantees.md,
     after a crash or restart). Here: the slow location's code server is frozen (SIGSTOP) while its
     run worker is SIGKILLed, so only the daemon's run monitoring, through CQRunLauncher's health check,
     can fail the run; then the batch sensor retries the firings it had not committed."""

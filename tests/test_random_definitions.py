@@ -1,4 +1,4 @@
-"""One rule for every dialect (README, Functions): a definition the catalog accepts runs, or it is refused
+"""One rule for every dialect (docs/dialects/index.md, Functions): a definition the catalog accepts runs, or it is refused
 when it loads with ``file:line:col``. Seeded random definitions of the three dialects, built from the
 forms users write (TDengine's and IoTDB's functions, eKuiper's windows, misspellings, functions the
 engine refuses, columns outside aggregates), each loaded and every accepted one run once over small

@@ -1,7 +1,9 @@
-"""Every shell block of README.md runs as written, in a fresh copy of the repository with its own
-CQ_HOME and warehouse. A block whose text holds a ``# long-running`` comment (``make dev``, ``make
-test``) is not collected here (``make dev`` is exercised by tests/test_dev.py, ``make test`` is this suite), and the
-marker is visible in the README itself."""
+"""Every shell block of README.md and of the docs site's pages (docs/**/*.md) runs as written, in a
+fresh copy of the repository with its own CQ_HOME and warehouse. A block whose text holds a
+``# long-running`` comment (``make dev``, ``make test``) is not collected here (``make dev`` is
+exercised by tests/test_dev.py, ``make test`` is this suite), and the marker is visible in the page
+itself. Only blocks whose fence starts a line are collected: the Deployment page's blocks, indented in
+its numbered steps, are run by tests/test_cluster.py on a cluster."""
 
 from __future__ import annotations
 
@@ -25,11 +27,23 @@ def shell_blocks(text: str) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start()) + 1, m.group(2)) for m in BLOCK.finditer(text)]
 
 
+def doc_pages() -> list[Path]:
+    """README.md, then every page of the docs site, in a stable order."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def page_blocks() -> list[tuple[str, int, str]]:
+    """(page relative to the repository, line number, body) of every shell block of every page."""
+    return [(str(p.relative_to(REPO)), line, body) for p in doc_pages() for line, body in shell_blocks(p.read_text())]
+
+
 def test_the_readme_has_blocks_and_marks_the_long_ones():
     blocks = shell_blocks((REPO / "README.md").read_text())
     assert blocks, "no shell block found in README.md"
     assert any(SKIP_MARKER.search(body) for _, body in blocks)  # the quickstart's make dev / make test
     assert any(not SKIP_MARKER.search(body) for _, body in blocks)
+    pages = {page for page, _, _ in page_blocks()}
+    assert "docs/getting-started.md" in pages, pages  # the docs' blocks are collected too
 
 
 def fresh_copy(dest: Path) -> Path:
@@ -56,14 +70,14 @@ def fresh_copy(dest: Path) -> Path:
 
 @pytest.mark.spark
 @pytest.mark.parametrize(
-    "line,body",
+    "page,line,body",
     [
-        pytest.param(line, body, id=f"README.md:{line}")
-        for line, body in shell_blocks((REPO / "README.md").read_text())
+        pytest.param(page, line, body, id=f"{page}:{line}")
+        for page, line, body in page_blocks()
         if not SKIP_MARKER.search(body)
     ],
 )
-def test_readme_shell_block_runs_verbatim(tmp_path, line, body):
+def test_readme_shell_block_runs_verbatim(tmp_path, page, line, body):
     if not (Path(sys.prefix) / "bin" / "activate").is_file():
         pytest.skip("the tests do not run from a virtualenv that `. .venv/bin/activate` could stand for")
     root = fresh_copy(tmp_path / "clone")
@@ -86,7 +100,7 @@ def test_readme_shell_block_runs_verbatim(tmp_path, line, body):
             [str(Path(sys.prefix) / "bin" / "cq"), "spark", "stop"], cwd=root, env=env, capture_output=True, timeout=120
         )
     shown = (
-        f"README.md:{line} failed ({out.returncode}):\n{body}\n--- stdout\n{out.stdout[-3000:]}\n"
+        f"{page}:{line} failed ({out.returncode}):\n{body}\n--- stdout\n{out.stdout[-3000:]}\n"
         f"--- stderr\n{out.stderr[-3000:]}"
     )
     assert out.returncode == 0, shown

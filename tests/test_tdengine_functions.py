@@ -1,6 +1,6 @@
 """TDengine's functions in stream queries against values computed by hand from TDengine's definitions
 (tests/tdengine_reference.py), in INTERVAL, SESSION, STATE, EVENT and COUNT windows, with NULLs and
-single-row windows; and TDengine's scalar functions (README, TDengine functions)."""
+single-row windows; and TDengine's scalar functions (docs/dialects/tdengine.md, Functions)."""
 
 from __future__ import annotations
 

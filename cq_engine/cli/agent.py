@@ -1,6 +1,6 @@
 """The command agent: a warm process beside the local Spark Connect server that runs ``cq`` commands
 for the ``cq`` executable (``cq_engine.cli.client``), so a command does not pay for importing pyspark's
-Connect client (pandas, pyarrow, gRPC) and the interpreter's start each time (README, CLI reference).
+Connect client (pandas, pyarrow, gRPC) and the interpreter's start each time (docs/cli.md).
 
 ``cq spark start`` and ``cq dev`` start it with the server (``start``); ``cq spark stop`` stops it
 (``stop``), and it ends by itself once the server's recorded port file is gone (any other stop). It

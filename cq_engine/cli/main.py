@@ -1,6 +1,6 @@
 """``cq``: every command is a thin call into the library (the same functions Dagster calls).
 
-Start-up is part of every command's cost (README, CLI reference): modules a command does not need are
+Start-up is part of every command's cost (docs/cli.md): modules a command does not need are
 imported inside its handler, and the ``cq`` executable (``console``) ends without the interpreter's
 teardown when no in-process JVM needs an orderly stop."""
 
@@ -433,7 +433,7 @@ def _spark(args, settings: Settings) -> int:
 
     if args.action == "start":
         print(spark.start_server(settings).describe())
-        agent.start(settings.home)  # warm commands (README, CLI reference); ready a second or two later
+        agent.start(settings.home)  # warm commands (docs/cli.md); ready a second or two later
     elif args.action == "stop":
         agent.stop(settings.home)
         print("stopped" if spark.stop_server(settings) else "not running")

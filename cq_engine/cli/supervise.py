@@ -4,7 +4,7 @@ dead one again, with a back-off between failed attempts and a line for each even
 While the server is down, a Dagster run that starts opens an in-process session (and logs a warning
 saying so); a run that was using the dead server fails (its Connect calls fail once the server is gone
 or, restarted, no longer knows the session) and the batch sensor requests its firings again; nothing
-half-written stays (every commit is atomic). See the README's *Guarantees after a crash or restart*."""
+half-written stays (every commit is atomic). See docs/operations/guarantees.md."""
 
 from __future__ import annotations
 

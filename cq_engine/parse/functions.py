@@ -1,6 +1,6 @@
 """Function names resolved when a definition loads: the dialect's own functions (translated before this
 check), then Spark's built-ins (``spark_functions``). A name the engine cannot compute is an error at
-the call (``file:line:col``), not a Spark error at run time (README, *Functions*)."""
+the call (``file:line:col``), not a Spark error at run time (docs/dialects/index.md, *Functions*)."""
 
 from __future__ import annotations
 
@@ -59,5 +59,5 @@ def check_functions(
         node,
         f"unknown function {name.upper()}(): neither {'an' if dialect[0] in 'aeiouAEIOU' else 'a'} {dialect} "
         "function the engine translates nor a Spark "
-        f"built-in{hint} (README, Functions)",
+        f"built-in{hint} (docs/dialects/index.md, Functions)",
     )

@@ -48,7 +48,7 @@ def parse_create_table(cur: Cursor, opts: ParseOptions, start: Token) -> TableDe
     columns, time_column = _column_list(cur, tags=False)
     if cur.match("TAGS"):
         tags, _ = _column_list(cur, tags=True)
-        # A super table: one Delta table whose rows carry their subtable's name (README, Tables).
+        # A super table: one Delta table whose rows carry their subtable's name (docs/dialects/index.md, Tables).
         if not any(c.name.lower() == "tbname" for c in columns + tags):
             tags.insert(0, Column(name="tbname", type="string", is_tag=True))
         columns += tags

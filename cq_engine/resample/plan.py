@@ -3,7 +3,7 @@
 Times become integer microseconds so window arithmetic is exact. Every window of the run is
 ``[anchor + k*step, anchor + k*step + interval)`` on one grid anchored at the coverage start.
 
-IoTDB's rules (README, IoTDB continuous queries): a NULL is an absent point; every window of every
+IoTDB's rules (docs/dialects/iotdb.md): a NULL is an absent point; every window of every
 known group is a row of the GROUP BY result (the groups are every value the source holds, not only
 those present in the range); HAVING, then FILL, then OFFSET/LIMIT work on those rows, and only then
 are rows whose values are all NULL left out.

@@ -22,7 +22,7 @@ _warned: set[str] = set()
 
 def spark_delta_available(settings: Settings) -> bool:
     """Can this engine's Spark load delta-spark? A remote Connect server is trusted to have it (the
-    README's server command loads it); a local session needs the jars in the local Maven repository."""
+    Deployment page's server command loads it); a local session needs the jars in the local Maven repository."""
     if settings.storage != "spark":
         return False
     if settings.spark_remote:

@@ -1,6 +1,6 @@
 """Housekeeping of a Delta table with delta-rs: retention properties, compaction, a checkpoint, log
 cleanup and VACUUM, each only when it has something to do, so running it again changes nothing
-(README "Deployment", ARCHITECTURE.md §3).
+(docs/operations/housekeeping.md, ARCHITECTURE.md §3).
 
 Why: every firing, stream run and ledger append is a commit adding a small file. Writers checkpoint on
 their own (delta-rs every 100 commits, delta-spark every 10), so opening a table reads a checkpoint

@@ -1,8 +1,8 @@
-"""The points around time windows that TDengine's TWA interpolates at the windows' bounds (README,
-*TDengine functions*): for each argument of ``Stream.interpolated`` every trigger row gets the nearest
-non-NULL point of its group before it and after it (``parse.tdengine.functions.bound_columns``), from
-which the window's aggregate picks the last point before ``_twstart`` and the first at or after
-``_twend``.
+"""The points around time windows that TDengine's TWA interpolates at the windows' bounds
+(docs/dialects/tdengine.md, *TWA at window bounds*): for each argument of ``Stream.interpolated``
+every trigger row gets the nearest non-NULL point of its group before it and after it
+(``parse.tdengine.functions.bound_columns``), from which the window's aggregate picks the last point
+before ``_twstart`` and the first at or after ``_twend``.
 
 Within a run's read ``[lo, hi)`` these are window functions over the group's rows (``with_neighbours``,
 lazy, planned with the run). A group's points outside the read are looked up when the run is computed

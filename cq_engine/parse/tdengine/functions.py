@@ -1,5 +1,5 @@
-"""TDengine's functions in a stream's expressions → Spark SQL, one lookup table (README, *TDengine
-functions*). Aggregates and selectors keep TDengine's definitions over a window's rows: NULLs skipped,
+"""TDengine's functions in a stream's expressions → Spark SQL, one lookup table (docs/dialects/tdengine.md,
+*Functions*). Aggregates and selectors keep TDengine's definitions over a window's rows: NULLs skipped,
 "first"/"last" by event time (the rows' time column, ``TIME_REF``), TWA and IRATE over the points in
 time order (TWA in INTERVAL / SLIDING windows extended to the window's bounds, ``bound_columns``),
 ELAPSED over the window. Duration literals (``1s``, ``10a``) are read here too.
@@ -106,7 +106,7 @@ def _at(p: str, q: str, t: str) -> str:
 
 
 def _twa(c: Call) -> str:
-    """TDengine's TWA (README, TDengine functions; tests/tdengine_reference.py ``twa``)."""
+    """TDengine's TWA (docs/dialects/tdengine.md, Functions; tests/tdengine_reference.py ``twa``)."""
     if c.bounds is None:  # data-shaped windows, PERIOD, a query reading another table: first to last point
         return _line_mean(_points(c))
     x = to_spark(c.args[0])
@@ -339,7 +339,7 @@ def cast(node: exp.Cast, error: Callable[[exp.Expr, str], Exception]) -> exp.Exp
     elif to.this in _T_SAME:
         return node
     else:
-        raise error(node, f"CAST to {to.sql()} is not supported (README, TDengine functions)")
+        raise error(node, f"CAST to {to.sql()} is not supported (docs/dialects/tdengine.md, Functions)")
     return sqlglot.parse_one(sql, read="spark")
 
 
