@@ -17,6 +17,7 @@ import pyarrow as pa
 from cq_engine.config import Settings
 from cq_engine.health import firing_completeness, freshness_window, run_completeness
 from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, TableDecl
+from cq_engine.scheduling import batch_lead  # the batch sensor's lead: a firing may run that much early
 from cq_engine.storage.delta import DeltaRsStorage
 from cq_engine.times import UTC
 
@@ -39,8 +40,6 @@ def freshness_policy(definition: Definition, settings: Settings) -> dg.Freshness
     ``cq_engine.health.freshness_window``); warn past the cadence alone when Dagster allows it."""
     lead = timedelta(0)
     if is_ticked(definition):
-        from .batch import batch_lead  # the batch sensor's own lead: a firing may run that much early
-
         lead = batch_lead(_every(definition), definition.timeout_policy)
     window = freshness_window(definition, grace=settings.freshness_grace_delta, lead=lead)
     return dg.FreshnessPolicy.time_window(fail_window=window.fail, warn_window=window.warn)

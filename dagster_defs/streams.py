@@ -31,13 +31,14 @@ from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
 from cq_engine.notify.outbox import gate, paused_by_notify
+from cq_engine.scheduling import env_seconds
 from cq_engine.spark import server_status
 from cq_engine.streams import rounds as r
 from cq_engine.streams.sensor import evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, env_seconds, switch_states
+from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, switch_states
 from .batch_run import keyed_runs
 from .builders import IN_FLIGHT, materialization
 

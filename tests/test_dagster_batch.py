@@ -98,7 +98,7 @@ def test_first_evaluation_requests_only_the_latest_firing_and_repeats_are_the_sa
 
 
 def test_a_firing_due_within_its_lead_is_requested_early(project, monkeypatch):
-    from dagster_defs.batch import batch_lead
+    from cq_engine.scheduling import batch_lead
 
     _, catalog = project
     first = _plan(catalog, now=_s(5))
@@ -608,7 +608,7 @@ def test_a_definition_keeping_up_is_requested_again_while_its_run_goes_on_and_wa
 
 
 def test_under_a_horizon_a_run_holds_its_window_and_the_next_window_follows_it(project, monkeypatch):
-    from dagster_defs.batch import batch_horizon, batch_lead
+    from cq_engine.scheduling import batch_horizon, batch_lead
 
     _, catalog = project
     lead, early = {"b": timedelta(seconds=10)}, {"b": timedelta(seconds=30)}

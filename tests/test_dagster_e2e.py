@@ -32,7 +32,7 @@ from deltalake import DeltaTable
 from streams_util import TYPES
 
 from cq_engine.engine import Engine
-from dagster_defs.batch import batch_horizon, batch_lead
+from cq_engine.scheduling import batch_horizon, batch_lead
 from dagster_defs.batch_plan import window_of
 
 EVERY = timedelta(seconds=5)

@@ -8,7 +8,7 @@ listens on ``<CQ_HOME>/spark/agent.sock`` (0600, in the server's 0700 state dire
 heavy third-party modules (``PRELOAD``) but none of cq_engine's own, and opens no gRPC channel: each
 command runs in a child forked from the single-threaded main loop, which applies the client's
 environment, working directory and stdin/stdout/stderr, imports cq_engine afresh (an edited editable
-install is picked up) and runs ``cq_engine.cli.main.console``. The loop reaps children (SIGCHLD through
+install is picked up) and runs the entry point the client names (``client.ENTRY``). The loop reaps children (SIGCHLD through
 a wake-up pipe) and sends each client its command's end; a client that goes away takes its command
 with it (SIGTERM to the command's process group)."""
 
@@ -303,11 +303,13 @@ def _child(request: dict[str, Any], fds: list[int], *, close: list) -> NoReturn:
             del sys.modules[name]  # the command runs the installation's current code
         import importlib
 
-        # By name, after the purge above: the command's code is loaded now, not when the agent started
-        # (and cli.main, which starts agents, is not an import of this module).
-        importlib.import_module(
-            "cq_engine.cli.main"
-        ).console()  # ends the process itself (os._exit) unless a classic JVM needs an orderly stop
+        # The entry point the client names (``module:function``), loaded after the purge above: the
+        # command's code is loaded now, not when the agent started. The agent knows no command module,
+        # so the CLI that starts agents is not an import of this one.
+        module, _, function = request["entry"].partition(":")
+        if not module.startswith("cq_engine.cli."):
+            raise SystemExit(f"cq: the command agent runs cq_engine.cli entry points only, not {module!r}")
+        getattr(importlib.import_module(module), function)()  # ends the process (os._exit) unless a JVM must stop
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -27,6 +27,10 @@ def debug(env: Mapping[str, str], message: str) -> None:
         print(f"cq: debug: {message}", file=sys.stderr, flush=True)
 
 
+# What a command runs, in the agent as in this process: the CLI's dispatcher.
+ENTRY = "cq_engine.cli.main:console"
+
+
 def run_via_agent(
     argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdio: Sequence[int] = (0, 1, 2)
 ) -> dict[str, int] | None:
@@ -55,7 +59,14 @@ def run_via_agent(
             sock.connect(path)
             umask = os.umask(0o022)
             os.umask(umask)
-            world = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(env), "umask": umask, "path0": sys.path[0]}
+            world = {
+                "argv": list(argv),
+                "cwd": os.getcwd(),
+                "env": dict(env),
+                "umask": umask,
+                "path0": sys.path[0],
+                "entry": ENTRY,
+            }
             payload = json.dumps({**identity(), **world}).encode()
             socket.send_fds(sock, [struct.pack("!I", len(payload))], list(stdio))
             sock.sendall(payload)
