@@ -8,7 +8,7 @@ queries and PERIOD streams) in one run, on one warm Spark session.
 - Per definition (the sensor's cursor): ``upto`` (last firing requested) and, while a run holds some
   of its firings, that run's key and its first firing. BLOCKED holds its due firings while its run
   is queued or running and requests them all, in order, next; DISCARD skips them and then requests
-  only the latest. Pipelined (``batch_plan.plan_batch``): a BLOCKED definition keeping up is
+  only the latest. Pipelined (``cq_engine.scheduling.batch.plan_batch``): a BLOCKED definition keeping up is
   requested again while its run goes on, and the new run waits for that run's commit.
 - A run key per batch makes a repeated evaluation harmless. A run that failed (or vanished) puts its
   definitions' firings back, from the first one, into a later batch with a new attempt number; the
@@ -41,7 +41,7 @@ from cq_engine.scheduling import batch_horizon, batch_lead
 from cq_engine.times import UTC, iso, parse_time
 
 from . import health
-from .batch_plan import RUNNING, RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
+from cq_engine.scheduling.batch import RUNNING, RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
 from .batch_run import KeyedRuns, Stopped, committed_through, keyed_runs, run_batch
 from .builders import IN_FLIGHT, FiringConfig, execute_one
 from .event_log import event_log_kept_open

@@ -21,7 +21,7 @@ from cq_engine.resample.fused import FiringRequest, run_firings
 from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.times import UTC, iso, parse_time
 
-from .batch_plan import RUNNING
+from cq_engine.scheduling.batch import RUNNING
 from .builders import materialization
 
 COMMITS_PER_LOG_LINE = 100

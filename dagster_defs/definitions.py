@@ -15,7 +15,7 @@ from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.times import UTC
 
 from .batch import build_batch_asset, build_batch_sensor, build_switch, build_switch_sensor
-from .batch_plan import batch_interval
+from cq_engine.scheduling.batch import batch_interval
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
 from .maintenance import build_maintenance
 from .resource import CQEngineResource, cached_catalog, pyspark_resource

@@ -33,7 +33,7 @@ from streams_util import TYPES
 
 from cq_engine.engine import Engine
 from cq_engine.scheduling import batch_horizon, batch_lead
-from dagster_defs.batch_plan import window_of
+from cq_engine.scheduling.batch import window_of
 
 EVERY = timedelta(seconds=5)
 RANGE = timedelta(seconds=10)

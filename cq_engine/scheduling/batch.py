@@ -1,7 +1,8 @@
 """The batch sensor's planner, pure (``now`` is an argument): its cursor (per definition: the last
 firing requested and the runs holding its firings), which firings to request now under BLOCKED and
-DISCARD, retries after a failed run, and runs adopted from a cursor Dagster did not store. See
-``dagster_defs.batch`` for the run model it serves."""
+DISCARD, retries after a failed run, and runs adopted from a cursor the orchestrator did not store.
+Runs are known by plain keys and status names; ``dagster_defs.batch`` maps the decisions onto Dagster
+runs, tags and cursors (ARCHITECTURE.md §6.1)."""
 
 import hashlib
 import json
@@ -15,8 +16,6 @@ from cq_engine.model import Definition
 from cq_engine.schedule.ticks import Ticks
 from cq_engine.times import UTC, iso, parse_time
 
-from .builders import IN_FLIGHT
-
 CURSOR_VERSION = 2  # 2: a definition's state may name the run before its own (``prev``: pipelined)
 READABLE_VERSIONS = (1, 2)  # a version 1 cursor is a version 2 one with no ``prev``
 MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the next batch
@@ -26,7 +25,9 @@ MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the
 MAX_FIRINGS_PER_RUN = 5000
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
 RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
-RUNNING = {s.value for s in IN_FLIGHT}
+# The run statuses in which a run still holds its firings (Dagster's names; the adapter checks they
+# are its in-flight statuses).
+RUNNING = frozenset({"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"})
 
 
 def batch_interval(definitions: list[Definition], ticks: dict[str, Ticks]) -> int:
