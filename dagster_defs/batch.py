@@ -31,20 +31,26 @@ from datetime import datetime, timedelta
 from functools import partial
 
 import dagster as dg
-from dagster._core.definitions.assets.job.asset_job import IMPLICIT_ASSET_JOB_NAME  # the UI's "Materialize"
-from dagster._core.definitions.run_request import InstigatorType
-from dagster._core.scheduler.instigation import InstigatorStatus
 from dagster_pyspark import PySparkResource
 
 from cq_engine.model import Definition
 from cq_engine.scheduling import batch_horizon, batch_lead
+from cq_engine.scheduling.batch import (
+    RUNNING,
+    RequestedRun,
+    adopt_runs,
+    cursor_time,
+    dump_cursor,
+    load_cursor,
+    plan_batch,
+)
 from cq_engine.times import UTC, iso, parse_time
 
 from . import health
-from cq_engine.scheduling.batch import RUNNING, RequestedRun, adopt_runs, cursor_time, dump_cursor, load_cursor, plan_batch
 from .batch_run import KeyedRuns, Stopped, committed_through, keyed_runs, run_batch
 from .builders import IN_FLIGHT, FiringConfig, execute_one
 from .event_log import event_log_kept_open
+from .internals import IMPLICIT_ASSET_JOB_NAME, InstigatorStatus, InstigatorType
 from .resource import CQEngineResource
 
 SKIPPED_LINES = 20  # per tick: held or skipped definitions named in its log and skip reason

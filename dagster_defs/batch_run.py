@@ -18,10 +18,10 @@ from cq_engine.context import RunResult
 from cq_engine.errors import CQError
 from cq_engine.model import ContinuousQuery, Definition
 from cq_engine.resample.fused import FiringRequest, run_firings
+from cq_engine.scheduling.batch import RUNNING
 from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.times import UTC, iso, parse_time
 
-from cq_engine.scheduling.batch import RUNNING
 from .builders import materialization
 
 COMMITS_PER_LOG_LINE = 100

@@ -12,10 +12,10 @@ from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
 from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
+from cq_engine.scheduling.batch import batch_interval
 from cq_engine.times import UTC
 
 from .batch import build_batch_asset, build_batch_sensor, build_switch, build_switch_sensor
-from cq_engine.scheduling.batch import batch_interval
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
 from .maintenance import build_maintenance
 from .resource import CQEngineResource, cached_catalog, pyspark_resource

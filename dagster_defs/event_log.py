@@ -17,12 +17,11 @@ import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from dagster._core.storage.event_log import SqliteEventLogStorage
-from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
-from dagster._serdes import ConfigurableClassData
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
+
+from .internals import SQLITE_BUSY_TIMEOUT_SECONDS, ConfigurableClassData, SqliteEventLogStorage
 
 INDEX_SHARD = "index"  # the shard holding the asset index (SqliteEventLogStorage's INDEX_SHARD_NAME)
 

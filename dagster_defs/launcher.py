@@ -19,8 +19,8 @@ import socket
 from pathlib import Path
 
 from dagster import DagsterEventType, DagsterRun, DefaultRunLauncher
-from dagster._core.launcher import CheckRunHealthResult, WorkerStatus
-from dagster._core.storage.tags import GRPC_INFO_TAG
+
+from .internals import GRPC_INFO_TAG, CheckRunHealthResult, WorkerStatus
 
 WORKER_STARTED = "Started process for run (pid: "  # the engine event the worker writes first (dagster._grpc.impl)
 START_SLACK = 5.0  # seconds: /proc's boot time is whole seconds, and the worker writes its event after it started

@@ -219,3 +219,18 @@ def test_public_api_is_lazy_and_complete():
 
     for name in cq_engine.__all__:
         assert getattr(cq_engine, name) is not None, name
+
+
+def test_only_one_adapter_module_imports_dagsters_private_modules():
+    """``dagster_defs.internals`` says why each private name is needed; no other module reaches in."""
+    users = sorted(
+        m
+        for m, p in EVERY_MODULE.items()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and any(
+            name.startswith("dagster._")
+            for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+        )
+    )
+    assert set(users) == {"dagster_defs.internals"}, users
