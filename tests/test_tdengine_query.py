@@ -7,7 +7,9 @@ single-row windows and a late row that reruns a window of several rows."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import tdengine_reference as td
@@ -37,28 +39,12 @@ ROWS = [
     (100, "d1", 1.0, 220, 0),
     (100, "d2", 1.0, 220, 0),
 ]
-TUMBLE = "INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname"
-STREAMS = {
-    "having": f"{TUMBLE} INTO o_having AS SELECT _twstart, avg(current) a, count(*) n FROM %%trows "
-    "HAVING avg(current) > 10",
-    "grouped": f"{TUMBLE} INTO o_grouped AS SELECT _twstart, status, count(*) n, max(current) m FROM %%trows "
-    "GROUP BY status HAVING count(current) >= 1",
-    "case": f"{TUMBLE} INTO o_case AS SELECT _twstart, CASE WHEN max(current) > 12 THEN 'high' "
-    "WHEN max(current) IS NULL THEN 'none' ELSE 'low' END lvl FROM %%trows",
-    "top": f"{TUMBLE} INTO o_top AS SELECT ts, current, voltage FROM %%trows ORDER BY current DESC LIMIT 2",
-    "last_per_status": f"{TUMBLE} INTO o_lps AS SELECT ts, status, current FROM %%trows "
-    "PARTITION BY status ORDER BY ts DESC LIMIT 1",
-    "slimit": f"{TUMBLE} INTO o_slimit AS SELECT _twstart, status, count(*) n FROM %%trows "
-    "GROUP BY status SLIMIT 1 SOFFSET 1",
-    "fleet": "INTERVAL(10s) SLIDING(10s) FROM meters INTO o_fleet AS SELECT _twstart, tbname, count(*) n, "
-    "sum(voltage) v FROM meters WHERE ts >= _twstart AND ts < _twend PARTITION BY tbname",
-    "session_top": "SESSION(ts, 5s) FROM meters PARTITION BY tbname INTO o_session_top AS "
-    "SELECT ts, current FROM %%trows ORDER BY current DESC NULLS LAST LIMIT 1",
-    "count_grouped": "COUNT_WINDOW(3) FROM meters PARTITION BY tbname INTO o_count_grouped AS "
-    "SELECT last(ts) t, status, count(*) n FROM %%trows GROUP BY status ORDER BY n DESC, status LIMIT 1",
-    "outside": f"{TUMBLE} INTO o_outside AS SELECT ts, current FROM meters "
-    "WHERE ts >= _twstart - 5s AND ts < _twend AND tbname = %%1",
-}
+# The streams, by name: tests/test_fuzz.py mutates the same file.
+STREAMS = dict(
+    re.findall(
+        r"CREATE STREAM (\w+) (.*?);", (Path(__file__).parent / "corpus" / "tdengine_queries.sql").read_text(), re.S
+    )
+)
 
 
 def _rows(rows=ROWS) -> list[dict]:
@@ -181,8 +167,13 @@ def test_data_shaped_windows(bench):
 
 
 def test_a_row_time_outside_its_window_is_a_run_error_and_nothing_is_written(bench):
-    assert "outside" in bench.errors and "outside that window's range" in bench.errors["outside"]
-    assert "outside:" in bench.errors["outside"] or bench.errors["outside"].startswith("outside")
+    message = bench.errors["outside"]
+    # the rows at 7 s and 8 s, read by the window [10 s, 20 s) through its WHERE's ts >= _twstart - 5s
+    assert re.search(
+        r"outside: the sink's time column 'ts' is 2026-11-21 10:00:0[78]\+00:00 in the window starting at 2026-11-21 10:00:10",
+        message,
+    ), message
+    assert "nothing of this run was written" in message
     assert bench.sink("o_outside") == []
 
 
@@ -211,3 +202,37 @@ def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):
         for r in td.top_n(members, key="current", descending=True, limit=2)
     ]
     assert _cut(b.sink("o_top"), "tbname", "ts", "current") == sorted(want)
+
+
+PERIOD = """CREATE STREAM per_top PERIOD(1m) INTO per_top_out AS SELECT ts, tbname, current FROM meters
+    WHERE ts >= _tprev_localtime AND ts < _tlocaltime ORDER BY current DESC LIMIT 2;
+CREATE STREAM per_groups PERIOD(1m) INTO per_groups_out AS SELECT _tlocaltime, tbname, count(*) AS n FROM meters
+    WHERE ts >= _tprev_localtime AND ts < _tlocaltime GROUP BY tbname;
+CREATE STREAM per_late PERIOD(1m) INTO per_late_out AS SELECT ts, current FROM meters WHERE ts < _tlocaltime;
+"""
+
+
+def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
+    b = Bench(tmp_path, spark, PERIOD)
+    tick = T0 + timedelta(minutes=2)
+    b.append([(s, g, float(s % 7) + (g == "d2"), 220) for s in range(40, 130, 10) for g in ("d1", "d2")])
+    b.engine.run_period("per_top", tick)
+    b.engine.run_period("per_groups", tick)
+    rows = [
+        r for r in _rows([(s, g, float(s % 7) + (g == "d2"), 220, 0) for s in range(40, 130, 10) for g in ("d1", "d2")])
+    ]
+    inside = [r for r in rows if us(tick) - 60 * SEC <= r["t"] < us(tick)]
+    want = [(r["t"], r["tbname"], r["current"]) for r in td.top_n(inside, key="current", descending=True, limit=2)]
+    assert _cut(b.sink("per_top_out"), "ts", "tbname", "current") == sorted(want)
+    groups = td.groups(inside, "tbname")
+    assert _cut(b.sink("per_groups_out"), "_tlocaltime", "tbname", "n") == [
+        (us(tick), g, len(m)) for g, m in sorted(groups.items())
+    ]
+    b.append([(65, "d1", 50.0, 220)])  # the tick again (a rerun): its range replaced, not added to
+    b.engine.run_period("per_top", tick)
+    inside.append({"t": us(T0) + 65 * SEC, "tbname": "d1", "current": 50.0})
+    want = [(r["t"], r["current"]) for r in td.top_n(inside, key="current", descending=True, limit=2)]
+    assert _cut(b.sink("per_top_out"), "ts", "current") == sorted(want) and (us(T0) + 65 * SEC, 50.0) in want
+    with pytest.raises(CQError, match=r"per_late: the sink's time column 'ts' is .* outside that window's range"):
+        b.engine.run_period("per_late", tick)
+    assert b.sink("per_late_out") == []

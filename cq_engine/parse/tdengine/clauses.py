@@ -49,20 +49,27 @@ def having_clause(scope: Scope, toks: list[Token], items: tuple[SelectItem, ...]
     aggregated = any(i.is_aggregate for i in items) or is_aggregate(cond)
     if not aggregated and not grouped:
         raise frag.error(cond, "HAVING needs an aggregated query or GROUP BY: it filters each group's row")
-    names = {i.name.lower() for i in items}
     resolved = scope.resolve(cond, frag, "HAVING")
-    for col in resolved.find_all(exp.Column):
+    _check_grouped(frag, cond, resolved, items, grouped, "HAVING")
+    return to_spark(_with_aliases(resolved, items))
+
+
+def _check_grouped(frag, at: exp.Expression, node: exp.Expression, items, grouped, clause: str) -> None:
+    """In an aggregated query a column outside aggregates is a group's (or a result alias)."""
+    names = {i.name.lower() for i in items}
+    for col in node.find_all(exp.Column):
         name = col.name.lower()
         if name.startswith("__cq") or under_aggregate(col) or name in names:
             continue
         if name not in {g.lower() for g in grouped}:
             raise frag.error(
-                cond, f"column {col.name!r} in HAVING is not inside an aggregate nor a GROUP BY / PARTITION BY column"
+                at, f"column {col.name!r} in {clause} is not inside an aggregate nor a GROUP BY / PARTITION BY column"
             )
-    return to_spark(_with_aliases(resolved, items))
 
 
-def order_clause(scope: Scope, toks: list[Token], items: tuple[SelectItem, ...]) -> tuple[OrderKey, ...]:
+def order_clause(
+    scope: Scope, toks: list[Token], items: tuple[SelectItem, ...], grouped: tuple[str, ...]
+) -> tuple[OrderKey, ...]:
     """``ORDER BY expr|alias|position [ASC|DESC] [NULLS FIRST|LAST], ...`` (TDengine's default: NULLs
     first ascending, last descending)."""
     frag = scope.fragment(toks)
@@ -78,7 +85,10 @@ def order_clause(scope: Scope, toks: list[Token], items: tuple[SelectItem, ...])
                 raise frag.error(node, f"ORDER BY {node.name}: the query has {len(items)} result column(s)")
             sql = items[position - 1].expression
         else:
-            sql = to_spark(_with_aliases(scope.resolve(node, frag, "ORDER BY"), items))
+            resolved = scope.resolve(node, frag, "ORDER BY")
+            if any(i.is_aggregate for i in items) or scope.groups_rows:
+                _check_grouped(frag, node, resolved, items, grouped, "ORDER BY")
+            sql = to_spark(_with_aliases(resolved, items))
         keys.append(OrderKey(sql, descending, nulls_first))
     return tuple(keys)
 

@@ -100,7 +100,7 @@ def _check_grouping(scope: Scope, frag: Fragment, nodes: list[exp.Expression]) -
                     col,
                     f"column {col.name!r} is not inside an aggregate: the query is aggregated (one row per "
                     f"window{' and group' if grouped else ''}), so select it through an aggregate such as "
-                    f"last({col.name}), or PARTITION BY it",
+                    f"last({col.name}), or {'GROUP BY' if scope.form == 'new' else 'PARTITION BY'} it",
                 )
 
 

@@ -211,7 +211,7 @@ def _after_select(scope: Scope, clauses: dict, f: dict) -> None:
     if "HAVING" in clauses:
         f["having"] = having_clause(scope, clauses["HAVING"][1], items, grouped)
     if "ORDER BY" in clauses:
-        f["order_by"] = order_clause(scope, clauses["ORDER BY"][1], items)
+        f["order_by"] = order_clause(scope, clauses["ORDER BY"][1], items, grouped)
     for word, count, skip in (("LIMIT", "limit", "offset"), ("SLIMIT", "slimit", "soffset")):
         if word in clauses:
             f[count], f[skip] = limit_clause(scope, word, clauses[word][1])
