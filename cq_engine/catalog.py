@@ -359,3 +359,17 @@ def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
         _missing(d, trigger, _trigger_columns(d) | (_query_columns(d) if source is trigger else set()))
     if source is not None and source is not trigger:
         _missing(d, source, _query_columns(d))
+    if d.key_bound == "row" and source is not None:
+        _check_row_time(d, source)
+
+
+def _check_row_time(d: Stream, source: TableDecl) -> None:
+    """A row's own time as the sink's time column is a TIMESTAMP column of the rows read."""
+    for name in _names([d.select[0].expression]):
+        col = source.column(name)
+        if col is not None and col.type.lower() != "timestamp":
+            raise _err(
+                _word_location(d.location, name),
+                f"{d.name!r}: the first column is the sink's time column, but {name!r} of table "
+                f"{source.name!r} is {col.type.upper()}, not TIMESTAMP",
+            )

@@ -83,6 +83,15 @@ class Fill:
 
 
 @dataclass(frozen=True)
+class OrderKey:
+    """One ORDER BY key: Spark SQL over the query's rows (or its aggregates), its direction."""
+
+    expression: str
+    descending: bool = False
+    nulls_first: bool = True
+
+
+@dataclass(frozen=True)
 class SelectItem:
     """One output column: Spark SQL for the expression, and the sink column it lands in."""
 
@@ -127,7 +136,8 @@ class ContinuousQuery:
 EventType = Literal["WINDOW_OPEN", "WINDOW_CLOSE"]
 OnFailure = Literal["drop", "pause"]  # NOTIFY: an undelivered notification is dropped, or pauses the stream
 TriggerMode = Literal["window_close", "at_once", "max_delay", "force_window_close", "continuous_window_close"]
-KeyBound = Literal["start", "end", "tick"]
+# "row": a timestamp the query computes (a row's own ts), which must lie in its window
+KeyBound = Literal["start", "end", "tick", "row"]
 
 
 @dataclass(frozen=True)
@@ -312,7 +322,14 @@ class Stream:
     partition_exprs: tuple[tuple[str, str], ...] = ()  # old form: (alias, Spark SQL) computed before windowing
     reads: Literal["trows", "table", "tbname"] = "trows"  # %%trows, another table (range join), %%tbname
     where: str | None = None
-    having: str | None = None  # eKuiper rules: on each window's aggregated row
+    having: str | None = None  # eKuiper rules and the new form: on each window's aggregated row
+    # The new form's query: PARTITION BY inside it (LIMIT counts per partition) rather than GROUP BY
+    partitions_query: bool = False
+    order_by: tuple[OrderKey, ...] = ()  # the new form's ORDER BY, for LIMIT / SLIMIT per window
+    limit: int | None = None  # LIMIT n [OFFSET m]: rows per window (and query partition)
+    offset: int = 0
+    slimit: int | None = None  # SLIMIT n [SOFFSET m]: the query's groups per window
+    soffset: int = 0
     # TDengine's TWA in INTERVAL / SLIDING windows over %%trows: the Spark SQL of each argument whose
     # points around every window the plan supplies (``streams.bounds``)
     interpolated: tuple[str, ...] = ()

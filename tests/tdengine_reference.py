@@ -149,3 +149,47 @@ def leastsquares(rows, start, step):
 def distinct(rows):
     """HYPERLOGLOG and COUNT(DISTINCT ...) over a few values: the number of distinct non-NULL values."""
     return len({v for _, v in rows if v is not None})
+
+
+# --- a stream's query (TDengine's SELECT over one trigger window's rows): rows are dicts with ``t`` ---
+
+
+def query_avg(rows, column="current"):
+    """AVG over a window's rows: NULLs skipped, no value → NULL."""
+    vs = [r[column] for r in rows if r[column] is not None]
+    return sum(vs) / len(vs) if vs else None
+
+
+def query_max(rows, column="current"):
+    vs = [r[column] for r in rows if r[column] is not None]
+    return max(vs) if vs else None
+
+
+def groups(rows, column):
+    """GROUP BY / PARTITION BY ``column``: each value's rows in time order (NULL is a group of its own)."""
+    out: dict = {}
+    for r in sorted(rows, key=lambda r: r["t"]):
+        out.setdefault(r[column], []).append(r)
+    return out
+
+
+def top_n(rows, *, key, descending=False, limit, offset=0, nulls_first=None):
+    """ORDER BY key [DESC] [NULLS FIRST|LAST] LIMIT limit OFFSET offset. TDengine puts NULLs first
+    ascending and last descending unless told."""
+    if nulls_first is None:
+        nulls_first = not descending
+    present = sorted((r for r in rows if r[key] is not None), key=lambda r: r[key], reverse=descending)
+    missing = [r for r in rows if r[key] is None]
+    ordered = missing + present if nulls_first else present + missing
+    return ordered[offset : offset + limit]
+
+
+def sessions(rows, *, gap):
+    """SESSION(ts, gap): rows at most ``gap`` apart in one window, in time order."""
+    out: list[list[dict]] = []
+    for r in sorted(rows, key=lambda r: r["t"]):
+        if out and r["t"] - out[-1][-1]["t"] <= gap:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out

@@ -30,7 +30,12 @@ def _error(sql: str) -> ParseError:
     [
         (STREAM, "sum(v), spred(v) AS x", "spred", "unknown function SPRED(): neither a TDengine function"),
         (STREAM, "spred(v)", "spred", "did you mean SPREAD?"),
-        (STREAM, "diff(v) AS d", "diff", "DIFF() is not supported in TDengine definitions: it returns several rows"),
+        (
+            STREAM,
+            "diff(v) AS d",
+            "diff",
+            "DIFF() is not supported in TDengine definitions: it returns a series over each window's rows",
+        ),
         (STREAM, "elapsed(ts, 1s, 2) AS e", "elapsed", "ELAPSED takes 1 to 2 argument(s), got 3"),
         (STREAM, "elapsed(ts, v) AS e", "v)", "ELAPSED: the time unit must be a duration such as 1s"),
         (STREAM, "percentile(v, 101) AS p", "101", "the percentile p must be between 0 and 100"),

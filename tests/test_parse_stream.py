@@ -10,6 +10,7 @@ from cq_engine.model import (
     CountTrigger,
     EventTrigger,
     Notify,
+    OrderKey,
     PeriodTrigger,
     SelectItem,
     SessionTrigger,
@@ -759,11 +760,30 @@ REJECTIONS = [
         "%%trows",
         "needs a trigger table",
     ),
-    (W.format(items="x FROM %%trows GROUP BY x --"), "GROUP BY", "GROUP BY is not allowed"),
-    (W.format(items="x FROM %%trows ORDER BY x --"), "ORDER BY", "ORDER BY is not allowed"),
     (W.format(items="x FROM %%trows INTERVAL(1m) --"), "INTERVAL", "takes no window clause"),
-    (W.format(items="x FROM %%trows PARTITION BY a --"), "PARTITION BY", "belongs before AS"),
-    (W.format(items="x FROM %%trows LIMIT 1 --"), "LIMIT", "LIMIT is not supported"),
+    (W.format(items="x FROM %%trows FILL(NULL) --"), "FILL", "FILL is not supported in a stream's query"),
+    (W.format(items="x FROM %%trows PARTITION BY a GROUP BY a --"), "GROUP BY", "PARTITION BY or GROUP BY, not both"),
+    (W.format(items="x FROM %%trows GROUP BY x + 1 --"), "x + 1", "GROUP BY in a stream's query takes column names"),
+    (W.format(items="x FROM %%trows HAVING x > 1 --"), "x > 1", "HAVING needs an aggregated query or GROUP BY"),
+    (W.format(items="x FROM %%trows SLIMIT 1 --"), "SLIMIT", "SLIMIT needs GROUP BY or PARTITION BY"),
+    (W.format(items="x FROM %%trows LIMIT 1.5 --"), "1.5", "LIMIT takes whole numbers"),
+    (W.format(items="x FROM %%trows LIMIT 1 2 --"), "1 2", "LIMIT takes a row count and optionally OFFSET m"),
+    (W.format(items="x FROM %%trows ORDER BY 3 LIMIT 1 --"), "3 LIMIT", "ORDER BY 3: the query has 2 result"),
+    (
+        "CREATE STREAM s INTERVAL(10s) SLIDING(5s) FROM t INTO o AS SELECT ts, v FROM %%trows",
+        "ts, v",
+        "a row's own timestamp as the sink's time column needs windows that do not overlap",
+    ),
+    (
+        "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t OPTIONS(FORCE_OUTPUT) INTO o AS SELECT ts, v FROM %%trows",
+        "ts, v",
+        "FORCE_OUTPUT needs a window placeholder as the first column",
+    ),
+    # the old form's query stays seed 000's SELECT ... FROM ... [WHERE] [PARTITION BY] window
+    ("CREATE STREAM s INTO o AS SELECT _wstart, x FROM t GROUP BY x INTERVAL(1m)", "GROUP BY", "the new form takes it"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, x FROM t INTERVAL(1m) ORDER BY x", "ORDER BY", "is not allowed"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, x FROM t INTERVAL(1m) LIMIT 1", "LIMIT", "LIMIT is not supported"),
+    ("CREATE STREAM s INTO o AS SELECT _wstart, count(*) c FROM t INTERVAL(1m) HAVING c > 1", "HAVING", "new form"),
     (W.format(items="x FROM %%trows t2 --"), "t2", "takes no alias"),
     (W.format(items="x FROM a JOIN b --"), "JOIN", "FROM takes one table"),
     (W.format(items="x FROM %%trows WHERE count(*) > 1 --"), "count(*) >", "aggregates are not allowed in WHERE"),
@@ -1112,3 +1132,49 @@ def test_streams_and_queries_share_sinks_across_files(tmp_path):
     catalog = load_catalog(tmp_path)
     assert [d.name for d in catalog.definitions] == ["s1"]
     assert "give each definition its own sink" in str(catalog.errors[0])
+
+
+# --- the new form's query: any TDengine query (docs/dialects/tdengine.md, A stream's query) -----------
+
+Q = "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname INTO o AS "
+
+
+def test_new_form_query_clauses():
+    s = stream(Q + "SELECT _twstart, avg(current) a FROM %%trows HAVING avg(current) > 1")
+    assert (s.having, s.key_bound) == ("AVG(current) > 1", "start")
+    s = stream(Q + "SELECT _twstart, location, avg(current) a FROM %%trows GROUP BY location HAVING a > 2")
+    assert (s.group_by, s.partitions_query, s.having) == (("location",), False, "AVG(current) > 2")
+    s = stream(
+        Q + "SELECT _twstart, location, avg(current) FROM meters WHERE ts >= _twstart AND ts < _twend "
+        "PARTITION BY location"
+    )
+    assert (s.reads, s.group_by, s.partitions_query) == ("table", ("location",), True)
+    s = stream(Q + "SELECT ts, current FROM %%trows ORDER BY current DESC LIMIT 3 OFFSET 1")
+    assert (s.key_bound, s.limit, s.offset) == ("row", 3, 1)
+    assert s.order_by == (OrderKey("current", descending=True, nulls_first=False),)
+    s = stream(
+        Q + "SELECT _twstart, status, max(current) m FROM %%trows GROUP BY status "
+        "ORDER BY m NULLS LAST, 2 DESC NULLS FIRST SLIMIT 2 SOFFSET 1 LIMIT 1"
+    )
+    assert s.order_by == (OrderKey("MAX(current)", False, False), OrderKey("status", True, True))
+    assert (s.slimit, s.soffset, s.limit) == (2, 1, 1)
+    s = stream(Q + "SELECT _twstart, CASE WHEN avg(current) > 1 THEN 'hi' ELSE 'lo' END lvl FROM %%trows")
+    assert s.select[1].expression == "CASE WHEN AVG(current) > 1 THEN 'hi' ELSE 'lo' END"
+    for first in ("last(ts)", "max(ts)", "first(ts)"):
+        assert stream(Q + f"SELECT {first} t, count(*) n FROM %%trows").key_bound == "row"
+    # the old form keeps seed 000's subset
+    assert "new form takes it" in error("CREATE STREAM s INTO o AS SELECT _wstart, c FROM t GROUP BY c INTERVAL(1m)")
+
+
+def test_a_row_time_first_column_must_be_a_timestamp_column(tmp_path):
+    (tmp_path / "m.sql").write_text("CREATE TABLE m (ts TIMESTAMP, t2 TIMESTAMP, v DOUBLE);")
+    (tmp_path / "good.sql").write_text(
+        "CREATE STREAM good INTERVAL(10s) SLIDING(10s) FROM m INTO o1 AS SELECT t2, v FROM %%trows;"
+    )
+    (tmp_path / "bad.sql").write_text(
+        "CREATE STREAM bad INTERVAL(10s) SLIDING(10s) FROM m INTO o2 AS SELECT v, t2 FROM %%trows;"
+    )
+    catalog = load_catalog(tmp_path)
+    assert [d.name for d in catalog.definitions] == ["good"]
+    (err,) = catalog.errors
+    assert f"{tmp_path}/bad.sql:1:71: " in str(err) and "'v' of table 'm' is DOUBLE, not TIMESTAMP" in str(err)

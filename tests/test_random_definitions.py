@@ -21,6 +21,7 @@ from cq_engine.streams.sensor import evaluate_stream
 
 SEED = 20261126
 PER_DIALECT = 12
+TD_STREAMS = 24  # the new form's query takes many clauses: more of them
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 TABLES = (
@@ -47,10 +48,12 @@ TD_AGGREGATES = [
     "concat_ws('-', 'n', cast(count(*) AS NCHAR(6)))", "variance(current)", "_twrownum", "_twduration", "_twend",
     "to_iso8601(_twstart)", "timetruncate(_twstart, 1m)", "now()", "today()",
     "spred(current)", "diff(current)", "derivative(current, 1s, 0)", "current", "top(current, 2)",
+    "CASE WHEN max(current) > 10 THEN 'hi' WHEN count(current) = 0 THEN NULL ELSE 'lo' END", "status",
 ]  # fmt: skip
 TD_ROW_ITEMS = [
     "current", "voltage * 2", "to_iso8601(ts)", "cast(voltage AS BIGINT)", "timetruncate(ts, 1s)", "ts",
     "cast(ts AS BIGINT)", "concat_ws(':', tbname, cast(status AS VARCHAR(4)))", "now()", "csum(current)",
+    "CASE status WHEN 0 THEN 'idle' ELSE 'on' END", "status",
 ]  # fmt: skip
 IOTDB_ITEMS = [
     "count(v)", "avg(v)", "sum(w)", "max_value(v)", "min_value(w)", "first_value(v)", "last_value(v)",
@@ -86,10 +89,24 @@ def _tdengine(rng: random.Random, name: str) -> str:
             f"CREATE STREAM {name} INTO {name}_out AS SELECT _wstart, {', '.join(items)} FROM meters"
             f"{where}{partition} {window};"
         )
+    first = "_twstart"
+    if pool is TD_ROW_ITEMS and rng.random() < 0.5:  # a row's own time as the sink's time column
+        first = "ts"
+        items = [i for i in items if i not in ("ts", "ts AS c0")] or ["current"]
     return (
         f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
-        f"SELECT _twstart, {', '.join(items)} FROM %%trows{where};"
+        f"SELECT {first}, {', '.join(items)} FROM %%trows{where}{_td_tail(rng, aggregated=pool is TD_AGGREGATES)};"
     )
+
+
+def _td_tail(rng: random.Random, *, aggregated: bool) -> str:
+    """The new form's clauses after WHERE (docs/dialects/tdengine.md, A stream's query)."""
+    group = rng.choice(["", "", " GROUP BY status", " PARTITION BY status", " GROUP BY location, status"])
+    having = rng.choice(["", " HAVING count(*) > 1", " HAVING max(current) > 10"]) if aggregated or group else ""
+    order = rng.choice(["", " ORDER BY 2 DESC", " ORDER BY current NULLS LAST, ts"])
+    limit = rng.choice(["", " LIMIT 2", " LIMIT 1 OFFSET 1"]) if rng.random() < 0.6 else ""
+    slimit = " SLIMIT 1" if group and rng.random() < 0.3 else ""
+    return f"{group}{having}{order}{slimit}{limit}"
 
 
 def _iotdb(rng: random.Random, name: str) -> str:
@@ -145,7 +162,7 @@ def test_every_accepted_definition_runs_or_is_refused_at_load(tmp_path, spark):
     (sql / "tables.sql").write_text(TABLES)
     made = {}
     for dialect, build in (("td", _tdengine), ("iot", _iotdb), ("ek", _ekuiper)):
-        for i in range(PER_DIALECT):
+        for i in range(TD_STREAMS if dialect == "td" else PER_DIALECT):
             name = f"{dialect}{i}"
             made[name] = build(rng, name)
             (sql / f"{name}.sql").write_text(made[name] + "\n")

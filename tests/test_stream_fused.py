@@ -274,3 +274,27 @@ def test_one_work_per_stream(tmp_path, spark):
     request = WorkRequest(stream=b.engine.stream("i1"), work=StreamWork(version=0, windows=((T0, T0 + 60 * S),)))
     with pytest.raises(ValueError, match="one work item per stream"):
         run_works(b.engine.ctx, [request, request])
+
+
+# New-form queries with several rows per window: each a plan of its own in a round, the same sinks.
+QUERIES = f"""
+CREATE STREAM grouped INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO grouped_out AS
+  SELECT _twstart, status, count(*) AS n, max(current) AS m FROM %%trows GROUP BY status HAVING count(*) > 1;
+CREATE STREAM top INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO top_out AS
+  SELECT ts, current FROM %%trows ORDER BY current DESC, ts LIMIT 3;
+CREATE STREAM sess_top SESSION(ts, 9s) FROM meters PARTITION BY tbname {WM} INTO sess_top_out AS
+  SELECT last(ts) AS t, status, count(*) AS n FROM %%trows PARTITION BY status;
+CREATE STREAM plain INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO plain_out AS {AGG};
+"""
+
+
+def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
+    names = ["grouped", "top", "sess_top", "plain"]
+    p = Pair(tmp_path, spark, QUERIES, names)
+    p.tick()
+    for batch in _commits(11):
+        p.append(batch)
+        p.tick()
+    p.assert_same()
+    assert all(r[0] != "error" for r in p.results["fused"])
+    assert len(p.fused.sink("top_out")) > len(p.fused.sink("plain_out"))  # several rows per window

@@ -13,13 +13,21 @@ import logging
 from datetime import datetime, timedelta
 
 import sqlglot
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from sqlglot import exp
 
 from cq_engine.durations import micros
 from cq_engine.errors import CQError
-from cq_engine.model import PeriodTrigger, SlidingTrigger, Stream, partition_placeholder, placeholder_column
+from cq_engine.model import (
+    DATA_SHAPED,
+    OrderKey,
+    PeriodTrigger,
+    SlidingTrigger,
+    Stream,
+    partition_placeholder,
+    placeholder_column,
+)
 from cq_engine.parse.ekuiper import ROW_TIME
 from cq_engine.parse.fragments import TIME_REF, is_aggregate, is_aggregate_sql, under_aggregate
 from cq_engine.streams.output import shaping_columns
@@ -48,6 +56,8 @@ EMPTY = "__cq_empty"  # a window of the run without a result row (FORCE_OUTPUT's
 PER_WINDOW_LIMIT = 2000
 _BIN_W, _BIN_R = "__cq_bin_w", "__cq_bin_r"
 _HAVING = "__cq_having"
+_RANK = "__cq_rank"
+IN_RANGE = "__cq_in_range"  # a row's own sink time lies in its window (see _row_checks)
 # Spark refuses nondeterministic expressions in a join condition: such a WHERE runs per window.
 _NONDETERMINISTIC = {
     "rand",
@@ -213,7 +223,7 @@ def evaluate(
     pcols = partition_columns(stream)
     shaping = shaping_columns(stream)
     # no query (NOTIFY only): one row per window; eKuiper: a GROUP BY column makes one per window group
-    if stream.is_aggregate or not stream.select or stream.group_by:
+    if stream.is_aggregate or not stream.select or (stream.group_by and not stream.partitions_query):
         # _twrownum not computed per row (row_stats_needed): the window's row count
         as_count = WROWS not in df.columns and any(WROWS.lower() in i.expression.lower() for i in stream.select)
         items = [
@@ -230,15 +240,22 @@ def evaluate(
             for name, sql in shaping
         ]
         having = []
-        if stream.having and is_aggregate_sql(stream.having):  # over the window's rows
+        # over the window's rows (the new form's HAVING always: it names the query's own columns)
+        if stream.having and (stream.form == "new" or is_aggregate_sql(stream.having)):
             having = [F.expr(stream.having).alias(_HAVING)]
         # Aggregated under engine names, renamed after: an item may share a GROUP BY column's name.
         names = [i.name for i in stream.select] + [n for n, _ in shaping]
         inner = [f"__cq_out{n}" for n in range(len(names))]
-        out = df.groupBy(*group, *keys).agg(*[c.alias(a) for c, a in zip(items + extra, inner)], *having)
+        checks = [F.expr(sql).alias(name) for name, sql in _row_checks(stream, aggregated=True)]
+        orders = [F.expr(k.expression).alias(n) for n, k in _order_keys(stream)]  # over the aggregates
+        aggregates = [c.alias(a) for c, a in zip(items + extra, inner)]
+        out = df.groupBy(*group, *keys).agg(*aggregates, *having, *checks, *orders)
         if having:
             out = out.filter(F.col(_HAVING))
-        out = out.select(*[F.col(a).alias(n) for a, n in zip(inner, names)], *_kept(keep, group))
+        out = limited(stream, out, group)
+        out = out.select(
+            *[F.col(a).alias(n) for a, n in zip(inner, names)], *_kept(keep, group), *[F.col(IN_RANGE)] * len(checks)
+        )
         if stream.having and not having:  # over the result's columns
             out = out.filter(F.expr(stream.having))
         return out
@@ -252,7 +269,58 @@ def evaluate(
         )
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
-    return df.select(*items, *extra, *[F.col(k) for k in _kept(keep, df.columns)])
+    checks = [F.expr(sql).alias(name) for name, sql in _row_checks(stream, aggregated=False)]
+    if stream.limit is not None or stream.slimit is not None:
+        ids = [*pcols, *(window_columns or _window_columns(stream, df, list(keep)))]
+        df = limited(stream, df, list(dict.fromkeys(ids)))
+    return df.select(*items, *extra, *checks, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def _row_checks(stream: Stream, *, aggregated: bool) -> list[tuple[str, str]]:
+    """A row's own time as the sink's time column (``key_bound == "row"``): ``IN_RANGE`` tells
+    whether it lies in its window, ``[start, end)`` (data-shaped windows: ``[first row, last row]``)."""
+    if stream.key_bound != "row":
+        return []
+    first = stream.select[0].expression
+    end, op = (WLAST, "<=") if stream.trigger.kind in DATA_SHAPED else (WEND, "<")
+    bound = (lambda c: f"first({c})") if aggregated else (lambda c: c)
+    return [(IN_RANGE, f"coalesce(({first}) >= {bound(WSTART)} AND ({first}) {op} {bound(end)}, false)")]
+
+
+def _order_keys(stream: Stream) -> list[tuple[str, OrderKey]]:
+    """LIMIT's order (engine column, key): ORDER BY, else the sink's time column."""
+    if stream.limit is None:
+        return []
+    keys = stream.order_by or (OrderKey(stream.select[0].expression),)
+    return [(f"__cq_order{n}", k) for n, k in enumerate(keys)]
+
+
+def limited(stream: Stream, df: DataFrame, window_ids: list[str]) -> DataFrame:
+    """SLIMIT's first groups and LIMIT's first rows by ORDER BY, per window (``window_ids``): one
+    window function each, so the whole run stays one Spark job. LIMIT counts per query partition
+    under PARTITION BY, per window under GROUP BY; without ORDER BY rows go by the sink's time."""
+    ids = [exact_col(c) for c in window_ids]
+    if stream.slimit is not None:
+        rank = F.dense_rank().over(Window.partitionBy(*ids).orderBy(*[exact_col(k) for k in stream.group_by]))
+        df = df.withColumn(_RANK, rank)
+        df = df.filter((F.col(_RANK) > stream.soffset) & (F.col(_RANK) <= stream.soffset + stream.slimit)).drop(_RANK)
+    if stream.limit is None:
+        return df
+    keys = _order_keys(stream)
+    missing = {name: F.expr(k.expression) for name, k in keys if name not in df.columns}  # row-level
+    df = df.withColumns(missing) if missing else df
+    order = [_sorted(F.col(name), k) for name, k in keys]
+    names = [name for name, _ in keys]
+    part = ids + ([exact_col(k) for k in stream.group_by] if stream.partitions_query else [])
+    df = df.withColumn(_RANK, F.row_number().over(Window.partitionBy(*part).orderBy(*order)))
+    lo, hi = stream.offset, stream.offset + stream.limit
+    return df.filter((F.col(_RANK) > lo) & (F.col(_RANK) <= hi)).drop(_RANK, *names)
+
+
+def _sorted(col: Column, key: OrderKey) -> Column:
+    if key.descending:
+        return col.desc_nulls_first() if key.nulls_first else col.desc_nulls_last()
+    return col.asc_nulls_first() if key.nulls_first else col.asc_nulls_last()
 
 
 def _side(alias: str, column: str) -> Column:

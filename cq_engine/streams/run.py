@@ -599,7 +599,9 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
             result,
             open_ok=True,
             gone=[],
-            ranges_of=lambda column: ranges_predicate(column, [(tick, tick + _US)]),
+            ranges_of=lambda column: ranges_predicate(
+                column, [(prev_tick, tick) if stream.key_bound == "row" else (tick, tick + _US)]
+            ),
             app_version=micros(tick - EPOCH),
             kind="period",
         )

@@ -13,8 +13,8 @@ from cq_engine.errors import CQError
 from cq_engine.model import DATA_SHAPED, Stream
 from cq_engine.storage.predicates import quote_ident
 from cq_engine.streams.output import GROUP_ID, column_map, output_names, renamed
-from cq_engine.streams.plan import EMPTY, group_id, prepare
-from cq_engine.streams.windows.tdengine import WCLOSED
+from cq_engine.streams.plan import EMPTY, IN_RANGE, group_id, prepare
+from cq_engine.streams.windows.tdengine import WCLOSED, WSTART
 
 
 def _sink_schema(ctx: EngineContext, stream: Stream) -> pa.Schema | None:
@@ -84,7 +84,25 @@ def _due(stream: Stream, result: pa.Table, *, open_ok: bool) -> pa.Table:
     if EMPTY in result.column_names and not stream.options.force_output:
         keep = pc.and_(keep, pc.invert(result.column(EMPTY)))
     rows = result.filter(keep)
+    if IN_RANGE in rows.column_names:
+        _check_in_range(stream, rows)
     return rows.select(output_names(stream))
+
+
+def _check_in_range(stream: Stream, rows: pa.Table) -> None:
+    """A row's own time as the sink's time column must lie in its window: the window's replace
+    covers only that range, so a row outside it is refused (nothing of the run is written)."""
+    inside = rows.column(IN_RANGE)
+    if pc.all(inside).as_py() is not False:
+        return
+    i = pc.index(inside, False).as_py()
+    value = rows.column(stream.time_column)[i].as_py()
+    start = rows.column(WSTART)[i].as_py() if WSTART in rows.column_names else None
+    raise CQError(
+        f"{stream.name}: the sink's time column {stream.time_column!r} is {value} in the window starting "
+        f"at {start}, outside that window's range: a stream's time column must lie in its trigger window "
+        "(or PERIOD tick); nothing of this run was written"
+    )
 
 
 def _empty(stream: Stream, schema: pa.Schema | None) -> pa.Table:

@@ -219,6 +219,8 @@ def key_ranges(stream: Stream, windows: Sequence[TimeRange], tz: str) -> list[Ti
     trig = stream.trigger
     if stream.key_bound == "start" or not isinstance(trig, SlidingTrigger):
         return list(windows)
+    if stream.key_bound == "row":  # windows that do not overlap (the parser's rule): all of their time
+        return [(_start_ceil(trig, a, tz), _start_ceil(trig, b, tz)) for a, b in windows]
     if trig.interval is not None:
         return [(a + trig.interval, b + trig.interval) for a, b in windows]
     return [(tick_after(trig, a - _US, tz), tick_after(trig, b - _US, tz) + _US) for a, b in windows]

@@ -279,7 +279,9 @@ FUNCTIONS: dict[str, tuple[int, int, Callable[[Call], str]]] = {
     "log": (1, 2, _log),
 }
 # TDengine functions the engine does not compute, and why.
-_MULTI_ROW = "it returns several rows per window, and a stream's query yields one row per window (or per row)"
+_MULTI_ROW = (
+    "it returns a series over each window's rows (a row per input row or per value), which the engine does not compute"
+)
 REFUSED: dict[str, str] = {
     **{
         name: _MULTI_ROW

@@ -72,6 +72,8 @@ class Scope:
         self.label = ""
         self.interval_window = False
         self.partition_by: tuple[str, ...] = ()
+        self.group_by: tuple[str, ...] = ()  # the new form's query: GROUP BY / PARTITION BY columns
+        self.groups_rows = False  # GROUP BY (one row per group), not PARTITION BY (the rows kept)
         self.used: set[int] = set()
         self.tz = "UTC"  # CQ_TIMEZONE: TODAY(), TO_ISO8601, TIMETRUNCATE by day
         self.durations = tdf.durations(cur.tokens)  # 1s, 10a: offset -> (end, microseconds)
@@ -266,6 +268,13 @@ def plain_select(frag: Fragment, parsed: exp.Expression, *keys: str) -> exp.Sele
 
 _WINDOW_WORDS = ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "EVENT_WINDOW")
 _ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "NOTIFY")
+# The new form's query is any TDengine query (seed 000): these clauses, in this order.
+_NEW_ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "GROUP BY", "HAVING", "ORDER BY", "SLIMIT", "LIMIT")
+_NEW_REJECTED = {
+    "FILL": "FILL is not supported in a stream's query: it needs a window clause in the query",
+    "UNION": "UNION is not supported in a stream's query",
+}
+# The old form's subquery is seed 000's SELECT ... FROM ... [WHERE] [PARTITION BY] window_clause.
 _REJECTED = {
     "GROUP BY": "GROUP BY is not allowed in a stream's query: the trigger's windows group the rows",
     "ORDER BY": "ORDER BY is not allowed in a stream's query: results are written by time",
@@ -275,6 +284,7 @@ _REJECTED = {
     "FILL": "FILL is not supported in a stream's query",
     "UNION": "UNION is not supported in a stream's query",
 }
+_OLD_FORM_NOTE = " (the old form's query is SELECT ... FROM ... [WHERE] [PARTITION BY] window; the new form takes it)"
 
 
 def _clause_word(tokens: list[Token], i: int) -> str | None:
@@ -314,14 +324,19 @@ def split_query(cur: Cursor, tokens: list[Token], *, form: str) -> dict[str, tup
                 )
             else:
                 word = "WINDOW"
-        if word in _REJECTED:
-            raise cur.error_at(tok, _REJECTED[word])
+        order = _NEW_ORDER if form == "new" else _ORDER
+        if form == "new" and word in _NEW_REJECTED:
+            raise cur.error_at(tok, _NEW_REJECTED[word])
+        if form == "old" and word in _REJECTED:
+            raise cur.error_at(tok, _REJECTED[word] + (_OLD_FORM_NOTE if word not in ("FILL", "UNION") else ""))
         if word is not None:
-            if form == "new" and word in ("PARTITION BY", "NOTIFY"):
+            if form == "new" and word == "NOTIFY":
                 raise cur.error_at(tok, f"{word} belongs before AS in the new form (after the trigger's FROM table)")
             if word in clauses:
                 raise cur.error_at(tok, f"{word} given twice")
-            if _ORDER.index(word) < _ORDER.index(current):
+            if form == "new" and {word, current} == {"PARTITION BY", "GROUP BY"}:
+                raise cur.error_at(tok, "a query takes PARTITION BY or GROUP BY, not both")
+            if order.index(word) < order.index(current):
                 raise cur.error_at(tok, f"{word} must come before {current}")
             current = word
             clauses[word] = (tok, [])

@@ -89,9 +89,9 @@ def select_items(
 def _check_grouping(scope: Scope, frag: Fragment, nodes: list[exp.Expression]) -> None:
     """An aggregated query yields one row per (group, window): a column outside every aggregate must be
     one of the group's (PARTITION BY) or a placeholder, as in TDengine."""
-    if not any(is_aggregate(n) for n in nodes):
+    if not any(is_aggregate(n) for n in nodes) and not scope.groups_rows:
         return
-    grouped = {p.lower() for p in scope.partition_by}
+    grouped = {p.lower() for p in scope.partition_by + scope.group_by}
     for node in nodes:
         for col in node.find_all(exp.Column):
             name = col.name.lower()
@@ -100,8 +100,22 @@ def _check_grouping(scope: Scope, frag: Fragment, nodes: list[exp.Expression]) -
                     col,
                     f"column {col.name!r} is not inside an aggregate: the query is aggregated (one row per "
                     f"window{' and group' if grouped else ''}), so select it through an aggregate such as "
-                    f"last({col.name}), or PARTITION BY it",
+                    f"last({col.name}), or {'GROUP BY' if scope.form == 'new' else 'PARTITION BY'} it",
                 )
+
+
+# A row's own timestamp as the sink time column: the column, or one of these aggregates of it.
+_ROW_TIME_AGGREGATES = ("first", "last", "min", "max", "last_row")
+
+
+def _row_time(scope: Scope, frag: Fragment, body: exp.Expression) -> bool:
+    """``body`` is a timestamp of the rows read: a plain column (its type is checked against the
+    table at load, ``catalog``) or FIRST / LAST / MIN / MAX / LAST_ROW of one."""
+    if isinstance(body, exp.Column):
+        return not body.table and frag.offset_of(body) not in scope.marks and body.name.lower() not in PLACEHOLDERS
+    name = (frag.written(body) or "").split("(")[0].strip().lower()
+    args = list(body.iter_expressions())
+    return name in _ROW_TIME_AGGREGATES and len(args) == 1 and _row_time(scope, frag, args[0])
 
 
 def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list[Token]) -> KeyBound:
@@ -113,10 +127,14 @@ def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list
         scope.check_placeholder(body.name, frag.offset_of(body), "SELECT")  # the wrong trigger's: say so
     if isinstance(body, exp.Column) and not body.table and body.name.lower() in keys:
         return keys[body.name.lower()]
+    if scope.form == "new" and _row_time(scope, frag, body):
+        return "row"
     want = _KEY_WORDS[scope.family]
     if scope.family in ("window", "old"):
         end = "_twend" if scope.family == "window" else "_wend"
         want += f" or, for INTERVAL windows, the window end ({end})"
+    if scope.form == "new":
+        want += ", or a timestamp column of the rows read (ts, first(ts), last(ts), min(ts), max(ts))"
     text = scope.cur.source.text[part[0].start : part[-1].end + 1]
     raise scope.cur.error_at(
         part[0], f"the first column of a stream's result is the sink's time column: it must be {want}, found {text!r}"

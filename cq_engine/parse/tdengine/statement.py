@@ -16,10 +16,11 @@ from typing import Literal
 
 from sqlglot.tokens import Token, TokenType
 
-from cq_engine.model import SourceLocation, Stream, TableDecl
+from cq_engine.model import SlidingTrigger, SourceLocation, Stream, TableDecl
 from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
 from cq_engine.parse.options import ParseOptions
+from cq_engine.parse.tdengine.clauses import group_clause, having_clause, limit_clause, order_clause
 from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
 from cq_engine.parse.tdengine.options import (
     old_stream_options,
@@ -185,6 +186,11 @@ def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_t
 def _query(scope: Scope, clauses: dict, f: dict, columns_tok: Token | None) -> None:
     if "WHERE" in clauses:
         f["where"] = where_clause(scope, clauses["WHERE"][1])
+    for word in ("PARTITION BY", "GROUP BY"):
+        if word in clauses and scope.form == "new":
+            scope.group_by = f["group_by"] = group_clause(scope, word, clauses[word][1])
+            scope.groups_rows = word == "GROUP BY"
+            f["partitions_query"] = word == "PARTITION BY"
     # TDengine's interval operator interpolates TWA at a time window's bounds from the rows around it;
     # a query reading another table is a plain aggregate over what its WHERE selects.
     scope.interpolates = (scope.interval_window or scope.family == "sliding") and f.get("reads", "trows") == "trows"
@@ -194,6 +200,38 @@ def _query(scope: Scope, clauses: dict, f: dict, columns_tok: Token | None) -> N
     scope.interpolates = False
     if scope.interpolated:
         f["interpolated"] = tuple(scope.interpolated)
+    if scope.form == "new":
+        _after_select(scope, clauses, f)
+
+
+def _after_select(scope: Scope, clauses: dict, f: dict) -> None:
+    """HAVING, ORDER BY, SLIMIT and LIMIT of the new form's query, and the rule for a row's own time
+    as the sink's time column."""
+    items, grouped = f["select"], scope.partition_by + scope.group_by
+    if "HAVING" in clauses:
+        f["having"] = having_clause(scope, clauses["HAVING"][1], items, grouped)
+    if "ORDER BY" in clauses:
+        f["order_by"] = order_clause(scope, clauses["ORDER BY"][1], items, grouped)
+    for word, count, skip in (("LIMIT", "limit", "offset"), ("SLIMIT", "slimit", "soffset")):
+        if word in clauses:
+            f[count], f[skip] = limit_clause(scope, word, clauses[word][1])
+    if "SLIMIT" in clauses and not scope.group_by:
+        raise scope.cur.error_at(clauses["SLIMIT"][0], "SLIMIT needs GROUP BY or PARTITION BY in the query")
+    if f["key_bound"] != "row":
+        return
+    at = clauses["SELECT"][1][0]
+    trig = f["trigger"]
+    if isinstance(trig, SlidingTrigger) and trig.interval is not None and trig.sliding < trig.interval:
+        raise scope.cur.error_at(
+            at,
+            "a row's own timestamp as the sink's time column needs windows that do not overlap "
+            "(SLIDING equal to INTERVAL): a row of two windows could not be told apart when one is recomputed",
+        )
+    options = f.get("options")
+    if options is not None and options.force_output:
+        raise scope.cur.error_at(
+            at, "FORCE_OUTPUT needs a window placeholder as the first column: an empty window has no row time"
+        )
 
 
 def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:

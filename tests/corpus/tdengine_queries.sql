@@ -1,0 +1,44 @@
+-- TDengine new-form stream queries (docs/dialects/tdengine.md, A stream's query): GROUP BY / PARTITION BY,
+-- HAVING, CASE, ORDER BY ... LIMIT / SLIMIT, a row's own time as the sink's time column, over %%trows and a
+-- table. tests/test_tdengine_query.py runs them against hand-computed results; tests/test_fuzz.py mutates them.
+CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
+CREATE STREAM having INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_having AS
+  SELECT _twstart, avg(current) a, count(*) n
+  FROM %%trows HAVING avg(current) > 10;
+CREATE STREAM grouped INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_grouped AS
+  SELECT _twstart, status, count(*) n, max(current) m
+  FROM %%trows GROUP BY status HAVING count(current) >= 1;
+CREATE STREAM case INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_case AS
+  SELECT _twstart, CASE WHEN max(current) > 12 THEN 'high' WHEN max(current) IS NULL THEN 'none' ELSE 'low' END lvl
+  FROM %%trows;
+CREATE STREAM top INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_top AS
+  SELECT ts, current, voltage
+  FROM %%trows ORDER BY current DESC LIMIT 2;
+CREATE STREAM last_per_status INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_lps AS
+  SELECT ts, status, current
+  FROM %%trows PARTITION BY status ORDER BY ts DESC LIMIT 1;
+CREATE STREAM slimit INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_slimit AS
+  SELECT _twstart, status, count(*) n
+  FROM %%trows GROUP BY status SLIMIT 1 SOFFSET 1;
+CREATE STREAM fleet INTERVAL(10s) SLIDING(10s) FROM meters
+  INTO o_fleet AS
+  SELECT _twstart, tbname, count(*) n, sum(voltage) v
+  FROM meters WHERE ts >= _twstart AND ts < _twend PARTITION BY tbname;
+CREATE STREAM session_top SESSION(ts, 5s) FROM meters PARTITION BY tbname
+  INTO o_session_top AS
+  SELECT ts, current
+  FROM %%trows ORDER BY current DESC NULLS LAST LIMIT 1;
+CREATE STREAM count_grouped COUNT_WINDOW(3) FROM meters PARTITION BY tbname
+  INTO o_count_grouped AS
+  SELECT last(ts) t, status, count(*) n
+  FROM %%trows GROUP BY status ORDER BY n DESC, status LIMIT 1;
+CREATE STREAM outside INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_outside AS
+  SELECT ts, current
+  FROM meters WHERE ts >= _twstart - 5s AND ts < _twend AND tbname = %%1;

@@ -1,0 +1,238 @@
+"""A new-form stream's query is a TDengine query (docs/dialects/tdengine.md, A stream's query): HAVING,
+GROUP BY / PARTITION BY inside it (several rows per trigger window), CASE, ORDER BY ... LIMIT / SLIMIT
+(top-N per window), a row's own timestamp as the sink's time column, over %%trows and over a table
+restricted by the placeholders — against results computed by hand from TDengine's semantics
+(tests/tdengine_reference.py, ``query``), in INTERVAL, SESSION and COUNT_WINDOW triggers, with NULLs,
+single-row windows and a late row that reruns a window of several rows."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import tdengine_reference as td
+from streams_util import T0, Bench, us
+
+from cq_engine.errors import CQError
+
+SEC = 1_000_000
+# (seconds after T0, tbname, current, voltage, status): NULL currents, a window of one row (15 s), two
+# meters; the rows at 100 s close every earlier window.
+ROWS = [
+    (0, "d1", 10.0, 220, 1),
+    (2, "d1", None, 226, 1),
+    (3, "d1", 12.0, 230, 1),
+    (7, "d1", 9.0, 226, 2),
+    (8, "d1", None, 214, 2),
+    (15, "d1", 15.0, 220, 9),
+    (30, "d1", 11.0, 220, 3),
+    (31, "d1", 13.0, 226, 4),
+    (32, "d1", 8.0, 212, 4),
+    (33, "d1", None, 220, 4),
+    (50, "d1", 20.0, 222, 5),
+    (1, "d2", 5.0, 221, 1),
+    (4, "d2", 6.0, 221, 2),
+    (31, "d2", 30.0, 219, 4),
+    (45, "d2", None, 218, 4),
+    (100, "d1", 1.0, 220, 0),
+    (100, "d2", 1.0, 220, 0),
+]
+# The streams, by name: tests/test_fuzz.py mutates the same file.
+STREAMS = dict(
+    re.findall(
+        r"CREATE STREAM (\w+) (.*?);", (Path(__file__).parent / "corpus" / "tdengine_queries.sql").read_text(), re.S
+    )
+)
+
+
+def _rows(rows=ROWS) -> list[dict]:
+    return [dict(t=us(T0 + timedelta(seconds=s)), tbname=g, current=c, voltage=v, status=st) for s, g, c, v, st in rows]
+
+
+def _tumbling(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """INTERVAL(10s) SLIDING(10s) per meter, the closed windows (before the rows at 100 s)."""
+    out: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        ws = r["t"] - (r["t"] - us(T0)) % (10 * SEC)
+        if ws < us(T0) + 100 * SEC:
+            out.setdefault((r["tbname"], ws), []).append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory, spark):
+    sql = "".join(f"CREATE STREAM {name} {body};\n" for name, body in STREAMS.items())
+    b = Bench(tmp_path_factory.mktemp("tdq"), spark, sql)
+    for name in STREAMS:
+        assert b.tick(name).works == ()  # created on an empty table
+    b.append([r for r in ROWS])
+    b.errors = {}
+    for name in STREAMS:
+        try:
+            b.tick(name)
+        except CQError as err:
+            b.errors[name] = str(err)
+    return b
+
+
+def _cut(rows: list[dict], *names: str) -> list[tuple]:
+    return sorted(tuple(us(r[n]) if hasattr(r[n], "timestamp") else r[n] for n in names) for r in rows)
+
+
+def test_having_keeps_the_windows_whose_aggregate_passes(bench):
+    want = []
+    for (g, ws), members in _tumbling(_rows()).items():
+        a = td.query_avg(members)
+        if a is not None and a > 10:
+            want.append((g, ws, a, len(members)))
+    assert _cut(bench.sink("o_having"), "tbname", "_twstart", "a", "n") == sorted(want)
+
+
+def test_group_by_gives_one_row_per_window_and_group(bench):
+    want = [
+        (g, ws, key, len(rows), td.query_max(rows))
+        for (g, ws), members in _tumbling(_rows()).items()
+        for key, rows in td.groups(members, "status").items()
+        if sum(r["current"] is not None for r in rows) >= 1
+    ]
+    got = _cut(bench.sink("o_grouped"), "tbname", "_twstart", "status", "n", "m")
+    assert got == sorted(want)
+    assert any(n > 1 for n in __import__("collections").Counter((g, ws) for g, ws, *_ in got).values())
+
+
+def test_case(bench):
+    def level(members):
+        m = td.query_max(members)
+        return "none" if m is None else "high" if m > 12 else "low"
+
+    want = [(g, ws, level(m)) for (g, ws), m in _tumbling(_rows()).items()]
+    assert _cut(bench.sink("o_case"), "tbname", "_twstart", "lvl") == sorted(want)
+    assert {w[2] for w in want} == {"none", "high", "low"}
+
+
+def test_order_by_limit_is_a_top_n_per_window_at_the_rows_own_time(bench):
+    want = [
+        (g, r["t"], r["current"])
+        for (g, _), members in _tumbling(_rows()).items()
+        for r in td.top_n(members, key="current", descending=True, limit=2)
+    ]
+    assert _cut(bench.sink("o_top"), "tbname", "ts", "current") == sorted(want)
+    # PARTITION BY in the query: LIMIT counts per partition (the last row of each status per window)
+    want = [
+        (g, r["t"], key, r["current"])
+        for (g, _), members in _tumbling(_rows()).items()
+        for key, rows in td.groups(members, "status").items()
+        for r in td.top_n(rows, key="t", descending=True, limit=1)
+    ]
+    assert _cut(bench.sink("o_lps"), "tbname", "ts", "status", "current") == sorted(want)
+
+
+def test_slimit_keeps_groups_by_their_group_by_values(bench):
+    want = []
+    for (g, ws), members in _tumbling(_rows()).items():
+        groups = td.groups(members, "status")
+        for key in sorted(groups)[1:2]:  # SLIMIT 1 SOFFSET 1
+            want.append((g, ws, key, len(groups[key])))
+    assert _cut(bench.sink("o_slimit"), "tbname", "_twstart", "status", "n") == sorted(want)
+
+
+def test_a_table_restricted_by_the_placeholders_partitioned_in_the_query(bench):
+    rows = _rows()
+    want = []
+    for ws in sorted({w for _, w in _tumbling(rows)}):
+        inside = [r for r in rows if ws <= r["t"] < ws + 10 * SEC]
+        for g, members in td.groups(inside, "tbname").items():
+            want.append((ws, g, len(members), sum(r["voltage"] for r in members)))
+    assert _cut(bench.sink("o_fleet"), "_twstart", "tbname", "n", "v") == sorted(want)
+
+
+def test_data_shaped_windows(bench):
+    rows = _rows()
+    want = []
+    for g, members in td.groups(rows, "tbname").items():
+        for session in td.sessions(members, gap=5 * SEC)[:-1]:  # the last one is open
+            (top,) = td.top_n(session, key="current", descending=True, limit=1, nulls_first=False)
+            want.append((g, top["t"], top["current"]))
+    assert _cut(bench.sink("o_session_top"), "tbname", "ts", "current") == sorted(want)
+    want = []
+    for g, members in td.groups(rows, "tbname").items():
+        ordered = sorted(members, key=lambda r: r["t"])
+        for i in range(0, len(ordered) - len(ordered) % 3, 3):
+            groups = td.groups(ordered[i : i + 3], "status")
+            key = sorted(groups, key=lambda k: (-len(groups[k]), k))[0]
+            want.append((g, max(r["t"] for r in groups[key]), key, len(groups[key])))
+    assert _cut(bench.sink("o_count_grouped"), "tbname", "t", "status", "n") == sorted(want)
+
+
+def test_a_row_time_outside_its_window_is_a_run_error_and_nothing_is_written(bench):
+    message = bench.errors["outside"]
+    # the rows at 7 s and 8 s, read by the window [10 s, 20 s) through its WHERE's ts >= _twstart - 5s
+    assert re.search(
+        r"outside: the sink's time column 'ts' is 2026-11-21 10:00:0[78]\+00:00 in the window starting at 2026-11-21 10:00:10",
+        message,
+    ), message
+    assert "nothing of this run was written" in message
+    assert bench.sink("o_outside") == []
+
+
+def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):
+    b = Bench(tmp_path, spark, f"CREATE STREAM grouped {STREAMS['grouped']};\nCREATE STREAM top {STREAMS['top']};")
+    for name in ("grouped", "top"):
+        b.tick(name)
+    first = [r for r in ROWS if r[0] != 7]
+    b.append(first)
+    for name in ("grouped", "top"):
+        b.tick(name)
+    b.append([r for r in ROWS if r[0] == 7] + [(9, "d1", 14.0, 215, 1)])  # late rows in [0s, 10s) of d1
+    for name in ("grouped", "top"):
+        b.tick(name)
+    rows = _rows([*ROWS, (9, "d1", 14.0, 215, 1)])
+    want = [
+        (g, ws, key, len(rs), td.query_max(rs))
+        for (g, ws), members in _tumbling(rows).items()
+        for key, rs in td.groups(members, "status").items()
+        if sum(r["current"] is not None for r in rs) >= 1
+    ]
+    assert _cut(b.sink("o_grouped"), "tbname", "_twstart", "status", "n", "m") == sorted(want)
+    want = [
+        (g, r["t"], r["current"])
+        for (g, _), members in _tumbling(rows).items()
+        for r in td.top_n(members, key="current", descending=True, limit=2)
+    ]
+    assert _cut(b.sink("o_top"), "tbname", "ts", "current") == sorted(want)
+
+
+PERIOD = """CREATE STREAM per_top PERIOD(1m) INTO per_top_out AS SELECT ts, tbname, current FROM meters
+    WHERE ts >= _tprev_localtime AND ts < _tlocaltime ORDER BY current DESC LIMIT 2;
+CREATE STREAM per_groups PERIOD(1m) INTO per_groups_out AS SELECT _tlocaltime, tbname, count(*) AS n FROM meters
+    WHERE ts >= _tprev_localtime AND ts < _tlocaltime GROUP BY tbname;
+CREATE STREAM per_late PERIOD(1m) INTO per_late_out AS SELECT ts, current FROM meters WHERE ts < _tlocaltime;
+"""
+
+
+def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
+    b = Bench(tmp_path, spark, PERIOD)
+    tick = T0 + timedelta(minutes=2)
+    b.append([(s, g, float(s % 7) + (g == "d2"), 220) for s in range(40, 130, 10) for g in ("d1", "d2")])
+    b.engine.run_period("per_top", tick)
+    b.engine.run_period("per_groups", tick)
+    rows = [
+        r for r in _rows([(s, g, float(s % 7) + (g == "d2"), 220, 0) for s in range(40, 130, 10) for g in ("d1", "d2")])
+    ]
+    inside = [r for r in rows if us(tick) - 60 * SEC <= r["t"] < us(tick)]
+    want = [(r["t"], r["tbname"], r["current"]) for r in td.top_n(inside, key="current", descending=True, limit=2)]
+    assert _cut(b.sink("per_top_out"), "ts", "tbname", "current") == sorted(want)
+    groups = td.groups(inside, "tbname")
+    assert _cut(b.sink("per_groups_out"), "_tlocaltime", "tbname", "n") == [
+        (us(tick), g, len(m)) for g, m in sorted(groups.items())
+    ]
+    b.append([(65, "d1", 50.0, 220)])  # the tick again (a rerun): its range replaced, not added to
+    b.engine.run_period("per_top", tick)
+    inside.append({"t": us(T0) + 65 * SEC, "tbname": "d1", "current": 50.0})
+    want = [(r["t"], r["current"]) for r in td.top_n(inside, key="current", descending=True, limit=2)]
+    assert _cut(b.sink("per_top_out"), "ts", "current") == sorted(want) and (us(T0) + 65 * SEC, 50.0) in want
+    with pytest.raises(CQError, match=r"per_late: the sink's time column 'ts' is .* outside that window's range"):
+        b.engine.run_period("per_late", tick)
+    assert b.sink("per_late_out") == []
