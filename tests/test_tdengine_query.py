@@ -129,6 +129,19 @@ def test_order_by_limit_is_a_top_n_per_window_at_the_rows_own_time(bench):
     assert _cut(bench.sink("o_lps"), "tbname", "ts", "status", "current") == sorted(want)
 
 
+def test_rows_tied_on_the_order_by_keys_go_by_their_time_so_a_rerun_keeps_the_same_ones(bench):
+    """LIMIT keeps a function of the window's rows: ties on the ORDER BY keys are broken by the rows'
+    other columns in the table's order, its time first (d1's [30 s, 40 s) holds 220 V twice, d2's
+    [0 s, 10 s) 221 V twice)."""
+    for name, descending, limit in (("o_ties_low", False, 2), ("o_ties_high", True, 1)):
+        want = [
+            (g, r["t"], r["voltage"])
+            for (g, _), members in _tumbling(_rows()).items()
+            for r in td.top_n(sorted(members, key=lambda r: r["t"]), key="voltage", descending=descending, limit=limit)
+        ]
+        assert _cut(bench.sink(name), "tbname", "ts", "voltage") == sorted(want), name
+
+
 def test_slimit_keeps_groups_by_their_group_by_values(bench):
     want = []
     for (g, ws), members in _tumbling(_rows()).items():

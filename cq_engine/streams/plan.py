@@ -309,8 +309,11 @@ def limited(stream: Stream, df: DataFrame, window_ids: list[str]) -> DataFrame:
     keys = _order_keys(stream)
     missing = {name: F.expr(k.expression) for name, k in keys if name not in df.columns}  # row-level
     df = df.withColumns(missing) if missing else df
-    order = [_sorted(F.col(name), k) for name, k in keys]
     names = [name for name, _ in keys]
+    # Ties (rows equal on the ORDER BY keys) broken by every other column, so which rows LIMIT keeps is
+    # a function of the window's rows: a rerun of the window writes the same ones.
+    ties = [exact_col(c).asc_nulls_first() for c in df.columns if c not in names and c not in window_ids]
+    order = [_sorted(F.col(name), k) for name, k in keys] + ties
     part = ids + ([exact_col(k) for k in stream.group_by] if stream.partitions_query else [])
     df = df.withColumn(_RANK, F.row_number().over(Window.partitionBy(*part).orderBy(*order)))
     lo, hi = stream.offset, stream.offset + stream.limit

@@ -42,3 +42,11 @@ CREATE STREAM outside INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
   INTO o_outside AS
   SELECT ts, current
   FROM meters WHERE ts >= _twstart - 5s AND ts < _twend AND tbname = %%1;
+CREATE STREAM ties_low INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_ties_low AS
+  SELECT ts, voltage
+  FROM %%trows ORDER BY voltage LIMIT 2;
+CREATE STREAM ties_high INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_ties_high AS
+  SELECT ts, voltage
+  FROM %%trows ORDER BY voltage DESC LIMIT 1;
