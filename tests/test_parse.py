@@ -147,8 +147,45 @@ REJECTIONS = [
     ("CREATE CQ a RESAMPLE EVERY 500ms BEGIN SELECT t AS m INTO b FROM c END", "1:28", "below the minimum"),
     (
         "CREATE CQ a RESAMPLE RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END",
-        "1:80",
+        "1:22",
+        "greater than or equal to every interval",
+    ),
+    (
+        "CREATE CQ a RESAMPLE EVERY 5s RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END",
+        "1:89",
         "larger than the RANGE start offset",
+    ),
+    # IoTDB: "CQ: The start time offset should be greater than or equal to every interval."
+    (
+        "CREATE CQ a RESAMPLE EVERY 10s RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (5s) END",
+        "1:32",
+        "greater than or equal to every interval",
+    ),
+    # IoTDB's HAVING rules (QueryStatement.semanticCheck) and SELECT ... INTO's refusal of SLIMIT/SOFFSET
+    (
+        "CREATE CQ a RESAMPLE EVERY 10s BEGIN SELECT s1 AS x INTO b FROM c HAVING s1 > 3 ALIGN BY DEVICE END",
+        "1:74",
+        "Expression of HAVING clause must to be an Aggregation",
+    ),
+    (
+        "CREATE CQ a RESAMPLE EVERY 10s BEGIN SELECT s1 AS x INTO b FROM c HAVING count(s1) > 3 END",
+        "1:80",
+        "can not be used in NonAggregationQuery",
+    ),
+    (
+        "CREATE CQ a BEGIN SELECT count(s1) AS x INTO b FROM c GROUP BY (10s) HAVING count(s1) + s1 > 3 END",
+        "1:89",
+        "'s1' is not inside an aggregate",
+    ),
+    (
+        "CREATE CQ a BEGIN SELECT count(s1) AS x INTO b FROM c GROUP BY (10s) SLIMIT 1 END",
+        "1:70",
+        "SLIMIT is not supported in a continuous query",
+    ),
+    (
+        "CREATE CQ a BEGIN SELECT count(s1) AS x INTO b FROM c GROUP BY (10s) LIMIT 2 SOFFSET 1 END",
+        "1:78",
+        "SOFFSET is not supported in a continuous query",
     ),
     (
         "CREATE CQ a RESAMPLE RANGE 5s, 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END",

@@ -76,6 +76,12 @@ def parse_continuous_query(cur: Cursor, opts: ParseOptions, start: Token) -> Con
             f"RANGE start offset {format_duration(start_offset)} must be "
             f"greater than the end offset {format_duration(end_offset)}",
         )
+    if every > start_offset:  # IoTDB's CreateContinuousQueryStatement.semanticCheck
+        raise cur.error_at(
+            header.range_tok or header.every_tok or body.grouping_tok,
+            f"RANGE start offset {format_duration(start_offset)} is smaller than EVERY {format_duration(every)}: "
+            "the start time offset should be greater than or equal to every interval (IoTDB's rule)",
+        )
     if body.time_grouping is not None and body.time_grouping.interval > start_offset:
         raise cur.error_at(
             body.grouping_tok,
@@ -146,6 +152,8 @@ _CLOSE = (TokenType.R_PAREN, TokenType.R_BRACKET)
 
 # Body clauses in the order IoTDB allows them; the key is the text of the clause's first token(s).
 _CLAUSES = ("SELECT", "INTO", "FROM", "WHERE", "GROUP BY", "HAVING", "FILL", "LIMIT", "OFFSET", "ALIGN")
+# IoTDB's series limits, which its SELECT ... INTO refuses (QueryStatement.semanticCheck).
+_SERIES_CLAUSES = ("SLIMIT", "SOFFSET")
 
 
 @dataclass
@@ -160,6 +168,12 @@ def _split_clauses(cur: Cursor, tokens: list[Token]) -> dict[str, tuple[Token, l
     depth, current, last_index = 0, None, -1
     for tok in tokens:
         word = tok.text.upper()
+        if depth == 0 and word in _SERIES_CLAUSES:
+            raise cur.error_at(
+                tok,
+                f"{word} is not supported in a continuous query: IoTDB's SELECT ... INTO refuses it "
+                f"(select into: {word.lower()} clauses are not supported)",
+            )
         if depth == 0 and word in _CLAUSES:
             index = _CLAUSES.index(word)
             if word in clauses:
@@ -248,10 +262,15 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         time_grouping, keys, grouping_tok = _parse_group_by(cur, clause_tok, toks)
         fields["time_grouping"], fields["group_keys"] = time_grouping, keys
 
+    having, having_frag = None, None
     if "HAVING" in clauses:
-        frag = _fragment(cur, clauses["HAVING"][1])
+        frag = having_frag = _fragment(cur, clauses["HAVING"][1])
         having = rewrite_iotdb_functions(frag.parse("SELECT 1 HAVING ").args["having"].this, frag)
         _check_functions(having, frag)
+        if not is_aggregate(having):  # IoTDB's QueryStatement.semanticCheck, in its order
+            raise frag.error(having, "Expression of HAVING clause must to be an Aggregation (IoTDB's rule)")
+        if not any(is_aggregate(b) for b in bodies):
+            raise frag.error(having, "Expression of HAVING clause can not be used in NonAggregationQuery (IoTDB's rule)")
         fields["having"] = to_spark(having)
     if "FILL" in clauses:
         fields["fill"] = _parse_fill(cur, *clauses["FILL"])
@@ -267,6 +286,8 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     grouped = {k.lower() for k in fields.get("group_keys", ())} | ({"device"} if "align_by_device" in fields else set())
     if time_grouping is not None or any(is_aggregate(b) for b in bodies):  # else row-wise (seed 004's cq5)
         _check_grouped(select_frag, bodies, grouped)
+        if having is not None and having_frag is not None:
+            _check_grouped(having_frag, [having], grouped)
     return _Body(fields, time_grouping, grouping_tok)
 
 
