@@ -71,7 +71,10 @@ def test_ingest_run_query_recalculate_show(project, capsys):
     code, out, _ = cq(capsys, "ingest", "ln", str(DATA / "ln.csv"))
     assert code == 0 and "appended 36 rows" in out
     code, out, _ = cq(capsys, "run", "cq1", "--at", "2021-05-11T22:18:40")
-    assert code == 0 and "8 rows -> cq1_out" in out
+    assert code == 0 and "8 rows -> cq1_out v1" in out
+    # The same firing on the same source version: Delta's idempotent write skips it, and the line says so.
+    code, out, _ = cq(capsys, "run", "cq1", "--at", "2021-05-11T22:18:40")
+    assert code == 0 and "nothing written: this firing was already committed from ln v1, so cq1_out stays at v1" in out
     code, out, _ = cq(
         capsys, "query", "SELECT device, temperature_max FROM cq1_out WHERE device LIKE '%wf01.wt01' ORDER BY time"
     )

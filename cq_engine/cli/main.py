@@ -241,13 +241,22 @@ def _run(args, settings: Settings) -> int:
     engine = open_engine(settings)
     at = _time(args.at, settings, "--at")
     d = engine.definition(args.name)
+    # Delta's idempotent write skips a firing already committed from the same source version: the
+    # sink's version then stays where it was, which the line says instead of claiming rows.
+    before = engine.storage.version(d.sink) if engine.storage.exists(d.sink) else None
     r = engine.run_period(args.name, at) if not isinstance(d, ContinuousQuery) else engine.run_firing(args.name, at)
     fired = iso(r.fire_time) if r.fire_time else iso(at)
-    print(
-        f"{r.definition}: fired {fired} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
-        f"{r.rows_written} rows -> {engine.definition(args.name).sink} v{r.sink_version} "
-        f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)"
-    )
+    head = f"{r.definition}: fired {fired} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
+    tail = f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)"
+    if before is not None and r.sink_version == before:
+        versions = ", ".join(f"{t} v{v}" for t, v in sorted(r.source_versions.items()))
+        print(
+            f"{head}nothing written: this firing was already committed from {versions}, so {d.sink} stays at "
+            f"v{r.sink_version} ({r.rows_written} rows computed; new source data or a changed definition "
+            f"writes again) {tail}"
+        )
+    else:
+        print(f"{head}{r.rows_written} rows -> {d.sink} v{r.sink_version} {tail}")
     return 0
 
 

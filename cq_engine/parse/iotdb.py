@@ -270,7 +270,9 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         if not is_aggregate(having):  # IoTDB's QueryStatement.semanticCheck, in its order
             raise frag.error(having, "Expression of HAVING clause must to be an Aggregation (IoTDB's rule)")
         if not any(is_aggregate(b) for b in bodies):
-            raise frag.error(having, "Expression of HAVING clause can not be used in NonAggregationQuery (IoTDB's rule)")
+            raise frag.error(
+                having, "Expression of HAVING clause can not be used in NonAggregationQuery (IoTDB's rule)"
+            )
         fields["having"] = to_spark(having)
     if "FILL" in clauses:
         fields["fill"] = _parse_fill(cur, *clauses["FILL"])
