@@ -112,6 +112,7 @@ class ContinuousQuery:
     location: SourceLocation = field(default_factory=lambda: SourceLocation("<string>", 1, 1))
     sql: str = ""
     freshness_grace: timedelta | None = None  # `-- cq: freshness_grace 5m`; None: the setting's
+    into_columns: tuple[str, ...] | None = None  # INTO sink(col, ...), positional over the expanded items
 
     @property
     def kind(self) -> str:

@@ -243,7 +243,7 @@ def _run(args, settings: Settings) -> int:
     d = engine.definition(args.name)
     # Delta's idempotent write skips a firing already committed from the same source version: the
     # sink's version then stays where it was, which the line says instead of claiming rows.
-    before = engine.storage.version(d.sink) if engine.storage.exists(d.sink) else None
+    before = engine.storage.version(d.sink) if d.sink and engine.storage.exists(d.sink) else None
     r = engine.run_period(args.name, at) if not isinstance(d, ContinuousQuery) else engine.run_firing(args.name, at)
     fired = iso(r.fire_time) if r.fire_time else iso(at)
     head = f"{r.definition}: fired {fired} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlglot import exp
@@ -11,7 +11,16 @@ from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
-from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping, TimeoutPolicy
+from cq_engine.model import (
+    ContinuousQuery,
+    Fill,
+    Resample,
+    SelectItem,
+    SourceLocation,
+    TableDecl,
+    TimeGrouping,
+    TimeoutPolicy,
+)
 from cq_engine.parse.cursor import Cursor, suggest
 from cq_engine.parse.fragments import (
     IOTDB_AGGREGATES,
@@ -218,7 +227,10 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     select_frag = _fragment(cur, clauses["SELECT"][1])
     select = select_frag.parse("SELECT ")
     items = list(select.expressions)
-    if sink_columns is not None and len(sink_columns) != len(items):
+    stars = any(_is_count_star(i.this if isinstance(i, exp.Alias) else i) for i in items)
+    if stars:
+        fields["into_columns"] = sink_columns
+    if sink_columns is not None and len(sink_columns) != len(items) and not stars:
         raise cur.error_at(clauses["INTO"][0], f"INTO lists {len(sink_columns)} columns but SELECT has {len(items)}")
     select_items = []
     bodies: list[exp.Expression] = []
@@ -227,9 +239,15 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     for i, item in enumerate(items):
         if isinstance(item, exp.Star) or item.find(exp.Star) is item:
             raise select_frag.error(item, "SELECT * is not supported: name the columns")
+        body = item.this if isinstance(item, exp.Alias) else item
+        if _is_count_star(body):  # one count per series of the source (``expand_count_star``)
+            alias = item.alias if isinstance(item, exp.Alias) else ""
+            select_items.append(SelectItem(expression=COUNT_STAR, name=alias, is_aggregate=True))
+            bodies.append(body)
+            continue
         name = (
             sink_columns[i]
-            if sink_columns
+            if sink_columns and not stars
             else (item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else "")
         )
         if not name:
@@ -237,7 +255,6 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         if name.lower() in taken:
             raise select_frag.error(item, f"output column {name!r} is named twice: give one of them AS another name")
         taken.add(name.lower())
-        body = item.this if isinstance(item, exp.Alias) else item
         body = rewrite_iotdb_functions(body, select_frag)
         _check_functions(body, select_frag)
         bodies.append(body)
@@ -291,6 +308,48 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         if having is not None and having_frag is not None:
             _check_grouped(having_frag, [having], grouped)
     return _Body(fields, time_grouping, grouping_tok)
+
+
+COUNT_STAR = "COUNT(*)"  # a SELECT item ``count(*)`` until the catalog knows the source's series
+
+
+def _is_count_star(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Count) and isinstance(node.this, exp.Star)
+
+
+def expand_count_star(cq: ContinuousQuery, table: TableDecl) -> ContinuousQuery:
+    """IoTDB expands ``count(*)`` to ``count`` of every series the FROM path holds: here every column
+    of the declared source but its time column, ``device``, tags and GROUP BY columns, each its own
+    output column (``count_<column>``); an INTO column list names the expanded items positionally
+    and must match their number, as IoTDB's SELECT ... INTO requires."""
+    if not any(i.expression == COUNT_STAR for i in cq.select):
+        return cq
+    skip = {table.time_column.lower(), "device", *(k.lower() for k in cq.group_keys)}
+    series = [c.name for c in table.columns if not c.is_tag and c.name.lower() not in skip]
+    items: list[SelectItem] = []
+    taken = {i.name.lower() for i in cq.select if i.expression != COUNT_STAR}
+    for item in cq.select:
+        if item.expression != COUNT_STAR:
+            items.append(item)
+            continue
+        if len(series) != 1 and item.name and cq.into_columns is None:
+            raise CQError(
+                f"{cq.name!r}: count(*) AS {item.name} counts {len(series)} series of {table.name!r} "
+                f"({', '.join(series)}): an alias names one column (IoTDB's rule); drop AS or list INTO columns"
+            )
+        for column in series:
+            name = item.name if len(series) == 1 and item.name else _unique(f"count_{column.lower()}", taken)
+            taken.add(name.lower())
+            items.append(SelectItem(expression=f"count(`{column}`)", name=name, is_aggregate=True))
+    if cq.into_columns is not None:
+        if len(cq.into_columns) != len(items):
+            raise CQError(
+                f"{cq.name!r}: INTO lists {len(cq.into_columns)} columns but SELECT has {len(items)} once count(*) "
+                f"is one count per series of {table.name!r}: the number of source paths and the number of "
+                "target paths should be the same (IoTDB's rule)"
+            )
+        items = [replace(i, name=n) for i, n in zip(items, cq.into_columns)]
+    return replace(cq, select=tuple(items))
 
 
 def _check_grouped(frag: Fragment, bodies: list[exp.Expression], grouped: set[str]) -> None:
