@@ -25,7 +25,7 @@ from cq_engine.model import (
     TriggerDef,
 )
 from cq_engine.parse import ParseOptions, parse_file, sql_files
-from cq_engine.parse.ekuiper import first_row_values
+from cq_engine.parse.ekuiper import first_row_values, integer_averages
 from cq_engine.parse.fragments import TIME_REF
 from cq_engine.parse.iotdb import COUNT_STAR, expand_count_star
 from cq_engine.streams.output import data_columns, sink_mismatch
@@ -160,7 +160,8 @@ def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:
             for c in table.columns
             if c.name.lower() not in taken
         ]
-    return first_row_values(replace(d, trigger_table=table.name, source=table.name, select=tuple(items)))
+    resolved = replace(d, trigger_table=table.name, source=table.name, select=tuple(items))
+    return first_row_values(integer_averages(resolved, table))
 
 
 def _resolve_count_star(d: Definition, tables: dict[str, TableDecl]) -> Definition:

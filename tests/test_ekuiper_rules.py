@@ -640,3 +640,39 @@ def test_a_stream_grouped_by_a_window_function_is_a_rule():
         "PARTITION BY tbname INTERVAL(1m) SLIDING(30s)"
     )
     assert old.form == "old"  # TDengine's own streams are untouched
+
+
+def test_avg_of_integers_is_an_integer_as_in_ekuiper(tmp_path, spark):
+    # eKuiper's funcs_agg.go: avg over int64 values returns the int64 total divided by the count of
+    # non-NULL values (Go's division, toward zero); floats average as floats.
+    b = Bench(
+        tmp_path,
+        spark,
+        'CREATE STREAM orders (ID STRING, qty BIGINT, price FLOAT, ts BIGINT) WITH (DATASOURCE="orders", TIMESTAMP="ts");\n'
+        "CREATE RULE avgs INTO avgs_out AS SELECT avg(qty) AS q, avg(qty * 2 + 1) AS q2, avg(price) AS p, "
+        "avg(qty + 0.5) AS h FROM orders GROUP BY ID, TUMBLINGWINDOW(ss, 10);",
+    )
+    b.tick("avgs")
+    rows = [
+        (1, "a", 1, 1.0),
+        (2, "a", 2, 2.0),
+        (3, "a", None, None),
+        (4, "b", -3, 1.0),
+        (5, "b", 0, 2.0),
+        (30, "a", 1, 1.0),
+    ]
+    b.engine.storage.append(
+        "orders",
+        pa.table(
+            {
+                "ID": [r[1] for r in rows],
+                "qty": pa.array([r[2] for r in rows], pa.int64()),
+                "price": pa.array([r[3] for r in rows], pa.float64()),
+                "ts": pa.array([T0 + timedelta(seconds=r[0]) for r in rows], pa.timestamp("us", tz="UTC")),
+            }
+        ),
+    )
+    b.tick("avgs")
+    out = [(r["ID"], r["q"], r["q2"], r["p"], r["h"]) for r in b.sink("avgs_out")]
+    assert sorted(out) == [("a", 1, 4, 1.5, 2.0), ("b", -1, -2, 1.5, -1.0)]
+    assert all(isinstance(r[1], int) for r in out)
