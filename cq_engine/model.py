@@ -339,6 +339,22 @@ class Stream:
         return any(i.is_aggregate for i in self.select)
 
     @property
+    def empty_window_rows(self) -> bool:
+        """Does a window of the run without rows get a row: TDengine's FORCE_OUTPUT, and eKuiper's
+        ungrouped aggregate TUMBLINGWINDOW / HOPPINGWINDOW rules, which emit every window from the
+        first event on, an empty one as one row whose aggregates are all NULL (a HAVING over NULLs
+        keeps none, so a rule with HAVING gets no such row)."""
+        if self.options.force_output:
+            return True
+        return (
+            self.form == "ekuiper"
+            and isinstance(self.trigger, SlidingTrigger)
+            and self.is_aggregate
+            and not self.group_by
+            and self.having is None
+        )
+
+    @property
     def time_column(self) -> str:
         """The sink's time column: the first select item."""
         return self.select[0].name

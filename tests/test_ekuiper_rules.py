@@ -676,3 +676,45 @@ def test_avg_of_integers_is_an_integer_as_in_ekuiper(tmp_path, spark):
     out = [(r["ID"], r["q"], r["q2"], r["p"], r["h"]) for r in b.sink("avgs_out")]
     assert sorted(out) == [("a", 1, 4, 1.5, 2.0), ("b", -1, -2, 1.5, -1.0)]
     assert all(isinstance(r[1], int) for r in out)
+
+
+def test_empty_windows_of_ungrouped_tumbling_and_hopping_rules_are_rows_of_nulls(tmp_path, spark):
+    # eKuiper's event-time trigger (event_window_trigger.go getNextWindow) steps from the first event's
+    # aligned window end by the hop, and scan() emits each window, empty or not: an aggregate rule
+    # without GROUP BY columns gets one row for an empty window, its aggregates NULL (count(*) too).
+    # With GROUP BY columns an empty window has no group, so no row.
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO
+        + """
+        CREATE RULE tumble INTO tumble_out AS SELECT count(*) AS n, max(temperature) AS t FROM demo
+            GROUP BY TUMBLINGWINDOW(ss, 10);
+        CREATE RULE hop INTO hop_out AS SELECT count(*) AS n FROM demo GROUP BY HOPPINGWINDOW(ss, 10, 5);
+        CREATE RULE keyed INTO keyed_out AS SELECT count(*) AS n FROM demo GROUP BY ID, TUMBLINGWINDOW(ss, 10);""",
+    )
+    for name in ("tumble", "hop", "keyed"):
+        b.tick(name)
+    _demo(b, [(12, "a", 1.0), (14, "a", 3.0), (41, "a", 2.0), (55, "b", 1.0)])
+    for name in ("tumble", "hop", "keyed"):
+        b.tick(name)
+    at = lambda s: T0 + timedelta(seconds=s)
+    # windows from the first event's ([10, 20)) to the last closed one ([40, 50): the latest event is 55 s)
+    assert sorted((r["window_start"], r["window_end"], r["n"], r["t"]) for r in b.sink("tumble_out")) == [
+        (at(10), at(20), 2, 3.0),
+        (at(20), at(30), None, None),
+        (at(30), at(40), None, None),
+        (at(40), at(50), 1, 2.0),
+    ]
+    assert sorted((r["window_start"], r["n"]) for r in b.sink("hop_out")) == [
+        (at(5), 2),
+        (at(10), 2),
+        (at(15), None),
+        (at(20), None),
+        (at(25), None),
+        (at(30), None),
+        (at(35), 1),
+        (at(40), 1),
+        (at(45), None),  # [45 s, 55 s) closed at the latest event, 55 s
+    ]
+    assert sorted((r["window_start"], r["n"]) for r in b.sink("keyed_out")) == [(at(10), 2), (at(40), 1)]

@@ -148,7 +148,7 @@ def _shape(p: Planned) -> tuple | None:
     s, w = p.stream, p.work
     if p.windows is None or s.reads != "trows" or not s.is_aggregate or s.having is not None:
         return None
-    if s.options.force_output or s.notify is not None:  # their empty windows take a frame of their own
+    if s.empty_window_rows or s.notify is not None:  # their empty windows take a frame of their own
         return None
     if s.interpolated:  # TWA's points outside the read are found when its own plan is built
         return None

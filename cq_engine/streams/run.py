@@ -78,6 +78,7 @@ from cq_engine.times import EPOCH, UTC, epoch_ms, iso
 
 _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
+EMPTY_WINDOW_LIMIT = 1_000_000  # empty windows of one eKuiper run made rows (a local relation's size)
 _PHASE = "__cq_count_phase"
 _SHORT_ROWS = "__cq_short_rows"
 _RESUMED = "__cq_resumed_at"
@@ -249,11 +250,34 @@ def _keep(stream: Stream, windows) -> list[str]:
     return keep
 
 
-def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, read_range, version: int):
+def _empty_grid(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> DataFrame | None:
+    """eKuiper's ungrouped TUMBLING/HOPPING rules emit every window of the grid, empty ones too: the
+    run's windows (``work.windows``, from the first event's on) as frame rows without source rows,
+    so ``with_empty_windows`` makes them rows of NULL aggregates (``Stream.empty_window_rows``)."""
+    trig = stream.trigger
+    if stream.form != "ekuiper" or not stream.empty_window_rows or not isinstance(trig, SlidingTrigger):
+        return None
+    if trig.interval is None:
+        return None
+    starts = st.grid_starts(trig, work.windows, limit=EMPTY_WINDOW_LIMIT)
+    if not starts:
+        return None
+    until = work.close_until or _FAR
+    grid = ctx.spark.createDataFrame([(t,) for t in starts], f"{WSTART} timestamp")
+    grid = grid.withColumn(WEND, F.timestamp_micros(F.unix_micros(F.col(WSTART)) + F.lit(micros(trig.interval))))
+    grid = grid.withColumn(WCLOSED, F.col(WEND) <= instant(until))
+    return with_placeholders(stream, grid, tick=work.tick, tz=ctx.settings.timezone)
+
+
+def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, read_range, version: int, grid=None):
     """The run's result rows: the query over every window (one Spark plan), the windows without a
-    result (FORCE_OUTPUT, events), and NOTIFY's WHERE."""
-    empties = stream.options.force_output or stream.notify is not None
+    result (FORCE_OUTPUT, events, eKuiper's empty windows: ``grid``), and NOTIFY's WHERE."""
+    empties = stream.empty_window_rows or stream.notify is not None
     frame = window_frame(stream, windows) if (empties or stream.reads != "trows") else None
+    if grid is not None and frame is not None:
+        frame = frame.unionByName(
+            grid.select(*[c for c in grid.columns if c in frame.columns]), allowMissingColumns=True
+        )
     if stream.reads == "trows":
         result = evaluate(stream, windows, keep=keep)
     else:
@@ -312,6 +336,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
         windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
         keep = tuple(_keep(stream, windows))
         computed, around = windows, (table, time_column, read_range, work.version)
+        grid = _empty_grid(ctx, stream, work)
         build = lambda: _compute(
             ctx,
             stream,
@@ -319,6 +344,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
             list(keep),
             read_range=(lo, hi),
             version=work.version,
+            grid=grid,
         )
         scanned = (scan.files_read, scan.files_total)
 

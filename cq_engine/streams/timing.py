@@ -196,6 +196,18 @@ def _snap(trigger: SlidingTrigger, a: datetime, b: datetime) -> TimeRange | None
     return (a, b) if a < b else None
 
 
+def grid_starts(trigger: SlidingTrigger, ranges: Sequence[TimeRange], *, limit: int) -> list[datetime]:
+    """Every INTERVAL window start in the half-open ``ranges`` (at most ``limit`` of them)."""
+    assert trigger.interval is not None  # an INTERVAL grid
+    out: list[datetime] = []
+    for a, b in ranges:
+        t = _grid_ceil(trigger, a)
+        while t < b and len(out) < limit:
+            out.append(t)
+            t += trigger.sliding
+    return out
+
+
 def starts_overlapping(trigger: SlidingTrigger, lo: datetime, hi: datetime, tz: str) -> TimeRange:
     """Window starts of the windows that hold any event time in the closed interval [lo, hi]."""
     if trigger.interval is not None:
@@ -591,6 +603,7 @@ __all__ = [
     "StreamWork",
     "TickPlan",
     "first_tick",
+    "grid_starts",
     "history_works",
     "key_ranges",
     "merge_ranges",
