@@ -356,3 +356,26 @@ def test_tick_reports_windows_dropped_by_true_for(tmp_path, monkeypatch, capsys,
     append((95, 6))  # nothing closes: nothing reported
     code, out, _ = cq(capsys, "tick", "s")
     assert code == 0 and "true_for" not in out and "1 window(s)" not in out, out
+
+
+def test_validate_and_show_give_ekuiper_rules_their_own_options(tmp_path, monkeypatch, capsys):
+    # TIMEOUT POLICY BLOCKED is IoTDB's word; an eKuiper rule shows its lateTolerance option instead.
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "r.sql").write_text(
+        'CREATE STREAM demo (ID STRING, v FLOAT, ts BIGINT) WITH (DATASOURCE="demo", TIMESTAMP="ts");\n'
+        "CREATE RULE strict INTO strict_out WITH (lateTolerance = 2000) AS SELECT count(*) AS n FROM demo "
+        "GROUP BY TUMBLINGWINDOW(ss, 10);\n"
+        "CREATE RULE lenient INTO lenient_out AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n"
+    )
+    for var, value in {
+        "CQ_SQL_DIR": tmp_path / "sql",
+        "CQ_WAREHOUSE": tmp_path / "wh",
+        "CQ_HOME": tmp_path / ".cq",
+    }.items():
+        monkeypatch.setenv(var, str(value))
+    for command in ("validate", "show"):
+        code, out, _ = cq(capsys, command)
+        assert code == 0 and "BLOCKED" not in out, out
+        strict = next(line for line in out.splitlines() if " strict " in f" {line} ")
+        lenient = next(line for line in out.splitlines() if " lenient " in f" {line} ")
+        assert "lateTolerance=2s" in strict and "lateTolerance=none (late rows recomputed)" in lenient, out

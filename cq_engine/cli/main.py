@@ -19,7 +19,7 @@ from cq_engine.cli.streams import register
 from cq_engine.config import Settings, load_settings
 from cq_engine.durations import format_duration
 from cq_engine.errors import CQError, summary
-from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.resample import timing
 from cq_engine.times import UTC, iso, parse_time
 
@@ -154,7 +154,7 @@ def _validate(args, settings: Settings) -> int:
     for t in catalog.tables:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
-        print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {d.timeout_policy}  {d.location}")
+        print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {_policy(d)}  {d.location}")
     errors = [str(e) for e in catalog.errors]
     for trig in catalog.triggers:
         print(
@@ -198,6 +198,17 @@ def _trigger(d) -> str:
         if k not in ("kind", "ts_column") and v not in (None, (), "", timedelta(0))
     }
     return f"{t.kind}({', '.join(f'{k}={v}' for k, v in args.items())}) from {d.trigger_table or '-'}"
+
+
+def _policy(d) -> str:
+    """How a definition treats what arrives late or overlaps, in its own system's words: IoTDB's and
+    TDengine's TIMEOUT POLICY; an eKuiper rule's ``lateTolerance`` option (without it, late rows are
+    recomputed: README, eKuiper rules)."""
+    if isinstance(d, Stream) and d.form == "ekuiper":
+        if d.options.ignore_disorder:
+            return f"lateTolerance={format_duration(d.options.watermark)}"
+        return "lateTolerance=none (late rows recomputed)"
+    return d.timeout_policy
 
 
 def _definition(name: str, settings: Settings):
@@ -317,7 +328,7 @@ def _show(args, settings: Settings) -> int:
                 d.name,
                 f"{d.source} -> {d.sink}",
                 _trigger(d),
-                d.timeout_policy,
+                _policy(d),
                 e.kind if e else "-",
                 when,
                 e.status if e else "never",
