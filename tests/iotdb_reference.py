@@ -13,10 +13,12 @@ IoTDB's rules it follows (README, IoTDB continuous queries):
   device's windows in time order; otherwise one row per window (a time row holds every device);
 - only then are NULL values left out: a row whose values are all NULL is not written.
 Without GROUP BY and without aggregates, a row exists where a selected series has a point.
+``max_time``/``min_time`` are INT64 milliseconds (here: offsets from the base time, in ms).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -78,7 +80,8 @@ def random_case(rng: random.Random, name: str) -> Case:
         case.fill = rng.choice([None, "PREVIOUS", "LINEAR", "0.0"])
     else:
         fill = rng.choice([None, None, "PREVIOUS", "LINEAR", "0.0"])
-        pool = [a for a in AGGREGATES if not (fill in ("LINEAR", "0.0") and a in TIMES)]  # numbers only
+        # max_time/min_time are INT64 ms, which LINEAR interpolates too; a 0.0 constant would write the epoch
+        pool = [a for a in AGGREGATES if not (fill == "0.0" and a in TIMES)]
         items = [(rng.choice(pool), rng.choice(["s1", "s2"])) for _ in range(rng.choice([1, 2, 3]))]
         interval = rng.choice([10, 15, 20])
         step = rng.choice([interval, interval, interval // 2 if interval % 2 == 0 else interval])
@@ -131,10 +134,10 @@ def _aggregate(func: str, points: list[tuple[int, float]]):
         return sum(values) / len(values)
     if func == "extreme":
         return max(values, key=lambda v: (abs(v), v))
-    if func == "max_time":
-        return max(t for t, _ in points)
+    if func == "max_time":  # IoTDB's times are INT64 milliseconds
+        return max(t for t, _ in points) * 1000
     if func == "min_time":
-        return min(t for t, _ in points)
+        return min(t for t, _ in points) * 1000
     raise ValueError(func)
 
 
@@ -163,7 +166,9 @@ def _fill(case: Case, cells: list[list], order: list[int]) -> None:
             elif case.fill == "LINEAR":
                 if before and after:
                     (x0, y0), (x1, y1) = before[-1], after[0]
-                    cells[i][j] = y0 + (y1 - y0) * (order[i] - x0) / (x1 - x0)
+                    value = y0 + (y1 - y0) * (order[i] - x0) / (x1 - x0)
+                    # an INT64 series (max_time, min_time) gets the interpolation truncated, as Java's (long)
+                    cells[i][j] = math.floor(value) if case.items[j][0] in TIMES else value
             else:
                 cells[i][j] = float(case.fill)
 

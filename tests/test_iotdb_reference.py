@@ -16,6 +16,7 @@ from cq_engine.engine import Engine
 from cq_engine.resample.fused import FiringRequest, run_firings
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
+T0_MS = int(T0.timestamp() * 1000)
 SPAN = 60  # seconds: EVERY = RANGE, one firing over [T0, T0 + 60s)
 CASES = 30
 
@@ -27,7 +28,7 @@ def _sink(engine: Engine, case) -> set[tuple]:
         values = []
         for (func, _), name in zip(case.items, case.names):
             v = r[name]
-            values.append((v - T0).total_seconds() if func in TIMES and v is not None else v)
+            values.append(v - T0_MS if func in TIMES and v is not None else v)  # INT64 ms
         row = (int((r["ts"] - T0).total_seconds()), r.get("device"), *values)
         out.add(tuple(round(v, 6) if isinstance(v, float) else v for v in row))
     return out
