@@ -318,11 +318,14 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
     tz = ctx.settings.timezone
     build, windows, read_range, scanned = None, None, None, (0, 0)
     keep: tuple[str, ...] = ()
+    since = work.origin if work.kind == "realtime" else None
     if work.windows:
         assert isinstance(stream.trigger, SlidingTrigger)  # the only trigger with time windows
         lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
         read_range = (lo, hi)
         df, scan = _read(ctx, table, time_column, read_range, work.version, reads)
+        if since is not None:  # history without FILL_HISTORY (``timing.plan_tick``)
+            df = df.filter(F.col(time_column) >= instant(since))
         windows = assign_windows(
             with_neighbours(stream, prepare(stream, df), time_column),  # TWA's points around windows
             stream.trigger,
@@ -367,7 +370,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
 
         return _Outcome(rows, version, scanned, result, replaced)
 
-    read = (table, time_column, read_range, work.version) if read_range else None
+    read = (table, time_column, read_range, work.version, since) if read_range else None
     return Planned(stream, work, build, finish, read, windows, keep)
 
 

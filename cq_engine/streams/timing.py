@@ -513,6 +513,9 @@ def plan_tick(
         write_open=bool(writes_open),
         deleted=deleted,
         ignored=_texts(ignored),
+        # Without FILL_HISTORY the rows up to the creation's last one are history: a window open at
+        # creation counts only the rows after it, as TDengine computes only what arrives later.
+        origin=None if (o.fill_history or o.fill_history_first) else cursor.origin,
     )
     return TickPlan(new_cursor, (work,), _describe(stream, work, tz), ignored)
 
