@@ -718,3 +718,66 @@ def test_empty_windows_of_ungrouped_tumbling_and_hopping_rules_are_rows_of_nulls
         (at(45), None),  # [45 s, 55 s) closed at the latest event, 55 s
     ]
     assert sorted((r["window_start"], r["n"]) for r in b.sink("keyed_out")) == [(at(10), 2), (at(40), 1)]
+
+
+def test_late_notice_counts_exactly_the_rows_beyond_late_tolerance(tmp_path, spark):
+    # One commit holding 5 rows, one of them older than the watermark (latest event 25 s - 5 s = 20 s):
+    # the notice counts that one row and its event time, not the whole file.
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO + "CREATE RULE dropped INTO dropped WITH (lateTolerance = 5000) AS SELECT count(*) AS n FROM demo "
+        "GROUP BY TUMBLINGWINDOW(ss, 10);",
+    )
+    b.tick("dropped")
+    _demo(b, [(1, "a", 1.0), (25, "a", 1.0)])
+    b.tick("dropped")
+    _demo(b, [(3, "a", 1.0), (21, "a", 1.0), (22, "a", 1.0), (23, "a", 1.0), (24, "a", 1.0)])
+    plan = b.tick("dropped")
+    (ignored,) = plan.ignored
+    assert ignored.rows == 1 and ignored.span == (T0 + 3 * S, T0 + 3 * S), ignored
+    assert ignored.text.startswith("late: 1 row(s) ignored, event time [2026-11-21T10:00:03+00:00, "), ignored.text
+    assert "before any window" in ignored.text
+
+
+def test_rows_beyond_late_tolerance_trigger_and_join_no_window(tmp_path, spark):
+    # eKuiper's WatermarkOp.track drops a row older than the watermark (latest event time seen before
+    # it - lateTolerance) before the window operator: it triggers no SLIDINGWINDOW window and is not
+    # counted in a window still open (here TUMBLINGWINDOW [0 s, 10 s), open until the watermark passes 10 s).
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO
+        + """
+        CREATE RULE slide INTO slide_out WITH (lateTolerance = 2000) AS SELECT count(*) AS c, sum(revenue) AS s
+            FROM demo GROUP BY SLIDINGWINDOW(ss, 3);
+        CREATE RULE tumble INTO tumble_out WITH (lateTolerance = 2000) AS SELECT count(*) AS c, sum(revenue) AS s
+            FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);""",
+    )
+    names = ("slide", "tumble")
+    for name in names:
+        b.tick(name)
+    _demo(b, [(1, "d1", 1.0, 1.0), (9, "d1", 1.0, 2.0)])  # watermark 7 s
+    for name in names:
+        b.tick(name)
+    _demo(b, [(5, "d2", 1.0, 99.0), (9.5, "d1", 1.0, 3.0)])  # 5 s < 7 s: dropped
+    for name in names:
+        b.tick(name)
+    _demo(b, [(20, "d1", 1.0, 4.0)])  # watermark 18 s
+    for name in names:
+        b.tick(name)
+    at = lambda sec: T0 + timedelta(seconds=sec)
+    kept = ref.kept_rows([[1, 9], [5, 9.5], [20]], tolerance=2)
+    assert kept == [1, 9, 9.5, 20]
+    windows = ref.sliding_windows(kept, size=3, delay=0, until=18)
+    assert [(w["start"], w["end"], len(w["members"])) for w in windows if w["closed"]] == [
+        (-2, 1, 1),
+        (6, 9, 1),
+        (6.5, 9.5, 2),
+    ]
+    assert [(r["window_start"], r["window_end"], r["c"], r["s"]) for r in b.sink("slide_out")] == [
+        (at(-2), at(1), 1, 1.0),
+        (at(6), at(9), 1, 2.0),
+        (at(6.5), at(9.5), 2, 5.0),
+    ]
+    assert [(r["window_start"], r["c"], r["s"]) for r in b.sink("tumble_out")] == [(at(0), 3, 6.0)]  # 1, 9, 9.5 s

@@ -346,6 +346,21 @@ def _ignored(
     return Ignored(what, rows, (lo, hi), text)
 
 
+def with_exact_late(
+    plan: TickPlan, stream: Stream, late: Sequence[tuple[int, datetime, datetime]], tz: str
+) -> TickPlan:
+    """``plan`` with its ``late`` lines (counted from file statistics) replaced by the exact ones of an
+    eKuiper rule's dropped rows (``streams.late``): ``(rows, first, last)`` per file."""
+    why = (
+        f"lateTolerance {format_duration(stream.options.watermark)} drops rows older than the watermark "
+        "before any window, as eKuiper does"
+    )
+    exact = tuple(_ignored(stream, "late", rows, lo, hi, tz, why) for rows, lo, hi in late)
+    ignored = tuple(i for i in plan.ignored if i.what != "late") + exact
+    works = tuple(replace(w, ignored=_texts(ignored)) if w.ignored or ignored else w for w in plan.works)
+    return replace(plan, ignored=ignored, works=works)
+
+
 def true_for_ignored(stream: Stream, starts: Sequence[datetime], rows: int) -> Ignored:
     """The windows a run's TRUE_FOR dropped (closed, first to last row shorter than it): how many,
     their rows and starts, and why."""
@@ -617,5 +632,6 @@ __all__ = [
     "tick_after",
     "tick_floor",
     "true_for_ignored",
+    "with_exact_late",
     "work_range",
 ]
