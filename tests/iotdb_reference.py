@@ -12,7 +12,8 @@ IoTDB's rules it follows (README, IoTDB continuous queries):
 - OFFSET/LIMIT number those rows: with ALIGN BY DEVICE device by device (devices in order), each
   device's windows in time order; otherwise one row per window (a time row holds every device);
 - only then are NULL values left out: a row whose values are all NULL is not written.
-Without GROUP BY and without aggregates, a row exists where a selected series has a point.
+Without GROUP BY and without aggregates, a row exists where a series the SELECT reads has a point
+(``s1 + s2`` has a row where s1 alone has one); FILL and OFFSET/LIMIT work on those rows.
 ``max_time``/``min_time`` are INT64 milliseconds (here: offsets from the base time, in ms).
 """
 
@@ -75,7 +76,7 @@ class Case:
 
 def random_case(rng: random.Random, name: str) -> Case:
     if rng.random() < 0.2:  # row-wise, always per device
-        items = [("", "s1"), ("", "s2")][: rng.choice([1, 2])]
+        items = rng.choice([[("", "s1")], [("", "s1"), ("", "s2")], [("", "s1 + s2"), ("", "s2")], [("", "s1 + s2")]])
         case = Case(name, items, by_device="align")
         case.fill = rng.choice([None, "PREVIOUS", "LINEAR", "0.0"])
     else:
@@ -141,6 +142,17 @@ def _aggregate(func: str, points: list[tuple[int, float]]):
     raise ValueError(func)
 
 
+def _reads(expression: str) -> list[str]:
+    """The series a raw expression reads (``s1``, ``s1 + s2``)."""
+    return [part.strip() for part in expression.split("+")]
+
+
+def _raw(expression: str, row: dict):
+    """A raw expression's value in a row: NULL when a series it reads has no point there."""
+    values = [row[s] for s in _reads(expression)]
+    return None if any(v is None for v in values) else sum(values)
+
+
 def _passes(where: str | None, row: dict) -> bool:
     if where == "s1 > 0":
         return row["s1"] is not None and row["s1"] > 0
@@ -186,8 +198,9 @@ def expected(case: Case, rows: list[dict], *, lo: int, hi: int) -> set[tuple]:
         out: list[tuple] = []
         for d in devices:
             mine = sorted((r for r in seen if r["device"] == d), key=lambda r: r["t"])
-            mine = [r for r in mine if any(r[s] is not None for _, s in case.items)]  # a row is a point
-            cells = [[r[s] for _, s in case.items] for r in mine]
+            # a row is where a series the SELECT reads has a point, whatever its expressions give there
+            mine = [r for r in mine if any(r[s] is not None for _, e in case.items for s in _reads(e))]
+            cells = [[_raw(e, r) for _, e in case.items] for r in mine]
             _fill(case, cells, [r["t"] for r in mine])
             out += [(r["t"], d, *c) for r, c in zip(mine, cells)]
         return _written(_limit(case, out))

@@ -242,6 +242,26 @@ def test_fill_without_group_by_fills_rows_per_device(spark, points):
     assert rows == [(5, "d1", 7.0), (21, "d1", 5.0)]
 
 
+def test_raw_rows_are_where_a_series_the_select_reads_has_a_point(spark, points):
+    # IoTDB's raw query has a row wherever any series it reads has a point, whatever the expressions
+    # give there: s1 + s2 reads s1 and s2, so 0s, 3s and 8s (s2 NULL) are rows, which FILL fills and
+    # LIMIT counts; only a row whose values stay all NULL writes nothing.
+    rows = fire30(spark, points, "SELECT s1 + s2 AS x, s2 AS y INTO o FROM t FILL(0.5) ALIGN BY DEVICE")
+    assert rows == [
+        (0, "d1", 0.5, 0.5),
+        (3, "d2", 0.5, 0.5),
+        (5, "d1", 9.0, 7.0),
+        (8, "d1", 0.5, 0.5),
+        (21, "d1", 9.0, 5.0),
+    ]
+    rows = fire30(
+        spark, points, "SELECT s2 * 2 AS y INTO o FROM t WHERE device = 'd1' LIMIT 2 OFFSET 1 ALIGN BY DEVICE"
+    )
+    assert rows == [(21, "d1", 10.0)]  # it reads s2 only: rows at its points 5s and 21s
+    rows = fire30(spark, points, "SELECT s1 * 0 + s2 AS y INTO o FROM t WHERE device = 'd1' LIMIT 2 ALIGN BY DEVICE")
+    assert rows == [(5, "d1", 7.0)]  # it reads s1 too: rows 0s (NULL), 5s, 8s, 21s; LIMIT 2 keeps 0s, 5s
+
+
 def test_known_devices_without_rows_in_the_range_are_rows(spark, points):
     rows = fire30(spark, points, "SELECT count(s1) AS n INTO o FROM t GROUP BY (10s) ALIGN BY DEVICE")
     assert [r for r in rows if r[1] == "d3"] == [(0, "d3", 0), (10, "d3", 0), (20, "d3", 0)]
