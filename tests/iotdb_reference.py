@@ -53,10 +53,14 @@ class Case:
     offset: int = 0
     names: list[str] = field(default_factory=list)
 
-    def sql(self, *, every: int) -> str:
+    def sql(self, *, every: int, range_: int | None = None, name: str | None = None) -> str:
         select = ", ".join(f"{f}({s}) AS {n}" if f else f"{s} AS {n}" for (f, s), n in zip(self.items, self.names))
         where = [w for w in (self.where, "device = 'd1'" if self.by_device == "one" else None) if w]
-        out = f"CREATE CQ {self.name} RESAMPLE EVERY {every}s RANGE {every}s BEGIN SELECT {select} INTO {self.name}_out FROM t"
+        name = name or self.name
+        out = (
+            f"CREATE CQ {name} RESAMPLE EVERY {every}s RANGE {range_ or every}s "
+            f"BEGIN SELECT {select} INTO {name}_out FROM t"
+        )
         if where:
             out += " WHERE " + " AND ".join(where)
         if self.interval is not None:
@@ -235,3 +239,15 @@ def _written(rows: list[tuple]) -> set[tuple]:
 
 def _rounded(row: tuple) -> tuple:
     return tuple(round(v, 6) if isinstance(v, float) else v for v in row)
+
+
+def upserted(firings: list[set[tuple]]) -> set[tuple]:
+    """IoTDB's sink after ``firings`` (each ``expected``'s rows, in firing order): every firing's
+    ``SELECT ... INTO`` writes its non-NULL cells over the points at the same time and device and
+    deletes nothing, so overlapping firings leave the union of what each computed."""
+    cells: dict[tuple, list] = {}
+    for rows in firings:
+        for row in rows:
+            old = cells.get(row[:2], [None] * (len(row) - 2))
+            cells[row[:2]] = [v if v is not None else o for v, o in zip(row[2:], old)]
+    return {(*key, *values) for key, values in cells.items()}
