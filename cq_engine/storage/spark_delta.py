@@ -35,6 +35,7 @@ from cq_engine.storage.delta import (
     COMMIT_ID_KEY,
     MAX_ATTEMPTS,
     DeltaRsStorage,
+    _already_written,
     _cast_to,
     _check_in_range,
     kept_bytes,
@@ -383,7 +384,7 @@ class SparkDeltaStorage(DeltaRsStorage):
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()
         dt = self._open_or_create(table, lambda: data.schema if arrow else arrow_schema(data), time_column=time_column)
-        if txn is not None and (held := dt.transaction_version(txn[0])) is not None and held >= txn[1]:
+        if _already_written(dt, txn):
             return dt.version()  # Delta's skip of a write this identity made (checked here: no Spark job)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
@@ -391,13 +392,23 @@ class SparkDeltaStorage(DeltaRsStorage):
             arrow_data = _cast_to(table, data, target)
             assert isinstance(arrow_data, pa.Table)  # a reader was read whole above
             _check_in_range(table, column, arrow_data.column(column), lo, hi)
-            frame = self._session().createDataFrame(arrow_data) if arrow_data.num_rows else None
+            if not arrow_data.num_rows:  # no cells: an empty commit records the run's identity, as delta-rs's
+                from pyspark.sql.pandas.types import from_arrow_schema
+
+                empty = self._session().createDataFrame([], schema=from_arrow_schema(arrow_data.schema))
+                writer = empty.write.format("delta").mode("append")
+                if txn is not None:
+                    writer = writer.option("txnAppId", txn[0]).option("txnVersion", str(txn[1]))
+                commit_id = uuid.uuid4().hex
+                writer.option("userMetadata", json.dumps({**(metadata or {}), COMMIT_ID_KEY: commit_id})).save(
+                    self.spark_uri(table)
+                )
+                return self._committed_version(table, commit_id)
+            frame = self._session().createDataFrame(arrow_data)
         else:
             frame = _spark_cast(table, data, target)
         commit_id = uuid.uuid4().hex
         names = {f.name.lower(): f.name for f in target}
-        if frame is None:  # no cells: nothing to merge (an empty firing changes no point)
-            return dt.version()
         spark = frame.sparkSession
         for attempt in range(MAX_ATTEMPTS):
             try:
