@@ -15,6 +15,7 @@ from cq_engine.errors import CQError, ParseError
 from cq_engine.model import (
     DATA_SHAPED,
     Catalog,
+    ContinuousQuery,
     Definition,
     SelectItem,
     SessionTrigger,
@@ -24,8 +25,9 @@ from cq_engine.model import (
     TriggerDef,
 )
 from cq_engine.parse import ParseOptions, parse_file, sql_files
-from cq_engine.parse.ekuiper import first_row_values
+from cq_engine.parse.ekuiper import first_row_values, integer_averages
 from cq_engine.parse.fragments import TIME_REF
+from cq_engine.parse.iotdb import COUNT_STAR, expand_count_star
 from cq_engine.streams.output import data_columns, sink_mismatch
 
 
@@ -102,6 +104,7 @@ def load_catalog(
     for d in definitions:
         try:
             d = _resolve_rule(d, by_name)
+            d = _resolve_count_star(d, by_name)
             _check_against_tables(d, by_name)
             kept.append(d)
         except CQError as exc:
@@ -157,7 +160,21 @@ def _resolve_rule(d: Definition, tables: dict[str, TableDecl]) -> Definition:
             for c in table.columns
             if c.name.lower() not in taken
         ]
-    return first_row_values(replace(d, trigger_table=table.name, source=table.name, select=tuple(items)))
+    resolved = replace(d, trigger_table=table.name, source=table.name, select=tuple(items))
+    return first_row_values(integer_averages(resolved, table))
+
+
+def _resolve_count_star(d: Definition, tables: dict[str, TableDecl]) -> Definition:
+    """A continuous query's ``count(*)``: one count per series of its declared source (IoTDB)."""
+    if not isinstance(d, ContinuousQuery) or not any(i.expression == COUNT_STAR for i in d.select):
+        return d
+    table = tables.get(d.source.lower())
+    if table is None:
+        raise _err(
+            _word_location(d.location, "count"),
+            f"{d.name!r}: count(*) needs {d.source!r} declared (CREATE TABLE) to know its series",
+        )
+    return expand_count_star(d, table)
 
 
 def _err(location, message: str) -> ParseError:

@@ -121,6 +121,7 @@ class ContinuousQuery:
     location: SourceLocation = field(default_factory=lambda: SourceLocation("<string>", 1, 1))
     sql: str = ""
     freshness_grace: timedelta | None = None  # `-- cq: freshness_grace 5m`; None: the setting's
+    into_columns: tuple[str, ...] | None = None  # INTO sink(col, ...), positional over the expanded items
 
     @property
     def kind(self) -> str:
@@ -353,6 +354,22 @@ class Stream:
     @property
     def is_aggregate(self) -> bool:
         return any(i.is_aggregate for i in self.select)
+
+    @property
+    def empty_window_rows(self) -> bool:
+        """Does a window of the run without rows get a row: TDengine's FORCE_OUTPUT, and eKuiper's
+        ungrouped aggregate TUMBLINGWINDOW / HOPPINGWINDOW rules, which emit every window from the
+        first event on, an empty one as one row whose aggregates are all NULL (a HAVING over NULLs
+        keeps none, so a rule with HAVING gets no such row)."""
+        if self.options.force_output:
+            return True
+        return (
+            self.form == "ekuiper"
+            and isinstance(self.trigger, SlidingTrigger)
+            and self.is_aggregate
+            and not self.group_by
+            and self.having is None
+        )
 
     @property
     def time_column(self) -> str:

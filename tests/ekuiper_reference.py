@@ -134,3 +134,15 @@ def split(windows, rows, key):
             taken[key(r)].append(r)
         out += [(w, k, rs) for k, rs in taken.items()]
     return out
+
+
+def kept_rows(batches, *, tolerance):
+    """eKuiper's ``WatermarkOp.track`` over batches of row times (one Delta commit each, its rows
+    arriving together): a row passes only at or after the watermark it arrives under, the latest
+    event time before its batch minus ``lateTolerance``; the others reach no window."""
+    out, latest = [], None
+    for batch in batches:
+        watermark = None if latest is None else latest - tolerance
+        out += [t for t in batch if watermark is None or t >= watermark]
+        latest = max([*([latest] if latest is not None else []), *batch])
+    return out

@@ -12,11 +12,14 @@ IoTDB's rules it follows (docs/dialects/iotdb.md):
 - OFFSET/LIMIT number those rows: with ALIGN BY DEVICE device by device (devices in order), each
   device's windows in time order; otherwise one row per window (a time row holds every device);
 - only then are NULL values left out: a row whose values are all NULL is not written.
-Without GROUP BY and without aggregates, a row exists where a selected series has a point.
+Without GROUP BY and without aggregates, a row exists where a series the SELECT reads has a point
+(``s1 + s2`` has a row where s1 alone has one); FILL and OFFSET/LIMIT work on those rows.
+``max_time``/``min_time`` are INT64 milliseconds (here: offsets from the base time, in ms).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -50,10 +53,14 @@ class Case:
     offset: int = 0
     names: list[str] = field(default_factory=list)
 
-    def sql(self, *, every: int) -> str:
+    def sql(self, *, every: int, range_: int | None = None, name: str | None = None) -> str:
         select = ", ".join(f"{f}({s}) AS {n}" if f else f"{s} AS {n}" for (f, s), n in zip(self.items, self.names))
         where = [w for w in (self.where, "device = 'd1'" if self.by_device == "one" else None) if w]
-        out = f"CREATE CQ {self.name} RESAMPLE EVERY {every}s RANGE {every}s BEGIN SELECT {select} INTO {self.name}_out FROM t"
+        name = name or self.name
+        out = (
+            f"CREATE CQ {name} RESAMPLE EVERY {every}s RANGE {range_ or every}s "
+            f"BEGIN SELECT {select} INTO {name}_out FROM t"
+        )
         if where:
             out += " WHERE " + " AND ".join(where)
         if self.interval is not None:
@@ -73,12 +80,13 @@ class Case:
 
 def random_case(rng: random.Random, name: str) -> Case:
     if rng.random() < 0.2:  # row-wise, always per device
-        items = [("", "s1"), ("", "s2")][: rng.choice([1, 2])]
+        items = rng.choice([[("", "s1")], [("", "s1"), ("", "s2")], [("", "s1 + s2"), ("", "s2")], [("", "s1 + s2")]])
         case = Case(name, items, by_device="align")
         case.fill = rng.choice([None, "PREVIOUS", "LINEAR", "0.0"])
     else:
         fill = rng.choice([None, None, "PREVIOUS", "LINEAR", "0.0"])
-        pool = [a for a in AGGREGATES if not (fill in ("LINEAR", "0.0") and a in TIMES)]  # numbers only
+        # max_time/min_time are INT64 ms, which LINEAR interpolates too; a 0.0 constant would write the epoch
+        pool = [a for a in AGGREGATES if not (fill == "0.0" and a in TIMES)]
         items = [(rng.choice(pool), rng.choice(["s1", "s2"])) for _ in range(rng.choice([1, 2, 3]))]
         interval = rng.choice([10, 15, 20])
         step = rng.choice([interval, interval, interval // 2 if interval % 2 == 0 else interval])
@@ -131,11 +139,22 @@ def _aggregate(func: str, points: list[tuple[int, float]]):
         return sum(values) / len(values)
     if func == "extreme":
         return max(values, key=lambda v: (abs(v), v))
-    if func == "max_time":
-        return max(t for t, _ in points)
+    if func == "max_time":  # IoTDB's times are INT64 milliseconds
+        return max(t for t, _ in points) * 1000
     if func == "min_time":
-        return min(t for t, _ in points)
+        return min(t for t, _ in points) * 1000
     raise ValueError(func)
+
+
+def _reads(expression: str) -> list[str]:
+    """The series a raw expression reads (``s1``, ``s1 + s2``)."""
+    return [part.strip() for part in expression.split("+")]
+
+
+def _raw(expression: str, row: dict):
+    """A raw expression's value in a row: NULL when a series it reads has no point there."""
+    values = [row[s] for s in _reads(expression)]
+    return None if any(v is None for v in values) else sum(values)
 
 
 def _passes(where: str | None, row: dict) -> bool:
@@ -163,7 +182,9 @@ def _fill(case: Case, cells: list[list], order: list[int]) -> None:
             elif case.fill == "LINEAR":
                 if before and after:
                     (x0, y0), (x1, y1) = before[-1], after[0]
-                    cells[i][j] = y0 + (y1 - y0) * (order[i] - x0) / (x1 - x0)
+                    value = y0 + (y1 - y0) * (order[i] - x0) / (x1 - x0)
+                    # an INT64 series (max_time, min_time) gets the interpolation truncated, as Java's (long)
+                    cells[i][j] = math.floor(value) if case.items[j][0] in TIMES else value
             else:
                 cells[i][j] = float(case.fill)
 
@@ -181,8 +202,9 @@ def expected(case: Case, rows: list[dict], *, lo: int, hi: int) -> set[tuple]:
         out: list[tuple] = []
         for d in devices:
             mine = sorted((r for r in seen if r["device"] == d), key=lambda r: r["t"])
-            mine = [r for r in mine if any(r[s] is not None for _, s in case.items)]  # a row is a point
-            cells = [[r[s] for _, s in case.items] for r in mine]
+            # a row is where a series the SELECT reads has a point, whatever its expressions give there
+            mine = [r for r in mine if any(r[s] is not None for _, e in case.items for s in _reads(e))]
+            cells = [[_raw(e, r) for _, e in case.items] for r in mine]
             _fill(case, cells, [r["t"] for r in mine])
             out += [(r["t"], d, *c) for r, c in zip(mine, cells)]
         return _written(_limit(case, out))
@@ -217,3 +239,15 @@ def _written(rows: list[tuple]) -> set[tuple]:
 
 def _rounded(row: tuple) -> tuple:
     return tuple(round(v, 6) if isinstance(v, float) else v for v in row)
+
+
+def upserted(firings: list[set[tuple]]) -> set[tuple]:
+    """IoTDB's sink after ``firings`` (each ``expected``'s rows, in firing order): every firing's
+    ``SELECT ... INTO`` writes its non-NULL cells over the points at the same time and device and
+    deletes nothing, so overlapping firings leave the union of what each computed."""
+    cells: dict[tuple, list] = {}
+    for rows in firings:
+        for row in rows:
+            old = cells.get(row[:2], [None] * (len(row) - 2))
+            cells[row[:2]] = [v if v is not None else o for v, o in zip(row[2:], old)]
+    return {(*key, *values) for key, values in cells.items()}

@@ -71,7 +71,10 @@ def test_ingest_run_query_recalculate_show(project, capsys):
     code, out, _ = cq(capsys, "ingest", "ln", str(DATA / "ln.csv"))
     assert code == 0 and "appended 36 rows" in out
     code, out, _ = cq(capsys, "run", "cq1", "--at", "2021-05-11T22:18:40")
-    assert code == 0 and "8 rows -> cq1_out" in out
+    assert code == 0 and "8 rows -> cq1_out v1" in out
+    # The same firing on the same source version: Delta's idempotent write skips it, and the line says so.
+    code, out, _ = cq(capsys, "run", "cq1", "--at", "2021-05-11T22:18:40")
+    assert code == 0 and "nothing written: this firing was already committed from ln v1, so cq1_out stays at v1" in out
     code, out, _ = cq(
         capsys, "query", "SELECT device, temperature_max FROM cq1_out WHERE device LIKE '%wf01.wt01' ORDER BY time"
     )
@@ -353,3 +356,26 @@ def test_tick_reports_windows_dropped_by_true_for(tmp_path, monkeypatch, capsys,
     append((95, 6))  # nothing closes: nothing reported
     code, out, _ = cq(capsys, "tick", "s")
     assert code == 0 and "true_for" not in out and "1 window(s)" not in out, out
+
+
+def test_validate_and_show_give_ekuiper_rules_their_own_options(tmp_path, monkeypatch, capsys):
+    # TIMEOUT POLICY BLOCKED is IoTDB's word; an eKuiper rule shows its lateTolerance option instead.
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "r.sql").write_text(
+        'CREATE STREAM demo (ID STRING, v FLOAT, ts BIGINT) WITH (DATASOURCE="demo", TIMESTAMP="ts");\n'
+        "CREATE RULE strict INTO strict_out WITH (lateTolerance = 2000) AS SELECT count(*) AS n FROM demo "
+        "GROUP BY TUMBLINGWINDOW(ss, 10);\n"
+        "CREATE RULE lenient INTO lenient_out AS SELECT count(*) AS n FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);\n"
+    )
+    for var, value in {
+        "CQ_SQL_DIR": tmp_path / "sql",
+        "CQ_WAREHOUSE": tmp_path / "wh",
+        "CQ_HOME": tmp_path / ".cq",
+    }.items():
+        monkeypatch.setenv(var, str(value))
+    for command in ("validate", "show"):
+        code, out, _ = cq(capsys, command)
+        assert code == 0 and "BLOCKED" not in out, out
+        strict = next(line for line in out.splitlines() if " strict " in f" {line} ")
+        lenient = next(line for line in out.splitlines() if " lenient " in f" {line} ")
+        assert "lateTolerance=2s" in strict and "lateTolerance=none (late rows recomputed)" in lenient, out

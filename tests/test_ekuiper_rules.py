@@ -640,3 +640,144 @@ def test_a_stream_grouped_by_a_window_function_is_a_rule():
         "PARTITION BY tbname INTERVAL(1m) SLIDING(30s)"
     )
     assert old.form == "old"  # TDengine's own streams are untouched
+
+
+def test_avg_of_integers_is_an_integer_as_in_ekuiper(tmp_path, spark):
+    # eKuiper's funcs_agg.go: avg over int64 values returns the int64 total divided by the count of
+    # non-NULL values (Go's division, toward zero); floats average as floats.
+    b = Bench(
+        tmp_path,
+        spark,
+        'CREATE STREAM orders (ID STRING, qty BIGINT, price FLOAT, ts BIGINT) WITH (DATASOURCE="orders", TIMESTAMP="ts");\n'
+        "CREATE RULE avgs INTO avgs_out AS SELECT avg(qty) AS q, avg(qty * 2 + 1) AS q2, avg(price) AS p, "
+        "avg(qty + 0.5) AS h FROM orders GROUP BY ID, TUMBLINGWINDOW(ss, 10);",
+    )
+    b.tick("avgs")
+    rows = [
+        (1, "a", 1, 1.0),
+        (2, "a", 2, 2.0),
+        (3, "a", None, None),
+        (4, "b", -3, 1.0),
+        (5, "b", 0, 2.0),
+        (30, "a", 1, 1.0),
+    ]
+    b.engine.storage.append(
+        "orders",
+        pa.table(
+            {
+                "ID": [r[1] for r in rows],
+                "qty": pa.array([r[2] for r in rows], pa.int64()),
+                "price": pa.array([r[3] for r in rows], pa.float64()),
+                "ts": pa.array([T0 + timedelta(seconds=r[0]) for r in rows], pa.timestamp("us", tz="UTC")),
+            }
+        ),
+    )
+    b.tick("avgs")
+    out = [(r["ID"], r["q"], r["q2"], r["p"], r["h"]) for r in b.sink("avgs_out")]
+    assert sorted(out) == [("a", 1, 4, 1.5, 2.0), ("b", -1, -2, 1.5, -1.0)]
+    assert all(isinstance(r[1], int) for r in out)
+
+
+def test_empty_windows_of_ungrouped_tumbling_and_hopping_rules_are_rows_of_nulls(tmp_path, spark):
+    # eKuiper's event-time trigger (event_window_trigger.go getNextWindow) steps from the first event's
+    # aligned window end by the hop, and scan() emits each window, empty or not: an aggregate rule
+    # without GROUP BY columns gets one row for an empty window, its aggregates NULL (count(*) too).
+    # With GROUP BY columns an empty window has no group, so no row.
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO
+        + """
+        CREATE RULE tumble INTO tumble_out AS SELECT count(*) AS n, max(temperature) AS t FROM demo
+            GROUP BY TUMBLINGWINDOW(ss, 10);
+        CREATE RULE hop INTO hop_out AS SELECT count(*) AS n FROM demo GROUP BY HOPPINGWINDOW(ss, 10, 5);
+        CREATE RULE keyed INTO keyed_out AS SELECT count(*) AS n FROM demo GROUP BY ID, TUMBLINGWINDOW(ss, 10);""",
+    )
+    for name in ("tumble", "hop", "keyed"):
+        b.tick(name)
+    _demo(b, [(12, "a", 1.0), (14, "a", 3.0), (41, "a", 2.0), (55, "b", 1.0)])
+    for name in ("tumble", "hop", "keyed"):
+        b.tick(name)
+    at = lambda s: T0 + timedelta(seconds=s)
+    # windows from the first event's ([10, 20)) to the last closed one ([40, 50): the latest event is 55 s)
+    assert sorted((r["window_start"], r["window_end"], r["n"], r["t"]) for r in b.sink("tumble_out")) == [
+        (at(10), at(20), 2, 3.0),
+        (at(20), at(30), None, None),
+        (at(30), at(40), None, None),
+        (at(40), at(50), 1, 2.0),
+    ]
+    assert sorted((r["window_start"], r["n"]) for r in b.sink("hop_out")) == [
+        (at(5), 2),
+        (at(10), 2),
+        (at(15), None),
+        (at(20), None),
+        (at(25), None),
+        (at(30), None),
+        (at(35), 1),
+        (at(40), 1),
+        (at(45), None),  # [45 s, 55 s) closed at the latest event, 55 s
+    ]
+    assert sorted((r["window_start"], r["n"]) for r in b.sink("keyed_out")) == [(at(10), 2), (at(40), 1)]
+
+
+def test_late_notice_counts_exactly_the_rows_beyond_late_tolerance(tmp_path, spark):
+    # One commit holding 5 rows, one of them older than the watermark (latest event 25 s - 5 s = 20 s):
+    # the notice counts that one row and its event time, not the whole file.
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO + "CREATE RULE dropped INTO dropped WITH (lateTolerance = 5000) AS SELECT count(*) AS n FROM demo "
+        "GROUP BY TUMBLINGWINDOW(ss, 10);",
+    )
+    b.tick("dropped")
+    _demo(b, [(1, "a", 1.0), (25, "a", 1.0)])
+    b.tick("dropped")
+    _demo(b, [(3, "a", 1.0), (21, "a", 1.0), (22, "a", 1.0), (23, "a", 1.0), (24, "a", 1.0)])
+    plan = b.tick("dropped")
+    (ignored,) = plan.ignored
+    assert ignored.rows == 1 and ignored.span == (T0 + 3 * S, T0 + 3 * S), ignored
+    assert ignored.text.startswith("late: 1 row(s) ignored, event time [2026-11-21T10:00:03+00:00, "), ignored.text
+    assert "before any window" in ignored.text
+
+
+def test_rows_beyond_late_tolerance_trigger_and_join_no_window(tmp_path, spark):
+    # eKuiper's WatermarkOp.track drops a row older than the watermark (latest event time seen before
+    # it - lateTolerance) before the window operator: it triggers no SLIDINGWINDOW window and is not
+    # counted in a window still open (here TUMBLINGWINDOW [0 s, 10 s), open until the watermark passes 10 s).
+    b = Bench(
+        tmp_path,
+        spark,
+        DEMO
+        + """
+        CREATE RULE slide INTO slide_out WITH (lateTolerance = 2000) AS SELECT count(*) AS c, sum(revenue) AS s
+            FROM demo GROUP BY SLIDINGWINDOW(ss, 3);
+        CREATE RULE tumble INTO tumble_out WITH (lateTolerance = 2000) AS SELECT count(*) AS c, sum(revenue) AS s
+            FROM demo GROUP BY TUMBLINGWINDOW(ss, 10);""",
+    )
+    names = ("slide", "tumble")
+    for name in names:
+        b.tick(name)
+    _demo(b, [(1, "d1", 1.0, 1.0), (9, "d1", 1.0, 2.0)])  # watermark 7 s
+    for name in names:
+        b.tick(name)
+    _demo(b, [(5, "d2", 1.0, 99.0), (9.5, "d1", 1.0, 3.0)])  # 5 s < 7 s: dropped
+    for name in names:
+        b.tick(name)
+    _demo(b, [(20, "d1", 1.0, 4.0)])  # watermark 18 s
+    for name in names:
+        b.tick(name)
+    at = lambda sec: T0 + timedelta(seconds=sec)
+    kept = ref.kept_rows([[1, 9], [5, 9.5], [20]], tolerance=2)
+    assert kept == [1, 9, 9.5, 20]
+    windows = ref.sliding_windows(kept, size=3, delay=0, until=18)
+    assert [(w["start"], w["end"], len(w["members"])) for w in windows if w["closed"]] == [
+        (-2, 1, 1),
+        (6, 9, 1),
+        (6.5, 9.5, 2),
+    ]
+    assert [(r["window_start"], r["window_end"], r["c"], r["s"]) for r in b.sink("slide_out")] == [
+        (at(-2), at(1), 1, 1.0),
+        (at(6), at(9), 1, 2.0),
+        (at(6.5), at(9.5), 2, 5.0),
+    ]
+    assert [(r["window_start"], r["c"], r["s"]) for r in b.sink("tumble_out")] == [(at(0), 3, 6.0)]  # 1, 9, 9.5 s

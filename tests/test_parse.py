@@ -147,8 +147,45 @@ REJECTIONS = [
     ("CREATE CQ a RESAMPLE EVERY 500ms BEGIN SELECT t AS m INTO b FROM c END", "1:28", "below the minimum"),
     (
         "CREATE CQ a RESAMPLE RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END",
-        "1:80",
+        "1:22",
+        "greater than or equal to every interval",
+    ),
+    (
+        "CREATE CQ a RESAMPLE EVERY 5s RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (10s) END",
+        "1:89",
         "larger than the RANGE start offset",
+    ),
+    # IoTDB: "CQ: The start time offset should be greater than or equal to every interval."
+    (
+        "CREATE CQ a RESAMPLE EVERY 10s RANGE 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (5s) END",
+        "1:32",
+        "greater than or equal to every interval",
+    ),
+    # IoTDB's HAVING rules (QueryStatement.semanticCheck) and SELECT ... INTO's refusal of SLIMIT/SOFFSET
+    (
+        "CREATE CQ a RESAMPLE EVERY 10s BEGIN SELECT s1 AS x INTO b FROM c HAVING s1 > 3 ALIGN BY DEVICE END",
+        "1:74",
+        "Expression of HAVING clause must to be an Aggregation",
+    ),
+    (
+        "CREATE CQ a RESAMPLE EVERY 10s BEGIN SELECT s1 AS x INTO b FROM c HAVING count(s1) > 3 END",
+        "1:80",
+        "can not be used in NonAggregationQuery",
+    ),
+    (
+        "CREATE CQ a BEGIN SELECT count(s1) AS x INTO b FROM c GROUP BY (10s) HAVING count(s1) + s1 > 3 END",
+        "1:89",
+        "'s1' is not inside an aggregate",
+    ),
+    (
+        "CREATE CQ a BEGIN SELECT count(s1) AS x INTO b FROM c GROUP BY (10s) SLIMIT 1 END",
+        "1:70",
+        "SLIMIT is not supported in a continuous query",
+    ),
+    (
+        "CREATE CQ a BEGIN SELECT count(s1) AS x INTO b FROM c GROUP BY (10s) LIMIT 2 SOFFSET 1 END",
+        "1:78",
+        "SOFFSET is not supported in a continuous query",
     ),
     (
         "CREATE CQ a RESAMPLE RANGE 5s, 5s BEGIN SELECT max(t) AS m INTO b FROM c GROUP BY (1s) END",
@@ -247,3 +284,33 @@ def test_select_items_without_a_name_get_one_from_their_text():
     # AS and the INTO list still win; FILL is allowed without GROUP BY (rows are filled per device).
     (cq,) = parse_text("CREATE CQ a RESAMPLE EVERY 1m BEGIN SELECT s1 + 1 INTO b(x) FROM c FILL(PREVIOUS) END")
     assert [i.name for i in cq.select] == ["x"] and cq.fill is not None and cq.time_grouping is None
+
+
+def test_count_star_is_one_count_per_series_of_the_source(tmp_path):
+    # IoTDB expands count(*) to count() of every series the FROM path holds, and its SELECT ... INTO
+    # refuses an INTO list whose length differs from the expanded items.
+    table = "CREATE TABLE ln (ts TIMESTAMP, device STRING, s1 DOUBLE, s2 DOUBLE) TAGS (site STRING);\n"
+
+    def load(body: str):
+        (tmp_path / "q.sql").write_text(
+            table + f"CREATE CQ q BEGIN SELECT {body} FROM ln GROUP BY (10s) ALIGN BY DEVICE END;\n"
+        )
+        return load_catalog(tmp_path)
+
+    catalog = load("count(*), max_value(s1) AS m INTO o")
+    assert not catalog.errors, catalog.errors
+    (q,) = catalog.definitions
+    assert [(i.expression, i.name) for i in q.select] == [
+        ("count(`s1`)", "count_s1"),
+        ("count(`s2`)", "count_s2"),
+        ("MAX(s1)", "m"),
+    ]
+    (q,) = load("count(*) INTO o(a, b)").definitions
+    assert [(i.expression, i.name) for i in q.select] == [("count(`s1`)", "a"), ("count(`s2`)", "b")]
+    (error,) = load("count(*) INTO o(a)").errors
+    assert "the number of source paths and the number of target paths should be the same" in str(error)
+    (error,) = load("count(*) AS n INTO o").errors
+    assert "an alias names one column" in str(error)
+    (tmp_path / "q.sql").write_text("CREATE CQ q BEGIN SELECT count(*) INTO o FROM elsewhere GROUP BY (10s) END;\n")
+    (error,) = load_catalog(tmp_path).errors
+    assert str(error).startswith(f"{tmp_path}/q.sql:1:26: ") and "count(*) needs 'elsewhere' declared" in str(error)

@@ -17,6 +17,11 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
+def ms(seconds: float) -> int:
+    """IoTDB's time of a point: INT64 milliseconds since the epoch (max_time, min_time)."""
+    return int(at(seconds).timestamp() * 1000)
+
+
 @pytest.fixture(scope="module")
 def data(spark):
     # device a: values at 1s, 2s, 12s, 31s; device b: at 5s and 25s (nothing in [10, 20))
@@ -118,7 +123,7 @@ def test_iotdb_aggregates(spark, data):
         "max_time(v) AS mt, min_time(v) AS nt, avg(v) AS a INTO o FROM t "
         "WHERE device = 'a' GROUP BY (40s)",
     )
-    assert rows == [(T0, 1.0, -7.0, -7.0, at(31), at(1), 0.5)]
+    assert rows == [(T0, 1.0, -7.0, -7.0, ms(31), ms(1), 0.5)]
 
 
 def test_aggregate_without_group_by_time_is_one_window_per_range(spark, data):
@@ -127,7 +132,7 @@ def test_aggregate_without_group_by_time_is_one_window_per_range(spark, data):
 
 
 def test_row_wise_align_by_device_respects_range_edges(spark, data):
-    rows = secs(run(spark, data, "SELECT v * 2 AS w INTO o FROM t ALIGN BY DEVICE", fire=31, range_="30s"))
+    rows = secs(run(spark, data, "SELECT v * 2 AS w INTO o FROM t ALIGN BY DEVICE", fire=31, every="30s", range_="30s"))
     # range [1, 31): 1s included, 31s excluded; the NULL row is all-null and not written
     assert rows == [(1, "a", 2.0), (2, "a", 6.0), (5, "b", 20.0), (12, "a", 10.0), (25, "b", 40.0)]
 
@@ -178,7 +183,24 @@ def test_first_and_last_value_are_the_first_and_last_points(spark, points):
         "extreme(s2) AS e, max_time(s2) AS mt, min_time(s2) AS nt, count(s2) AS c, sum(s2) AS su, avg(s2) AS a "
         "INTO o FROM t WHERE device = 'd1' GROUP BY (30s)",
     )
-    assert rows == [(0, 7.0, 5.0, 7.0, 5.0, 7.0, at(21), at(5), 2, 12.0, 6.0)]
+    assert rows == [(0, 7.0, 5.0, 7.0, 5.0, 7.0, ms(21), ms(5), 2, 12.0, 6.0)]
+
+
+def test_max_time_and_min_time_are_int64_milliseconds(spark, points):
+    # IoTDB's max_time/min_time are INT64 (ms since the epoch): arithmetic on them runs, FILL(0)
+    # writes 0 and FILL(LINEAR) interpolates them like any INT64 series.
+    rows = fire30(
+        spark,
+        points,
+        "SELECT max_time(s1) - min_time(s1) AS d, max_time(s2) AS mt INTO o FROM t WHERE device = 'd1' GROUP BY (10s)",
+    )
+    assert rows == [(0, 8000, ms(5)), (20, 0, ms(21))]
+    rows = fire30(spark, points, "SELECT max_time(s2) AS mt INTO o FROM t WHERE device = 'd1' GROUP BY (10s) FILL(0)")
+    assert rows == [(0, ms(5)), (10, 0), (20, ms(21))]
+    rows = fire30(
+        spark, points, "SELECT max_time(s2) AS mt INTO o FROM t WHERE device = 'd1' GROUP BY (10s) FILL(LINEAR)"
+    )
+    assert rows == [(0, ms(5)), (10, ms(13)), (20, ms(21))]
 
 
 def test_limit_and_offset_number_empty_windows(spark, points):
@@ -218,6 +240,26 @@ def test_fill_without_group_by_fills_rows_per_device(spark, points):
     # A row exists where a selected series has a point: selecting s2 alone, 0s and 8s are no rows.
     rows = fire30(spark, points, "SELECT s2 INTO o FROM t FILL(PREVIOUS) ALIGN BY DEVICE")
     assert rows == [(5, "d1", 7.0), (21, "d1", 5.0)]
+
+
+def test_raw_rows_are_where_a_series_the_select_reads_has_a_point(spark, points):
+    # IoTDB's raw query has a row wherever any series it reads has a point, whatever the expressions
+    # give there: s1 + s2 reads s1 and s2, so 0s, 3s and 8s (s2 NULL) are rows, which FILL fills and
+    # LIMIT counts; only a row whose values stay all NULL writes nothing.
+    rows = fire30(spark, points, "SELECT s1 + s2 AS x, s2 AS y INTO o FROM t FILL(0.5) ALIGN BY DEVICE")
+    assert rows == [
+        (0, "d1", 0.5, 0.5),
+        (3, "d2", 0.5, 0.5),
+        (5, "d1", 9.0, 7.0),
+        (8, "d1", 0.5, 0.5),
+        (21, "d1", 9.0, 5.0),
+    ]
+    rows = fire30(
+        spark, points, "SELECT s2 * 2 AS y INTO o FROM t WHERE device = 'd1' LIMIT 2 OFFSET 1 ALIGN BY DEVICE"
+    )
+    assert rows == [(21, "d1", 10.0)]  # it reads s2 only: rows at its points 5s and 21s
+    rows = fire30(spark, points, "SELECT s1 * 0 + s2 AS y INTO o FROM t WHERE device = 'd1' LIMIT 2 ALIGN BY DEVICE")
+    assert rows == [(5, "d1", 7.0)]  # it reads s1 too: rows 0s (NULL), 5s, 8s, 21s; LIMIT 2 keeps 0s, 5s
 
 
 def test_known_devices_without_rows_in_the_range_are_rows(spark, points):

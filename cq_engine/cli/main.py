@@ -19,7 +19,7 @@ from cq_engine.cli.streams import register
 from cq_engine.config import Settings, load_settings
 from cq_engine.durations import format_duration
 from cq_engine.errors import CQError, summary
-from cq_engine.model import ContinuousQuery, PeriodTrigger
+from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
 from cq_engine.resample import timing
 from cq_engine.times import UTC, iso, parse_time
 
@@ -154,7 +154,7 @@ def _validate(args, settings: Settings) -> int:
     for t in catalog.tables:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
-        print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {d.timeout_policy}  {d.location}")
+        print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {_policy(d)}  {d.location}")
     errors = [str(e) for e in catalog.errors]
     for trig in catalog.triggers:
         print(
@@ -200,6 +200,17 @@ def _trigger(d) -> str:
     return f"{t.kind}({', '.join(f'{k}={v}' for k, v in args.items())}) from {d.trigger_table or '-'}"
 
 
+def _policy(d) -> str:
+    """How a definition treats what arrives late or overlaps, in its own system's words: IoTDB's and
+    TDengine's TIMEOUT POLICY; an eKuiper rule's ``lateTolerance`` option (without it, late rows are
+    recomputed: README, eKuiper rules)."""
+    if isinstance(d, Stream) and d.form == "ekuiper":
+        if d.options.ignore_disorder:
+            return f"lateTolerance={format_duration(d.options.watermark)}"
+        return "lateTolerance=none (late rows recomputed)"
+    return d.timeout_policy
+
+
 def _definition(name: str, settings: Settings):
     from cq_engine.catalog import load_catalog, parse_options, require_definition
 
@@ -241,13 +252,22 @@ def _run(args, settings: Settings) -> int:
     engine = open_engine(settings)
     at = _time(args.at, settings, "--at")
     d = engine.definition(args.name)
+    # Delta's idempotent write skips a firing already committed from the same source version: the
+    # sink's version then stays where it was, which the line says instead of claiming rows.
+    before = engine.storage.version(d.sink) if d.sink and engine.storage.exists(d.sink) else None
     r = engine.run_period(args.name, at) if not isinstance(d, ContinuousQuery) else engine.run_firing(args.name, at)
     fired = iso(r.fire_time) if r.fire_time else iso(at)
-    print(
-        f"{r.definition}: fired {fired} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
-        f"{r.rows_written} rows -> {engine.definition(args.name).sink} v{r.sink_version} "
-        f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)"
-    )
+    head = f"{r.definition}: fired {fired} over [{iso(r.time_range[0])}, {iso(r.time_range[1])}): "
+    tail = f"(read {r.files_read}/{r.files_total} files, {r.seconds:.2f}s)"
+    if before is not None and r.sink_version == before:
+        versions = ", ".join(f"{t} v{v}" for t, v in sorted(r.source_versions.items()))
+        print(
+            f"{head}nothing written: this firing was already committed from {versions}, so {d.sink} stays at "
+            f"v{r.sink_version} ({r.rows_written} rows computed; new source data or a changed definition "
+            f"writes again) {tail}"
+        )
+    else:
+        print(f"{head}{r.rows_written} rows -> {d.sink} v{r.sink_version} {tail}")
     return 0
 
 
@@ -308,7 +328,7 @@ def _show(args, settings: Settings) -> int:
                 d.name,
                 f"{d.source} -> {d.sink}",
                 _trigger(d),
-                d.timeout_policy,
+                _policy(d),
                 e.kind if e else "-",
                 when,
                 e.status if e else "never",

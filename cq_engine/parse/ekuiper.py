@@ -253,6 +253,49 @@ def first_row_values(stream: Stream) -> Stream:
     return replace(stream, select=items, having=having)
 
 
+_INTEGER_TYPES = frozenset({"tinyint", "smallint", "int", "bigint"})
+
+
+def integer_averages(stream: Stream, table: TableDecl) -> Stream:
+    """eKuiper's ``avg`` of integers is an integer: ``funcs_agg.go`` divides the int64 total by the
+    count (Go's division, toward zero), so qty 1 and 2 average 1. Each ``avg(x)`` whose argument is
+    integral over ``table``'s declared columns becomes ``sum(x) div count(x)`` (Java's division, also
+    toward zero), a bigint; NULLs are left out of both, as eKuiper's ``getCount`` does."""
+    types = {c.name.lower(): c.type.lower() for c in table.columns}
+
+    def integral(n: exp.Expression) -> bool:
+        if isinstance(n, exp.Paren):
+            return integral(n.this)
+        if isinstance(n, exp.Column):
+            return types.get(n.name.lower()) in _INTEGER_TYPES
+        if isinstance(n, exp.Literal):
+            return not n.is_string and n.this.lstrip("-").isdigit()
+        if isinstance(n, (exp.Add, exp.Sub, exp.Mul, exp.Mod)):
+            return integral(n.this) and integral(n.expression)
+        if isinstance(n, exp.Neg):
+            return integral(n.this)
+        if isinstance(n, exp.Cast):
+            return n.to.sql(dialect="spark").lower() in _INTEGER_TYPES
+        return False
+
+    def visit(n: exp.Expr) -> exp.Expr:
+        if isinstance(n, exp.Avg) and integral(n.this):
+            count = exp.Count(this=n.this.copy())
+            return exp.IntDiv(
+                this=exp.Sum(this=n.this.copy()), expression=exp.Nullif(this=count, expression=exp.Literal.number(0))
+            )
+        return n
+
+    def rewrite(sql: str) -> str:
+        return to_spark(sqlglot.parse_one(sql, read="spark").transform(visit))
+
+    items = tuple(
+        replace(i, expression=rewrite(i.expression)) if "avg" in i.expression.lower() else i for i in stream.select
+    )
+    having = rewrite(stream.having) if stream.having and "avg" in stream.having.lower() else stream.having
+    return replace(stream, select=items, having=having)
+
+
 def _rule_options(cur: Cursor) -> timedelta:
     """``WITH (lateTolerance = ms)`` (eKuiper's rule option, in milliseconds) → the tolerance."""
     _, inner, _ = cur.group()

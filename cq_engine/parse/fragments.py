@@ -27,6 +27,10 @@ def _non_null_time(arg: exp.Expression) -> exp.Expression:
     return exp.If(this=exp.Not(this=exp.Is(this=arg.copy(), expression=exp.Null())), true=_time(), false=exp.Null())
 
 
+def _millis(t: exp.Expression) -> exp.Expression:
+    return exp.Anonymous(this="UNIX_MILLIS", expressions=[t])
+
+
 # IoTDB aggregate name → Spark expression builder over the (single) argument.
 IOTDB_AGGREGATES: dict[str, Callable[[exp.Expression], exp.Expression]] = {
     "MAX_VALUE": lambda a: exp.Max(this=a),
@@ -39,8 +43,9 @@ IOTDB_AGGREGATES: dict[str, Callable[[exp.Expression], exp.Expression]] = {
     "EXTREME": lambda a: exp.Anonymous(
         this="MAX_BY", expressions=[a, exp.Anonymous(this="STRUCT", expressions=[exp.Abs(this=a.copy()), a.copy()])]
     ),
-    "MAX_TIME": lambda a: exp.Max(this=_non_null_time(a)),
-    "MIN_TIME": lambda a: exp.Min(this=_non_null_time(a)),
+    # IoTDB's times are INT64 milliseconds since the epoch: arithmetic and FILL work on them as numbers.
+    "MAX_TIME": lambda a: exp.Max(this=_millis(_non_null_time(a))),
+    "MIN_TIME": lambda a: exp.Min(this=_millis(_non_null_time(a))),
 }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlglot import exp
@@ -11,7 +11,16 @@ from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
-from cq_engine.model import ContinuousQuery, Fill, Resample, SelectItem, SourceLocation, TimeGrouping, TimeoutPolicy
+from cq_engine.model import (
+    ContinuousQuery,
+    Fill,
+    Resample,
+    SelectItem,
+    SourceLocation,
+    TableDecl,
+    TimeGrouping,
+    TimeoutPolicy,
+)
 from cq_engine.parse.cursor import Cursor, suggest
 from cq_engine.parse.fragments import (
     IOTDB_AGGREGATES,
@@ -75,6 +84,12 @@ def parse_continuous_query(cur: Cursor, opts: ParseOptions, start: Token) -> Con
             header.range_tok,
             f"RANGE start offset {format_duration(start_offset)} must be "
             f"greater than the end offset {format_duration(end_offset)}",
+        )
+    if every > start_offset:  # IoTDB's CreateContinuousQueryStatement.semanticCheck
+        raise cur.error_at(
+            header.range_tok or header.every_tok or body.grouping_tok,
+            f"RANGE start offset {format_duration(start_offset)} is smaller than EVERY {format_duration(every)}: "
+            "the start time offset should be greater than or equal to every interval (IoTDB's rule)",
         )
     if body.time_grouping is not None and body.time_grouping.interval > start_offset:
         raise cur.error_at(
@@ -146,6 +161,8 @@ _CLOSE = (TokenType.R_PAREN, TokenType.R_BRACKET)
 
 # Body clauses in the order IoTDB allows them; the key is the text of the clause's first token(s).
 _CLAUSES = ("SELECT", "INTO", "FROM", "WHERE", "GROUP BY", "HAVING", "FILL", "LIMIT", "OFFSET", "ALIGN")
+# IoTDB's series limits, which its SELECT ... INTO refuses (QueryStatement.semanticCheck).
+_SERIES_CLAUSES = ("SLIMIT", "SOFFSET")
 
 
 @dataclass
@@ -160,6 +177,12 @@ def _split_clauses(cur: Cursor, tokens: list[Token]) -> dict[str, tuple[Token, l
     depth, current, last_index = 0, None, -1
     for tok in tokens:
         word = tok.text.upper()
+        if depth == 0 and word in _SERIES_CLAUSES:
+            raise cur.error_at(
+                tok,
+                f"{word} is not supported in a continuous query: IoTDB's SELECT ... INTO refuses it "
+                f"(select into: {word.lower()} clauses are not supported)",
+            )
         if depth == 0 and word in _CLAUSES:
             index = _CLAUSES.index(word)
             if word in clauses:
@@ -204,7 +227,10 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     select_frag = _fragment(cur, clauses["SELECT"][1])
     select = select_frag.parse("SELECT ")
     items = list(select.expressions)
-    if sink_columns is not None and len(sink_columns) != len(items):
+    stars = any(_is_count_star(i.this if isinstance(i, exp.Alias) else i) for i in items)
+    if stars:
+        fields["into_columns"] = sink_columns
+    if sink_columns is not None and len(sink_columns) != len(items) and not stars:
         raise cur.error_at(clauses["INTO"][0], f"INTO lists {len(sink_columns)} columns but SELECT has {len(items)}")
     select_items = []
     bodies: list[exp.Expression] = []
@@ -213,9 +239,15 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     for i, item in enumerate(items):
         if isinstance(item, exp.Star) or item.find(exp.Star) is item:
             raise select_frag.error(item, "SELECT * is not supported: name the columns")
+        body = item.this if isinstance(item, exp.Alias) else item
+        if _is_count_star(body):  # one count per series of the source (``expand_count_star``)
+            alias = item.alias if isinstance(item, exp.Alias) else ""
+            select_items.append(SelectItem(expression=COUNT_STAR, name=alias, is_aggregate=True))
+            bodies.append(body)
+            continue
         name = (
             sink_columns[i]
-            if sink_columns
+            if sink_columns and not stars
             else (item.alias_or_name if isinstance(item, (exp.Alias, exp.Column)) else "")
         )
         if not name:
@@ -223,7 +255,6 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         if name.lower() in taken:
             raise select_frag.error(item, f"output column {name!r} is named twice: give one of them AS another name")
         taken.add(name.lower())
-        body = item.this if isinstance(item, exp.Alias) else item
         body = rewrite_iotdb_functions(body, select_frag)
         _check_functions(body, select_frag)
         bodies.append(body)
@@ -248,10 +279,17 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
         time_grouping, keys, grouping_tok = _parse_group_by(cur, clause_tok, toks)
         fields["time_grouping"], fields["group_keys"] = time_grouping, keys
 
+    having, having_frag = None, None
     if "HAVING" in clauses:
-        frag = _fragment(cur, clauses["HAVING"][1])
+        frag = having_frag = _fragment(cur, clauses["HAVING"][1])
         having = rewrite_iotdb_functions(frag.parse("SELECT 1 HAVING ").args["having"].this, frag)
         _check_functions(having, frag)
+        if not is_aggregate(having):  # IoTDB's QueryStatement.semanticCheck, in its order
+            raise frag.error(having, "Expression of HAVING clause must to be an Aggregation (IoTDB's rule)")
+        if not any(is_aggregate(b) for b in bodies):
+            raise frag.error(
+                having, "Expression of HAVING clause can not be used in NonAggregationQuery (IoTDB's rule)"
+            )
         fields["having"] = to_spark(having)
     if "FILL" in clauses:
         fields["fill"] = _parse_fill(cur, *clauses["FILL"])
@@ -267,7 +305,51 @@ def _parse_body(cur: Cursor, tokens: list[Token], opts: ParseOptions) -> _Body:
     grouped = {k.lower() for k in fields.get("group_keys", ())} | ({"device"} if "align_by_device" in fields else set())
     if time_grouping is not None or any(is_aggregate(b) for b in bodies):  # else row-wise (seed 004's cq5)
         _check_grouped(select_frag, bodies, grouped)
+        if having is not None and having_frag is not None:
+            _check_grouped(having_frag, [having], grouped)
     return _Body(fields, time_grouping, grouping_tok)
+
+
+COUNT_STAR = "COUNT(*)"  # a SELECT item ``count(*)`` until the catalog knows the source's series
+
+
+def _is_count_star(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Count) and isinstance(node.this, exp.Star)
+
+
+def expand_count_star(cq: ContinuousQuery, table: TableDecl) -> ContinuousQuery:
+    """IoTDB expands ``count(*)`` to ``count`` of every series the FROM path holds: here every column
+    of the declared source but its time column, ``device``, tags and GROUP BY columns, each its own
+    output column (``count_<column>``); an INTO column list names the expanded items positionally
+    and must match their number, as IoTDB's SELECT ... INTO requires."""
+    if not any(i.expression == COUNT_STAR for i in cq.select):
+        return cq
+    skip = {table.time_column.lower(), "device", *(k.lower() for k in cq.group_keys)}
+    series = [c.name for c in table.columns if not c.is_tag and c.name.lower() not in skip]
+    items: list[SelectItem] = []
+    taken = {i.name.lower() for i in cq.select if i.expression != COUNT_STAR}
+    for item in cq.select:
+        if item.expression != COUNT_STAR:
+            items.append(item)
+            continue
+        if len(series) != 1 and item.name and cq.into_columns is None:
+            raise CQError(
+                f"{cq.name!r}: count(*) AS {item.name} counts {len(series)} series of {table.name!r} "
+                f"({', '.join(series)}): an alias names one column (IoTDB's rule); drop AS or list INTO columns"
+            )
+        for column in series:
+            name = item.name if len(series) == 1 and item.name else _unique(f"count_{column.lower()}", taken)
+            taken.add(name.lower())
+            items.append(SelectItem(expression=f"count(`{column}`)", name=name, is_aggregate=True))
+    if cq.into_columns is not None:
+        if len(cq.into_columns) != len(items):
+            raise CQError(
+                f"{cq.name!r}: INTO lists {len(cq.into_columns)} columns but SELECT has {len(items)} once count(*) "
+                f"is one count per series of {table.name!r}: the number of source paths and the number of "
+                "target paths should be the same (IoTDB's rule)"
+            )
+        items = [replace(i, name=n) for i, n in zip(items, cq.into_columns)]
+    return replace(cq, select=tuple(items))
 
 
 def _check_grouped(frag: Fragment, bodies: list[exp.Expression], grouped: set[str]) -> None:

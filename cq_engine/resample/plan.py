@@ -15,9 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
+import sqlglot
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, NumericType, StringType
+from sqlglot import exp
 
 from cq_engine.catalog import referenced_columns
 from cq_engine.durations import micros
@@ -147,6 +149,12 @@ def _owner(x: Column, lo0: int, every: int, count: int) -> Column:
 
 def _row_wise(cq, df, time_column, keys, lo0, every, count, emit_end) -> DataFrame:
     df = df.filter(F.col(_T) < emit_end)
+    # A row of IoTDB's raw result exists where a series the SELECT reads has a point (s1 + s2 AS x
+    # has a row where s1 alone has one); FILL and LIMIT work on those rows, and only then are rows
+    # whose values are all NULL left out.
+    series = [F.col(c).isNotNull() for c in _series_read(cq, keys)]
+    if series:
+        df = df.filter(F.greatest(*series) if len(series) > 1 else series[0])
     values = [F.expr(i.expression).alias(i.name) for i in cq.select]
     out = df.select(
         F.col(time_column),
@@ -155,11 +163,23 @@ def _row_wise(cq, df, time_column, keys, lo0, every, count, emit_end) -> DataFra
         *values,
         _owner(F.col(_T), lo0, every, count).alias(_OWNER),
     )
-    # A row of IoTDB's raw result exists where one of the selected series has a point.
-    out = _drop_empty(cq, out)
+    if not series:  # constants only: a row where a value is
+        out = _drop_empty(cq, out)
     if cq.fill is not None:
         out = _fill(out, cq, keys, order=_T)
-    return _limit(cq, out, order=_T, keys=keys).drop(_T, _OWNER)
+    return _drop_empty(cq, _limit(cq, out, order=_T, keys=keys)).drop(_T, _OWNER)
+
+
+def _series_read(cq: ContinuousQuery, keys: list[str]) -> list[str]:
+    """The source columns the SELECT items read, besides the group columns (IoTDB's series)."""
+    grouped = {k.lower() for k in keys}
+    out: dict[str, str] = {}
+    for item in cq.select:
+        for column in sqlglot.parse_one(item.expression, read="spark").find_all(exp.Column):
+            name = column.name
+            if name.lower() not in grouped and not name.lower().startswith("__cq"):
+                out.setdefault(name.lower(), name)
+    return list(out.values())
 
 
 def _windowed(spark, cq, df, time_column, keys, grid: _Grid, every, length, count, known: GroupSource) -> Plan:

@@ -1,7 +1,8 @@
-"""run for continuous queries: snapshot read → plan → one atomic range replace → ledger.
+"""run for continuous queries: snapshot read → plan → one atomic cell upsert (a MERGE) → ledger.
 
-A run's output is a pure function of (definition, coverage, source version), so running it again —
-after a crash, or twice — leaves the sink exactly as one run does.
+A run's output is a pure function of (definition, coverage, source version), and its write upserts
+cells (IoTDB's ``SELECT ... INTO``: non-NULL cells overwrite, nothing is deleted), so running it
+again — after a crash, or twice — leaves the sink exactly as one run does.
 """
 
 from __future__ import annotations
@@ -58,8 +59,11 @@ def recalculate(
 
 
 def coverages(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime]) -> list[Coverage]:
-    """The firings grouped into chunks of at most ``recalculate_chunk_windows`` windows, one Spark job each."""
+    """The firings grouped into chunks of at most ``recalculate_chunk_windows`` windows, one Spark job
+    each; each firing its own whole chunk where the firings' results are not one grid's (``by_firing``)."""
     r = cq.resample
+    if len(fires) > 1 and by_firing(cq):
+        return [timing.coverage_of(r, [fire]) for fire in fires]
     step = cq.time_grouping.step if cq.time_grouping else r.every
     per_firing_windows = max(1, micros(r.start_offset - r.end_offset) // micros(step))
     # Firings on different window grids cannot share one grid: then each firing is its own chunk.
@@ -72,6 +76,22 @@ def coverages(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime]) ->
         nxt = timing.time_range(r, chunks[i + 1][0])[0] if i + 1 < len(chunks) else None
         out.append(timing.coverage_of(r, chunk, emit_end=nxt))
     return out
+
+
+def by_firing(cq: ContinuousQuery) -> bool:
+    """Must a recalculation compute each firing on its own and keep the union of their cells (IoTDB
+    runs every firing's ``SELECT ... INTO``, later non-NULL cells overwriting earlier ones)? When the
+    ranges overlap (a window, FILL's neighbours or LIMIT's numbering then differ between firings) or
+    a firing cuts its last window at its range end; otherwise each window belongs to one firing and
+    one grid over all the ranges computes exactly what the firings do."""
+    r = cq.resample
+    length = micros(r.start_offset - r.end_offset)
+    if length > micros(r.every):
+        return True
+    if cq.time_grouping is None:
+        return False
+    step, interval = micros(cq.time_grouping.step), micros(cq.time_grouping.interval)
+    return ((length - 1) // step) * step + interval > length
 
 
 @dataclass
@@ -104,11 +124,17 @@ class Prepared:
         sizes = [s.bytes_read for s in self.scans]
         return -1 if any(b < 0 for b in sizes) else sum(sizes)
 
+    @property
+    def union(self) -> bool:
+        """Are the plans separate firings whose cells are combined (``by_firing``)?"""
+        return len(self.covs) > 1 and by_firing(self.cq)
+
     def executor_writes(self, ctx: EngineContext) -> bool:
         """Is the result handed to the storage as Spark frames, for its executors to write?"""
         storage = ctx.storage
         return (
             isinstance(storage, DataFrameWriter)
+            and not self.union  # the firings' cells are combined in Arrow
             and all(p.spark_only for p in self.plans)
             and storage.writes_frame(self.cq.sink, input_bytes=self.input_bytes)
         )
@@ -132,14 +158,20 @@ class Prepared:
         self.plans = _plans(ctx, self, reads)
 
     def commit(self, ctx: EngineContext, data) -> int:
-        """Replace the run's range of the sink by ``data`` (Arrow, or a Spark frame for a storage that
-        writes DataFrames) in one commit carrying the run's identity; the sink's new version."""
+        """Write the run's cells into the sink as IoTDB's ``SELECT ... INTO`` does (README, IoTDB
+        continuous queries): ``data`` (Arrow, or a Spark frame for a storage that writes DataFrames)
+        upserts its non-NULL cells keyed on time and the group columns and deletes nothing, in one
+        commit carrying the run's identity; the sink's new version."""
         _failpoint("before-commit")
         whole = self.whole
-        return ctx.storage.replace_range(
+        keys = group_columns(self.cq)
+        if not self.cq.is_aggregate:  # a source may hold two rows of one time and device: one point
+            data = _one_row_per_point(data, (self.time_column, *keys))
+        return ctx.storage.upsert_cells(
             self.cq.sink,
             data,
             time_column=self.time_column,
+            keys=keys,
             time_range=whole,
             app_id=write_identity(self.cq, self.kind),
             app_version=self.app_version,
@@ -204,6 +236,14 @@ def execute(
             counted = _Counter(None, rows=storage.rows_written(cq.sink, rec.sink_version))
             if progress:
                 progress(len(plans), len(plans))
+        elif run.union:
+            # Each firing computed on its own; later firings' non-NULL cells overwrite earlier ones.
+            table = union_of_firings(
+                [_whole(plan, i, len(plans), progress) for i, plan in enumerate(plans)],
+                keys=(run.time_column, *group_columns(cq)),
+            )
+            counted = _Counter(None, rows=table.num_rows)
+            rec.sink_version = run.commit(ctx, table)
         else:
             batches = _stream(plans, progress)
             first = next(batches)
@@ -253,6 +293,39 @@ def known_groups(ctx: EngineContext, cq: ContinuousQuery, *, time_column: str, v
         return known
     df, _ = ctx.storage.read_range(ctx.spark, cq.source, time_column=time_column, time_range=None, version=version)
     return df.select(*keys).distinct()
+
+
+def _whole(plan: Plan, i: int, total: int, progress: Progress | None) -> pa.Table:
+    table = plan.to_arrow()
+    if progress:
+        progress(i + 1, total)
+    return table
+
+
+def union_of_firings(tables: list[pa.Table], *, keys: tuple[str, ...]) -> pa.Table:
+    """The cells IoTDB's firings leave, in order: per key, each column's last non-NULL value."""
+    schema = tables[0].schema
+    whole = pa.concat_tables([t.cast(schema) if t.schema != schema else t for t in tables])
+    values = [c for c in schema.names if c not in keys]
+    if not values or not whole.num_rows:
+        return whole
+    grouped = whole.group_by(list(keys), use_threads=False).aggregate([(c, "last") for c in values])
+    return pa.table({c: grouped.column(c if c in keys else f"{c}_last") for c in schema.names}, schema=schema)
+
+
+def _one_row_per_point(data, keys: tuple[str, ...]):
+    """Rows of a raw query sharing a time and device (a source's duplicate rows) as one point: the
+    MERGE takes one source row per sink row (the first; IoTDB keeps one point per time and series)."""
+    if hasattr(data, "sparkSession"):
+        return data.dropDuplicates(list(keys))
+    table = data.read_all() if isinstance(data, pa.RecordBatchReader) else data
+    if not table.num_rows:
+        return table
+    indexed = table.append_column("__cq_i", pa.array(range(table.num_rows), pa.int64()))
+    first = indexed.group_by(list(keys), use_threads=False).aggregate([("__cq_i", "min")])
+    if first.num_rows == table.num_rows:
+        return table
+    return table.take(first.column("__cq_i_min"))
 
 
 def _stream(plans: list[Plan], progress: Progress | None) -> Iterator[pa.RecordBatch]:

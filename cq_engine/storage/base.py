@@ -122,6 +122,25 @@ class Storage(Protocol):
         new version. With the run's ``source_versions``, a storage may skip a write it already made
         from the same inputs (Delta's idempotent writes)."""
 
+    def upsert_cells(
+        self,
+        table: str,
+        data: ArrowData,
+        *,
+        time_column: str,
+        keys: tuple[str, ...],
+        time_range: TimeRange,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
+        source_versions: Mapping[str, int] | None = None,
+    ) -> int:
+        """IoTDB's write of a continuous query's firing (``storage.upsert``): each row of ``data``
+        (all inside ``time_range``) overwrites, where its cells are not NULL, the row with the same
+        ``time_column`` and ``keys``, or is added; no row is deleted. One atomic commit carrying the
+        application transaction (and, as ``replace_range``, Delta's idempotent-write identity where
+        the storage skips); creates the table if missing. Returns the new version."""
+
     def replace_where(
         self,
         table: str,

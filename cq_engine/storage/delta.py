@@ -426,6 +426,81 @@ class DeltaRsStorage(DeltaStateTables):
             metadata=metadata,
         )
 
+    def upsert_cells(
+        self,
+        table: str,
+        data: ArrowData,
+        *,
+        time_column: str,
+        keys: tuple[str, ...],
+        time_range: TimeRange,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
+        source_versions: Mapping[str, int] | None = None,
+    ) -> int:
+        """IoTDB's write of a firing (``storage.upsert``): each row of ``data`` (all inside
+        ``time_range``) overwrites the non-NULL cells of the sink row with its ``time_column`` and
+        ``keys``, or is inserted; nothing is deleted. One delta-rs MERGE commit carrying the
+        application transaction (recorded only, as ``replace_range`` does here: ``source_versions``
+        is unused)."""
+        from cq_engine.storage.upsert import merge_deltars
+
+        return self._upsert(
+            table,
+            data,
+            time_column=time_column,
+            keys=keys,
+            time_range=time_range,
+            app_id=app_id,
+            app_version=app_version,
+            metadata=metadata,
+            txn=None,
+            merge=merge_deltars,
+        )
+
+    def _upsert(self, table, data, *, time_column, keys, time_range, app_id, app_version, metadata, txn, merge) -> int:
+        """``upsert_cells`` through delta-rs; ``txn``: Delta's idempotent-write identity, as ``_replace``'s."""
+        lo, hi = _range_bounds(time_range)
+        if isinstance(data, pa.RecordBatchReader):
+            data = data.read_all()  # replayed on a conflict: a firing's few rows
+        dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
+        if _already_written(dt, txn):
+            return dt.version()  # this identity already committed these cells (delta-spark skips it too)
+        column = self._time_field(table, dt, time_column)
+        data = _cast_to(table, data, pa.schema(dt.schema().to_arrow()))
+        _check_in_range(table, column, data.column(column), lo, hi)
+        commit_id, props = _commit_properties(app_id, app_version, txn, metadata)
+        names = {f.name.lower(): f.name for f in data.schema}
+        stored_keys = [names.get(k.lower(), k) for k in keys]
+
+        def write(attempt: int) -> None:
+            if attempt:  # a conflict: merge into the table as it is now
+                dt.update_incremental()
+            merge(
+                dt,
+                data,
+                time_column=column,
+                keys=stored_keys,
+                time_range=(lo, hi),
+                commit_properties=props,
+                post_commithook_properties=WRITER_HOOKS,
+            )
+
+        if data.num_rows:
+            retry_conflicts(write)
+        else:  # nothing to upsert: the commit still records the run's identity, as a replace's does
+            write_deltalake(
+                dt,
+                data,
+                mode="append",
+                commit_properties=props,
+                post_commithook_properties=WRITER_HOOKS,
+            )
+        version = self._version_written(table, dt, commit_id)
+        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
+        return version
+
     def _replace(
         self,
         table: str,
@@ -444,23 +519,14 @@ class DeltaRsStorage(DeltaStateTables):
         a write whose identity the table already holds at that version or later is skipped (the
         table's version is returned), else the commit records it."""
         dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
-        held = None if txn is None else dt.transaction_version(txn[0])
-        if txn is not None and held is not None and held >= txn[1]:
+        if _already_written(dt, txn):
             if isinstance(data, pa.RecordBatchReader):
                 for _ in data:  # drained, so the caller counts the rows that identity wrote
                     pass
             return dt.version()  # this identity already committed these rows (delta-spark skips it too)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
-        commit_id = uuid.uuid4().hex
-        transactions = [Transaction(app_id=app_id, version=app_version)]
-        if txn is not None:
-            transactions.append(Transaction(app_id=txn[0], version=txn[1]))
-        props = CommitProperties(
-            custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id},
-            max_commit_retries=MAX_ATTEMPTS,
-            app_transactions=transactions,
-        )
+        commit_id, props = _commit_properties(app_id, app_version, txn, metadata)
         predicate = predicate_for(column)
         check = check_for(column)
         failure: list[BaseException] = []
@@ -502,6 +568,28 @@ class DeltaRsStorage(DeltaStateTables):
         version = self._version_written(table, dt, commit_id)
         self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)  # after its last use
         return version
+
+
+def _already_written(dt: DeltaTable, txn: tuple[str, int] | None) -> bool:
+    """Does the table hold Delta's idempotent-write identity ``txn`` at its version or later?"""
+    held = None if txn is None else dt.transaction_version(txn[0])
+    return txn is not None and held is not None and held >= txn[1]
+
+
+def _commit_properties(
+    app_id: str, app_version: int, txn: tuple[str, int] | None, metadata: Mapping[str, str] | None
+) -> tuple[str, CommitProperties]:
+    """A write's commit id and properties: its metadata, the application transaction and ``txn``."""
+    commit_id = uuid.uuid4().hex
+    transactions = [Transaction(app_id=app_id, version=app_version)]
+    if txn is not None:
+        transactions.append(Transaction(app_id=txn[0], version=txn[1]))
+    props = CommitProperties(
+        custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id},
+        max_commit_retries=MAX_ATTEMPTS,
+        app_transactions=transactions,
+    )
+    return commit_id, props
 
 
 def _check_readable(table: str, dt: DeltaTable) -> None:

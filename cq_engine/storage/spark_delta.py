@@ -38,6 +38,7 @@ from cq_engine.storage.delta import (
     COMMIT_ID_KEY,
     MAX_ATTEMPTS,
     DeltaRsStorage,
+    _already_written,
     _cast_to,
     _check_in_range,
     kept_bytes,
@@ -347,6 +348,92 @@ class SparkDeltaStorage(DeltaRsStorage):
         self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
         return self._committed_version(table, commit_id)
 
+    def upsert_cells(
+        self,
+        table: str,
+        data: ArrowData | DataFrame,
+        *,
+        time_column: str,
+        keys: tuple[str, ...],
+        time_range: TimeRange,
+        app_id: str,
+        app_version: int,
+        metadata: Mapping[str, str] | None = None,
+        source_versions: Mapping[str, int] | None = None,
+    ) -> int:
+        """IoTDB's write of a firing (``storage.upsert``): the non-NULL cells of ``data`` overwrite or
+        add the sink's rows keyed on ``time_column`` and ``keys``; nothing is deleted. One MERGE
+        commit with Delta's idempotent-write identity (as ``replace_range``'s): by delta-rs for Arrow
+        data into a table it can write (the identity checked and recorded as delta-spark does), else
+        by Spark's connector, the executors writing."""
+        from cq_engine.storage.upsert import merge_deltars, merge_spark
+
+        arrow = not hasattr(data, "sparkSession")
+        txn = _txn(app_id, app_version, source_versions)
+        if arrow and self._driver_writes(table):
+            return self._upsert(
+                table,
+                data,
+                time_column=time_column,
+                keys=keys,
+                time_range=time_range,
+                app_id=app_id,
+                app_version=app_version,
+                metadata=metadata,
+                txn=txn,
+                merge=merge_deltars,
+            )
+        lo, hi = _range_bounds(time_range)
+        if isinstance(data, pa.RecordBatchReader):
+            data = data.read_all()
+        dt = self._open_or_create(table, lambda: data.schema if arrow else arrow_schema(data), time_column=time_column)
+        if _already_written(dt, txn):
+            return dt.version()  # Delta's skip of a write this identity made (checked here: no Spark job)
+        column = self._time_field(table, dt, time_column)
+        target = pa.schema(dt.schema().to_arrow())
+        if arrow:
+            arrow_data = _cast_to(table, data, target)
+            assert isinstance(arrow_data, pa.Table)  # a reader was read whole above
+            _check_in_range(table, column, arrow_data.column(column), lo, hi)
+            if not arrow_data.num_rows:  # no cells: an empty commit records the run's identity, as delta-rs's
+                from pyspark.sql.pandas.types import from_arrow_schema
+
+                empty = self._session().createDataFrame([], schema=from_arrow_schema(arrow_data.schema))
+                writer = empty.write.format("delta").mode("append")
+                if txn is not None:
+                    writer = writer.option("txnAppId", txn[0]).option("txnVersion", str(txn[1]))
+                commit_id = uuid.uuid4().hex
+                writer.option("userMetadata", json.dumps({**(metadata or {}), COMMIT_ID_KEY: commit_id})).save(
+                    self.spark_uri(table)
+                )
+                return self._committed_version(table, commit_id)
+            frame = self._session().createDataFrame(arrow_data)
+        else:
+            frame = _spark_cast(table, data, target)
+        commit_id = uuid.uuid4().hex
+        names = {f.name.lower(): f.name for f in target}
+        spark = frame.sparkSession
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                merge_spark(
+                    spark,
+                    self.spark_uri(table),
+                    frame,
+                    time_column=column,
+                    keys=[names.get(k.lower(), k) for k in keys],
+                    time_range=(lo, hi),
+                    txn=txn,
+                    metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id},
+                )
+                break
+            except Exception as exc:  # pyspark raises py4j / Connect / analysis types here
+                if not _CONFLICT.search(str(exc)) or attempt == MAX_ATTEMPTS - 1:
+                    raise
+                LOG.info("table %s: concurrent commit, retrying the merge (%d)", table, attempt + 1)
+                time.sleep(0.05 * (attempt + 1))
+        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
+        return self._committed_version(table, commit_id)
+
     def _commit_matches(self, commit: dict, commit_id: str) -> bool:
         return commit_id in str(commit.get("userMetadata", "")) or super()._commit_matches(commit, commit_id)
 
@@ -406,10 +493,14 @@ class SparkDeltaStorage(DeltaRsStorage):
         )
 
     def rows_written(self, table: str, version: int) -> int:
-        """``numOutputRows`` of the commit at ``version`` (0 if that commit wrote none)."""
+        """``numOutputRows`` of the commit at ``version`` (0 if that commit wrote none); a MERGE's
+        rows inserted and updated (its output also counts the rows it copied)."""
         for commit in self._open(table).history(limit=100):
             if int(commit.get("version", -1)) == version:
-                return int((commit.get("operationMetrics") or {}).get("numOutputRows", 0))
+                metrics = commit.get("operationMetrics") or {}
+                if "numTargetRowsInserted" in metrics:
+                    return int(metrics["numTargetRowsInserted"]) + int(metrics.get("numTargetRowsUpdated", 0))
+                return int(metrics.get("numOutputRows", 0))
         return 0
 
 

@@ -150,7 +150,7 @@ def _shape(p: Planned) -> tuple | None:
         return None
     if s.group_by or s.limit is not None or s.slimit is not None or s.key_bound == "row":  # a plan of its own
         return None
-    if s.options.force_output or s.notify is not None:  # their empty windows take a frame of their own
+    if s.empty_window_rows or s.notify is not None:  # their empty windows take a frame of their own
         return None
     if s.interpolated:  # TWA's points outside the read are found when its own plan is built
         return None

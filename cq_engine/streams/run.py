@@ -40,6 +40,7 @@ from cq_engine.streams import timing as st
 from cq_engine.streams.bounds import with_neighbours, with_outside
 from cq_engine.streams.events import NOTIFY_OK, build_events
 from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_name
+from cq_engine.streams.late import late_entries, without_late
 from cq_engine.streams.output import GROUP_ID
 from cq_engine.streams.plan import (
     ENGINE_COLUMNS,
@@ -78,6 +79,7 @@ from cq_engine.times import EPOCH, UTC, epoch_ms, iso
 
 _US = timedelta(microseconds=1)
 _FAR = datetime(9999, 1, 1, tzinfo=UTC)
+EMPTY_WINDOW_LIMIT = 1_000_000  # empty windows of one eKuiper run made rows (a local relation's size)
 _PHASE = "__cq_count_phase"
 _SHORT_ROWS = "__cq_short_rows"
 _RESUMED = "__cq_resumed_at"
@@ -165,12 +167,17 @@ class Planned:
         return self.finish(self.build().toArrow() if self.build is not None else None)
 
 
-def _read(ctx: EngineContext, table: str, time_column: str, read_range, version: int, reads: dict | None):
-    """``storage.read_range`` of the trigger table, shared through ``reads`` when the same."""
-    key = (table, time_column, read_range, version)
+def _read(
+    ctx: EngineContext, table: str, time_column: str, read_range, version: int, reads: dict | None, late: tuple = ()
+):
+    """``storage.read_range`` of the trigger table, shared through ``reads`` when the same; without
+    the rows ``late`` drops (``streams.late``: eKuiper's lateTolerance)."""
+    key = (table, time_column, read_range, version, late)
     if reads is not None and key in reads:
         return reads[key]
     df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=read_range, version=version)
+    if late and scan.files_read:
+        df = without_late(ctx, df, late, time_column)
     if 0 <= scan.bytes_read <= SINGLE_PARTITION_BYTES:
         # A live run's few seconds of rows: one partition, so its window functions and aggregations
         # need no shuffle and the job is one stage (as a firing's, ``resample.run``).
@@ -249,11 +256,34 @@ def _keep(stream: Stream, windows) -> list[str]:
     return keep
 
 
-def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, read_range, version: int):
+def _empty_grid(ctx: EngineContext, stream: Stream, work: st.StreamWork) -> DataFrame | None:
+    """eKuiper's ungrouped TUMBLING/HOPPING rules emit every window of the grid, empty ones too: the
+    run's windows (``work.windows``, from the first event's on) as frame rows without source rows,
+    so ``with_empty_windows`` makes them rows of NULL aggregates (``Stream.empty_window_rows``)."""
+    trig = stream.trigger
+    if stream.form != "ekuiper" or not stream.empty_window_rows or not isinstance(trig, SlidingTrigger):
+        return None
+    if trig.interval is None:
+        return None
+    starts = st.grid_starts(trig, work.windows, limit=EMPTY_WINDOW_LIMIT)
+    if not starts:
+        return None
+    until = work.close_until or _FAR
+    grid = ctx.spark.createDataFrame([(t,) for t in starts], f"{WSTART} timestamp")
+    grid = grid.withColumn(WEND, F.timestamp_micros(F.unix_micros(F.col(WSTART)) + F.lit(micros(trig.interval))))
+    grid = grid.withColumn(WCLOSED, F.col(WEND) <= instant(until))
+    return with_placeholders(stream, grid, tick=work.tick, tz=ctx.settings.timezone)
+
+
+def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, read_range, version: int, grid=None):
     """The run's result rows: the query over every window (one Spark plan), the windows without a
-    result (FORCE_OUTPUT, events), and NOTIFY's WHERE."""
-    empties = stream.options.force_output or stream.notify is not None
+    result (FORCE_OUTPUT, events, eKuiper's empty windows: ``grid``), and NOTIFY's WHERE."""
+    empties = stream.empty_window_rows or stream.notify is not None
     frame = window_frame(stream, windows) if (empties or stream.reads != "trows") else None
+    if grid is not None and frame is not None:
+        frame = frame.unionByName(
+            grid.select(*[c for c in grid.columns if c in frame.columns]), allowMissingColumns=True
+        )
     if stream.reads == "trows":
         result = evaluate(stream, windows, keep=keep)
     else:
@@ -294,11 +324,15 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
     tz = ctx.settings.timezone
     build, windows, read_range, scanned = None, None, None, (0, 0)
     keep: tuple[str, ...] = ()
+    since = work.origin if work.kind == "realtime" else None
+    late = late_entries(ctx, stream) if work.kind != "recalculate" else ()
     if work.windows:
         assert isinstance(stream.trigger, SlidingTrigger)  # the only trigger with time windows
         lo, hi = work.windows[0][0], work.windows[-1][1] + st.window_length(stream.trigger)
         read_range = (lo, hi)
-        df, scan = _read(ctx, table, time_column, read_range, work.version, reads)
+        df, scan = _read(ctx, table, time_column, read_range, work.version, reads, late)
+        if since is not None:  # history without FILL_HISTORY (``timing.plan_tick``)
+            df = df.filter(F.col(time_column) >= instant(since))
         windows = assign_windows(
             with_neighbours(stream, prepare(stream, df), time_column),  # TWA's points around windows
             stream.trigger,
@@ -312,6 +346,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
         windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
         keep = tuple(_keep(stream, windows))
         computed, around = windows, (table, time_column, read_range, work.version)
+        grid = _empty_grid(ctx, stream, work)
         build = lambda: _compute(
             ctx,
             stream,
@@ -319,6 +354,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
             list(keep),
             read_range=(lo, hi),
             version=work.version,
+            grid=grid,
         )
         scanned = (scan.files_read, scan.files_total)
 
@@ -341,7 +377,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
 
         return _Outcome(rows, version, scanned, result, replaced)
 
-    read = (table, time_column, read_range, work.version) if read_range else None
+    read = (table, time_column, read_range, work.version, since, late) if read_range else None
     return Planned(stream, work, build, finish, read, windows, keep)
 
 
@@ -376,13 +412,14 @@ def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, r
     lo = min([origin, *frontier.values()])
     hi = None if work.emit_open else (work.close_until + _US if work.close_until else None)
     read_range = (lo, hi) if hi is not None else (lo, _FAR)
-    df, scan = _read(ctx, table, time_column, read_range, work.version, reads)
+    late = late_entries(ctx, stream) if work.kind != "recalculate" else ()
+    df, scan = _read(ctx, table, time_column, read_range, work.version, reads, late)
     true_for = getattr(stream.trigger, "true_for", None) is not None
     # Everything the windowed rows depend on: streams of a round that agree on it (one table, trigger,
     # partitioning and frontier: created together, as streams over one table often are) get the same
     # frame, so its schema is asked once and ``streams.fused`` evaluates them in one aggregation.
     state = (
-        (table, time_column, read_range, work.version),
+        (table, time_column, read_range, work.version, late),
         stream.trigger,
         tuple(keys),
         stream.partition_exprs,

@@ -13,6 +13,7 @@ from cq_engine.errors import CQError, TableError
 from cq_engine.model import DATA_SHAPED, Stream, statement_hash
 from cq_engine.streams import timing as st
 from cq_engine.streams.frontier import move_frontier
+from cq_engine.streams.late import drops_late_rows, find_late, record_late
 from cq_engine.times import UTC
 
 HISTORY_CHUNK_ROWS = 5_000_000  # default rows per FILL_HISTORY chunk (CQ_HISTORY_CHUNK_ROWS overrides)
@@ -67,17 +68,23 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
             ctx, stream, table, replace(plan, cursor=replace(plan.cursor, definition=statement_hash(stream))), now=now
         )
     changes: list[st.Change] = []
+    commits = []
     if version > known.version:
-        for commit in storage.read_commits(table, after=known.version, until=version, time_column=time_column):
+        commits = storage.read_commits(table, after=known.version, until=version, time_column=time_column)
+        for commit in commits:
             changes.append(
                 st.Change(
                     added=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.added),
                     removed=tuple(st.Span(f.min_time, f.max_time, f.rows or 0) for f in commit.removed),
                 )
             )
-    return _noted(
-        ctx, stream, table, st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz), now=now
-    )
+    plan = st.plan_tick(stream, known, version=version, changes=changes, now=now, tz=tz)
+    if drops_late_rows(stream) and commits:
+        # eKuiper drops rows older than the watermark before any window: found exactly, kept for the runs.
+        late = find_late(ctx, stream, table, commits, max_event=known.max_event)
+        record_late(ctx, stream, late)
+        plan = st.with_exact_late(plan, stream, [(f.rows, f.first, f.last) for f in late], tz)
+    return _noted(ctx, stream, table, plan, now=now)
 
 
 def _noted(ctx: EngineContext, stream: Stream, table: str, plan: st.TickPlan, *, now: datetime) -> st.TickPlan:

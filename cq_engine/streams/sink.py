@@ -81,7 +81,7 @@ def _due(stream: Stream, result: pa.Table, *, open_ok: bool) -> pa.Table:
     keep = pc.equal(result.column(WCLOSED), True)
     if open_ok:
         keep = pa.array([True] * result.num_rows, pa.bool_())
-    if EMPTY in result.column_names and not stream.options.force_output:
+    if EMPTY in result.column_names and not stream.empty_window_rows:
         keep = pc.and_(keep, pc.invert(result.column(EMPTY)))
     rows = result.filter(keep)
     if IN_RANGE in rows.column_names:

@@ -196,6 +196,18 @@ def _snap(trigger: SlidingTrigger, a: datetime, b: datetime) -> TimeRange | None
     return (a, b) if a < b else None
 
 
+def grid_starts(trigger: SlidingTrigger, ranges: Sequence[TimeRange], *, limit: int) -> list[datetime]:
+    """Every INTERVAL window start in the half-open ``ranges`` (at most ``limit`` of them)."""
+    assert trigger.interval is not None  # an INTERVAL grid
+    out: list[datetime] = []
+    for a, b in ranges:
+        t = _grid_ceil(trigger, a)
+        while t < b and len(out) < limit:
+            out.append(t)
+            t += trigger.sliding
+    return out
+
+
 def starts_overlapping(trigger: SlidingTrigger, lo: datetime, hi: datetime, tz: str) -> TimeRange:
     """Window starts of the windows that hold any event time in the closed interval [lo, hi]."""
     if trigger.interval is not None:
@@ -334,6 +346,21 @@ def _ignored(
         fix += " (or FILL_HISTORY 1 when the stream is created)"
     text = f"{what}: {'up to ' if partly else ''}{rows} row(s) ignored, {where}: {why}; {fix}"
     return Ignored(what, rows, (lo, hi), text)
+
+
+def with_exact_late(
+    plan: TickPlan, stream: Stream, late: Sequence[tuple[int, datetime, datetime]], tz: str
+) -> TickPlan:
+    """``plan`` with its ``late`` lines (counted from file statistics) replaced by the exact ones of an
+    eKuiper rule's dropped rows (``streams.late``): ``(rows, first, last)`` per file."""
+    why = (
+        f"lateTolerance {format_duration(stream.options.watermark)} drops rows older than the watermark "
+        "before any window, as eKuiper does"
+    )
+    exact = tuple(_ignored(stream, "late", rows, lo, hi, tz, why) for rows, lo, hi in late)
+    ignored = tuple(i for i in plan.ignored if i.what != "late") + exact
+    works = tuple(replace(w, ignored=_texts(ignored)) if w.ignored or ignored else w for w in plan.works)
+    return replace(plan, ignored=ignored, works=works)
 
 
 def true_for_ignored(stream: Stream, starts: Sequence[datetime], rows: int) -> Ignored:
@@ -503,6 +530,9 @@ def plan_tick(
         write_open=bool(writes_open),
         deleted=deleted,
         ignored=_texts(ignored),
+        # Without FILL_HISTORY the rows up to the creation's last one are history: a window open at
+        # creation counts only the rows after it, as TDengine computes only what arrives later.
+        origin=None if (o.fill_history or o.fill_history_first) else cursor.origin,
     )
     return TickPlan(new_cursor, (work,), _describe(stream, work, tz), ignored)
 
@@ -593,6 +623,7 @@ __all__ = [
     "StreamWork",
     "TickPlan",
     "first_tick",
+    "grid_starts",
     "history_works",
     "key_ranges",
     "merge_ranges",
@@ -603,5 +634,6 @@ __all__ = [
     "tick_after",
     "tick_floor",
     "true_for_ignored",
+    "with_exact_late",
     "work_range",
 ]
