@@ -198,6 +198,48 @@ def test_streams_run_over_spark_connect(server, tmp_path):
     }  # the first tick only sets the %%trows baseline (no rows, no group)
 
 
+UPSERT_OVER_CONNECT = r"""
+import json, sys
+from pathlib import Path
+from cq_engine.config import Settings
+from cq_engine.spark import get_session
+from test_runner import make_engine
+from test_spark_delta import SQL, T0, M, _cells
+
+spark = get_session(Settings(home=sys.argv[1], spark_port=int(sys.argv[2])))
+assert type(spark).__module__.startswith("pyspark.sql.connect")
+engine = make_engine(Path(sys.argv[3]), spark, SQL, storage="spark", spark_write_bytes=0)
+kwargs = dict(time_column="ts", keys=("device",), time_range=(T0, T0 + 10 * M), app_id="test/upsert")
+s = engine.storage
+s.upsert_cells("per_minute_out", _cells([(0, "a", 1.0, 1), (1, "a", 2.0, 2)]), app_version=1,
+               source_versions={"readings": 1}, **kwargs)
+frame = spark.createDataFrame(_cells([(1, "a", None, 20), (2, "b", 3.0, 3)]))
+s.upsert_cells("per_minute_out", frame, app_version=2, source_versions={"readings": 2}, **kwargs)
+rows = spark.sql(f"SELECT ts, device, tmax, n FROM delta.`{s.spark_uri('per_minute_out')}` ORDER BY ts").collect()
+print(json.dumps([[int((r.ts.replace(tzinfo=T0.tzinfo) - T0).total_seconds() // 60), r.device, r.tmax, r.n] for r in rows]))
+"""
+
+
+def test_iotdb_upsert_over_spark_connect(server, tmp_path):
+    """IoTDB's cell upsert committed by the executors through a Spark Connect session (what
+    `cq recalculate` of a large result does on the Deployment): a MERGE the server can parse."""
+    import json
+
+    settings, _ = server
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    out = subprocess.run(
+        [sys.executable, "-c", UPSERT_OVER_CONNECT, settings.home, str(settings.spark_port), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    # the NULL cell kept the row's own (2.0), its non-NULL one overwrote (20), a new key was added
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[0, "a", 1.0, 1], [1, "a", 2.0, 20], [2, "b", 3.0, 3]]
+
+
 def test_cq_through_the_agent_matches_in_process(server, tmp_path):
     """`cq ingest`, `cq run` and `cq query` through the command agent (cq_engine.cli.agent) beside the
     server give what the same commands give in-process: output, exit codes and the sink's rows."""

@@ -9,17 +9,21 @@ write identity as a range replace (``txnAppId``/``txnVersion``): a retry on the 
 is skipped, and a repeated MERGE of the same cells would leave the same table anyway.
 
 ``merge_deltars`` commits through delta-rs (``DeltaTable.merge``, its ``TableMerger``);
-``merge_spark`` through Spark's Delta connector (``DeltaTable.forPath(...).merge``), whose DML
-takes the identity from the session's ``spark.databricks.delta.write.txnAppId``/``txnVersion``.
+``merge_spark`` through Spark's Delta connector, as SQL ``MERGE INTO delta.`path` ... USING`` a
+temporary view of the result: SQL, not ``delta.tables.DeltaTable``, because a Spark Connect server
+answers that API only with Delta's Connect plugin and parses the SQL with the session extension
+every engine server has. The DML takes the identity from the session's
+``spark.databricks.delta.write.txnAppId``/``txnVersion``.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -113,26 +117,26 @@ def merge_spark(
 ) -> None:
     """One MERGE of ``frame`` (in the table's schema) into the Delta table at ``path`` by Spark's
     connector, with the idempotent-write identity ``txn`` and the commit's user metadata."""
-    from delta.tables import DeltaTable
-
     columns = frame.columns
+    view = f"__cq_upsert_{uuid.uuid4().hex}"
+    updates = cell_updates(columns, keys, time_column, spark=True)
+    values = insert_values(columns, spark=True)
+    statement = (
+        f"MERGE INTO delta.{_spark_ident(path)} AS {_TARGET} USING {view} AS {_SOURCE} "
+        f"ON {merge_condition(time_column, keys, time_range, spark=True)} "
+        + (f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{c} = {v}' for c, v in updates.items())} " if updates else "")
+        + f"WHEN NOT MATCHED THEN INSERT ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+    )
     with _SPARK_TXN:
         confs = {_USER_METADATA: json.dumps(dict(metadata))}
         if txn is not None:
             confs.update({_TXN_CONFS[0]: txn[0], _TXN_CONFS[1]: str(txn[1])})
         for key, value in confs.items():
             spark.conf.set(key, value)
+        frame.createOrReplaceTempView(view)
         try:
-            merger = (
-                DeltaTable.forPath(spark, path)
-                .alias(_TARGET)
-                .merge(frame.alias(_SOURCE), merge_condition(time_column, keys, time_range, spark=True))
-            )
-            updates: dict[str, Any] = cell_updates(columns, keys, time_column, spark=True)
-            if updates:
-                merger = merger.whenMatchedUpdate(set=updates)
-            values: dict[str, Any] = insert_values(columns, spark=True)
-            merger.whenNotMatchedInsert(values=values).execute()
+            spark.sql(statement).collect()
         finally:
+            spark.catalog.dropTempView(view)
             for key in confs:
                 spark.conf.unset(key)
