@@ -51,6 +51,10 @@ class EngineContext:
     storage: Storage
     ledger: Ledger
     spark_session: Any = field(default=None, repr=False)
+    # Tables this context found present (and, if declared, as declared): a batch run asks for its
+    # sources and sinks every firing, and on an object store each look at a table costs requests.
+    _present: set[str] = field(default_factory=set, repr=False)
+    _time_columns: dict[str, str] = field(default_factory=dict, repr=False)  # undeclared tables'
 
     @classmethod
     def open(
@@ -91,10 +95,12 @@ class EngineContext:
         wanted = {n.lower() for n in names}
         created = []
         for decl in self.catalog.tables:
-            if wanted and decl.name.lower() not in wanted:
+            key = decl.name.lower()
+            if (wanted and key not in wanted) or (wanted and key in self._present):
                 continue
             if self.storage.create_table(decl):
                 created.append(decl.name)
+            self._present.add(key)
         return created
 
     def source_time_column(self, name: str, source: str, *, sink: str | None, role: str = "source") -> str:
@@ -103,11 +109,14 @@ class EngineContext:
         if sink:
             self.ensure_tables(sink)
         # Each open of a long Delta log costs: the source is opened once here and once to read.
+        if source.lower() in self._present:
+            return self.time_column(source)
         if not self.storage.exists(source) and not self.ensure_tables(source):
             raise TableError(
                 f"{name}: {role} table {source!r} does not exist (declare it with "
                 f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)"
             )
+        self._present.add(source.lower())
         return self.time_column(source)
 
     def time_column(self, table: str) -> str:
@@ -115,6 +124,9 @@ class EngineContext:
         decl = self.catalog.table(table)
         if decl is not None:
             return decl.time_column
+        known = self._time_columns.get(table.lower())
+        if known is not None:
+            return known
         if not self.storage.exists(table):
             raise TableError(
                 f"table {table!r} does not exist (declare it with CREATE TABLE in "
@@ -122,13 +134,12 @@ class EngineContext:
             )
         schema = self.storage.schema(table)
         names = {f.name.lower(): f.name for f in schema}
-        for candidate in ("ts", "time"):
-            if candidate in names:
-                return names[candidate]
-        ts = next((f.name for f in schema if pa.types.is_timestamp(f.type)), None)
-        if ts is None:
+        found = next((names[c] for c in ("ts", "time") if c in names), None)
+        found = found or next((f.name for f in schema if pa.types.is_timestamp(f.type)), None)
+        if found is None:
             raise TableError(f"table {table!r} has no time column (ts, time or a timestamp column)")
-        return ts
+        self._time_columns[table.lower()] = found
+        return found
 
     def tables(self) -> list[str]:
         """Delta tables in the warehouse (declared or found on disk), engine state excluded."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from conftest import record_paths
 from test_runner import make_engine
 
 from cq_engine import jars
@@ -155,23 +156,26 @@ def test_sink_with_deletion_vectors_is_written_by_the_executors(spark, tmp_path)
     assert sink(engine, "per_minute_out") == [(T0 + M, "a", 1.5, 2)]
 
 
-def test_who_writes_a_sink_is_decided_again_only_when_its_protocol_or_metadata_changes(spark, tmp_path, monkeypatch):
-    from cq_engine.storage import spark_delta
+def test_who_writes_a_sink_is_asked_of_the_log_once_and_checked_at_each_commit(spark, tmp_path, monkeypatch):
+    # Plan time asks from memory (on an object store every look at the log is a request); each commit
+    # checks the snapshot it writes on, so a protocol changed under a running process sends that
+    # commit to Spark's connector.
+    from cq_engine.storage import log
 
     engine = make_engine(tmp_path, spark, SQL, storage="spark")
-    _append_minutes(engine, range(3))
+    _append_minutes(engine, range(4))
     first = engine.run_firing("per_minute", T0 + M)
     assert writer_of(engine, "per_minute_out", first.sink_version) == "delta-rs"
-    assert not engine.storage.writes_frame("per_minute_out", input_bytes=1)
-    looks = []
-    real = spark_delta._delta_rs_writes
-    monkeypatch.setattr(spark_delta, "_delta_rs_writes", lambda dt: looks.append(dt.version()) or real(dt))
-    second = engine.run_firing("per_minute", T0 + 2 * M)  # a plain commit: the answer stands
-    assert not engine.storage.writes_frame("per_minute_out", input_bytes=1) and looks == []
+    probes = record_paths(monkeypatch, log, "_exists")
+    assert not engine.storage.writes_frame("per_minute_out", input_bytes=1) and probes == []
+    second = engine.run_firing("per_minute", T0 + 2 * M)
+    assert writer_of(engine, "per_minute_out", second.sink_version) == "delta-rs"
     path = engine.settings.table_uri("per_minute_out")
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
-    assert engine.storage.writes_frame("per_minute_out", input_bytes=1)  # delta-rs cannot write it now
-    assert looks == [second.sink_version + 1]
+    third = engine.run_firing("per_minute", T0 + 3 * M)  # delta-rs cannot write it now
+    assert writer_of(engine, "per_minute_out", third.sink_version) == "spark"
+    assert engine.storage.writes_frame("per_minute_out", input_bytes=1)
+    assert sink(engine, "per_minute_out") == [(T0 + M * k, "a", k + 0.5, 2) for k in (0, 1, 2)]
 
 
 def test_disjoint_ranges_committing_at_once_both_land(spark, tmp_path):

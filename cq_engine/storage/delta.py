@@ -28,6 +28,7 @@ from cq_engine.storage.maintain import WRITER_HOOKS
 from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
 from cq_engine.storage.retry import MAX_ATTEMPTS, Replayable, retry_conflicts
 from cq_engine.storage.state import DeltaStateTables
+from cq_engine.storage.txns import Transactions
 
 __all__ = ["COMMIT_ID_KEY", "DeltaRsStorage", "arrow_type", "groups_predicate", "range_predicate", "ranges_predicate"]
 
@@ -285,8 +286,9 @@ class DeltaRsStorage(DeltaStateTables):
         commit_id = uuid.uuid4().hex
         props = CommitProperties(custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id})
 
-        def write(attempt: int) -> None:
-            if dt is None:
+        if dt is None:
+
+            def create(attempt: int) -> None:
                 write_deltalake(
                     self.uri(table),
                     data,
@@ -295,18 +297,19 @@ class DeltaRsStorage(DeltaStateTables):
                     post_commithook_properties=WRITER_HOOKS,
                     storage_options=self.storage_options,
                 )
-            else:
-                if attempt:
-                    dt.update_incremental()
-                write_deltalake(
-                    dt, data, mode="append", commit_properties=props, post_commithook_properties=WRITER_HOOKS
-                )
 
-        retry_conflicts(write)
-        version = self._version_written(table, dt, commit_id)
-        if dt is not None:  # after its last use here: another writer may take it at once
-            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
-        return version
+            retry_conflicts(create)
+            return self._version_written(table, None, commit_id)
+        written = dt
+        return self._commit(
+            table,
+            written,
+            lambda: write_deltalake(
+                written, data, mode="append", commit_properties=props, post_commithook_properties=WRITER_HOOKS
+            ),
+            commit_id=commit_id,
+            txns={},
+        )
 
     def _open_existing(self, table: str) -> DeltaTable | None:
         """The table's latest snapshot for a write (``_writable``: kept open since an earlier write, or
@@ -340,6 +343,28 @@ class DeltaRsStorage(DeltaStateTables):
             if newest and self._commit_matches(newest, commit_id):
                 return dt.version()
         return self._committed_version(table, commit_id)
+
+    def _commit(
+        self, table: str, dt: DeltaTable, write: Callable[[], None], *, commit_id: str, txns: Mapping[str, int]
+    ) -> int:
+        """Run ``write`` (one commit through ``dt``; retried on top of the table as it is now after a
+        conflict) and return the version it committed; ``dt`` goes back to ``open_tables``."""
+        base = [dt.version()]
+
+        def attempt(n: int) -> None:
+            if n:
+                dt.update_incremental()
+            base[0] = dt.version()
+            write()
+
+        retry_conflicts(attempt)
+        # The next version was claimed by an atomic create (a conditional PUT on S3, a rename that
+        # refuses to overwrite elsewhere): one past the snapshot written on is this commit. After
+        # delta-rs' own retries it is later, and looked up by the commit's id.
+        version = dt.version() if dt.version() == base[0] + 1 else self._version_written(table, dt, commit_id)
+        self.txns.wrote(self.uri(table), base=base[0], version=version, txns=txns)
+        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)  # after its last use
+        return version
 
     def _committed_version(self, table: str, commit_id: str) -> int:
         # deltalake 1.6.6's history() lists the newest commits present when it is called but numbers
@@ -462,10 +487,12 @@ class DeltaRsStorage(DeltaStateTables):
     def _upsert(self, table, data, *, time_column, keys, time_range, app_id, app_version, metadata, txn, merge) -> int:
         """``upsert_cells`` through delta-rs; ``txn``: Delta's idempotent-write identity, as ``_replace``'s."""
         lo, hi = _range_bounds(time_range)
+        dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
+        self._check_delta_rs_writes(table, dt)
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()  # replayed on a conflict: a firing's few rows
-        dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
-        if _already_written(dt, txn):
+        if self._already_written(table, dt, txn):
+            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
             return dt.version()  # this identity already committed these cells (delta-spark skips it too)
         column = self._time_field(table, dt, time_column)
         data = _cast_to(table, data, pa.schema(dt.schema().to_arrow()))
@@ -474,9 +501,12 @@ class DeltaRsStorage(DeltaStateTables):
         names = {f.name.lower(): f.name for f in data.schema}
         stored_keys = [names.get(k.lower(), k) for k in keys]
 
-        def write(attempt: int) -> None:
-            if attempt:  # a conflict: merge into the table as it is now
-                dt.update_incremental()
+        def write() -> None:
+            if not data.num_rows:  # nothing to upsert: the commit still records the run's identity, as a replace's does
+                write_deltalake(
+                    dt, data, mode="append", commit_properties=props, post_commithook_properties=WRITER_HOOKS
+                )
+                return
             merge(
                 dt,
                 data,
@@ -487,19 +517,7 @@ class DeltaRsStorage(DeltaStateTables):
                 post_commithook_properties=WRITER_HOOKS,
             )
 
-        if data.num_rows:
-            retry_conflicts(write)
-        else:  # nothing to upsert: the commit still records the run's identity, as a replace's does
-            write_deltalake(
-                dt,
-                data,
-                mode="append",
-                commit_properties=props,
-                post_commithook_properties=WRITER_HOOKS,
-            )
-        version = self._version_written(table, dt, commit_id)
-        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
-        return version
+        return self._commit(table, dt, write, commit_id=commit_id, txns=_txns(app_id, app_version, txn))
 
     def _replace(
         self,
@@ -519,10 +537,12 @@ class DeltaRsStorage(DeltaStateTables):
         a write whose identity the table already holds at that version or later is skipped (the
         table's version is returned), else the commit records it."""
         dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
-        if _already_written(dt, txn):
+        self._check_delta_rs_writes(table, dt)
+        if self._already_written(table, dt, txn):
             if isinstance(data, pa.RecordBatchReader):
                 for _ in data:  # drained, so the caller counts the rows that identity wrote
                     pass
+            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
             return dt.version()  # this identity already committed these rows (delta-spark skips it too)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
@@ -538,9 +558,7 @@ class DeltaRsStorage(DeltaStateTables):
         else:
             stream = Replayable(target, _checked_batches(table, data, target, check, failure))
 
-        def write(attempt: int) -> None:
-            if attempt:  # a conflict: commit on top of the table as it is now
-                dt.update_incremental()
+        def write() -> None:
             try:
                 # Through the snapshot already loaded: a URI would load the log once more.
                 write_deltalake(
@@ -560,20 +578,30 @@ class DeltaRsStorage(DeltaStateTables):
                     raise failure[0] from None
                 raise
 
+        txns = _txns(app_id, app_version, txn)
         if stream is None:
-            retry_conflicts(write)
-        else:
-            with stream:
-                retry_conflicts(write)
-        version = self._version_written(table, dt, commit_id)
-        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)  # after its last use
-        return version
+            return self._commit(table, dt, write, commit_id=commit_id, txns=txns)
+        with stream:
+            return self._commit(table, dt, write, commit_id=commit_id, txns=txns)
+
+    def _check_delta_rs_writes(self, table: str, dt: DeltaTable) -> None:
+        """A storage that also writes with Spark's connector refuses here a table delta-rs cannot write."""
+
+    def _already_written(self, table: str, dt: DeltaTable, txn: tuple[str, int] | None) -> bool:
+        """Does the table hold Delta's idempotent-write identity ``txn`` at ``dt``'s version or later?"""
+        if txn is None:
+            return False
+        held = self.txns.held(self.uri(table), dt, txn[0], storage_options=self.storage_options)
+        return held is not None and held >= txn[1]
+
+    @property
+    def txns(self) -> Transactions:
+        """The idempotent-write identities this object's tables hold (``storage.txns``)."""
+        return self.__dict__.setdefault("_txns", Transactions())
 
 
-def _already_written(dt: DeltaTable, txn: tuple[str, int] | None) -> bool:
-    """Does the table hold Delta's idempotent-write identity ``txn`` at its version or later?"""
-    held = None if txn is None else dt.transaction_version(txn[0])
-    return txn is not None and held is not None and held >= txn[1]
+def _txns(app_id: str, app_version: int, txn: tuple[str, int] | None) -> dict[str, int]:
+    return {app_id: app_version, **({txn[0]: txn[1]} if txn is not None else {})}
 
 
 def _commit_properties(

@@ -19,6 +19,7 @@ written by the Dagster process itself, and must be readable where no Spark sessi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -38,7 +39,6 @@ from cq_engine.storage.delta import (
     COMMIT_ID_KEY,
     MAX_ATTEMPTS,
     DeltaRsStorage,
-    _already_written,
     _cast_to,
     _check_in_range,
     kept_bytes,
@@ -117,9 +117,8 @@ class SparkDeltaStorage(DeltaRsStorage):
         super().__init__(warehouse=warehouse, storage_options=storage_options)
         self._session = session
         self.executor_write_bytes = executor_write_bytes
-        # table -> (version, can delta-rs write it): a firing asks twice (``writes_frame``, then the
-        # commit) and a snapshot load costs ~10 ms; a version's protocol never changes.
-        self._delta_rs_writable: dict[str, tuple[int, bool]] = {}
+        # table -> can delta-rs write it, as of the last snapshot this process wrote on or opened
+        self._delta_rs_writable: dict[str, bool] = {}
 
     def writes_frame(self, table: str, *, input_bytes: int) -> bool:
         """Is a Spark result computed from ``input_bytes`` of input (-1: unknown) handed to
@@ -131,24 +130,27 @@ class SparkDeltaStorage(DeltaRsStorage):
         return not (small and self._driver_writes(table))
 
     def _driver_writes(self, table: str) -> bool:
-        """Are Arrow data for ``table`` committed by delta-rs (rather than handed to the executors)?"""
+        """Are Arrow data for ``table`` committed by delta-rs (rather than handed to the executors)?
+        Asked of the log once per table and process, then answered from memory: a firing asks at
+        plan time, and on an object store every look at the log is a request. The commit checks the
+        snapshot it writes on (``_check_delta_rs_writes``), so a table whose protocol changed since
+        goes to Spark's connector there."""
         if self.executor_write_bytes == 0:
             return False
         known = self._delta_rs_writable.get(table)
-        version = self.latest_version(table, known=known[0] if known else None)
-        if version is None:
-            return True  # not created yet: delta-rs creates it
-        if known is None or known[0] != version:
-            # Only a protocol or metadata change can change the answer: the new commit files say
-            # (opening the table to look again costs a log listing and a checkpoint read per firing).
-            if known is not None and not log.changes_table_features(
-                self.uri(table), after=known[0], until=version, storage_options=self.storage_options
-            ):
-                known = (version, known[1])
-            else:
-                known = (version, _delta_rs_writes(self._open(table, version)))
-            self._delta_rs_writable[table] = known
-        return known[1]
+        if known is None:
+            dt = self._open_existing(table)
+            if dt is None:
+                return True  # not created yet: delta-rs creates it
+            known = self._delta_rs_writable[table] = _delta_rs_writes(dt)
+            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)  # for the write
+        return known
+
+    def _check_delta_rs_writes(self, table: str, dt) -> None:
+        ok = self._delta_rs_writable[table] = _delta_rs_writes(dt)
+        if not ok:
+            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
+            raise _SparkWrites(table)
 
     def spark_uri(self, table: str) -> str:
         # Hadoop's S3 connector (what Spark reads with) answers to s3a://, delta-rs to s3://.
@@ -294,17 +296,18 @@ class SparkDeltaStorage(DeltaRsStorage):
         if arrow and self._driver_writes(table):
             # The rows are in this process already: shipping them to the JVM to write them there
             # only adds Spark jobs. delta-rs commits them with the same idempotent-write identity.
-            return self._replace(
-                table,
-                data,
-                predicate_for=predicate_for,
-                check_for=check_for,
-                time_column=time_column,
-                app_id=app_id,
-                app_version=app_version,
-                metadata=metadata,
-                txn=txn,
-            )
+            with contextlib.suppress(_SparkWrites):  # its protocol changed since: Spark writes it
+                return self._replace(
+                    table,
+                    data,
+                    predicate_for=predicate_for,
+                    check_for=check_for,
+                    time_column=time_column,
+                    app_id=app_id,
+                    app_version=app_version,
+                    metadata=metadata,
+                    txn=txn,
+                )
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()
         dt = self._open_or_create(table, lambda: data.schema if arrow else arrow_schema(data), time_column=time_column)
@@ -371,23 +374,25 @@ class SparkDeltaStorage(DeltaRsStorage):
         arrow = not hasattr(data, "sparkSession")
         txn = _txn(app_id, app_version, source_versions)
         if arrow and self._driver_writes(table):
-            return self._upsert(
-                table,
-                data,
-                time_column=time_column,
-                keys=keys,
-                time_range=time_range,
-                app_id=app_id,
-                app_version=app_version,
-                metadata=metadata,
-                txn=txn,
-                merge=merge_deltars,
-            )
+            with contextlib.suppress(_SparkWrites):  # its protocol changed since: Spark writes it
+                return self._upsert(
+                    table,
+                    data,
+                    time_column=time_column,
+                    keys=keys,
+                    time_range=time_range,
+                    app_id=app_id,
+                    app_version=app_version,
+                    metadata=metadata,
+                    txn=txn,
+                    merge=merge_deltars,
+                )
         lo, hi = _range_bounds(time_range)
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()
         dt = self._open_or_create(table, lambda: data.schema if arrow else arrow_schema(data), time_column=time_column)
-        if _already_written(dt, txn):
+        if self._already_written(table, dt, txn):
+            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
             return dt.version()  # Delta's skip of a write this identity made (checked here: no Spark job)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
@@ -513,6 +518,10 @@ def _reader_features(dt) -> set[str]:
 # Writer features delta-rs (deltalake 1.x) honours when it writes; any other, and deletion vectors or
 # column mapping on the read side, leave the table's writes to delta-spark.
 _DELTA_RS_WRITER_FEATURES = {"appendOnly", "invariants", "checkConstraints", "timestampNtz"}
+
+
+class _SparkWrites(Exception):
+    """A table delta-rs cannot write: the write goes to Spark's connector."""
 
 
 def _delta_rs_writes(dt) -> bool:
