@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 from conftest import record_paths
+from deltalake import DeltaTable
 from test_runner import make_engine
 
 from cq_engine import jars

@@ -240,6 +240,58 @@ def test_iotdb_upsert_over_spark_connect(server, tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [[0, "a", 1.0, 1], [1, "a", 2.0, 20], [2, "b", 3.0, 3]]
 
 
+ROUNDS_WHILE_EXITING = r'''
+import json, sys, threading
+from pathlib import Path
+from cq_engine.config import Settings
+from cq_engine.spark import get_session
+from cq_engine.streams import rounds
+from cq_engine.streams.sensor import evaluate_stream
+from streams_util import NOW, Bench
+
+spark = get_session(Settings(home=sys.argv[1], spark_port=int(sys.argv[2])))
+b = Bench(Path(sys.argv[3]), spark, """CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters INTO s_out AS
+    SELECT _twstart, count(*) AS n FROM %%trows;""")
+b.tick("s")  # the first evaluation sets the stream's baseline
+b.append([(s, "d1", 1.0) for s in range(0, 130, 10)])
+stream = b.engine.stream("s")
+pending = {"s": list(evaluate_stream(b.engine, stream, cursor=b.cursors["s"], now=NOW).works)}
+before = len(pending["s"])
+main = threading.main_thread()
+
+
+def after_main():
+    main.join()  # the interpreter has begun to exit: its thread pools refuse new work
+    got = [(n, type(o).__name__) for n, _, o in rounds.run_rounds(b.engine.ctx, {"s": stream}, pending)]
+    print(json.dumps({"yielded": got, "before": before, "left": len(pending["s"])}), flush=True)
+
+
+threading.Thread(target=after_main).start()
+'''
+
+
+def test_stream_rounds_stop_without_a_failure_once_the_process_exits(server, tmp_path):
+    """A code server the daemon replaces exits while its sensor's evaluation still computes in a
+    thread: Spark Connect's pools then refuse work ("cannot schedule new futures after interpreter
+    shutdown"). The rounds stop and keep their works pending (the next evaluation computes them),
+    rather than failing the stream over to a run."""
+    import json
+
+    settings, _ = server
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    out = subprocess.run(
+        [sys.executable, "-c", ROUNDS_WHILE_EXITING, settings.home, str(settings.spark_port), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["before"] >= 1 and result == {"yielded": [], "before": result["before"], "left": result["before"]}
+
+
 def test_cq_through_the_agent_matches_in_process(server, tmp_path):
     """`cq ingest`, `cq run` and `cq query` through the command agent (cq_engine.cli.agent) beside the
     server give what the same commands give in-process: output, exit codes and the sink's rows."""

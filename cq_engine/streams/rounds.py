@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,6 +179,15 @@ def _inflight(path: Path) -> Path:
     return path.with_suffix(".inflight")
 
 
+def process_exiting() -> bool:
+    """Has this process begun to exit? Once its main thread has finished, Python runs the exit hooks
+    of ``concurrent.futures`` before it waits for the other threads, and every thread pool refuses new
+    work ("cannot schedule new futures after interpreter shutdown"), Spark Connect's own included. A
+    Dagster code server the daemon replaces (a sensor evaluation past its gRPC deadline) exits so
+    while the old evaluation still computes in a thread of it."""
+    return not threading.main_thread().is_alive()
+
+
 def run_rounds(
     ctx,
     streams: dict[str, Stream],
@@ -191,7 +201,8 @@ def run_rounds(
     r-th work, at most ``chunk`` streams per ``fused.run_works`` call — and yield ``(name, work,
     outcome)`` (a ``RunResult`` or the exception) as each finishes. A failing work stops its stream;
     past ``deadline`` (``time.monotonic()``) no new call starts, and what was not started stays in
-    ``pending``. With a deadline, each call holds as many requests as the time left allows at the
+    ``pending``. Once the process has begun to exit (``process_exiting``) nothing new starts, and a
+    work that failed meanwhile is not a failure: it stays in ``pending`` with those not started. With a deadline, each call holds as many requests as the time left allows at the
     pace of the calls so far (at least one), so a slow machine overruns it by one work, not by a
     round."""
     import time
@@ -203,6 +214,8 @@ def run_rounds(
         names = [n for n, ws in pending.items() if ws]
         while names:
             size = chunk
+            if process_exiting():
+                return
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -215,7 +228,12 @@ def run_rounds(
             outcomes = run_works(ctx, requests)
             spent = (time.monotonic() - started) / len(requests)
             timing["pace"] = spent if not timing.get("pace") else (timing["pace"] + spent) / 2
+            exiting = process_exiting()
             for request, outcome in zip(requests, outcomes):
                 name = request.stream.name
+                if isinstance(outcome, Exception) and exiting:
+                    continue  # the pools of a process that exits refuse work: not this work's failure
                 pending[name] = [] if isinstance(outcome, Exception) else pending[name][1:]
                 yield name, request.work, outcome
+            if exiting:
+                return
