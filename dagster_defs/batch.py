@@ -34,6 +34,7 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 
 from cq_engine.model import Definition
+from cq_engine.resample.rounds import Stopped
 from cq_engine.scheduling import batch_horizon, batch_lead
 from cq_engine.scheduling.batch import (
     RUNNING,
@@ -44,10 +45,11 @@ from cq_engine.scheduling.batch import (
     load_cursor,
     plan_batch,
 )
+from cq_engine.scheduling.runs import caught_up_in, committed_through, finished_in, keeps_pace
 from cq_engine.times import UTC, iso, parse_time
 
 from . import health
-from .batch_run import KeyedRuns, Stopped, committed_through, keyed_runs, run_batch
+from .batch_run import keyed_runs, latest_commits, run_batch
 from .builders import IN_FLIGHT, FiringConfig, execute_one
 from .event_log import event_log_kept_open
 from .internals import IMPLICIT_ASSET_JOB_NAME, InstigatorStatus, InstigatorType
@@ -207,20 +209,18 @@ def build_batch_sensor(
                 last = s.first if d.timeout_policy == "DISCARD" and s.first else s.upto
                 running[d.name] = (run_ids[s.key], iso(ticks[d.name].range_of(parse_time(last, tz=UTC))[1]))
         following = {n: s.prev_end for n, s in states.items() if s.prev and s.prev_end and n in sink_keys}
-        latest = context.instance.get_latest_materialization_events(
-            [sink_keys[n] for n in sorted(set(running) | set(following))]
-        )
-        finished = finished_in(states, running, runs, {n: latest.get(sink_keys[n]) for n in running})
+        latest = latest_commits(context.instance, {n: sink_keys[n] for n in sorted(set(running) | set(following))})
+        finished = finished_in(states, running, runs, latest)
         caught_up = caught_up_in(states, ticks, running, runs)
         # Pipelined: the run a definition's run follows has committed its firing there.
-        prev_done = {n for n, end in following.items() if committed_through(latest.get(sink_keys[n]), end)}
+        prev_done = {n for n, end in following.items() if committed_through(latest.get(n), end)}
         # The horizon only for a definition that keeps pace: one slower than its EVERY (an e2e test's
         # takes 12 s per 5 s firing) would hold a run, and one of the two slots, for windows.
         keys_of = {d.name: getattr(states.get(d.name), "key", None) or "" for d in definitions}
         horizon = {
             d.name: batch_horizon(ticks[d.name].every, d.timeout_policy)
             if keeps_pace(
-                latest.get(sink_keys[d.name]),
+                latest.get(d.name),
                 ticks[d.name].every,
                 round_seconds=runs.round_seconds.get(keys_of[d.name]),
                 in_run=run_status.get(keys_of[d.name]) in RUNNING,
@@ -286,70 +286,6 @@ def build_batch_sensor(
         "streams (BLOCKED: all, in order, each after the one before has committed; DISCARD: the latest). "
         "Stop a definition's `<name>_ticks` sensor to leave it out.",
     )
-
-
-def finished_in(states: dict, running: dict[str, tuple[str, str]], runs: KeyedRuns, latest: dict) -> set[str]:
-    """The definitions (of ``running``: name -> (run id, range end of its last firing in its running
-    batch run)) whose every firing there is committed: their sink's latest materialization
-    (``latest``: name -> event) is that firing's, from that run, and was written before the run's
-    latest progress tag (``PROGRESS_AT_TAG``, set once a round's materializations are all yielded):
-    every definition a round finished comes free at the same tick, a definition done long before the
-    others in its run (theirs a long catch-up) after its own round. By each sink's event alone, a
-    thousand of them landing over 10-50 s, a cold start split into runs of 192, 71 and 737
-    definitions that took windows to merge again. A run without the tag: its definitions go on when
-    it ends."""
-    finished = set()
-    for name, (run_id, end) in running.items():
-        event = latest.get(name)
-        tagged = runs.progress_at.get(states[name].key or "", float("-inf"))
-        # From that run no firing ends after its last, so committed through its end is that firing's.
-        if event and event.run_id == run_id and committed_through(event, end) and event.timestamp <= tagged:
-            finished.add(name)
-    return finished
-
-
-def caught_up_in(states: dict, ticks: dict, running: dict, runs: KeyedRuns) -> set[str]:
-    """The definitions (of ``running``: in a running batch run) whose run has done all their firings
-    there but the last, by the run's progress tag (``DONE_BEFORE_TAG``): every definition of a run at
-    the same tick. Not by each sink's own commit event: a thousand of them land over 10-30 s, and
-    followed as they landed the definitions of one run split the next window into a run per tick.
-    A run without the tag (its write failed) is not followed; its definitions go on when it ends."""
-    return {
-        name
-        for name, fire in penultimate(states, ticks, running).items()
-        if runs.done_before.get(states[name].key or "", fire) > fire
-    }
-
-
-def penultimate(states: dict, ticks: dict, running: dict) -> dict[str, datetime]:
-    """Per definition in a running batch run with several firings there: the firing before its last
-    one."""
-    ends = {}
-    for name in running:
-        s = states[name]
-        if s.first and s.upto and s.first != s.upto:
-            before = ticks[name].between(parse_time(s.first, tz=UTC), parse_time(s.upto, tz=UTC))
-            if before:
-                ends[name] = before[-1]
-    return ends
-
-
-def keeps_pace(event, every: timedelta, *, round_seconds: float | None = None, in_run: bool = False) -> bool:
-    """Whether a definition keeps pace with its period ``every``: its run's latest round took less
-    than ``every`` (``round_seconds``, the run's ``cq/round_seconds``, tagged as the round commits:
-    known for all of the run's definitions at once); without that tag, and outside a running run
-    (``in_run``), its sink's latest materialization ``event`` is of a firing that took under half of
-    it (``cq/seconds``: in a fused round, its share of the job and its commit). Not known before
-    either: a thousand events land over 10-110 s, and a definition's pace known as its event landed
-    split the next window's batch a group per tick (also when only the run's first events came before
-    its tag: 11, 202, 475 and 312 definitions)."""
-    if round_seconds is not None:
-        return round_seconds < every.total_seconds()
-    if in_run:
-        return False
-    mat = event.asset_materialization if event else None
-    value = mat.metadata.get("cq/seconds") if mat else None
-    return bool(value is not None and value.value is not None and value.value < every.total_seconds() / 2)
 
 
 def first_lines(lines: list[str], limit: int = SKIPPED_LINES) -> list[str]:

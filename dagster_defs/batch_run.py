@@ -3,149 +3,28 @@ definitions' firings in time-ordered rounds on one warm session, waits for the c
 definition follows, leaves out a definition stopped meanwhile, and tags how far its rounds got; and
 what the runs say of themselves (``keyed_runs``), which the sensor and the rounds both read."""
 
-import os
 import queue
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 
 import dagster as dg
 
 from cq_engine.context import RunResult
-from cq_engine.errors import CQError
-from cq_engine.model import ContinuousQuery, Definition
-from cq_engine.resample.fused import FiringRequest, run_firings
+from cq_engine.resample.rounds import Stopped, execute_rounds
 from cq_engine.scheduling.batch import RUNNING
+from cq_engine.scheduling.runs import KeyedRuns, SinkCommit, committed_through
 from cq_engine.storage.ledger import LedgerEntry
 from cq_engine.times import UTC, iso, parse_time
 
 from .builders import materialization
 
 COMMITS_PER_LOG_LINE = 100
-FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the commit it waits for
-ROUND_GATHER = timedelta(seconds=1)  # firings due this close after a round's first one join it
 DONE_BEFORE_TAG = "cq/done_before"  # a batch run: every firing of it due before this time is done
 ROUND_SECONDS_TAG = "cq/round_seconds"  # a batch run: how long its latest round took
 PROGRESS_AT_TAG = "cq/progress_at"  # a batch run: when (epoch seconds) it last set its progress tags
-SWITCH_CHECK_SECONDS = 5.0  # a run looks this often (at most) whether a definition was stopped
-
-
-def wait_for(fire: datetime) -> None:
-    """Sleep until ``fire``: a firing requested early runs at its time, when its range is complete."""
-    delay = (fire - datetime.now(UTC)).total_seconds()
-    if delay > 0:
-        time.sleep(delay)
-
-
-def batch_threads() -> int:
-    """Definitions executed at once in a batch run (``CQ_BATCH_THREADS``, default 2): while one
-    firing waits on Spark, another plans or commits. A definition's own firings stay sequential."""
-    value = os.environ.get("CQ_BATCH_THREADS", "2")
-    if not value.isdigit() or int(value) < 1:
-        raise CQError(f"CQ_BATCH_THREADS={value!r}: expected a positive integer")
-    return int(value)
-
-
-Gate = Callable[[dict[str, list[str]]], dict[str, bool | None]]
-Stopped = Callable[[set[str]], set[str]]
-
-
-def _execute(
-    engine,
-    firings: dict[str, list[datetime]],
-    done: dict,
-    out: queue.Queue,
-    *,
-    after: dict[str, list[str]] | None = None,
-    gate: Gate | None = None,
-    stopped: Stopped | None = None,
-    progress: Callable[[datetime, float], None] | None = None,
-) -> None:
-    """Every definition's firings in rounds, in time order (a round: each definition's next firing,
-    those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
-    a definition's first failure, after which it stops) put on ``out``; a round's continuous
-    queries share one Spark job (``resample.fused``), its PERIOD streams run beside it. A definition
-    in ``after`` (pipelined: [run key, range end]) joins the rounds once ``gate`` says that run
-    committed it (True), or is left out if that run ended without (False; None: not yet). A
-    definition ``stopped`` names (its switch was stopped) is left out from its next firing on. After
-    each round, ``progress(t, seconds)``: every firing before ``t`` is done (committed or failed; after
-    the last round, ``t`` is just after the run's last firing), and the round took ``seconds``."""
-    pending = {n: list(fs) for n, fs in firings.items()}
-    end = max((f for fs in firings.values() for f in fs), default=datetime.now(UTC)) + timedelta(microseconds=1)
-    told: datetime | None = None
-    waiting = {n: a for n, a in (after or {}).items() if n in pending}
-    looked = 0.0
-    with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
-        while pending:
-            if waiting and gate is not None:
-                wait_for(min(fs[0] for fs in pending.values()))  # nothing runs before its time anyway
-                for name, go in gate(waiting).items():
-                    if go is not None:
-                        del waiting[name]
-                    if go is False:
-                        del pending[name]
-                        out.put(("left_out", engine.definition(name), None, after[name] if after else None))
-                if pending and all(n in waiting for n in pending):
-                    time.sleep(FOLLOW_POLL_SECONDS)
-                    continue
-                if not pending:
-                    break
-            ready = {n: fs for n, fs in pending.items() if n not in waiting}
-            soonest = min(fs[0] for fs in ready.values())
-            wait_for(soonest)
-            if stopped is not None and time.monotonic() - looked >= SWITCH_CHECK_SECONDS:
-                looked = time.monotonic()
-                for name in stopped(set(pending)):
-                    out.put(("stopped", engine.definition(name), pending.pop(name)[0], None))
-                    waiting.pop(name, None)
-                    ready.pop(name, None)
-                if not ready:
-                    continue
-                soonest = min(fs[0] for fs in ready.values())
-            cutoff = max(soonest, datetime.now(UTC)) + ROUND_GATHER
-            due = {n: fs.pop(0) for n, fs in ready.items() if fs[0] <= cutoff}
-            wait_for(max(due.values()))  # a round requested early runs when its newest firing is due
-            began = time.monotonic()
-            queries: list[FiringRequest] = []
-            periods = []
-            for name, fire in due.items():
-                d = engine.definition(name)
-                if (name, fire) in done:
-                    out.put(("skipped", d, fire, done[name, fire]))
-                elif isinstance(d, ContinuousQuery):
-                    queries.append(FiringRequest(cq=d, fire_time=fire))
-                else:
-                    periods.append(pool.submit(_period, engine, d, fire, out))
-            failed = {d.name for d, ok in (f.result() for f in periods) if not ok}
-
-            if queries:
-                outcomes = run_firings(engine.ctx, queries, on_outcome=partial(_heard, out))
-                failed |= {f.cq.name for f, o in zip(queries, outcomes) if isinstance(o, Exception)}
-            # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
-            pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
-            if progress is not None:
-                # All done: every firing up to the run's last one (the sensor goes on with its
-                # definitions at once, once the last round's events precede cq/progress_at).
-                before = min(fs[0] for fs in pending.values()) if pending else end
-                if before != told:
-                    told = before
-                    progress(before, time.monotonic() - began)
-
-
-def _heard(out: queue.Queue, f: FiringRequest, outcome) -> None:
-    out.put(("failed" if isinstance(outcome, Exception) else "ok", f.cq, f.fire_time, outcome))
-
-
-def _period(engine, d: Definition, fire: datetime, out: queue.Queue) -> tuple[Definition, bool]:
-    try:
-        out.put(("ok", d, fire, engine.run_period(d.name, fire)))
-        return d, True
-    except Exception as exc:  # one definition's failure must not stop the others
-        out.put(("failed", d, fire, exc))
-        return d, False
 
 
 def run_batch(
@@ -203,7 +82,7 @@ def run_batch(
             out.put(("progress", None, before, _tag_run(context, tags)))
 
         future = pool.submit(
-            _execute, engine, times, done, out, after=after, gate=gate, stopped=stopped, progress=progress
+            execute_rounds, engine, times, done, out, after=after, gate=gate, stopped=stopped, progress=progress
         )
         while not (future.done() and out.empty()):
             try:
@@ -262,7 +141,7 @@ def run_batch(
                     flush()
                 metadata = materialization(d, value, engine=engine).metadata
                 yield dg.AssetMaterialization(asset_key=sink_keys[d.name], metadata=metadata)
-        future.result()  # a bug in _execute itself surfaces here
+        future.result()  # a bug in execute_rounds itself surfaces here
     flush()
     if finished and on_done is not None:
         yield from on_done(finished)
@@ -326,29 +205,11 @@ def _followed(instance, sink_keys: dict[str, dg.AssetKey], waiting: dict[str, li
     firing is in its sink's materializations, False if the run has ended without it, else None.
     The statuses are read first: a run that has ended has written all its materializations."""
     status = keyed_runs(instance, {key for key, _ in waiting.values()}).status
-    latest = instance.get_latest_materialization_events([sink_keys[n] for n in waiting])
+    latest = latest_commits(instance, {n: sink_keys[n] for n in waiting})
     return {
-        name: True
-        if committed_through(latest.get(sink_keys[name]), end)
-        else (None if status.get(key) in RUNNING else False)
+        name: True if committed_through(latest.get(name), end) else (None if status.get(key) in RUNNING else False)
         for name, (key, end) in waiting.items()
     }
-
-
-@dataclass(frozen=True)
-class KeyedRuns:
-    """Per run key: its run's status, its run id, the definitions its ``cq/failed`` and
-    ``cq/left_out`` tags name (only runs that have either tag: what failed, and what a pipelined run
-    left out because the run it followed did not commit it), how far its rounds got
-    (``DONE_BEFORE_TAG``), how long the latest took (``ROUND_SECONDS_TAG``) and when it said so
-    (``PROGRESS_AT_TAG``; only runs that have them)."""
-
-    status: dict[str, str] = field(default_factory=dict)
-    ids: dict[str, str] = field(default_factory=dict)
-    failed: dict[str, set[str]] = field(default_factory=dict)
-    done_before: dict[str, datetime] = field(default_factory=dict)
-    round_seconds: dict[str, float] = field(default_factory=dict)
-    progress_at: dict[str, float] = field(default_factory=dict)
 
 
 def keyed_runs(instance, keys) -> KeyedRuns:
@@ -371,9 +232,22 @@ def keyed_runs(instance, keys) -> KeyedRuns:
     return runs
 
 
-def committed_through(event, end: str) -> bool:
-    """Whether materialization ``event`` (the sink's latest, or None) is of a firing whose range ends
-    at or after ``end`` (ISO)."""
+def sink_commit(event) -> SinkCommit | None:
+    """A sink's latest materialization event as the scheduler reads it (``cq/range_end``,
+    ``cq/seconds``), or None."""
     mat = event.asset_materialization if event else None
-    value = mat.metadata.get("cq/range_end") if mat else None
-    return bool(value and value.value and parse_time(value.value, tz=UTC) >= parse_time(end, tz=UTC))
+    if mat is None:
+        return None
+    end, seconds = mat.metadata.get("cq/range_end"), mat.metadata.get("cq/seconds")
+    return SinkCommit(
+        run_id=event.run_id,
+        timestamp=event.timestamp,
+        range_end=parse_time(end.value, tz=UTC) if end is not None and end.value else None,
+        seconds=seconds.value if seconds is not None and isinstance(seconds.value, int | float) else None,
+    )
+
+
+def latest_commits(instance, sink_keys: dict[str, dg.AssetKey]) -> dict[str, SinkCommit | None]:
+    """Per definition (``sink_keys``: name -> its sink's key): its sink's latest commit."""
+    latest = instance.get_latest_materialization_events(list(sink_keys.values()))
+    return {name: sink_commit(latest.get(key)) for name, key in sink_keys.items()}

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from dagster._core.test_utils import create_run_for_test
 from deltalake import write_deltalake
-from test_scheduling import SQL, T0, _plan, _s, make_project
+from test_scheduling import SQL, T0, _plan, make_project
 
 from cq_engine.config import Settings
 from cq_engine.schedule.ticks import ticks_of
@@ -25,71 +25,6 @@ def project(tmp_path_factory):
     return make_project(tmp_path_factory.mktemp("dagster_batch"))
 
 
-def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
-    """The sensor follows a definition into its next horizon window once its run has done all its
-    firings there but the last, by the run's cq/done_before tag (set after each round): every
-    definition of the run is ready at the same tick."""
-    from cq_engine.scheduling.batch import DefinitionState
-    from dagster_defs.batch import caught_up_in
-    from dagster_defs.batch_run import KeyedRuns
-
-    _, catalog = project
-    ticks = {"b": ticks_of(catalog.definition("b"), timezone="UTC")}
-    states = {"b": DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0))}  # b's firings 0, 20, 40 s in k
-    running = {"b": ("run-id", iso(_s(40)))}
-
-    def caught_up(done_before):
-        return caught_up_in(states, ticks, running, KeyedRuns(done_before=done_before))
-
-    assert caught_up({}) == set()
-    assert caught_up({"k": _s(20)}) == set()  # the round of 20 s is still going
-    assert caught_up({"k": _s(40)}) == {"b"}  # every firing before 40 s is done
-    assert caught_up({"other": _s(40)}) == set()
-
-
-def test_a_run_is_finished_all_at_once_by_its_progress_tag():
-    """The sensor goes on with a definition of a still-running run once its sink's latest
-    materialization is its last firing's, from that run, and was written before the run's latest
-    progress tag (cq/progress_at, set once a round's events are all yielded): every definition a
-    round finished at the same tick; one done long before a catch-up of another after its round."""
-    from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
-    from dagster._core.events.log import EventLogEntry
-
-    from cq_engine.scheduling.batch import DefinitionState
-    from dagster_defs.batch import finished_in
-    from dagster_defs.batch_run import KeyedRuns
-
-    def event(run_id: str, end, at: float) -> EventLogEntry:
-        mat = dg.AssetMaterialization(asset_key="sink", metadata={"cq/range_end": iso(end)})
-        return EventLogEntry(
-            error_info=None,
-            level=20,
-            user_message="",
-            run_id=run_id,
-            timestamp=at,
-            dagster_event=DagsterEvent(
-                DagsterEventType.ASSET_MATERIALIZATION.value,
-                "j",
-                event_specific_data=StepMaterializationData(mat),
-            ),
-        )
-
-    states = {n: DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0)) for n in ("b", "d", "x")}
-    running = {"b": ("r", iso(_s(60))), "d": ("r", iso(_s(20))), "x": ("r", iso(_s(60)))}
-    # d's one firing (ending at 20 s) was written at t=100; b's last at t=200; x's last failed.
-    latest = {"d": event("r", _s(20), 100.0), "b": event("r", _s(60), 200.0), "x": event("r", _s(40), 150.0)}
-
-    def finished(progress_at, events=latest):
-        return finished_in(states, running, KeyedRuns(progress_at=progress_at), events)
-
-    assert finished({}) == set()  # no tag: they go on when the run ends
-    assert finished({"k": 99.0}) == set()  # d's round is still yielding its events
-    assert finished({"k": 100.5}) == {"d"}  # d's round is done, b and x catch up
-    assert finished({"k": 200.5}) == {"b", "d"}  # x's last firing has no event: retried when the run ends
-    assert finished({"other": 200.5}) == set()
-    assert finished({"k": 200.5}, {**latest, "b": event("another run", _s(60), 190.0)}) == {"d"}
-
-
 # -- the sensor and the job on a real instance ------------------------------------------------------
 @pytest.fixture
 def instance():
@@ -98,12 +33,17 @@ def instance():
 
 
 def test_only_a_definition_whose_latest_firing_took_under_half_its_period_keeps_pace(instance):
-    from dagster_defs.batch import keeps_pace
+    """The sensor's pace rule (cq_engine.scheduling.runs) on sink commits read off a real instance's
+    materializations (their cq/seconds and cq/range_end)."""
+    from cq_engine.scheduling.runs import keeps_pace
+    from dagster_defs.batch_run import latest_commits
 
     def latest(seconds):
-        meta = {} if seconds is None else {"cq/seconds": dg.MetadataValue.float(seconds)}
+        meta = {"cq/range_end": iso(T0)} if seconds is None else {"cq/seconds": dg.MetadataValue.float(seconds)}
         instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="b_out", metadata=meta))
-        return instance.get_latest_materialization_events([dg.AssetKey("b_out")])[dg.AssetKey("b_out")]
+        commit = latest_commits(instance, {"b": dg.AssetKey("b_out")})["b"]
+        assert commit is not None and commit.range_end == (T0 if seconds is None else None)
+        return commit
 
     every = timedelta(seconds=5)
     assert keeps_pace(latest(0.04), every)  # a fused firing's share of its job and its commit

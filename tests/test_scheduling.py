@@ -482,3 +482,51 @@ def test_checks_of_definitions_that_started_together_come_due_spread_out():
     # Their next checks fall due over the half period before five minutes, not in one run.
     per_30s = [sum(1 for o in offsets if k * 30 <= o < (k + 1) * 30) for k in range(5)]
     assert max(per_30s) < 300, per_30s
+
+
+def test_a_run_is_caught_up_all_at_once_by_its_progress_tag(project):
+    """The sensor follows a definition into its next horizon window once its run has done all its
+    firings there but the last, by the run's cq/done_before tag (set after each round): every
+    definition of the run is ready at the same tick."""
+    from cq_engine.scheduling.batch import DefinitionState
+    from cq_engine.scheduling.runs import KeyedRuns, caught_up_in
+
+    _, catalog = project
+    ticks = {"b": ticks_of(catalog.definition("b"), timezone="UTC")}
+    states = {"b": DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0))}  # b's firings 0, 20, 40 s in k
+    running = {"b": ("run-id", iso(_s(40)))}
+
+    def caught_up(done_before):
+        return caught_up_in(states, ticks, running, KeyedRuns(done_before=done_before))
+
+    assert caught_up({}) == set()
+    assert caught_up({"k": _s(20)}) == set()  # the round of 20 s is still going
+    assert caught_up({"k": _s(40)}) == {"b"}  # every firing before 40 s is done
+    assert caught_up({"other": _s(40)}) == set()
+
+
+def test_a_run_is_finished_all_at_once_by_its_progress_tag():
+    """The sensor goes on with a definition of a still-running run once its sink's latest
+    commit is its last firing's, from that run, and was written before the run's latest
+    progress tag (cq/progress_at, set once a round's commits are all recorded): every definition a
+    round finished at the same tick; one done long before a catch-up of another after its round."""
+    from cq_engine.scheduling.batch import DefinitionState
+    from cq_engine.scheduling.runs import KeyedRuns, SinkCommit, finished_in
+
+    def event(run_id: str, end, at: float) -> SinkCommit:
+        return SinkCommit(run_id=run_id, timestamp=at, range_end=end)
+
+    states = {n: DefinitionState(upto=iso(_s(40)), key="k", first=iso(T0)) for n in ("b", "d", "x")}
+    running = {"b": ("r", iso(_s(60))), "d": ("r", iso(_s(20))), "x": ("r", iso(_s(60)))}
+    # d's one firing (ending at 20 s) was written at t=100; b's last at t=200; x's last failed.
+    latest = {"d": event("r", _s(20), 100.0), "b": event("r", _s(60), 200.0), "x": event("r", _s(40), 150.0)}
+
+    def finished(progress_at, events=latest):
+        return finished_in(states, running, KeyedRuns(progress_at=progress_at), events)
+
+    assert finished({}) == set()  # no tag: they go on when the run ends
+    assert finished({"k": 99.0}) == set()  # d's round is still yielding its events
+    assert finished({"k": 100.5}) == {"d"}  # d's round is done, b and x catch up
+    assert finished({"k": 200.5}) == {"b", "d"}  # x's last firing has no event: retried when the run ends
+    assert finished({"other": 200.5}) == set()
+    assert finished({"k": 200.5}, {**latest, "b": event("another run", _s(60), 190.0)}) == {"d"}

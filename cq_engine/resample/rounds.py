@@ -1,0 +1,138 @@
+"""A batch run's rounds (ARCHITECTURE.md §6.1), orchestrator-neutral: every definition's firings in time
+order on one warm session, a round's continuous queries in one Spark job (``resample.fused``) and its
+PERIOD streams beside it; each outcome put on a queue for the adapter to report. The adapter
+(``dagster_defs.batch_run``) turns what comes off the queue into materializations and run tags."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from functools import partial
+
+from cq_engine.errors import CQError
+from cq_engine.model import ContinuousQuery, Definition
+from cq_engine.resample.fused import FiringRequest, run_firings
+from cq_engine.times import UTC
+
+FOLLOW_POLL_SECONDS = 0.5  # a pipelined definition looks this often for the commit it waits for
+ROUND_GATHER = timedelta(seconds=1)  # firings due this close after a round's first one join it
+SWITCH_CHECK_SECONDS = 5.0  # a run looks this often (at most) whether a definition was stopped
+
+
+def wait_for(fire: datetime) -> None:
+    """Sleep until ``fire``: a firing requested early runs at its time, when its range is complete."""
+    delay = (fire - datetime.now(UTC)).total_seconds()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def batch_threads() -> int:
+    """Definitions executed at once in a batch run (``CQ_BATCH_THREADS``, default 2): while one
+    firing waits on Spark, another plans or commits. A definition's own firings stay sequential."""
+    value = os.environ.get("CQ_BATCH_THREADS", "2")
+    if not value.isdigit() or int(value) < 1:
+        raise CQError(f"CQ_BATCH_THREADS={value!r}: expected a positive integer")
+    return int(value)
+
+
+Gate = Callable[[dict[str, list[str]]], dict[str, bool | None]]
+Stopped = Callable[[set[str]], set[str]]
+
+
+def execute_rounds(
+    engine,
+    firings: dict[str, list[datetime]],
+    done: dict,
+    out: queue.Queue,
+    *,
+    after: dict[str, list[str]] | None = None,
+    gate: Gate | None = None,
+    stopped: Stopped | None = None,
+    progress: Callable[[datetime, float], None] | None = None,
+) -> None:
+    """Every definition's firings in rounds, in time order (a round: each definition's next firing,
+    those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
+    a definition's first failure, after which it stops) put on ``out``; a round's continuous
+    queries share one Spark job (``resample.fused``), its PERIOD streams run beside it. A definition
+    in ``after`` (pipelined: [run key, range end]) joins the rounds once ``gate`` says that run
+    committed it (True), or is left out if that run ended without (False; None: not yet). A
+    definition ``stopped`` names (its switch was stopped) is left out from its next firing on. After
+    each round, ``progress(t, seconds)``: every firing before ``t`` is done (committed or failed; after
+    the last round, ``t`` is just after the run's last firing), and the round took ``seconds``."""
+    pending = {n: list(fs) for n, fs in firings.items()}
+    end = max((f for fs in firings.values() for f in fs), default=datetime.now(UTC)) + timedelta(microseconds=1)
+    told: datetime | None = None
+    waiting = {n: a for n, a in (after or {}).items() if n in pending}
+    looked = 0.0
+    with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
+        while pending:
+            if waiting and gate is not None:
+                wait_for(min(fs[0] for fs in pending.values()))  # nothing runs before its time anyway
+                for name, go in gate(waiting).items():
+                    if go is not None:
+                        del waiting[name]
+                    if go is False:
+                        del pending[name]
+                        out.put(("left_out", engine.definition(name), None, after[name] if after else None))
+                if pending and all(n in waiting for n in pending):
+                    time.sleep(FOLLOW_POLL_SECONDS)
+                    continue
+                if not pending:
+                    break
+            ready = {n: fs for n, fs in pending.items() if n not in waiting}
+            soonest = min(fs[0] for fs in ready.values())
+            wait_for(soonest)
+            if stopped is not None and time.monotonic() - looked >= SWITCH_CHECK_SECONDS:
+                looked = time.monotonic()
+                for name in stopped(set(pending)):
+                    out.put(("stopped", engine.definition(name), pending.pop(name)[0], None))
+                    waiting.pop(name, None)
+                    ready.pop(name, None)
+                if not ready:
+                    continue
+                soonest = min(fs[0] for fs in ready.values())
+            cutoff = max(soonest, datetime.now(UTC)) + ROUND_GATHER
+            due = {n: fs.pop(0) for n, fs in ready.items() if fs[0] <= cutoff}
+            wait_for(max(due.values()))  # a round requested early runs when its newest firing is due
+            began = time.monotonic()
+            queries: list[FiringRequest] = []
+            periods = []
+            for name, fire in due.items():
+                d = engine.definition(name)
+                if (name, fire) in done:
+                    out.put(("skipped", d, fire, done[name, fire]))
+                elif isinstance(d, ContinuousQuery):
+                    queries.append(FiringRequest(cq=d, fire_time=fire))
+                else:
+                    periods.append(pool.submit(_period, engine, d, fire, out))
+            failed = {d.name for d, ok in (f.result() for f in periods) if not ok}
+
+            if queries:
+                outcomes = run_firings(engine.ctx, queries, on_outcome=partial(_heard, out))
+                failed |= {f.cq.name for f, o in zip(queries, outcomes) if isinstance(o, Exception)}
+            # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
+            pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
+            if progress is not None:
+                # All done: every firing up to the run's last one (the sensor goes on with its
+                # definitions at once, once the last round's events precede cq/progress_at).
+                before = min(fs[0] for fs in pending.values()) if pending else end
+                if before != told:
+                    told = before
+                    progress(before, time.monotonic() - began)
+
+
+def _heard(out: queue.Queue, f: FiringRequest, outcome) -> None:
+    out.put(("failed" if isinstance(outcome, Exception) else "ok", f.cq, f.fire_time, outcome))
+
+
+def _period(engine, d: Definition, fire: datetime, out: queue.Queue) -> tuple[Definition, bool]:
+    try:
+        out.put(("ok", d, fire, engine.run_period(d.name, fire)))
+        return d, True
+    except Exception as exc:  # one definition's failure must not stop the others
+        out.put(("failed", d, fire, exc))
+        return d, False
