@@ -38,6 +38,24 @@ def server(tmp_path_factory):
         stop_server(settings)
 
 
+def over_connect(script: str, settings, tmp_path):
+    """Run ``script`` (argv: the server's CQ_HOME, its port, a scratch directory) in a fresh Python
+    beside the module's Connect server; the JSON of its last line of output."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    out = subprocess.run(
+        [sys.executable, "-c", script, settings.home, str(settings.spark_port), str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_start_reports_running(server):
     settings, status = server
     assert status.running and status.pid and status.port == settings.spark_port
@@ -178,20 +196,9 @@ print(json.dumps({"j": [[r["_twstart"].isoformat(), r["n"], r["p"]] for r in b.s
 def test_streams_run_over_spark_connect(server, tmp_path):
     """Unpartitioned streams, a range join and FORCE_OUTPUT's rows through a Spark Connect session
     (what `cq dev` runs), not only the classic one the other tests share."""
-    import json
 
     settings, _ = server
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
-    out = subprocess.run(
-        [sys.executable, "-c", STREAMS_OVER_CONNECT, settings.home, str(settings.spark_port), str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = over_connect(STREAMS_OVER_CONNECT, settings, tmp_path)
     assert result == {
         "j": [["2026-11-21T10:00:00+00:00", 1, 5.0], ["2026-11-21T10:01:00+00:00", None, None]],
         "pe": [1],
@@ -223,21 +230,11 @@ print(json.dumps([[int((r.ts.replace(tzinfo=T0.tzinfo) - T0).total_seconds() // 
 def test_iotdb_upsert_over_spark_connect(server, tmp_path):
     """IoTDB's cell upsert committed by the executors through a Spark Connect session (what
     `cq recalculate` of a large result does on the Deployment): a MERGE the server can parse."""
-    import json
 
     settings, _ = server
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
-    out = subprocess.run(
-        [sys.executable, "-c", UPSERT_OVER_CONNECT, settings.home, str(settings.spark_port), str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    result = over_connect(UPSERT_OVER_CONNECT, settings, tmp_path)
     # the NULL cell kept the row's own (2.0), its non-NULL one overwrote (20), a new key was added
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[0, "a", 1.0, 1], [1, "a", 2.0, 20], [2, "b", 3.0, 3]]
+    assert result == [[0, "a", 1.0, 1], [1, "a", 2.0, 20], [2, "b", 3.0, 3]]
 
 
 ROUNDS_WHILE_EXITING = r'''
@@ -275,20 +272,9 @@ def test_stream_rounds_stop_without_a_failure_once_the_process_exits(server, tmp
     thread: Spark Connect's pools then refuse work ("cannot schedule new futures after interpreter
     shutdown"). The rounds stop and keep their works pending (the next evaluation computes them),
     rather than failing the stream over to a run."""
-    import json
 
     settings, _ = server
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
-    out = subprocess.run(
-        [sys.executable, "-c", ROUNDS_WHILE_EXITING, settings.home, str(settings.spark_port), str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = over_connect(ROUNDS_WHILE_EXITING, settings, tmp_path)
     assert result["before"] >= 1 and result == {"yielded": [], "before": result["before"], "left": result["before"]}
 
 
