@@ -22,7 +22,7 @@ import fcntl
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import datetime
 
 import dagster as dg
@@ -145,7 +145,10 @@ def build_streams_sensor(
     sink_keys: dict,
     *,
     default_status: dg.DefaultSensorStatus,
+    keep: Collection[str] = (),
 ) -> dg.SensorDefinition:
+    """``keep``: streams a load error took out of the location; their cursors stay in this sensor's,
+    so they resume where they stopped once they load again (never re-created, history ignored)."""
     by_name = {s.name: s for s in streams}
     switches = {translator.get_sensor_name(s): s.name for s in streams}
     op, sensor_name = translator.get_streams_op_name(), translator.get_streams_sensor_name()
@@ -245,7 +248,8 @@ def build_streams_sensor(
         requests = _request(states, to_run, now=now)
         for line in notes:
             context.log.info(line)
-        cursor.streams = {n: s for n, s in states.items() if s.cursor or s.backlog or s.key}
+        absent = {n: s for n, s in cursor.streams.items() if n in keep and n not in by_name}
+        cursor.streams = {**absent, **{n: s for n, s in states.items() if s.cursor or s.backlog or s.key}}
         if done or requests or lost is not None:
             base = cursor.seq
             cursor.seq += 1

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cq_engine.cli import agent
 from cq_engine.cli.devstop import drain_runs, freeze_daemon, kill_frozen, stop_process_group
+from cq_engine.cli.devwatch import SqlWatch, describe
 from cq_engine.cli.feed import FEEDS, floor_time
 from cq_engine.cli.supervise import ServerSupervisor
 from cq_engine.config import DEFAULT_SPARK_PORT, Settings
@@ -196,7 +197,7 @@ def run_dev(
     try:
         engine = Engine(settings=settings)
         for err in engine.catalog.errors:
-            print(f"cq dev: {err}", file=sys.stderr)
+            print(f"cq dev: {describe(err)}", file=sys.stderr)
         created = engine.ensure_tables()
         fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
         now = floor_time(datetime.now(UTC), timedelta(seconds=5))
@@ -236,6 +237,8 @@ def run_dev(
         )
         if supervisor is not None:
             supervisor.start()
+        watch = SqlWatch(settings, say=lambda line: _say(line, log=log_path))
+        watch.start()
     except KeyboardInterrupt:  # Ctrl-C while starting: undo what was started, quietly
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if supervisor is not None:
@@ -275,6 +278,7 @@ def run_dev(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stop.set()
+    watch.stop()
     if fed:
         print(f"cq dev: feed stopped ({', '.join(fed)})")
     if proc.poll() is None:
@@ -294,8 +298,12 @@ def run_dev(
     return code
 
 
-def _say(line: str) -> None:
+def _say(line: str, *, log: Path | None = None) -> None:
+    """A line of ours in the terminal, and in Dagster's log beside what it says."""
     print(line, flush=True)
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
 
 
 def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event) -> None:

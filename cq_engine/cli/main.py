@@ -145,17 +145,22 @@ def _time(text: str, settings: Settings, what: str) -> datetime:
 
 def _validate(args, settings: Settings) -> int:
     from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.lastgood import LastGood
     from cq_engine.triggers.runtime import check_trigger, find_module
 
-    # One file is checked against the tables the sql directory's other files declare.
+    # One file is checked against the tables the sql directory's other files declare. A file that fails
+    # is reported with what a running stack does meanwhile (its last good version, read, never recorded).
     catalog = load_catalog(
-        args.path or settings.sql_dir, options=parse_options(settings), context=settings.sql_dir if args.path else None
+        args.path or settings.sql_dir,
+        options=parse_options(settings),
+        context=settings.sql_dir if args.path else None,
+        last_good=LastGood(settings.home, record=False),
     )
     for t in catalog.tables:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
         print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {_policy(d)}  {d.location}")
-    errors = [str(e) for e in catalog.errors]
+    errors = [f"{e} ({e.consequence()})" if e.kept else str(e) for e in catalog.errors]
     for trig in catalog.triggers:
         print(
             f"trigger {trig.name:<23} {trig.event.upper()} INSERT ON {trig.pattern} AS {trig.target}  "
@@ -212,9 +217,9 @@ def _policy(d) -> str:
 
 
 def _definition(name: str, settings: Settings):
-    from cq_engine.catalog import load_catalog, parse_options, require_definition
+    from cq_engine.catalog import require_definition, settings_catalog
 
-    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    catalog = settings_catalog(settings)
     return require_definition(catalog, name, sql_dir=settings.sql_dir)
 
 
@@ -314,9 +319,9 @@ def _progress_bar(done: int, total: int) -> None:
 
 
 def _show(args, settings: Settings) -> int:
-    from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.catalog import settings_catalog
 
-    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    catalog = settings_catalog(settings)
     last = open_ledger(settings).last_by_definition()
     rows = []
     for d in catalog.definitions:
@@ -372,10 +377,10 @@ def _triggers(args, settings: Settings) -> int:
 
 def _drop_trigger_or(fallback):
     def handler(args, settings: Settings) -> int:
-        from cq_engine.catalog import load_catalog, parse_options
+        from cq_engine.catalog import settings_catalog
         from cq_engine.triggers.runtime import drop
 
-        catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+        catalog = settings_catalog(settings)
         dropped = drop(args.name, catalog=catalog, settings=settings)
         if dropped is None:
             return fallback(args, settings)
