@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
+from functools import partial
 
 import dagster as dg
 import pyarrow as pa
 
+from cq_engine.arrivals import arrived_later
 from cq_engine.config import Settings
 from cq_engine.health import firing_completeness, freshness_window, run_completeness
 from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, TableDecl
@@ -92,6 +94,7 @@ def completeness_results(
                 every=ticks.every,
                 max_owed=MAX_OWED,
                 discard=d.timeout_policy == "DISCARD",
+                arrived_later=partial(arrived_later, engine.ctx, d.source) if d.source else None,
             )
         else:
             report = run_completeness(entries=mine, since=since)

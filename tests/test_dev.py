@@ -191,9 +191,9 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
             proc.send_signal(signal.SIGINT)
             assert proc.wait(600) == 0
             after = out.read_text()[before:]
-            failed = instance.get_run_records(
-                dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED])
-            )
+            failed = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+            # Batch runs are canceled at once (their sensors request their work again at the next start).
+            canceled = instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.CANCELED]))
             # Nor left "in flight" with its worker gone (run monitoring would fail it at the next start).
             left = instance.get_run_records(dg.RunsFilter(statuses=[*flight, dg.DagsterRunStatus.CANCELING]))
         assert "Traceback" not in after and "KeyboardInterrupt" not in after, after
@@ -206,6 +206,9 @@ def test_cq_dev_ports_ctrl_c_restart_and_a_killed_daemon(tmp_path):
             assert line in after, after
         assert len(after.strip().splitlines()) <= 8, after  # one line per component (and a wait notice)
         assert failed == [], [(r.dagster_run.run_id, r.dagster_run.tags) for r in failed]
+        assert all(
+            "true" in (r.dagster_run.tags.get("cq/batch"), r.dagster_run.tags.get("cq/stream_batch")) for r in canceled
+        )
         assert left == [], [(r.dagster_run.run_id, r.dagster_run.status) for r in left]
         assert not (Path(settings.home) / "spark" / "port").exists()
         assert _sensor_keys(settings) == sorted(set(_sensor_keys(settings)))
@@ -314,10 +317,10 @@ def _server_killed_while_firings_run(tmp_path: Path, settings: Settings, proc: s
 @pytest.mark.spark
 @pytest.mark.dagster_e2e
 def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path):
-    """`--stop-wait 0`: the runs in flight at Ctrl-C cannot finish in time. Each is canceled (not failed),
-    nothing is left in flight; a batched run (here the stream's works: without a Spark Connect server the
-    cq_streams sensor hands them to runs) is not queued again: its sensor requests its works again at the
-    next start. (A definition's own run is queued again with the same tags.)"""
+    """Ctrl-C cancels the batched runs in flight at once (here the stream's works: without a Spark Connect
+    server the cq_streams sensor hands them to runs): canceled, not failed, nothing left in flight, not
+    queued again: the sensor requests the works again at the next start. (A definition's own run may
+    finish for `--stop-wait` seconds, then is canceled and queued again with the same tags.)"""
     import dagster as dg
 
     settings = project(tmp_path)  # the stream alone: every run is one to queue again
@@ -344,12 +347,12 @@ def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path
         status = {r.run_id: r.status for r in runs}
         assert dg.DagsterRunStatus.FAILURE not in status.values(), after
         # A run in flight either finished (a termination interrupts it between Spark calls) or was
-        # canceled and queued again.
+        # canceled.
         canceled = [r for r in runs if r.status == dg.DagsterRunStatus.CANCELED]
         assert all(r.tags.get("cq/name") == "hum_s" and r.tags.get("cq/stream_batch") == "true" for r in canceled), (
             status
         )
-        assert ("did not finish in time: canceled" in after) == bool(canceled), after
+        assert ("batch run(s) (their sensors request them again" in after) == bool(canceled), after
         requeued = {r.tags.get("dagster/parent_run_id") for r in runs} - {None}
         assert requeued == set(), status  # the sensor requests the works again instead
         left = [s for s in status.values() if s in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)]
@@ -509,3 +512,91 @@ def test_a_file_that_stops_loading_while_cq_dev_runs_keeps_its_definitions_runni
     finally:
         _stop_dev(proc)
         subprocess.run([*CQ, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+
+
+# -- Ctrl-C, SIGKILL and a second cq dev -------------------------------------------------------------
+def _stack_pids(settings: Settings, dagster_home: Path) -> list[str]:
+    """The live processes whose environment names this CQ_HOME or DAGSTER_HOME, with their commands."""
+    needles = {f"CQ_HOME={Path(settings.home).resolve()}".encode(), f"DAGSTER_HOME={dagster_home.resolve()}".encode()}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if not needles & set((entry / "environ").read_bytes().split(b"\0")):
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry.name}: {command[:150]}")
+        except OSError:
+            continue
+    return found
+
+
+def _none_left(settings: Settings, dagster_home: Path, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := _stack_pids(settings, dagster_home)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+@pytest.mark.spark
+@pytest.mark.dagster_e2e
+def test_cq_dev_ctrl_c_commits_no_firing_past_the_feed_and_sigkill_leaves_no_process(tmp_path):
+    """Ctrl-C while batch runs hold firings ahead: every firing committed read readings of its range
+    (the feed stops last), no run failed, only batch runs were canceled, nothing is left running. A
+    second `cq dev` on the same CQ_HOME is refused while one runs. A SIGKILLed `cq dev` takes every
+    process of its stack with it (Dagster's, the Spark Connect JVM, the agent: sessions of their own)."""
+    import dagster as dg
+
+    settings = project(tmp_path)
+    ui = free_port()
+    env = _dev_env(tmp_path, settings, CQ_SPARK_PORT=str(free_port()))
+    dagster_home = tmp_path / "dagster"
+    out = tmp_path / "dev.out"
+    proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2", "--stop-wait", "30")
+    ledger = Ledger(store=DeltaRsStorage(warehouse=settings.warehouse))
+    try:
+        _wait(lambda: _ui_up(ui), 600, "the Dagster UI", proc, out)
+        second = subprocess.run(
+            [*CQ, "dev", "--port", str(free_port())], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert second.returncode == 1 and "a cq dev stack still runs on CQ_HOME=" in second.stderr, second
+        _wait(lambda: len(_done(ledger, "hum_5s")) >= 3, 600, "hum_5s's firings", proc, out)
+        with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+            batch = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={"cq/batch": "true"})
+            _wait(lambda: instance.get_run_records(batch, limit=1), 600, "a batch run in flight", proc, out)
+            before = len(out.read_text())
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(600) == 0
+            after = out.read_text()[before:]
+            runs = [r.dagster_run for r in instance.get_run_records()]
+        assert "Traceback" not in after, after
+        assert after.index("Dagster webserver and daemon stopped") < after.index("feed stopped"), after
+        assert not [r.run_id for r in runs if r.status == dg.DagsterRunStatus.FAILURE], after
+        canceled = [r for r in runs if r.status == dg.DagsterRunStatus.CANCELED]
+        assert all(r.tags.get("cq/batch") == "true" or r.tags.get("cq/stream_batch") == "true" for r in canceled)
+        assert not [r.run_id for r in runs if r.status in (dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING)]
+        assert _none_left(settings, dagster_home, 30) == []
+        # No firing was committed for a range the feed never reached (its readings are 5 s apart).
+        newest = max(pa.table(DeltaTable(str(Path(settings.warehouse) / "sensors")).scan()).column("ts").to_pylist())
+        past = [
+            (e.fire_time, e.range_end) for e in _done(ledger, "hum_5s") if e.range_end > newest + timedelta(seconds=5)
+        ]
+        assert past == [], f"firings past the feed's newest reading {newest}: {past}"
+
+        # Restarted, then SIGKILLed: nothing of the stack is left after a few seconds.
+        proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2")
+        _wait(lambda: _ui_up(ui), 600, "the Dagster UI again", proc, out)
+        live = Settings(**{**settings.__dict__, "spark_port": int(env["CQ_SPARK_PORT"])})
+        _wait(lambda: server_status(live).running, 600, "the Spark Connect server", proc, out)
+        assert len(_stack_pids(settings, dagster_home)) >= 5  # dagster dev, webserver, daemon, code server, JVM
+        proc.kill()
+        proc.wait(30)
+        assert _none_left(settings, dagster_home, 60) == []
+    finally:
+        _stop_dev(proc)
+        subprocess.run([*CQ, "spark", "stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        for line in _stack_pids(settings, dagster_home):
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from cq_engine.cli import agent
+from cq_engine.cli.devguard import kill_dagster_leftovers, refuse_beside_running, start_guard
 from cq_engine.cli.devstop import drain_runs, freeze_daemon, kill_frozen, stop_process_group
 from cq_engine.cli.devwatch import SqlWatch, describe
 from cq_engine.cli.feed import FEEDS, floor_time
@@ -190,7 +191,10 @@ def run_dev(
     # Explicit handlers, set first: a process started from a script may inherit an ignored SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    dagster_home = Path(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
+    refuse_beside_running(settings.home, dagster_home)
     settings = check_ports(settings, port=port, spark_server=spark_server)
+    start_guard(settings.home)  # from here, every process started dies with this one (its pipe's end is ours)
     proc: subprocess.Popen | None = None
     # Only our own server is supervised (not a CQ_SPARK_REMOTE one, which `cq dev` does not start).
     supervisor = ServerSupervisor(settings, say=_say) if spark_server and not settings.spark_remote else None
@@ -216,7 +220,7 @@ def run_dev(
         if spark_server:
             print(spark.start_server(settings).describe())
             agent.start(settings.home)  # `cq` commands in another terminal run warm
-        dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
+        dagster_home = write_dagster_home(dagster_home)
         log_path = dagster_home / "dev.log"
         cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
         proc = subprocess.Popen(
@@ -277,16 +281,18 @@ def run_dev(
     echo.clear()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    stop.set()
     watch.stop()
-    if fed:
-        print(f"cq dev: feed stopped ({', '.join(fed)})")
     if proc.poll() is None:
         daemon = freeze_daemon(proc, dagster_home)  # first: no sensor tick, nothing leaves the run queue
         drain_runs(dagster_home, timeout=drain_timeout, ui=f"127.0.0.1:{port}")
         kill_frozen(daemon)
         stop_process_group(proc)
         print("cq dev: Dagster webserver and daemon stopped")
+    kill_dagster_leftovers(dagster_home)  # a run worker outside the group must not commit after the feed
+    # The feed stops last: every firing committed meanwhile read the readings of its range.
+    stop.set()
+    if fed:
+        print(f"cq dev: feed stopped ({', '.join(fed)})")
     pump.join(5)
     if supervisor is not None:
         supervisor.stop()  # no restart of the server we are about to stop

@@ -127,7 +127,8 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="on Ctrl-C, how long runs in flight may take to finish (then canceled and queued again)",
+        help="on Ctrl-C, how long runs in flight other than batches may take to finish (then canceled and "
+        "queued again; batch runs are canceled at once, their sensors request them again)",
     )
     register(cmd)
     # `cq drop NAME` also drops a trigger whose statement was removed (calling its on_drop()).
