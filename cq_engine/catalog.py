@@ -235,6 +235,13 @@ def _reads(d: Definition) -> list[str]:
     return [d.source]
 
 
+def undeclared_reads(catalog: Catalog) -> list[tuple[Definition, str]]:
+    """(definition, table) for every table a definition reads (source, trigger table) that no file
+    declares (CREATE TABLE, or an eKuiper stream's name): it must exist in the warehouse."""
+    declared = {t.name.lower() for t in catalog.tables} | {t.alias.lower() for t in catalog.tables if t.alias}
+    return [(d, t) for d in catalog.definitions for t in _reads(d) if t.lower() not in declared]
+
+
 def _check_trigger_names(triggers: list[TriggerDef], definitions: list[Definition], *, new: list) -> None:
     """Trigger names are unique, and distinct from definitions' (``cq drop NAME`` takes either); the
     error points at the statement of ``new`` (the file being added)."""

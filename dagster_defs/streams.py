@@ -48,6 +48,19 @@ ADOPT = "adopt"  # key of a switch cursor carrying a StreamCursor for the sensor
 LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up
 
 
+SAY_EVERY_SECONDS = 60.0  # a stream that cannot be planned (its table missing) is said this often
+_said: dict[tuple[str, str], float] = {}  # (stream, message) -> when it was last said, in this process
+
+
+def _say_again(name: str, message: str) -> bool:
+    """Whether to log (and show on the sink) this planning error now: new, or last said a minute ago."""
+    now = time.monotonic()
+    if now - _said.get((name, message), -SAY_EVERY_SECONDS) < SAY_EVERY_SECONDS:
+        return False
+    _said[(name, message)] = now
+    return True
+
+
 def budget_seconds() -> float:
     """Seconds of Spark work one evaluation may spend in the sensor (``CQ_STREAM_BUDGET``, default
     20; Dagster's sensor gRPC timeout is 60 s by default)."""
@@ -166,7 +179,7 @@ def build_streams_sensor(
     def _evaluate(context, journal_path):
         now = datetime.now(UTC)
         cursor = r.load_cursor(context.cursor, sensor=sensor_name)
-        events: list[dg.AssetMaterialization] = []
+        events: list[dg.AssetMaterialization | dg.AssetObservation] = []
         lost = r.adopt(journal_path, cursor)
         if lost is not None:  # the daemon lost the previous evaluation's cursor: its work counts
             cursor = r.load_cursor(lost.cursor, sensor=sensor_name)
@@ -269,7 +282,8 @@ def build_streams_sensor(
             run_requests=requests,
             asset_events=events,
             cursor=cursor.to_json(),
-            skip_reason=None if (events or requests) else reason,
+            # An observation (a missing table, said on the sink) leaves the tick's reason in place.
+            skip_reason=None if (requests or any(isinstance(e, dg.AssetMaterialization) for e in events)) else reason,
         )
 
     def _runs(context, states) -> tuple[dict[str, str], dict[str, set[str]]]:

@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from cq_engine.cli.common import name_arg, open_engine, open_ledger
 from cq_engine.cli.streams import register
@@ -145,7 +146,7 @@ def _time(text: str, settings: Settings, what: str) -> datetime:
 
 
 def _validate(args, settings: Settings) -> int:
-    from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.catalog import load_catalog, parse_options, undeclared_reads
     from cq_engine.lastgood import LastGood
     from cq_engine.triggers.runtime import check_trigger, find_module
 
@@ -174,9 +175,32 @@ def _validate(args, settings: Settings) -> int:
                 find_module(trig, settings=settings)
         except CQError as exc:
             errors.append(str(exc))
+    for d, table in undeclared_reads(catalog):
+        if not _in_warehouse(settings, table):
+            windowed = isinstance(d, Stream) and not isinstance(d.trigger, PeriodTrigger)
+            effect = "its windows wait" if windowed else "its firings fail"
+            print(
+                f"warning: {d.location}: {d.name!r} reads table {table!r}, which is neither declared (CREATE TABLE) "
+                f"nor in the warehouse {settings.warehouse}; {effect} until it exists",
+                file=sys.stderr,
+            )
     for err in errors:
         print(err, file=sys.stderr)
     return 1 if errors else 0
+
+
+def _in_warehouse(settings: Settings, table: str) -> bool:
+    """Whether ``table`` is a Delta table of the warehouse: its log directory, locally (no pyarrow: validate
+    stays light); on object storage its latest version."""
+    if "://" not in settings.warehouse or settings.warehouse.startswith("file://"):
+        root = settings.warehouse.removeprefix("file://")
+        return (Path(root) / table / "_delta_log").is_dir()
+    from cq_engine.storage.log import latest_version
+
+    try:
+        return latest_version(settings.table_uri(table)) is not None
+    except Exception:  # unreachable store: say nothing rather than a false warning
+        return True
 
 
 def _kind(d) -> str:

@@ -1,0 +1,71 @@
+"""A table a definition reads that neither a file declares nor the warehouse holds: `cq validate` warns,
+and the `cq_streams` sensor says so in its log and on the stream's sink (an observation) while it is
+missing, once a minute, besides its tick's skip reason."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import dagster as dg
+import pytest
+
+from cq_engine.cli.main import main
+from cq_engine.config import Settings
+from cq_engine.engine import Engine
+from dagster_defs import build_definitions
+from dagster_defs import streams as dagster_streams
+
+SQL = """CREATE TABLE sensors (ts TIMESTAMP, device STRING, temperature DOUBLE);
+CREATE CQ ok RESAMPLE EVERY 5s BEGIN SELECT count(temperature) AS n INTO ok_out FROM sensors GROUP BY (5s), device END;
+CREATE STREAM s INTERVAL(5s) SLIDING(5s) FROM no_such_table INTO s_out AS SELECT _twstart, count(*) AS n FROM %%trows;
+CREATE CQ b RESAMPLE EVERY 5s BEGIN SELECT count(v) AS n INTO b_out FROM nowhere GROUP BY (5s) END;
+CREATE CQ w RESAMPLE EVERY 5s BEGIN SELECT count(v) AS n INTO w_out FROM loaded GROUP BY (5s) END;
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Settings:
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "x.sql").write_text(SQL)
+    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
+    for var, value in {
+        "CQ_SQL_DIR": settings.sql_dir,
+        "CQ_WAREHOUSE": settings.warehouse,
+        "CQ_HOME": settings.home,
+        "CQ_CONFIG": tmp_path / "none.toml",
+    }.items():
+        monkeypatch.setenv(var, str(value))
+    return settings
+
+
+def test_validate_warns_about_a_table_neither_declared_nor_in_the_warehouse(project, capsys):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    write_deltalake(project.table_uri("loaded"), pa.table({"ts": pa.array([0], pa.timestamp("us")), "v": [1.0]}))
+    assert main(["validate"]) == 0  # a warning, not an error
+    err = capsys.readouterr().err.splitlines()
+    where = f"{project.sql_dir}/x.sql"
+    assert err == [
+        f"warning: {where}:3:1: 's' reads table 'no_such_table', which is neither declared (CREATE TABLE) nor in "
+        f"the warehouse {project.warehouse}; its windows wait until it exists",
+        f"warning: {where}:4:1: 'b' reads table 'nowhere', which is neither declared (CREATE TABLE) nor in "
+        f"the warehouse {project.warehouse}; its firings fail until it exists",
+    ]  # `loaded` is in the warehouse, `sensors` declared: nothing said about them
+
+
+def test_the_stream_sensor_says_on_the_sink_and_in_its_log_that_the_table_is_missing(project, monkeypatch):
+    Engine(settings=project).ensure_tables("sensors")
+    defs = build_definitions(settings=project, now=datetime(2026, 12, 1, tzinfo=UTC))
+    sensor = defs.resolve_sensor_def("cq_streams")
+    monkeypatch.setattr(dagster_streams, "_said", {})
+    with dg.instance_for_test() as instance:
+        with dg.build_sensor_context(instance=instance) as ctx:
+            first = sensor.evaluate_tick(ctx)
+        (observation,) = first.asset_events
+        assert "trigger table 'no_such_table' does not exist" in first.skip_message  # the tick says it too
+        assert isinstance(observation, dg.AssetObservation) and observation.asset_key == dg.AssetKey("s_out")
+        assert "trigger table 'no_such_table' does not exist" in observation.metadata["cq/waiting"].value
+        with dg.build_sensor_context(instance=instance, cursor=first.cursor) as ctx:
+            again = sensor.evaluate_tick(ctx)  # within the minute: the tick's reason only
+        assert again.asset_events == [] and "trigger table 'no_such_table' does not exist" in again.skip_message
