@@ -21,7 +21,7 @@ import requests
 from deltalake import DeltaTable
 from netutil import free_port
 
-from cq_engine.cli.dev import check_ports, seed_start
+from cq_engine.cli.dev import check_ports, feed_forever, seed_start
 from cq_engine.cli.devstop import descendant
 from cq_engine.cli.feed import FEEDS
 from cq_engine.config import DEFAULT_SPARK_PORT, Settings
@@ -31,6 +31,7 @@ from cq_engine.ingest import ingest
 from cq_engine.spark import server_status
 from cq_engine.storage.delta import DeltaRsStorage
 from cq_engine.storage.ledger import Ledger
+from cq_engine.times import iso
 
 REPO = Path(__file__).resolve().parent.parent
 SENSORS = """CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
@@ -57,6 +58,61 @@ def test_the_feed_resumes_after_its_newest_reading(tmp_path):
     assert seed_start(engine, "sensors", now=now, backfill=ten) == now
     assert seed_start(engine, "sensors", now=now + timedelta(minutes=2), backfill=ten) == now
     assert seed_start(engine, "sensors", now=now + timedelta(hours=1), backfill=ten) == now + timedelta(minutes=50)
+
+
+def test_the_feed_commits_each_reading_within_its_interval_of_its_time(tmp_path):
+    """A batch holds the reading of the current grid point: a firing at a grid point finds every reading
+    of its range (committed at the latest one feed interval after its time, not a reading interval
+    later)."""
+    import threading
+
+    engine = Engine(settings=Settings(**{**project(tmp_path).__dict__, "storage": "deltars"}))
+    engine.ensure_tables()
+    every, reading = 0.5, timedelta(seconds=5)
+    lags: list[float] = []
+
+    def newest() -> None:
+        ts = pa.table(DeltaTable(str(tmp_path / "wh" / "sensors")).scan()).column("ts").to_pylist()
+        lags.append((datetime.now(UTC) - max(ts)).total_seconds())
+
+    stop = threading.Event()
+    feed = threading.Thread(
+        target=feed_forever,
+        args=(engine,),
+        kwargs={"every": every, "stop": stop, "reading_every": reading, "on_batch": newest},
+        daemon=True,
+    )
+    feed.start()
+    time.sleep(7)
+    stop.set()
+    feed.join(30)
+    # Right after a grid point, the batch holds that point's readings (a reading interval late before).
+    assert lags and min(lags) < 2.5, lags
+    keys = _sensor_keys(Settings(sql_dir="", warehouse=str(tmp_path / "wh"), home=""))
+    assert len(keys) == len(set(keys))
+
+
+def test_demo_appends_only_after_the_newest_reading(tmp_path, capsys):
+    """`cq demo` after `cq dev` (or a second demo) appends no reading twice."""
+    from cq_engine.cli.demo import run_demo
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "sensors.sql").write_text(SENSORS.splitlines()[0] + "\n")  # the table alone
+    settings = Settings(
+        sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"), storage="deltars"
+    )
+    engine = Engine(settings=settings)
+    engine.ensure_tables()
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    fed = FEEDS["sensors"](start=now - timedelta(minutes=5), end=now - timedelta(minutes=2))  # cq dev's feed
+    ingest(table="sensors", data=fed, engine=engine)
+    assert run_demo(settings, now=now) == 0
+    first = capsys.readouterr().out
+    assert f"sensors: appended 72 readings for [{iso(now - timedelta(minutes=2))}, {iso(now)})" in first, first
+    assert run_demo(settings, now=now + timedelta(seconds=30)) == 0
+    assert "sensors: already holds readings up to" in capsys.readouterr().out
+    keys = _sensor_keys(settings)
+    assert len(keys) == len(set(keys)), "a reading was appended twice"
 
 
 def test_ports_are_checked_before_anything_is_created(tmp_path):

@@ -125,17 +125,25 @@ def feed_forever(
     label: str = "cq dev feed",
     on_batch: Callable[[], None] | None = None,
 ) -> None:
-    """Every ``every`` seconds, append to ``table`` the simulated readings (one per device per
-    ``reading_every``) since the last batch (or ``start``), until ``stop`` is set."""
+    """Every ``every`` seconds (on the clock's multiples of it), append to ``table`` the simulated
+    readings (one per device per ``reading_every``) since the last batch (or ``start``) up to now, the
+    reading of the current grid point included, until ``stop`` is set. So each reading is committed
+    within ``every`` of its own time, before a firing whose range it falls in ends (a batch at
+    ``k * every``: a firing at a minute's end finds that minute's last reading)."""
     start = start or floor_time(datetime.now(UTC), reading_every)
-    while not stop.wait(every):
-        end = floor_time(datetime.now(UTC), reading_every)
+    while not stop.wait(_until_next(every)):
+        end = floor_time(datetime.now(UTC), reading_every) + reading_every
         if end > start:
             rows = FEEDS[table](start=start, end=end, every=reading_every)
             ingest(table=table, data=rows, engine=engine, label=label)  # through BEFORE INSERT triggers
             start = end
             if on_batch:
                 on_batch()
+
+
+def _until_next(every: float) -> float:
+    """Seconds to the clock's next multiple of ``every`` (a few ms past it, so the grid point is in)."""
+    return every - time.time() % every + 0.005
 
 
 def seed_start(
