@@ -234,12 +234,18 @@ def build_streams_sensor(
                     plan = evaluate_stream(engine.ctx, stream, cursor=s.cursor, now=now)
                 except CQError as exc:  # e.g. its trigger table is not there yet: said in the tick
                     quiet.append(str(exc))
+                    if _say_again(name, str(exc)):  # and, once a minute, in its log and on the sink
+                        context.log.warning(f"{name}: {exc}")
+                        events.append(dg.AssetObservation(asset_key=sink_keys[name], metadata={"cq/waiting": str(exc)}))
                     continue
                 except Exception as exc:  # one stream's unreadable log must not hold the others back
                     notes.append(f"{name}: planning failed: {' '.join(str(exc).split())[:300]}")
                     continue
                 for item in plan.ignored:
-                    context.log.warning(f"{name}: {item.text}")
+                    # The rows a stream finds at its creation are history by its definition (no
+                    # FILL_HISTORY): expected, so not a warning (the ledger and `cq tick` keep it too).
+                    say = context.log.info if item.what == "history" and s.cursor is None else context.log.warning
+                    say(f"{name}: {item.text}")
                 if plan.works and s.cursor and not plan.ignored:
                     fresh[name] = s.cursor
                 s.cursor = plan.cursor.to_json()

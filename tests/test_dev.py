@@ -115,6 +115,17 @@ def test_demo_appends_only_after_the_newest_reading(tmp_path, capsys):
     assert len(keys) == len(set(keys)), "a reading was appended twice"
 
 
+def test_the_terminal_gets_dagsters_warnings_and_errors_the_log_everything():
+    from cq_engine.cli.dev import shown
+
+    info = b"\x1b[32m2026-12-02 01:36:18 +0000\x1b[0m - dagster.daemon.SensorDaemon - \x1b[34mINFO\x1b[0m - Sensor cq_streams skipped\n"
+    event = b"2026-12-02 01:36:17 +0000 - dagster - DEBUG - cq_firings_job - 1234 - RUN_SUCCESS - Finished\n"
+    warning = b"2026-12-02 01:36:17 +0000 - dagster - WARNING - __repository__ - cq_streams - s: table missing\n"
+    trace = b"Traceback (most recent call last):\n"
+    assert [shown(x, verbose=False) for x in (info, event, warning, trace)] == [False, False, True, True]
+    assert all(shown(x, verbose=True) for x in (info, event))
+
+
 def test_ports_are_checked_before_anything_is_created(tmp_path):
     settings = project(tmp_path)
     with socket.socket() as holder:

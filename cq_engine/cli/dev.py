@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,6 +194,7 @@ def run_dev(
     spark_server: bool = True,
     backfill: timedelta = timedelta(minutes=10),
     drain_timeout: float = 120,
+    verbose: bool = False,
 ) -> int:
     from cq_engine import spark
 
@@ -230,7 +232,21 @@ def run_dev(
             agent.start(settings.home)  # `cq` commands in another terminal run warm
         dagster_home = write_dagster_home(dagster_home)
         log_path = dagster_home / "dev.log"
-        cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
+        # `dagster dev` warns at every start that it is superseded by `dg dev` (not a user's concern).
+        quiet = ["-W", "ignore:Function `dev_command` is superseded"]
+        cmd = [
+            sys.executable,
+            *quiet,
+            "-m",
+            "dagster",
+            "dev",
+            "-w",
+            "workspace.yaml",
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+        ]
         proc = subprocess.Popen(
             cmd,
             env=dagster_env(settings, dagster_home, spark_server=spark_server),
@@ -241,11 +257,11 @@ def run_dev(
         )
         echo = threading.Event()
         echo.set()
-        pump = threading.Thread(target=_pump, args=(proc, log_path, echo), daemon=True)
+        pump = threading.Thread(target=_pump, args=(proc, log_path, echo, verbose), daemon=True)
         pump.start()
         print(
-            f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
-            "Ctrl-C stops everything"
+            f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}"
+            f"{'' if verbose else ': all of Dagster output; here only its warnings and errors'}); Ctrl-C stops everything"
         )
         if supervisor is not None:
             supervisor.start()
@@ -320,14 +336,25 @@ def _say(line: str, *, log: Path | None = None) -> None:
             f.write(line + "\n")
 
 
-def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event) -> None:
-    """Copy Dagster's output to its log file, and to our stdout while ``echo`` is set."""
+_ANSI = re.compile(rb"\x1b\[[0-9;]*m")
+_ROUTINE = re.compile(rb" - (?:DEBUG|INFO) - ")  # Dagster's log format: "<time> - <logger> - <LEVEL> - ..."
+
+
+def shown(line: bytes, *, verbose: bool) -> bool:
+    """Whether a line of Dagster's output is echoed to the terminal: its warnings, errors and anything
+    not in its log format (a traceback's lines); everything with ``verbose``. The log keeps all."""
+    return verbose or not _ROUTINE.search(_ANSI.sub(b"", line))
+
+
+def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event, verbose: bool = False) -> None:
+    """Copy Dagster's output to its log file, and what ``shown`` lets through to our stdout while
+    ``echo`` is set."""
     assert proc.stdout is not None  # started with stdout=PIPE
     with open(log_path, "ab") as log:
         for line in iter(proc.stdout.readline, b""):
             log.write(line)
             log.flush()
-            if echo.is_set():
+            if echo.is_set() and shown(line, verbose=verbose):
                 sys.stdout.buffer.write(line)
                 sys.stdout.flush()
 

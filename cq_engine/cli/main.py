@@ -124,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--feed-every", type=float, default=5.0, metavar="SECONDS")
     sp.add_argument("--no-spark-server", action="store_true", help="use in-process Spark in each run")
     sp.add_argument(
+        "--verbose", action="store_true", help="echo all of Dagster's output, not only its warnings and errors"
+    )
+    sp.add_argument(
         "--stop-wait",
         type=float,
         default=120.0,
@@ -503,6 +506,7 @@ def _dev(args, settings: Settings) -> int:
         feed_every=args.feed_every,
         spark_server=not args.no_spark_server,
         drain_timeout=args.stop_wait,
+        verbose=args.verbose,
     )
 
 
