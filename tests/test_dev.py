@@ -381,6 +381,19 @@ def _server_killed_while_firings_run(tmp_path: Path, settings: Settings, proc: s
             assert got[device] == pytest.approx(sum(hs) / len(hs)), (e.fire_time, device)
 
 
+def _ctrl_c_during(dagster_home: Path, runs, what: str, proc: subprocess.Popen, out: Path) -> tuple[str, list]:
+    """Once a run matching the filter ``runs`` is in flight, Ctrl-C: what `cq dev` printed from then on
+    (it must exit 0) and every run of the instance."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        _wait(lambda: instance.get_run_records(runs, limit=1), 600, what, proc, out)
+        before = len(out.read_text())
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(600) == 0
+        return out.read_text()[before:], [r.dagster_run for r in instance.get_run_records()]
+
+
 @pytest.mark.spark
 @pytest.mark.dagster_e2e
 def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path):
@@ -401,15 +414,8 @@ def test_cq_dev_ctrl_c_cancels_and_requeues_the_runs_that_cannot_finish(tmp_path
     proc = _start_dev(out, env, "--port", str(ui), "--feed-every", "2", "--stop-wait", "0", "--no-spark-server")
     try:
         _wait(lambda: "Dagster UI on" in out.read_text(), 400, "cq dev to start", proc, out)
-        with dg.DagsterInstance.from_config(str(tmp_path / "dagster")) as instance:
-            flight = [dg.DagsterRunStatus.STARTED]
-            stream = dg.RunsFilter(statuses=flight, tags={"cq/name": "hum_s"})
-            _wait(lambda: instance.get_run_records(stream, limit=1), 600, "a stream run in flight", proc, out)
-            before = len(out.read_text())
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(600) == 0
-            after = out.read_text()[before:]
-            runs = [r.dagster_run for r in instance.get_run_records()]
+        stream = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={"cq/name": "hum_s"})
+        after, runs = _ctrl_c_during(tmp_path / "dagster", stream, "a stream run in flight", proc, out)
         assert "Traceback" not in after, after
         status = {r.run_id: r.status for r in runs}
         assert dg.DagsterRunStatus.FAILURE not in status.values(), after
@@ -507,6 +513,18 @@ def _done(ledger: Ledger, name: str, kind: str = "firing") -> list:
     return [e for e in ledger.entries(name) if e.kind == kind and e.status == "succeeded"]
 
 
+def _go_on(ledger: Ledger, runs: tuple, since: datetime, proc: subprocess.Popen, out: Path) -> None:
+    """Wait until each (definition, ledger kind) committed once more past the daemon's refresh after ``since``."""
+    for name, kind in runs:
+        _wait(
+            lambda name=name, kind=kind: any(e.finished_at > since + DAEMON_REFRESH for e in _done(ledger, name, kind)),
+            600,
+            f"{name} to go on after {since}",
+            proc,
+            out,
+        )
+
+
 @pytest.mark.spark
 @pytest.mark.dagster_e2e
 def test_a_file_that_stops_loading_while_cq_dev_runs_keeps_its_definitions_running(tmp_path):
@@ -540,32 +558,14 @@ def test_a_file_that_stops_loading_while_cq_dev_runs_keeps_its_definitions_runni
         description = _error_asset(ui)
         assert description and "mine.sql:7:" in description and "mine_5s, mine_10s, mine_s keep running" in description
         # Past the daemon's refresh, the kept definitions still fire, every one of their firings.
-        for name, kind in (("mine_5s", "firing"), ("mine_10s", "firing"), ("mine_s", "realtime")):
-            _wait(
-                lambda name=name, kind=kind: any(
-                    e.finished_at > broken_at + DAEMON_REFRESH for e in _done(ledger, name, kind)
-                ),
-                600,
-                f"{name} to go on while its file fails",
-                proc,
-                out,
-            )
+        _go_on(ledger, (("mine_5s", "firing"), ("mine_10s", "firing"), ("mine_s", "realtime")), broken_at, proc, out)
 
         mine.write_text(MINE + TYPO.replace("GROPU", "GROUP"))
         _wait(lambda: "mine.sql loads again" in out.read_text(), 60, "cq dev to say the file loads", proc, out)
         assert switches | {"mine_c_ticks"} <= _reload(ui)
         fixed_at = datetime.now(UTC)
         assert _error_asset(ui) is None
-        for name, kind in (("mine_5s", "firing"), ("mine_c", "firing"), ("mine_s", "realtime")):
-            _wait(
-                lambda name=name, kind=kind: any(
-                    e.finished_at > fixed_at + DAEMON_REFRESH for e in _done(ledger, name, kind)
-                ),
-                600,
-                f"{name} after the fix",
-                proc,
-                out,
-            )
+        _go_on(ledger, (("mine_5s", "firing"), ("mine_c", "firing"), ("mine_s", "realtime")), fixed_at, proc, out)
         for name, every in (("mine_5s", 5), ("mine_10s", 10)):
             times = sorted(e.fire_time for e in _done(ledger, name))
             assert len(times) == len(set(times)), f"{name}: a firing committed twice"
@@ -631,14 +631,8 @@ def test_cq_dev_ctrl_c_commits_no_firing_past_the_feed_and_sigkill_leaves_no_pro
         )
         assert second.returncode == 1 and "a cq dev stack still runs on CQ_HOME=" in second.stderr, second
         _wait(lambda: len(_done(ledger, "hum_5s")) >= 3, 600, "hum_5s's firings", proc, out)
-        with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
-            batch = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={"cq/batch": "true"})
-            _wait(lambda: instance.get_run_records(batch, limit=1), 600, "a batch run in flight", proc, out)
-            before = len(out.read_text())
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(600) == 0
-            after = out.read_text()[before:]
-            runs = [r.dagster_run for r in instance.get_run_records()]
+        batch = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={"cq/batch": "true"})
+        after, runs = _ctrl_c_during(dagster_home, batch, "a batch run in flight", proc, out)
         assert "Traceback" not in after, after
         assert after.index("Dagster webserver and daemon stopped") < after.index("feed stopped"), after
         assert not [r.run_id for r in runs if r.status == dg.DagsterRunStatus.FAILURE], after

@@ -244,25 +244,22 @@ def test_a_firing_that_wrote_no_row_before_its_rows_arrived_is_not_complete(tmp_
     engine.storage.append("sensors", rows(T0 + m + 10 * S, T0 + m + 20 * S))
     engine.storage.append("sensors", rows(T0 + 10 * m))  # after every range: nothing late for them
     assert arrived_later(engine.ctx, "sensors", entries[1:]) == {T0 + 2 * m}
-    r = firing_completeness(
-        between=ticks.between,
-        range_of=ticks.range_of,
-        entries=entries,
-        since=T0 - timedelta(hours=1),
-        discard=False,
-        arrived_later=lambda zero: arrived_later(engine.ctx, "sensors", zero),
-    )
+
+    def report(entries):
+        return firing_completeness(
+            between=ticks.between,
+            range_of=ticks.range_of,
+            entries=entries,
+            since=T0 - timedelta(hours=1),
+            discard=False,
+            arrived_later=lambda zero: arrived_later(engine.ctx, "sensors", zero),
+        )
+
+    r = report(entries)
     assert not r.passed and (r.owed, r.count("empty"), r.count("missing")) == (4, 1, 0)
     assert [g.to_json()["reason"] for g in r.gaps] == ["empty"] and r.gaps[0].start == T0 + m
     assert r.description.startswith("1 empty (no row written, though rows for their range arrived later) of 4 owed")
     # Run again (a recalculation of that range, or the firing itself) with the rows: complete.
     again = [*entries, dataclasses.replace(entries[2], rows_written=2, source_versions={"sensors": read + 2})]
-    r = firing_completeness(
-        between=ticks.between,
-        range_of=ticks.range_of,
-        entries=again,
-        since=T0 - timedelta(hours=1),
-        discard=False,
-        arrived_later=lambda zero: arrived_later(engine.ctx, "sensors", zero),
-    )
+    r = report(again)
     assert r.passed, r.description

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from conftest import sql_project
 
 from cq_engine.catalog import load_catalog, settings_catalog
 from cq_engine.cli.main import main
@@ -29,18 +30,7 @@ NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Settings:
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "sensors.sql").write_text(TABLE)
-    (tmp_path / "sql" / "mine.sql").write_text(MINE)
-    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
-    for var, value in {
-        "CQ_SQL_DIR": settings.sql_dir,
-        "CQ_WAREHOUSE": settings.warehouse,
-        "CQ_HOME": settings.home,
-        "CQ_CONFIG": tmp_path / "none.toml",
-    }.items():
-        monkeypatch.setenv(var, str(value))
-    return settings
+    return sql_project(tmp_path, monkeypatch, {"sensors.sql": TABLE, "mine.sql": MINE})
 
 
 def _break(settings: Settings) -> Path:

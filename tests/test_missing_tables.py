@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 import pytest
+from conftest import sql_project
 
 from cq_engine.cli.main import main
 from cq_engine.config import Settings
@@ -25,17 +26,7 @@ CREATE CQ w RESAMPLE EVERY 5s BEGIN SELECT count(v) AS n INTO w_out FROM loaded 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Settings:
-    (tmp_path / "sql").mkdir()
-    (tmp_path / "sql" / "x.sql").write_text(SQL)
-    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
-    for var, value in {
-        "CQ_SQL_DIR": settings.sql_dir,
-        "CQ_WAREHOUSE": settings.warehouse,
-        "CQ_HOME": settings.home,
-        "CQ_CONFIG": tmp_path / "none.toml",
-    }.items():
-        monkeypatch.setenv(var, str(value))
-    return settings
+    return sql_project(tmp_path, monkeypatch, {"x.sql": SQL})
 
 
 def test_validate_warns_about_a_table_neither_declared_nor_in_the_warehouse(project, capsys):

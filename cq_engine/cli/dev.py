@@ -261,7 +261,7 @@ def run_dev(
         pump.start()
         print(
             f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}"
-            f"{'' if verbose else ': all of Dagster output; here only its warnings and errors'}); Ctrl-C stops everything"
+            f"{'' if verbose else LOG_NOTE}); Ctrl-C stops everything"
         )
         if supervisor is not None:
             supervisor.start()
@@ -336,6 +336,7 @@ def _say(line: str, *, log: Path | None = None) -> None:
             f.write(line + "\n")
 
 
+LOG_NOTE = ": all of Dagster's output; here only its warnings and errors (--verbose: all)"
 _ANSI = re.compile(rb"\x1b\[[0-9;]*m")
 _ROUTINE = re.compile(rb" - (?:DEBUG|INFO) - ")  # Dagster's log format: "<time> - <logger> - <LEVEL> - ..."
 
