@@ -1,6 +1,7 @@
 """A table a definition reads that neither a file declares nor the warehouse holds: `cq validate` warns,
 and the `cq_streams` sensor says so in its log and on the stream's sink (an observation) while it is
-missing, once a minute, besides its tick's skip reason."""
+missing, once a minute, besides its tick's skip reason. And what the sensor says of a table's rows at a
+stream's creation (history, expected) is INFO, not a warning."""
 
 from __future__ import annotations
 
@@ -60,3 +61,22 @@ def test_the_stream_sensor_says_on_the_sink_and_in_its_log_that_the_table_is_mis
         with dg.build_sensor_context(instance=instance, cursor=first.cursor) as ctx:
             again = sensor.evaluate_tick(ctx)  # within the minute: the tick's reason only
         assert again.asset_events == [] and "trigger table 'no_such_table' does not exist" in again.skip_message
+
+
+def test_a_streams_history_at_its_creation_is_said_at_info_not_as_a_warning(tmp_path, monkeypatch, capfd):
+    import pyarrow as pa
+
+    stream = "CREATE STREAM h INTERVAL(5s) SLIDING(5s) FROM sensors INTO h_out AS SELECT _twstart, count(*) AS n FROM %%trows;\n"
+    settings = sql_project(tmp_path, monkeypatch, {"x.sql": SQL.splitlines()[0] + "\n" + stream})
+    engine = Engine(settings=settings)
+    engine.ensure_tables("sensors")
+    ts = [datetime(2026, 12, 1, 0, 0, s, tzinfo=UTC) for s in range(10)]
+    engine.storage.append(
+        "sensors",
+        pa.table({"ts": pa.array(ts, pa.timestamp("us", tz="UTC")), "device": ["a"] * 10, "temperature": [1.0] * 10}),
+    )
+    defs = build_definitions(settings=settings, now=datetime(2026, 12, 1, tzinfo=UTC))
+    with dg.instance_for_test() as instance, dg.build_sensor_context(instance=instance) as ctx:
+        defs.resolve_sensor_def("cq_streams").evaluate_tick(ctx)
+    said = [line for line in capfd.readouterr().err.splitlines() if "h: history: 10 row(s) ignored" in line]
+    assert said and all(" - INFO - " in line for line in said), said  # the sensor's log line
