@@ -9,24 +9,31 @@ from cq_engine.errors import CQError
 from cq_engine.storage.ledger import LedgerEntry
 
 
-def arrived_later(ctx, source: str, entries: list[LedgerEntry]) -> set[datetime]:
+def arrived_later(ctx, source: str, entries: list[LedgerEntry], *, cache: dict | None = None) -> set[datetime]:
     """The fire times of ``entries`` (firings that wrote no row) whose ``source`` received rows for
     their range after the version they read: a commit since then added a file whose time statistics
     reach into the range (a file without statistics may hold any time). ``ctx``: an ``EngineContext``
-    (its storage and time columns); reads the Delta log only, no Spark."""
+    (its storage and time columns); reads the Delta log only, no Spark. ``cache`` (one per check
+    evaluation): the commits read per source, shared by the definitions reading it."""
     read = [e for e in entries if source in e.source_versions and e.fire_time is not None]
     if not read:
         return set()
-    storage = ctx.storage
-    try:
-        time_column = ctx.time_column(source)
-        latest = storage.latest_version(source)
-        after = min(e.source_versions[source] for e in read)
-        commits = (
-            [] if latest is None else storage.read_commits(source, after=after, until=latest, time_column=time_column)
-        )
-    except CQError:  # the source is gone: nothing arrives
-        return set()
+    after = min(e.source_versions[source] for e in read)
+    known = (cache or {}).get(source)
+    if known is not None and known[0] <= after:
+        commits = known[1]
+    else:
+        try:
+            latest = ctx.storage.latest_version(source)
+            commits = (
+                []
+                if latest is None
+                else ctx.storage.read_commits(source, after=after, until=latest, time_column=ctx.time_column(source))
+            )
+        except CQError:  # the source is gone: nothing arrives
+            return set()
+        if cache is not None:
+            cache[source] = (after, commits)
     late: set[datetime] = set()
     for e in read:
         since = [c for c in commits if c.version > e.source_versions[source]]

@@ -82,6 +82,7 @@ def completeness_results(
     for entry in entries:
         by_name.setdefault(entry.definition, []).append(entry)
     results = []
+    logs: dict = {}  # a source's commits, read once for every definition over it (cq_engine.arrivals)
     for d in definitions:
         mine = by_name.get(d.name, [])
         if is_ticked(d):
@@ -94,7 +95,7 @@ def completeness_results(
                 every=ticks.every,
                 max_owed=MAX_OWED,
                 discard=d.timeout_policy == "DISCARD",
-                arrived_later=partial(arrived_later, engine.ctx, d.source) if d.source else None,
+                arrived_later=partial(arrived_later, engine.ctx, d.source, cache=logs) if d.source else None,
             )
         else:
             report = run_completeness(entries=mine, since=since)

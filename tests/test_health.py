@@ -244,6 +244,10 @@ def test_a_firing_that_wrote_no_row_before_its_rows_arrived_is_not_complete(tmp_
     engine.storage.append("sensors", rows(T0 + m + 10 * S, T0 + m + 20 * S))
     engine.storage.append("sensors", rows(T0 + 10 * m))  # after every range: nothing late for them
     assert arrived_later(engine.ctx, "sensors", entries[1:]) == {T0 + 2 * m}
+    cache: dict = {}  # one check evaluation: the source's log is read once for every definition over it
+    assert arrived_later(engine.ctx, "sensors", entries[1:], cache=cache) == {T0 + 2 * m}
+    assert cache["sensors"][0] == read and len(cache["sensors"][1]) == 2
+    assert arrived_later(engine.ctx, "sensors", entries[2:], cache=cache) == {T0 + 2 * m}
 
     def report(entries):
         return firing_completeness(
