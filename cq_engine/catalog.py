@@ -12,6 +12,7 @@ from sqlglot import exp
 
 from cq_engine.config import Settings
 from cq_engine.errors import CQError, ParseError
+from cq_engine.lastgood import LastGood
 from cq_engine.model import (
     DATA_SHAPED,
     Catalog,
@@ -24,7 +25,7 @@ from cq_engine.model import (
     TableDecl,
     TriggerDef,
 )
-from cq_engine.parse import ParseOptions, parse_file, sql_files
+from cq_engine.parse import ParseOptions, parse_file, parse_text, sql_files
 from cq_engine.parse.ekuiper import first_row_values, integer_averages
 from cq_engine.parse.fragments import TIME_REF
 from cq_engine.parse.iotdb import COUNT_STAR, expand_count_star
@@ -66,12 +67,18 @@ def _declared_names(file: Path) -> tuple[str, ...]:
 
 
 def load_catalog(
-    path: str | Path, *, options: ParseOptions | None = None, context: str | Path | None = None
+    path: str | Path,
+    *,
+    options: ParseOptions | None = None,
+    context: str | Path | None = None,
+    last_good: LastGood | None = None,
 ) -> Catalog:
     """Parse all ``.sql`` files under ``path``; per-file errors land in ``Catalog.errors``.
 
     ``context`` (the sql directory when ``path`` is one file of it): the tables its other files declare
-    are known when checking ``path``'s definitions (they are not part of the catalog)."""
+    are known when checking ``path``'s definitions (they are not part of the catalog). ``last_good``:
+    a file that fails is loaded from its last good text there instead (its error says which
+    definitions that keeps), and a file that loads is recorded as its last good version."""
     opts = options or ParseOptions()
     files = sql_files(path)
     tables: list[TableDecl] = []
@@ -80,19 +87,23 @@ def load_catalog(
     errors: list[ParseError] = []
     for file in files:
         try:
-            statements = parse_file(file, options=opts)
-            file_tables = [s for s in statements if isinstance(s, TableDecl)]
-            file_triggers = [s for s in statements if isinstance(s, TriggerDef)]
-            file_defs = [s for s in statements if not isinstance(s, (TableDecl, TriggerDef))]
-            _check_unique(tables + file_tables, definitions + file_defs)
-            _check_trigger_names(triggers + file_triggers, definitions + file_defs, new=file_triggers + file_defs)
-            all_tables = {t.name.lower(): t for t in tables + file_tables}
-            for d in file_defs:
-                _check_against_tables(d, all_tables)
+            text = _read(file)
+            file_tables, file_triggers, file_defs = _take_file(text, file, opts, tables, definitions, triggers)
         except CQError as exc:
             error = exc if isinstance(exc, ParseError) else ParseError(str(exc), file=str(file))
-            errors.append(error.removing(_declared_names(file)))
-            continue
+            last = last_good.get(file) if last_good is not None else None
+            try:  # the last good version, checked against what loaded before it as the file would be
+                if last is None:
+                    raise error
+                file_tables, file_triggers, file_defs = _take_file(last.text, file, opts, tables, definitions, triggers)
+            except CQError:
+                errors.append(error.removing(_declared_names(file)))
+                continue
+            names = tuple(x.name for x in [*file_defs, *file_triggers])
+            errors.append(error.keeping(names, since=last.at))
+        else:
+            if last_good is not None:
+                last_good.put(file, text)
         tables += file_tables
         definitions += file_defs
         triggers += file_triggers
@@ -111,6 +122,42 @@ def load_catalog(
             error = exc if isinstance(exc, ParseError) else _err(d.location, str(exc))
             errors.append(error.removing((d.name,)))
     return Catalog(tables=tuple(tables), definitions=tuple(kept), errors=tuple(errors), triggers=tuple(triggers))
+
+
+def settings_catalog(settings: Settings, *, record: bool = True) -> Catalog:
+    """The catalog of ``settings.sql_dir`` as a running stack sees it: a file that fails to load keeps
+    its last good version (``cq_engine.lastgood``, under CQ_HOME); ``record=False`` only reads it."""
+    return load_catalog(
+        settings.sql_dir, options=parse_options(settings), last_good=LastGood(settings.home, record=record)
+    )
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParseError(f"cannot read file: {exc}", file=str(file)) from None
+
+
+def _take_file(
+    text: str,
+    file: Path,
+    opts: ParseOptions,
+    tables: list[TableDecl],
+    definitions: list[Definition],
+    triggers: list[TriggerDef],
+) -> tuple[list[TableDecl], list[TriggerDef], list[Definition]]:
+    """One file's statements, checked against those loaded before it: (tables, triggers, definitions)."""
+    statements = parse_text(text, file=str(file), options=opts)
+    file_tables = [s for s in statements if isinstance(s, TableDecl)]
+    file_triggers = [s for s in statements if isinstance(s, TriggerDef)]
+    file_defs = [s for s in statements if not isinstance(s, (TableDecl, TriggerDef))]
+    _check_unique(tables + file_tables, definitions + file_defs)
+    _check_trigger_names(triggers + file_triggers, definitions + file_defs, new=file_triggers + file_defs)
+    all_tables = {t.name.lower(): t for t in tables + file_tables}
+    for d in file_defs:
+        _check_against_tables(d, all_tables)
+    return file_tables, file_triggers, file_defs
 
 
 def _context_tables(context: str | Path | None, *, exclude: list[Path], options: ParseOptions) -> dict:
@@ -186,6 +233,13 @@ def _reads(d: Definition) -> list[str]:
     if isinstance(d, Stream):
         return [t for t in dict.fromkeys((d.trigger_table, d.source)) if t]
     return [d.source]
+
+
+def undeclared_reads(catalog: Catalog) -> list[tuple[Definition, str]]:
+    """(definition, table) for every table a definition reads (source, trigger table) that no file
+    declares (CREATE TABLE, or an eKuiper stream's name): it must exist in the warehouse."""
+    declared = {t.name.lower() for t in catalog.tables} | {t.alias.lower() for t in catalog.tables if t.alias}
+    return [(d, t) for d in catalog.definitions for t in _reads(d) if t.lower() not in declared]
 
 
 def _check_trigger_names(triggers: list[TriggerDef], definitions: list[Definition], *, new: list) -> None:

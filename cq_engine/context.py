@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from cq_engine.catalog import load_catalog, parse_options
+from cq_engine.catalog import settings_catalog
 from cq_engine.config import Settings
 from cq_engine.errors import TableError
 from cq_engine.model import Catalog
@@ -68,7 +68,7 @@ class EngineContext:
         """A context with the catalog loaded from ``settings.sql_dir`` and the storage ``CQ_STORAGE``
         chooses (``storage.factory``) under the warehouse unless given."""
         if catalog is None:
-            catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+            catalog = settings_catalog(settings)
         opened: list[EngineContext] = []  # the storage's writes of Arrow data use this context's session
         if storage is None:
             storage = make_storage(settings, session=lambda: opened[0].spark)

@@ -17,18 +17,43 @@ class ParseError(CQError):
     """A definition file is malformed or does not fit the tables; ``str()`` is ``file:line:col: message``.
 
     Structured for the catalog's load errors: ``file``, ``line``, ``col``, ``detail`` (the message without
-    its place) and ``names``, the definitions the error kept from loading (when known)."""
+    its place), ``names``, the definitions the error kept from loading (when known), and ``kept``, those
+    of the file that still run at the file's last good version (``since``: when that was recorded)."""
 
     def __init__(
-        self, message: str, *, file: str = "<string>", line: int = 1, col: int = 1, names: tuple[str, ...] = ()
+        self,
+        message: str,
+        *,
+        file: str = "<string>",
+        line: int = 1,
+        col: int = 1,
+        names: tuple[str, ...] = (),
+        kept: tuple[str, ...] = (),
+        since: str = "",
     ):
         message = " ".join(part.strip() for part in message.splitlines())  # one error, one line
         self.file, self.line, self.col, self.detail, self.names = file, line, col, message, names
+        self.kept, self.since = kept, since
         super().__init__(f"{file}:{line}:{col}: {message}")
 
     def removing(self, names: tuple[str, ...]) -> ParseError:
         """The same error, recording the definitions it removed from the catalog."""
         return ParseError(self.detail, file=self.file, line=self.line, col=self.col, names=names)
+
+    def keeping(self, names: tuple[str, ...], *, since: str) -> ParseError:
+        """The same error, recording the definitions that run on at the file's last good version."""
+        return ParseError(self.detail, file=self.file, line=self.line, col=self.col, kept=names, since=since)
+
+    def consequence(self) -> str:
+        """What the error does to the definitions, in one sentence."""
+        if self.kept:
+            return (
+                f"{', '.join(self.kept)} keep running at the file's last good version ({self.since}) "
+                "until it loads again"
+            )
+        if self.names:
+            return f"{', '.join(self.names)} did not load"
+        return "none of its definitions loaded"
 
 
 class TableError(CQError):

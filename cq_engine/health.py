@@ -90,7 +90,9 @@ class Gap:
 
     start: datetime
     end: datetime
-    reason: str  # "missing" (never ran), "failed" (ran, failed, not redone), "skipped" (DISCARD)
+    # "missing" (never ran), "failed" (ran, failed, not redone), "skipped" (DISCARD), "empty" (committed
+    # no row while rows for its range were still arriving: its source received them after it read)
+    reason: str
     count: int
 
     def to_json(self) -> dict:
@@ -112,7 +114,7 @@ class Completeness:
 
     @property
     def passed(self) -> bool:
-        return not any(g.reason in ("missing", "failed") for g in self.gaps)
+        return not any(g.reason in ("missing", "failed", "empty") for g in self.gaps)
 
     @property
     def description(self) -> str:
@@ -121,7 +123,10 @@ class Completeness:
         head = f"{self.owed} owed in [{iso(self.since)}, {iso(self.until)}]" if self.since else "no runs owed"
         if not self.gaps:
             return f"complete: {head}"
-        parts = [f"{self.count(r)} {r}" for r in ("missing", "failed", "skipped") if self.count(r)]
+        labels = {"empty": "empty (no row written, though rows for their range arrived later)"}
+        parts = [
+            f"{self.count(r)} {labels.get(r, r)}" for r in ("missing", "failed", "empty", "skipped") if self.count(r)
+        ]
         return f"{', '.join(parts)} of {head}"
 
     def metadata(self) -> dict:
@@ -131,6 +136,7 @@ class Completeness:
             "missing": self.count("missing"),
             "failed": self.count("failed"),
             "skipped": self.count("skipped"),
+            "empty": self.count("empty"),
             "since": iso(self.since) if self.since else None,
             "until": iso(self.until) if self.until else None,
             "missing_ranges": [g.to_json() for g in self.gaps[-MAX_REPORTED_RANGES:]],
@@ -163,12 +169,15 @@ def firing_completeness(
     discard: bool,
     every: timedelta | None = None,
     max_owed: int | None = None,
+    arrived_later: Callable[[list[LedgerEntry]], set[datetime]] | None = None,
 ) -> Completeness:
     """A continuous query's (or PERIOD stream's) firings owed from ``since`` (or its first recorded
     firing, if later) up to its newest recorded firing, against its ledger ``entries``: a firing is
     done when a succeeded firing at that time or a succeeded recalculation over its whole range is
     recorded. What is due after the newest firing is the freshness policy's business, not this.
-    With ``every`` and ``max_owed``, only about the newest ``max_owed`` firings are owed."""
+    With ``every`` and ``max_owed``, only about the newest ``max_owed`` firings are owed.
+    ``arrived_later`` (given the succeeded firings that wrote no row): the fire times among them whose
+    source received rows for their range after the version they read; those are not done ("empty")."""
     entries = list(entries)
     fired = [e for e in entries if e.kind in FIRING_KINDS and e.fire_time is not None]
     if not fired:
@@ -183,6 +192,14 @@ def firing_completeness(
     owed = between(start, until + timedelta(microseconds=1))
     ok = {e.fire_time for e in fired if e.status == "succeeded"}
     failed = {e.fire_time for e in fired if e.status == "failed"}
+    empty: set[datetime] = set()
+    if arrived_later is not None:
+        zero = [e for e in fired if e.status == "succeeded" and e.rows_written == 0 and e.fire_time is not None]
+        zero = [e for e in zero if start <= e.fire_time <= until]  # type: ignore[operator]
+        # A firing run again (a retry, its own run) that wrote rows is done, whatever an earlier one wrote.
+        wrote = {e.fire_time for e in fired if e.status == "succeeded" and e.rows_written > 0}
+        empty = arrived_later([e for e in zero if e.fire_time not in wrote]) if zero else set()
+        ok -= empty
     recalculated = [
         (e.range_start, e.range_end) for e in entries if e.kind == "recalculate" and e.status == "succeeded"
     ]
@@ -193,7 +210,7 @@ def firing_completeness(
         time_range = range_of(fire)
         if _covered(time_range, recalculated):
             continue
-        reason = "failed" if fire in failed else "skipped" if discard else "missing"
+        reason = "empty" if fire in empty else "failed" if fire in failed else "skipped" if discard else "missing"
         items.append((*time_range, reason))
     return Completeness(since=start, until=until, owed=len(owed), gaps=_merge(items))
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -459,6 +460,10 @@ def _classic_active() -> bool:
 
 def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
     from pyspark.sql import SparkSession
+
+    # pyspark's Connect client warns at every unpartitioned window function; the engine's plans use
+    # them on purpose (row numbers over a small read coalesced to one partition, ARCHITECTURE.md §6.3).
+    warnings.filterwarnings("ignore", message="WARN WindowExpression: No Partition Defined", category=UserWarning)
 
     if _classic_active():
         raise SparkError(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from datetime import datetime
+from pathlib import Path
 
 import dagster as dg
 
@@ -52,7 +54,7 @@ def build_definitions(
         catalog, errors = None, [exc if isinstance(exc, ParseError) else ParseError(str(exc), file=settings.sql_dir)]
     resources = {"cq_engine": CQEngineResource.from_settings(settings), "pyspark": pyspark_resource(settings)}
     if catalog is None:
-        return dg.Definitions(assets=[error_placeholder(e) for e in errors], resources=resources)
+        return dg.Definitions(assets=error_placeholders(errors), resources=resources)
     schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
     sensor_status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
     assets: list = []
@@ -117,7 +119,15 @@ def build_definitions(
         assets.append(streams_asset)
         jobs.append(streams_job)
         sensors.append(
-            build_streams_sensor(windowed, streams_job, translator, engine, stream_keys, default_status=sensor_status)
+            build_streams_sensor(
+                windowed,
+                streams_job,
+                translator,
+                engine,
+                stream_keys,
+                default_status=sensor_status,
+                keep={n for e in errors for n in e.names},
+            )
         )
         for definition in windowed:
             sensors.append(
@@ -154,7 +164,7 @@ def build_definitions(
     assets += [
         translator.get_source_asset_spec(s, decls.get(s.lower())) for s in sorted(sources) if s.lower() not in sinks
     ]
-    assets += [error_placeholder(e) for e in errors]
+    assets += error_placeholders(errors)
     # In-process for every job, Dagster's implicit asset job (the UI's "Materialize") included: one
     # step per run, and no second Python process for it.
     return dg.Definitions(
@@ -179,20 +189,45 @@ def build_ticks(engine: Engine, definition, *, now: datetime):
     return ticks_of(definition, timezone=engine.settings.timezone, created=created)
 
 
-def error_placeholder(error: ParseError) -> dg.AssetSpec:
-    """A visible stand-in for a file (or definition) that failed to load: its description is the error."""
-    where = f"{error.file}:{','.join(error.names)}" if error.names else error.file
-    key = "invalid_" + hashlib.sha1(where.encode()).hexdigest()[:8]
+def error_placeholders(errors: list[ParseError]) -> list[dg.AssetSpec]:
+    """One visible stand-in per load error, in group ``cq_errors``, keyed by its file's name
+    (``newcomer_sql_load_error``; a second error of the same file name gets a hash suffix)."""
+    specs, taken = [], set()
+    for error in errors:
+        key = error_key(error)
+        if key in taken:
+            where = f"{error.file}:{','.join(error.names)}" if error.names else error.file
+            key += "_" + hashlib.sha1(where.encode()).hexdigest()[:6]
+        taken.add(key)
+        specs.append(error_placeholder(error, key))
+    return specs
+
+
+def error_key(error: ParseError) -> str:
+    """The error asset's name (under ``cq_errors``): its file's name, ``newcomer_sql_load_error``."""
+    return re.sub(r"\W+", "_", Path(error.file).name).strip("_") + "_load_error"
+
+
+def error_placeholder(error: ParseError, key: str | None = None) -> dg.AssetSpec:
+    """A file (or definition) that failed to load: the description says the error and what it does to
+    the file's definitions in plain sentences (shown as text in lists, as markdown on the asset's page);
+    ``cq/error`` repeats it as markdown."""
+    what = "This definition file" if not error.names or error.kept else "A definition of this file"
+    fix = "Fix it and reload the code location (Deployment, Reload; `cq validate` checks it first)."
+    description = f"{what} failed to load: {error}\n\nMeanwhile {error.consequence()}. {fix}"
     return dg.AssetSpec(
-        key=dg.AssetKey(["cq_errors", key]),
+        key=dg.AssetKey(["cq_errors", key or error_key(error)]),
         group_name="cq_errors",
-        description=f"**This definition file failed to load**\n\n```\n{error}\n```",
+        description=description,
         metadata={
-            "cq/error": str(error),
+            "cq/error": dg.MetadataValue.md(
+                f"**{error.file}** failed to load\n\n    {error}\n\n{error.consequence()}."
+            ),
             "cq/file": error.file,
             "cq/line": error.line,
             "cq/col": error.col,
             "cq/message": error.detail,
+            "cq/kept": ", ".join(error.kept),
         },
         kinds={"sql"},
     )

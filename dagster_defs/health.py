@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
+from functools import partial
 
 import dagster as dg
 import pyarrow as pa
 
+from cq_engine.arrivals import arrived_later
 from cq_engine.config import Settings
 from cq_engine.health import firing_completeness, freshness_window, run_completeness
 from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, TableDecl
@@ -80,6 +82,7 @@ def completeness_results(
     for entry in entries:
         by_name.setdefault(entry.definition, []).append(entry)
     results = []
+    logs: dict = {}  # a source's commits, read once for every definition over it (cq_engine.arrivals)
     for d in definitions:
         mine = by_name.get(d.name, [])
         if is_ticked(d):
@@ -92,6 +95,7 @@ def completeness_results(
                 every=ticks.every,
                 max_owed=MAX_OWED,
                 discard=d.timeout_policy == "DISCARD",
+                arrived_later=partial(arrived_later, engine.ctx, d.source, cache=logs) if d.source else None,
             )
         else:
             report = run_completeness(entries=mine, since=since)

@@ -6,7 +6,7 @@ import dagster as dg
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-from cq_engine.catalog import load_catalog, parse_options
+from cq_engine.catalog import parse_options, settings_catalog
 from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
 from cq_engine.model import Catalog
@@ -66,7 +66,7 @@ def cached_catalog(settings: Settings) -> Catalog:
     key = (str(settings.sql_dir), repr(options), digest.hexdigest())
     if key not in _CATALOGS:
         _CATALOGS.clear()  # one sql dir per process: keep only the current contents
-        _CATALOGS[key] = load_catalog(settings.sql_dir, options=options)
+        _CATALOGS[key] = settings_catalog(settings)  # a failing file keeps its last good version
     return _CATALOGS[key]
 
 

@@ -22,7 +22,7 @@ import fcntl
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import datetime
 
 import dagster as dg
@@ -46,6 +46,19 @@ LOG = logging.getLogger(__name__)
 INTERVAL_SECONDS = 1
 ADOPT = "adopt"  # key of a switch cursor carrying a StreamCursor for the sensor to take
 LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up
+
+
+SAY_EVERY_SECONDS = 60.0  # a stream that cannot be planned (its table missing) is said this often
+_said: dict[tuple[str, str], float] = {}  # (stream, message) -> when it was last said, in this process
+
+
+def _say_again(name: str, message: str) -> bool:
+    """Whether to log (and show on the sink) this planning error now: new, or last said a minute ago."""
+    now = time.monotonic()
+    if now - _said.get((name, message), -SAY_EVERY_SECONDS) < SAY_EVERY_SECONDS:
+        return False
+    _said[(name, message)] = now
+    return True
 
 
 def budget_seconds() -> float:
@@ -145,7 +158,10 @@ def build_streams_sensor(
     sink_keys: dict,
     *,
     default_status: dg.DefaultSensorStatus,
+    keep: Collection[str] = (),
 ) -> dg.SensorDefinition:
+    """``keep``: streams a load error took out of the location; their cursors stay in this sensor's,
+    so they resume where they stopped once they load again (never re-created, history ignored)."""
     by_name = {s.name: s for s in streams}
     switches = {translator.get_sensor_name(s): s.name for s in streams}
     op, sensor_name = translator.get_streams_op_name(), translator.get_streams_sensor_name()
@@ -163,7 +179,7 @@ def build_streams_sensor(
     def _evaluate(context, journal_path):
         now = datetime.now(UTC)
         cursor = r.load_cursor(context.cursor, sensor=sensor_name)
-        events: list[dg.AssetMaterialization] = []
+        events: list[dg.AssetMaterialization | dg.AssetObservation] = []
         lost = r.adopt(journal_path, cursor)
         if lost is not None:  # the daemon lost the previous evaluation's cursor: its work counts
             cursor = r.load_cursor(lost.cursor, sensor=sensor_name)
@@ -218,12 +234,18 @@ def build_streams_sensor(
                     plan = evaluate_stream(engine.ctx, stream, cursor=s.cursor, now=now)
                 except CQError as exc:  # e.g. its trigger table is not there yet: said in the tick
                     quiet.append(str(exc))
+                    if _say_again(name, str(exc)):  # and, once a minute, in its log and on the sink
+                        context.log.warning(f"{name}: {exc}")
+                        events.append(dg.AssetObservation(asset_key=sink_keys[name], metadata={"cq/waiting": str(exc)}))
                     continue
                 except Exception as exc:  # one stream's unreadable log must not hold the others back
                     notes.append(f"{name}: planning failed: {' '.join(str(exc).split())[:300]}")
                     continue
                 for item in plan.ignored:
-                    context.log.warning(f"{name}: {item.text}")
+                    # The rows a stream finds at its creation are history by its definition (no
+                    # FILL_HISTORY): expected, so not a warning (the ledger and `cq tick` keep it too).
+                    say = context.log.info if item.what == "history" and s.cursor is None else context.log.warning
+                    say(f"{name}: {item.text}")
                 if plan.works and s.cursor and not plan.ignored:
                     fresh[name] = s.cursor
                 s.cursor = plan.cursor.to_json()
@@ -245,7 +267,8 @@ def build_streams_sensor(
         requests = _request(states, to_run, now=now)
         for line in notes:
             context.log.info(line)
-        cursor.streams = {n: s for n, s in states.items() if s.cursor or s.backlog or s.key}
+        absent = {n: s for n, s in cursor.streams.items() if n in keep and n not in by_name}
+        cursor.streams = {**absent, **{n: s for n, s in states.items() if s.cursor or s.backlog or s.key}}
         if done or requests or lost is not None:
             base = cursor.seq
             cursor.seq += 1
@@ -265,7 +288,8 @@ def build_streams_sensor(
             run_requests=requests,
             asset_events=events,
             cursor=cursor.to_json(),
-            skip_reason=None if (events or requests) else reason,
+            # An observation (a missing table, said on the sink) leaves the tick's reason in place.
+            skip_reason=None if (requests or any(isinstance(e, dg.AssetMaterialization) for e in events)) else reason,
         )
 
     def _runs(context, states) -> tuple[dict[str, str], dict[str, set[str]]]:

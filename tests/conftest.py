@@ -125,3 +125,22 @@ def record_paths(monkeypatch, module, name: str) -> list[str]:
 
     monkeypatch.setattr(module, name, recording)
     return seen
+
+
+def sql_project(tmp_path, monkeypatch, files: dict[str, str]):
+    """A project under ``tmp_path``: ``files`` (name -> text) in ``sql/``, the warehouse ``wh`` and
+    CQ_HOME ``.cq``, named by the environment for the CLI (no cq.toml); its ``Settings``."""
+    from cq_engine.config import Settings
+
+    (tmp_path / "sql").mkdir()
+    for name, text in files.items():
+        (tmp_path / "sql" / name).write_text(text)
+    settings = Settings(sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"))
+    for var, value in {
+        "CQ_SQL_DIR": settings.sql_dir,
+        "CQ_WAREHOUSE": settings.warehouse,
+        "CQ_HOME": settings.home,
+        "CQ_CONFIG": tmp_path / "none.toml",
+    }.items():
+        monkeypatch.setenv(var, str(value))
+    return settings

@@ -131,6 +131,7 @@ LAYERS = [
     ("errors", "names", "times", "durations", "config", "configfile", "jars", "model", "statefile"),
     (
         "parse",
+        "lastgood",
         "catalog",
         "schedule",
         "scheduling",
@@ -139,6 +140,7 @@ LAYERS = [
         "streams.output",
         "storage",
         "health",
+        "arrivals",
     ),
     ("spark", "context"),
     ("resample", "streams", "notify", "triggers", "ingest", "housekeeping"),

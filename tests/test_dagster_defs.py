@@ -11,6 +11,7 @@ from dagster._core.test_utils import create_run_for_test
 from deltalake import DeltaTable
 
 from cq_engine.config import Settings
+from cq_engine.lastgood import LastGood
 from cq_engine.schedule.ticks import parse_tick_cursor
 from cq_engine.times import iso
 from dagster_defs import CQTranslator, build_definitions, due_firings
@@ -581,7 +582,8 @@ def _files(*roots: Path) -> set[str]:
 
 def test_importing_and_loading_the_location_writes_nothing(tmp_path):
     """A fresh process imports dagster_defs and dagster_defs.location and loads ``defs`` (a PERIOD
-    stream among the definitions): nothing appears under the warehouse or CQ_HOME."""
+    stream among the definitions): nothing appears under the warehouse, and under CQ_HOME only the
+    record of each file's last good version (``cq_engine.lastgood``)."""
     import os
     import subprocess
     import sys
@@ -615,4 +617,7 @@ def test_importing_and_loading_the_location_writes_nothing(tmp_path):
         [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and "loaded" in out.stdout, out.stderr[-3000:]
-    assert _files(wh, home) == set(), sorted(_files(wh, home))
+    written = _files(wh, home)
+    assert written == {str(home / "catalog")} | {str(LastGood(home).path(f)) for f in sql.glob("*.sql")}, sorted(
+        written
+    )

@@ -202,3 +202,68 @@ def test_stream_runs_fail_until_a_later_run_covers_the_failed_range():
     again = [*runs, _entry("s", "realtime", None, T0 + m, T0 + 3 * m, started=T0 + 3 * m)]
     assert run_completeness(entries=again, since=T0).passed
     assert run_completeness(entries=runs, since=T0 + 5 * m).owed == 0  # outside the horizon
+
+
+def test_a_firing_that_wrote_no_row_before_its_rows_arrived_is_not_complete(tmp_path):
+    """A firing that committed 0 rows while its source still received rows for its range (a feed that
+    commits late, a shutdown that stopped the feed first) is "empty", which fails the check; one whose
+    range stayed empty, and one whose later rows fell outside its range, are complete."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from cq_engine.arrivals import arrived_later
+    from cq_engine.config import Settings
+    from cq_engine.engine import Engine
+
+    d = _defs(tmp_path, MINUTE_CQ)["per_minute"]
+    settings = Settings(
+        sql_dir=str(tmp_path / "sql"), warehouse=str(tmp_path / "wh"), home=str(tmp_path / ".cq"), storage="deltars"
+    )
+    engine = Engine(settings=settings)
+    engine.ensure_tables("sensors")
+    m = timedelta(minutes=1)
+
+    def rows(*times):
+        return pa.table(
+            {
+                "ts": pa.array(list(times), pa.timestamp("us", tz="UTC")),
+                "device": ["a"] * len(times),
+                "temperature": [1.0] * len(times),
+            }
+        )
+
+    read = engine.storage.append("sensors", rows(T0 - m))
+    ticks = ticks_of(d, timezone="UTC")
+    # 12:01 ([12:00, 12:01)), 12:02 and 12:03 wrote no row at that version; then rows of [12:01, 12:02) arrive.
+    entries = [
+        dataclasses.replace(_firing(d, T0 + k * m), rows_written=0, source_versions={"sensors": read})
+        for k in (1, 2, 3)
+    ]
+    entries.insert(0, dataclasses.replace(_firing(d, T0), source_versions={"sensors": read}))
+    engine.storage.append("sensors", rows(T0 + m + 10 * S, T0 + m + 20 * S))
+    engine.storage.append("sensors", rows(T0 + 10 * m))  # after every range: nothing late for them
+    assert arrived_later(engine.ctx, "sensors", entries[1:]) == {T0 + 2 * m}
+    cache: dict = {}  # one check evaluation: the source's log is read once for every definition over it
+    assert arrived_later(engine.ctx, "sensors", entries[1:], cache=cache) == {T0 + 2 * m}
+    assert cache["sensors"][0] == read and len(cache["sensors"][1]) == 2
+    assert arrived_later(engine.ctx, "sensors", entries[2:], cache=cache) == {T0 + 2 * m}
+
+    def report(entries):
+        return firing_completeness(
+            between=ticks.between,
+            range_of=ticks.range_of,
+            entries=entries,
+            since=T0 - timedelta(hours=1),
+            discard=False,
+            arrived_later=lambda zero: arrived_later(engine.ctx, "sensors", zero),
+        )
+
+    r = report(entries)
+    assert not r.passed and (r.owed, r.count("empty"), r.count("missing")) == (4, 1, 0)
+    assert [g.to_json()["reason"] for g in r.gaps] == ["empty"] and r.gaps[0].start == T0 + m
+    assert r.description.startswith("1 empty (no row written, though rows for their range arrived later) of 4 owed")
+    # Run again (a recalculation of that range, or the firing itself) with the rows: complete.
+    again = [*entries, dataclasses.replace(entries[2], rows_written=2, source_versions={"sensors": read + 2})]
+    r = report(again)
+    assert r.passed, r.description

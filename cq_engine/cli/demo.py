@@ -19,12 +19,17 @@ def run_demo(settings: Settings, *, firings: int = 3, now: datetime | None = Non
         print(f"skipping: {err}")
     now = floor_time(now or datetime.now(UTC), timedelta(minutes=1))
     print(f"creating tables: {', '.join(engine.ensure_tables()) or 'all exist'}")
+    from cq_engine.cli.dev import seed_start
+
     for table in [t.name for t in engine.catalog.tables if t.name in FEEDS]:
-        feed = FEEDS[table](start=now - timedelta(minutes=10), end=now)
+        # After the newest reading already there (`cq dev`'s feed, an earlier demo): never a reading twice.
+        start = seed_start(engine, table, now=now, backfill=timedelta(minutes=10))
+        if start >= now:
+            print(f"{table}: already holds readings up to {iso(now)}; nothing appended")
+            continue
+        feed = FEEDS[table](start=start, end=now)
         version = ingest(table=table, data=feed, engine=engine, label="demo feed").version
-        print(
-            f"{table}: appended {feed.num_rows} readings for [{iso(now - timedelta(minutes=10))}, {iso(now)}) (v{version})"
-        )
+        print(f"{table}: appended {feed.num_rows} readings for [{iso(start)}, {iso(now)}) (v{version})")
     for d in engine.catalog.definitions:
         if not isinstance(d, ContinuousQuery):
             _stream(engine, d, now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from cq_engine.cli import agent
+from cq_engine.cli.devguard import kill_dagster_leftovers, refuse_beside_running, start_guard
 from cq_engine.cli.devstop import drain_runs, freeze_daemon, kill_frozen, stop_process_group
+from cq_engine.cli.devwatch import SqlWatch, describe
 from cq_engine.cli.feed import FEEDS, floor_time
 from cq_engine.cli.supervise import ServerSupervisor
 from cq_engine.config import DEFAULT_SPARK_PORT, Settings
@@ -123,17 +126,25 @@ def feed_forever(
     label: str = "cq dev feed",
     on_batch: Callable[[], None] | None = None,
 ) -> None:
-    """Every ``every`` seconds, append to ``table`` the simulated readings (one per device per
-    ``reading_every``) since the last batch (or ``start``), until ``stop`` is set."""
+    """Every ``every`` seconds (on the clock's multiples of it), append to ``table`` the simulated
+    readings (one per device per ``reading_every``) since the last batch (or ``start``) up to now, the
+    reading of the current grid point included, until ``stop`` is set. So each reading is committed
+    within ``every`` of its own time, before a firing whose range it falls in ends (a batch at
+    ``k * every``: a firing at a minute's end finds that minute's last reading)."""
     start = start or floor_time(datetime.now(UTC), reading_every)
-    while not stop.wait(every):
-        end = floor_time(datetime.now(UTC), reading_every)
+    while not stop.wait(_until_next(every)):
+        end = floor_time(datetime.now(UTC), reading_every) + reading_every
         if end > start:
             rows = FEEDS[table](start=start, end=end, every=reading_every)
             ingest(table=table, data=rows, engine=engine, label=label)  # through BEFORE INSERT triggers
             start = end
             if on_batch:
                 on_batch()
+
+
+def _until_next(every: float) -> float:
+    """Seconds to the clock's next multiple of ``every`` (a few ms past it, so the grid point is in)."""
+    return every - time.time() % every + 0.005
 
 
 def seed_start(
@@ -183,20 +194,24 @@ def run_dev(
     spark_server: bool = True,
     backfill: timedelta = timedelta(minutes=10),
     drain_timeout: float = 120,
+    verbose: bool = False,
 ) -> int:
     from cq_engine import spark
 
     # Explicit handlers, set first: a process started from a script may inherit an ignored SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    dagster_home = Path(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
+    refuse_beside_running(settings.home, dagster_home)
     settings = check_ports(settings, port=port, spark_server=spark_server)
+    start_guard(settings.home)  # from here, every process started dies with this one (its pipe's end is ours)
     proc: subprocess.Popen | None = None
     # Only our own server is supervised (not a CQ_SPARK_REMOTE one, which `cq dev` does not start).
     supervisor = ServerSupervisor(settings, say=_say) if spark_server and not settings.spark_remote else None
     try:
         engine = Engine(settings=settings)
         for err in engine.catalog.errors:
-            print(f"cq dev: {err}", file=sys.stderr)
+            print(f"cq dev: {describe(err)}", file=sys.stderr)
         created = engine.ensure_tables()
         fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
         now = floor_time(datetime.now(UTC), timedelta(seconds=5))
@@ -215,9 +230,23 @@ def run_dev(
         if spark_server:
             print(spark.start_server(settings).describe())
             agent.start(settings.home)  # `cq` commands in another terminal run warm
-        dagster_home = write_dagster_home(os.environ.get("DAGSTER_HOME") or Path(settings.home) / "dagster")
+        dagster_home = write_dagster_home(dagster_home)
         log_path = dagster_home / "dev.log"
-        cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"]
+        # `dagster dev` warns at every start that it is superseded by `dg dev` (not a user's concern).
+        quiet = ["-W", "ignore:Function `dev_command` is superseded"]
+        cmd = [
+            sys.executable,
+            *quiet,
+            "-m",
+            "dagster",
+            "dev",
+            "-w",
+            "workspace.yaml",
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+        ]
         proc = subprocess.Popen(
             cmd,
             env=dagster_env(settings, dagster_home, spark_server=spark_server),
@@ -228,14 +257,16 @@ def run_dev(
         )
         echo = threading.Event()
         echo.set()
-        pump = threading.Thread(target=_pump, args=(proc, log_path, echo), daemon=True)
+        pump = threading.Thread(target=_pump, args=(proc, log_path, echo, verbose), daemon=True)
         pump.start()
         print(
-            f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}); "
-            "Ctrl-C stops everything"
+            f"cq dev: Dagster UI on http://localhost:{port} (DAGSTER_HOME={dagster_home}, log {log_path}"
+            f"{'' if verbose else LOG_NOTE}); Ctrl-C stops everything"
         )
         if supervisor is not None:
             supervisor.start()
+        watch = SqlWatch(settings, say=lambda line: _say(line, log=log_path))
+        watch.start()
     except KeyboardInterrupt:  # Ctrl-C while starting: undo what was started, quietly
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if supervisor is not None:
@@ -274,15 +305,18 @@ def run_dev(
     echo.clear()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    stop.set()
-    if fed:
-        print(f"cq dev: feed stopped ({', '.join(fed)})")
+    watch.stop()
     if proc.poll() is None:
         daemon = freeze_daemon(proc, dagster_home)  # first: no sensor tick, nothing leaves the run queue
         drain_runs(dagster_home, timeout=drain_timeout, ui=f"127.0.0.1:{port}")
         kill_frozen(daemon)
         stop_process_group(proc)
         print("cq dev: Dagster webserver and daemon stopped")
+    kill_dagster_leftovers(dagster_home)  # a run worker outside the group must not commit after the feed
+    # The feed stops last: every firing committed meanwhile read the readings of its range.
+    stop.set()
+    if fed:
+        print(f"cq dev: feed stopped ({', '.join(fed)})")
     pump.join(5)
     if supervisor is not None:
         supervisor.stop()  # no restart of the server we are about to stop
@@ -294,18 +328,34 @@ def run_dev(
     return code
 
 
-def _say(line: str) -> None:
+def _say(line: str, *, log: Path | None = None) -> None:
+    """A line of ours in the terminal, and in Dagster's log beside what it says."""
     print(line, flush=True)
+    if log is not None:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
 
 
-def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event) -> None:
-    """Copy Dagster's output to its log file, and to our stdout while ``echo`` is set."""
+LOG_NOTE = ": all of Dagster's output; here only its warnings and errors (--verbose: all)"
+_ANSI = re.compile(rb"\x1b\[[0-9;]*m")
+_ROUTINE = re.compile(rb" - (?:DEBUG|INFO) - ")  # Dagster's log format: "<time> - <logger> - <LEVEL> - ..."
+
+
+def shown(line: bytes, *, verbose: bool) -> bool:
+    """Whether a line of Dagster's output is echoed to the terminal: its warnings, errors and anything
+    not in its log format (a traceback's lines); everything with ``verbose``. The log keeps all."""
+    return verbose or not _ROUTINE.search(_ANSI.sub(b"", line))
+
+
+def _pump(proc: subprocess.Popen, log_path: Path, echo: threading.Event, verbose: bool = False) -> None:
+    """Copy Dagster's output to its log file, and what ``shown`` lets through to our stdout while
+    ``echo`` is set."""
     assert proc.stdout is not None  # started with stdout=PIPE
     with open(log_path, "ab") as log:
         for line in iter(proc.stdout.readline, b""):
             log.write(line)
             log.flush()
-            if echo.is_set():
+            if echo.is_set() and shown(line, verbose=verbose):
                 sys.stdout.buffer.write(line)
                 sys.stdout.flush()
 

@@ -1,6 +1,8 @@
 """How ``cq dev`` stops Dagster without failing a run: freeze the daemon (no sensor tick, no run leaves
-the queue), let the runs in flight finish while the code server that runs them stays up, cancel and
-re-queue those that cannot finish in time, then stop the rest.
+the queue), cancel the batched runs (their sensors request their work again), let the other runs in
+flight finish while the code server that runs them stays up, cancel and re-queue those that cannot
+finish in time, then stop the rest. The feed stops only after that (``cli.dev``): no firing commits
+after it.
 
 The daemon is frozen (SIGSTOP) rather than stopped: ``dagster dev`` takes a daemon that exits for a
 crash and shuts everything down, run workers included. It is frozen outside a SQLite transaction (no
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 _FLIGHT = ("STARTING", "STARTED", "CANCELING")
+CANCEL_WAIT = 15.0  # seconds a canceled run's worker has to end before the run is marked canceled
 _TERMINATE = """mutation($id: String!) { terminateRun(runId: $id, terminatePolicy: SAFE_TERMINATE) { __typename
   ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
 _REQUEUE = """mutation($id: String!) { launchRunReexecution(reexecutionParams: {parentRunId: $id,
@@ -94,30 +97,45 @@ def _in_flight(instance) -> dict[str, dict[str, str]]:
     }
 
 
-def drain_runs(dagster_home: Path, *, timeout: float, ui: str) -> None:
-    """Wait up to ``timeout`` seconds for the runs in flight (none can start: the daemon is frozen);
-    cancel those still running then and queue each again (``ui``: the webserver's host:port), so the
-    next start runs them; a batch run is not re-queued, its sensor retries its firings."""
+def _batched(tags: dict[str, str]) -> bool:
+    """A run a sensor requested for many definitions: its sensor requests its work again at the next
+    start, so the shutdown does not wait for it."""
+    return "true" in (tags.get("cq/batch"), tags.get("cq/stream_batch"))
+
+
+def drain_runs(dagster_home: Path, *, timeout: float, ui: str, cancel_wait: float = CANCEL_WAIT) -> None:
+    """End the runs in flight (none can start: the daemon is frozen). Batched runs are canceled at once:
+    a pipelined one holds firings up to its horizon ahead, which it would otherwise wait for, and its
+    sensor requests them again at the next start. Every other run (a definition's own, a recalculation)
+    may finish for up to ``timeout`` seconds, then it is canceled and queued again (``ui``: the
+    webserver's host:port). A run still in flight ``cancel_wait`` seconds after its cancellation is
+    marked canceled; its worker dies with Dagster's process group."""
     try:
         import dagster as dg
 
         with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
             flight = _in_flight(instance)
+            batched = {r: t for r, t in flight.items() if _batched(t)}
+            if batched:
+                print(
+                    f"cq dev: canceling {len(batched)} batch run(s) (their sensors request them again at the next start)"
+                )
+                _cancel(instance, batched, ui=ui, timeout=cancel_wait)
+            flight = {r: t for r, t in _in_flight(instance).items() if r not in batched}
             if flight:
                 print(f"cq dev: waiting up to {timeout:.0f}s for {len(flight)} run(s) in flight to finish")
             deadline = time.monotonic() + timeout
             while flight and time.monotonic() < deadline:
                 time.sleep(1)
-                flight = _in_flight(instance)
+                flight = {r: t for r, t in _in_flight(instance).items() if r not in batched}
             if flight:
-                _requeue(instance, flight, ui=ui)
+                _requeue(instance, flight, ui=ui, timeout=cancel_wait)
     except Exception as exc:  # shutting down: report, never stop the shutdown
         print(f"cq dev: could not check for runs in flight ({type(exc).__name__}: {exc})", file=sys.stderr)
 
 
-def _requeue(instance, flight: dict[str, dict[str, str]], *, ui: str, timeout: float = 60) -> None:
-    import dagster as dg
-
+def _cancel(instance, flight: dict[str, dict[str, str]], *, ui: str, timeout: float) -> None:
+    """Terminate the runs; those no worker ended within ``timeout`` seconds are marked canceled."""
     from dagster_defs.client import GraphQL
 
     graphql = GraphQL(ui)
@@ -125,18 +143,27 @@ def _requeue(instance, flight: dict[str, dict[str, str]], *, ui: str, timeout: f
         graphql(_TERMINATE, id=run_id)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and set(flight) & set(_in_flight(instance)):
-        time.sleep(1)
+        time.sleep(0.5)
     for run_id in set(flight) & set(_in_flight(instance)):  # no worker answered (e.g. never started)
         graphql(_TERMINATE.replace("SAFE_TERMINATE", "MARK_AS_CANCELED_IMMEDIATELY"), id=run_id)
+
+
+def _requeue(instance, flight: dict[str, dict[str, str]], *, ui: str, timeout: float) -> None:
+    import dagster as dg
+
+    from dagster_defs.client import GraphQL
+
+    _cancel(instance, flight, ui=ui, timeout=timeout)
     # A run may still have finished (termination interrupts it between Spark calls): only the
     # canceled ones are run again.
     records = instance.get_run_records(dg.RunsFilter(run_ids=list(flight)))
     canceled = [r.dagster_run.run_id for r in records if r.dagster_run.status == dg.DagsterRunStatus.CANCELED]
     if not canceled:
         return
+    graphql = GraphQL(ui)
     again = []
     for run_id in canceled:
-        if "true" not in (flight[run_id].get("cq/batch"), flight[run_id].get("cq/stream_batch")):
+        if not _batched(flight[run_id]):
             result = graphql(_REQUEUE, id=run_id)["launchRunReexecution"]
             if result.get("__typename") == "LaunchRunSuccess":
                 again.append(result["run"]["runId"])

@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from cq_engine.cli.common import name_arg, open_engine, open_ledger
 from cq_engine.cli.streams import register
@@ -123,11 +124,15 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--feed-every", type=float, default=5.0, metavar="SECONDS")
     sp.add_argument("--no-spark-server", action="store_true", help="use in-process Spark in each run")
     sp.add_argument(
+        "--verbose", action="store_true", help="echo all of Dagster's output, not only its warnings and errors"
+    )
+    sp.add_argument(
         "--stop-wait",
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="on Ctrl-C, how long runs in flight may take to finish (then canceled and queued again)",
+        help="on Ctrl-C, how long runs in flight other than batches may take to finish (then canceled and "
+        "queued again; batch runs are canceled at once, their sensors request them again)",
     )
     register(cmd)
     # `cq drop NAME` also drops a trigger whose statement was removed (calling its on_drop()).
@@ -144,18 +149,23 @@ def _time(text: str, settings: Settings, what: str) -> datetime:
 
 
 def _validate(args, settings: Settings) -> int:
-    from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.catalog import load_catalog, parse_options, undeclared_reads
+    from cq_engine.lastgood import LastGood
     from cq_engine.triggers.runtime import check_trigger, find_module
 
-    # One file is checked against the tables the sql directory's other files declare.
+    # One file is checked against the tables the sql directory's other files declare. A file that fails
+    # is reported with what a running stack does meanwhile (its last good version, read, never recorded).
     catalog = load_catalog(
-        args.path or settings.sql_dir, options=parse_options(settings), context=settings.sql_dir if args.path else None
+        args.path or settings.sql_dir,
+        options=parse_options(settings),
+        context=settings.sql_dir if args.path else None,
+        last_good=LastGood(settings.home, record=False),
     )
     for t in catalog.tables:
         print(f"table  {t.name:<24} time={t.time_column:<10} {t.location}")
     for d in catalog.definitions:
         print(f"{_kind(d):<6} {d.name:<24} {d.source} -> {d.sink}  {_trigger(d)}  {_policy(d)}  {d.location}")
-    errors = [str(e) for e in catalog.errors]
+    errors = [f"{e} ({e.consequence()})" if e.kept else str(e) for e in catalog.errors]
     for trig in catalog.triggers:
         print(
             f"trigger {trig.name:<23} {trig.event.upper()} INSERT ON {trig.pattern} AS {trig.target}  "
@@ -168,9 +178,32 @@ def _validate(args, settings: Settings) -> int:
                 find_module(trig, settings=settings)
         except CQError as exc:
             errors.append(str(exc))
+    for d, table in undeclared_reads(catalog):
+        if not _in_warehouse(settings, table):
+            windowed = isinstance(d, Stream) and not isinstance(d.trigger, PeriodTrigger)
+            effect = "its windows wait" if windowed else "its firings fail"
+            print(
+                f"warning: {d.location}: {d.name!r} reads table {table!r}, which is neither declared (CREATE TABLE) "
+                f"nor in the warehouse {settings.warehouse}; {effect} until it exists",
+                file=sys.stderr,
+            )
     for err in errors:
         print(err, file=sys.stderr)
     return 1 if errors else 0
+
+
+def _in_warehouse(settings: Settings, table: str) -> bool:
+    """Whether ``table`` is a Delta table of the warehouse: its log directory, locally (no pyarrow: validate
+    stays light); on object storage its latest version."""
+    if "://" not in settings.warehouse or settings.warehouse.startswith("file://"):
+        root = settings.warehouse.removeprefix("file://")
+        return (Path(root) / table / "_delta_log").is_dir()
+    from cq_engine.storage.log import latest_version
+
+    try:
+        return latest_version(settings.table_uri(table)) is not None
+    except Exception:  # unreachable store: say nothing rather than a false warning
+        return True
 
 
 def _kind(d) -> str:
@@ -212,9 +245,9 @@ def _policy(d) -> str:
 
 
 def _definition(name: str, settings: Settings):
-    from cq_engine.catalog import load_catalog, parse_options, require_definition
+    from cq_engine.catalog import require_definition, settings_catalog
 
-    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    catalog = settings_catalog(settings)
     return require_definition(catalog, name, sql_dir=settings.sql_dir)
 
 
@@ -314,9 +347,9 @@ def _progress_bar(done: int, total: int) -> None:
 
 
 def _show(args, settings: Settings) -> int:
-    from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.catalog import settings_catalog
 
-    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    catalog = settings_catalog(settings)
     last = open_ledger(settings).last_by_definition()
     rows = []
     for d in catalog.definitions:
@@ -372,10 +405,10 @@ def _triggers(args, settings: Settings) -> int:
 
 def _drop_trigger_or(fallback):
     def handler(args, settings: Settings) -> int:
-        from cq_engine.catalog import load_catalog, parse_options
+        from cq_engine.catalog import settings_catalog
         from cq_engine.triggers.runtime import drop
 
-        catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+        catalog = settings_catalog(settings)
         dropped = drop(args.name, catalog=catalog, settings=settings)
         if dropped is None:
             return fallback(args, settings)
@@ -473,6 +506,7 @@ def _dev(args, settings: Settings) -> int:
         feed_every=args.feed_every,
         spark_server=not args.no_spark_server,
         drain_timeout=args.stop_wait,
+        verbose=args.verbose,
     )
 
 

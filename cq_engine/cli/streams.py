@@ -162,9 +162,9 @@ def _control(args, settings: Settings) -> int:
 
 
 def _drop(args, settings: Settings) -> int:
-    from cq_engine.catalog import load_catalog, parse_options
+    from cq_engine.catalog import settings_catalog
 
-    catalog = load_catalog(settings.sql_dir, options=parse_options(settings))
+    catalog = settings_catalog(settings)
     d = catalog.definition(args.name)
     if d is not None:
         raise CQError(

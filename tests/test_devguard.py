@@ -1,0 +1,79 @@
+"""`cq dev`'s guard: the processes a killed `cq dev` started (each in a session of its own) die with it,
+and a new `cq dev` refuses to start while any of them runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cq_engine.cli.devguard import MARK, refuse_beside_running, stack_mark
+from cq_engine.errors import CQError
+
+REPO = Path(__file__).resolve().parent.parent
+# A stand-in for cq dev: starts its guard, then a child in a session of its own (as the Spark server,
+# the agent and `dagster dev` are), prints the child's pid and waits to be killed.
+OWNER = """
+import subprocess, sys, time
+from cq_engine.cli.devguard import start_guard
+start_guard(sys.argv[1])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="Linux /proc")
+def test_a_sigkilled_owner_takes_its_children_in_other_sessions_with_it(tmp_path):
+    home = tmp_path / ".cq"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(home)], stdout=subprocess.PIPE, text=True, env=env)
+    child = 0
+    try:
+        assert owner.stdout is not None
+        child = int(owner.stdout.readline())
+        assert _alive(child)
+        mark = f"{MARK}={stack_mark(home)}".encode()
+        assert mark in Path(f"/proc/{child}/environ").read_bytes().split(b"\0")  # inherited
+        # While it runs, a second stack on the same CQ_HOME is refused, naming what runs.
+        with pytest.raises(CQError, match=r"a cq dev stack still runs on CQ_HOME=.*\(\d+ process\(es\): pid \d+"):
+            refuse_beside_running(home, tmp_path / "dagster")
+        refuse_beside_running(tmp_path / "elsewhere", tmp_path / "dagster")  # another CQ_HOME is fine
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        assert _wait_gone(child, 30), "the owner's child outlived it"
+        # Once the guard has ended too, nothing is left and a new stack may start.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                refuse_beside_running(home, tmp_path / "dagster")
+                break
+            except CQError:
+                assert time.monotonic() < deadline, "the guard did not end"
+                time.sleep(0.2)
+    finally:
+        for pid in (owner.pid, child):
+            if pid and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
