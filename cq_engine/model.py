@@ -321,7 +321,8 @@ class Stream:
     # eKuiper rules: GROUP BY columns splitting each window's rows (the windows are the whole stream's)
     group_by: tuple[str, ...] = ()
     partition_exprs: tuple[tuple[str, str], ...] = ()  # old form: (alias, Spark SQL) computed before windowing
-    reads: Literal["trows", "table", "tbname"] = "trows"  # %%trows, another table (range join), %%tbname
+    # %%trows, another table (range join), %%tbname, or ``subquery``'s result rows (FROM (SELECT ...))
+    reads: Literal["trows", "table", "tbname", "query"] = "trows"
     where: str | None = None
     having: str | None = None  # eKuiper rules and the new form: on each window's aggregated row
     # The new form's query: PARTITION BY inside it (LIMIT counts per partition) rather than GROUP BY
@@ -334,6 +335,11 @@ class Stream:
     # TDengine's TWA in INTERVAL / SLIDING windows over %%trows: the Spark SQL of each argument whose
     # points around every window the plan supplies (``streams.bounds``)
     interpolated: tuple[str, ...] = ()
+    # FROM (SELECT ...): the inner query, a Stream of the same trigger whose result rows this one reads
+    subquery: Stream | None = None
+    # UNION ALL: the queries after the first (each a Stream of the same trigger), their result columns
+    # taken by position under this one's names
+    union: tuple[Stream, ...] = ()
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None
@@ -383,6 +389,22 @@ class Stream:
         table = self.trigger_table or self.source
         assert table is not None, f"stream {self.name} names no table"
         return table
+
+    @property
+    def layers(self) -> tuple[Stream, ...]:
+        """This query and every query it is made of (its FROM subquery's, its UNION ALL branches')."""
+        inner = self.subquery.layers if self.subquery is not None else ()
+        return (self, *inner, *[layer for b in self.union for layer in b.layers])
+
+    @property
+    def leaves(self) -> tuple[Stream, ...]:
+        """The queries that read a table (``%%trows``, ``%%tbname`` or a named one), not a subquery."""
+        return tuple(q for q in self.layers if q.reads != "query")
+
+    @property
+    def composed(self) -> bool:
+        """A query with a FROM subquery or UNION ALL."""
+        return self.subquery is not None or bool(self.union)
 
     @property
     def read_table(self) -> str:

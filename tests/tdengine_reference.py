@@ -193,3 +193,20 @@ def sessions(rows, *, gap):
         else:
             out.append([r])
     return out
+
+
+def query_last(rows, column="current"):
+    """LAST over a window's rows: the value of the latest row where it is not NULL."""
+    vs = [r[column] for r in sorted(rows, key=lambda r: r["t"]) if r[column] is not None]
+    return vs[-1] if vs else None
+
+
+def query_count(rows, column=None):
+    """COUNT(*) (``column`` None) or COUNT(column): its non-NULL values."""
+    return len(rows) if column is None else sum(r[column] is not None for r in rows)
+
+
+def subquery(rows, select, *, where=lambda r: True):
+    """FROM (SELECT ... FROM rows WHERE ...): each kept row as the dict ``select`` makes of it, with its
+    time ``t`` (the outer query's FIRST / LAST read it)."""
+    return [{"t": r["t"], **select(r)} for r in rows if where(r)]

@@ -1178,3 +1178,89 @@ def test_a_row_time_first_column_must_be_a_timestamp_column(tmp_path):
     assert [d.name for d in catalog.definitions] == ["good"]
     (err,) = catalog.errors
     assert f"{tmp_path}/bad.sql:1:71: " in str(err) and "'v' of table 'm' is DOUBLE, not TIMESTAMP" in str(err)
+
+
+def test_subqueries_in_from_and_union_all():
+    s = stream(Q + "SELECT _twstart, max(g.a) m FROM (SELECT status, avg(current) a FROM %%trows GROUP BY status) AS g")
+    assert (s.reads, s.source, s.select[1].expression) == ("query", "meters", "MAX(a)")
+    inner = s.subquery
+    assert inner is not None and (inner.reads, inner.group_by, inner.sink, inner.tags) == (
+        "trows",
+        ("status",),
+        "o",
+        (),
+    )
+    assert inner.trigger == s.trigger and inner.partition_by == s.partition_by and inner.output_subtable is None
+    s = stream(
+        Q + "SELECT _twstart, count(*) n FROM %%trows "
+        "UNION ALL SELECT _twstart, count(*) FROM other WHERE ts >= _twstart AND ts < _twend "
+        "UNION ALL SELECT _twstart, max(v) FROM (SELECT current v FROM %%tbname)"
+    )
+    assert [q.reads for q in (s, *s.union)] == ["trows", "table", "query"]
+    assert [q.source for q in s.leaves] == ["meters", "other", "meters"] and s.composed
+    assert s.union[1].subquery is not None and s.union[1].subquery.reads == "tbname"
+    # a subquery that is a UNION ALL, and a row's own time through it
+    s = stream(Q + "SELECT ts, c FROM (SELECT ts, current c FROM %%trows UNION ALL SELECT ts, voltage FROM t2) LIMIT 1")
+    assert s.key_bound == "row" and s.subquery is not None and s.subquery.union[0].source == "t2"
+    # a query of a UNION ALL in parentheses takes its own ORDER BY / LIMIT
+    s = stream(
+        Q + "(SELECT ts, current FROM %%trows ORDER BY current LIMIT 1) UNION ALL SELECT ts, voltage FROM %%trows"
+    )
+    assert (s.limit, s.union[0].limit, len(s.union)) == (1, None, 1)
+
+
+QS = "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, "
+
+
+@pytest.mark.parametrize(
+    "sql, needle, fragment",
+    [
+        (QS + "count(*) n FROM %%trows UNION SELECT _twstart, 1 FROM %%trows", "UNION", "write UNION ALL"),
+        (QS + "max(b) FROM (SELECT v a FROM %%trows)", "b)", "column 'b' is not a result column of the subquery"),
+        (QS + "max(a) FROM (SELECT v a FROM %%trows) x JOIN y", "JOIN", "takes an alias at most"),
+        (QS + "max(a) FROM ()", "()", "a subquery in FROM needs a query"),
+        (QS + "last(a) FROM (SELECT avg(v) a FROM %%trows)", "SELECT _twstart", "but it aggregates them"),
+        (QS + "count(*) n FROM %%trows UNION ALL SELECT _twstart FROM %%trows", "SELECT _twstart FROM", "same number"),
+        (QS + "count(*) n FROM %%trows UNION ALL SELECT ts, v FROM %%trows", "SELECT ts", "same kind of first column"),
+        (QS + "twa(v) FROM %%trows UNION ALL SELECT _twstart, 1 FROM %%trows", "_twstart, twa", "interpolates"),
+        (QS + "count(*) n FROM %%trows UNION ALL", "ALL", "UNION ALL needs a query after it"),
+        (QS + "1 a FROM %%trows UNION ALL SELECT _twstart, 2 FROM %%trows LIMIT 1", "LIMIT", "FROM (q1 UNION ALL q2)"),
+        (
+            "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t PARTITION BY tbname INTO o OUTPUT_SUBTABLE(CONCAT('x', "
+            "tbname)) AS SELECT _twstart, 1 a FROM %%trows UNION ALL SELECT _twstart, 2 FROM %%trows",
+            "OUTPUT_SUBTABLE",
+            "names the trigger group's values as %%n or %%tbname",
+        ),
+        (
+            "CREATE STREAM s INTO o AS SELECT _wstart, count(*) FROM (SELECT v FROM t) INTERVAL(1m)",
+            "(SELECT v",
+            "table name",
+        ),
+        ("CREATE STREAM s INTO o AS SELECT _wstart, 1 x FROM t INTERVAL(1m) UNION ALL", "UNION", "not supported"),
+    ],
+)
+def test_composed_queries_refused_at_load(sql, needle, fragment):
+    message = error(sql)
+    assert message.startswith(f"t.sql:{at(sql, needle)}: "), message
+    assert fragment in message, message
+
+
+def test_each_query_of_a_composed_stream_is_checked_against_its_table(tmp_path):
+    (tmp_path / "m.sql").write_text("CREATE TABLE m (ts TIMESTAMP, v DOUBLE);\nCREATE TABLE n (ts TIMESTAMP, w INT);")
+    head = "INTERVAL(10s) SLIDING(10s) FROM m INTO"
+    (tmp_path / "good.sql").write_text(
+        f"CREATE STREAM good {head} o1 AS SELECT ts, x FROM (SELECT ts, v x FROM %%trows "
+        "UNION ALL SELECT ts, w FROM n WHERE ts >= _twstart AND ts < _twend);"
+    )
+    (tmp_path / "bad1.sql").write_text(
+        f"CREATE STREAM bad1 {head} o2 AS SELECT _twstart, count(*) c FROM %%trows "
+        "UNION ALL SELECT _twstart, count(nope) FROM n WHERE ts >= _twstart AND ts < _twend;"
+    )
+    (tmp_path / "bad2.sql").write_text(
+        f"CREATE STREAM bad2 {head} o3 AS SELECT t, x FROM (SELECT v t, v x FROM %%trows);"
+    )
+    catalog = load_catalog(tmp_path)
+    assert [d.name for d in catalog.definitions] == ["good"]
+    bad1, bad2 = sorted(catalog.errors, key=str)
+    assert f"{tmp_path}/bad1.sql:1:" in str(bad1) and "table 'n' has no column 'nope'" in str(bad1)
+    assert f"{tmp_path}/bad2.sql:1:" in str(bad2) and "'v' of table 'm' is DOUBLE, not TIMESTAMP" in str(bad2)

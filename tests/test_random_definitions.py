@@ -93,10 +93,15 @@ def _tdengine(rng: random.Random, name: str) -> str:
     if pool is TD_ROW_ITEMS and rng.random() < 0.5:  # a row's own time as the sink's time column
         first = "ts"
         items = [i for i in items if i not in ("ts", "ts AS c0")] or ["current"]
-    return (
-        f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
-        f"SELECT {first}, {', '.join(items)} FROM %%trows{where}{_td_tail(rng, aggregated=pool is TD_AGGREGATES)};"
-    )
+    rows = "%%trows"
+    if rng.random() < 0.25:  # a subquery in FROM giving the columns the query may name
+        rows = f"(SELECT ts, tbname, location, status, current, voltage FROM %%trows{where}) AS q"
+    head = f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
+    query = f"SELECT {first}, {', '.join(items)} FROM {rows}{where}{_td_tail(rng, aggregated=pool is TD_AGGREGATES)}"
+    if rng.random() < 0.2:  # UNION ALL with a query of the table (a query in parentheses keeps its LIMIT)
+        other = f"SELECT {first}, {', '.join(items)} FROM meters WHERE ts >= _twstart AND ts < _twend"
+        return f"{head}({query}) UNION ALL {other};"
+    return f"{head}{query};"
 
 
 def _td_tail(rng: random.Random, *, aggregated: bool) -> str:

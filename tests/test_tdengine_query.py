@@ -78,7 +78,12 @@ def bench(tmp_path_factory, spark):
 
 
 def _cut(rows: list[dict], *names: str) -> list[tuple]:
-    return sorted(tuple(us(r[n]) if hasattr(r[n], "timestamp") else r[n] for n in names) for r in rows)
+    return _sorted(tuple(us(r[n]) if hasattr(r[n], "timestamp") else r[n] for n in names) for r in rows)
+
+
+def _sorted(rows) -> list[tuple]:
+    """Rows in order, NULL before any value (tuples of plain values sort as ``sorted`` does)."""
+    return sorted(rows, key=lambda t: [(v is not None, v) for v in t])
 
 
 def test_having_keeps_the_windows_whose_aggregate_passes(bench):
@@ -190,6 +195,74 @@ def test_a_row_time_outside_its_window_is_a_run_error_and_nothing_is_written(ben
     assert bench.sink("o_outside") == []
 
 
+def test_a_subquery_in_from_over_the_trigger_rows(bench):
+    """The outer query aggregates each window's rows of its subquery: a filtered projection (LAST over
+    its rows' own time, NULLs skipped; a window whose rows all fail the WHERE gives its NULL row), and
+    a grouped subquery (one row per status, aggregated again)."""
+    want, grouped = [], []
+    for (g, ws), members in _tumbling(_rows()).items():
+        inner = td.subquery(members, lambda r: {"a": r["current"]}, where=lambda r: r["voltage"] > 215)
+        want.append((g, ws, td.query_max(inner, "a"), td.query_count(inner, "a"), td.query_last(inner, "a")))
+        avgs = [{"a": td.query_avg(rows)} for rows in td.groups(members, "status").values()]
+        grouped.append((g, ws, td.query_max(avgs, "a"), len(avgs)))
+    assert _cut(bench.sink("o_sub_max"), "tbname", "_twstart", "m", "n", "l") == _sorted(want)
+    assert any(w[2] is None and w[3] == 0 for w in want)  # d2's [40 s, 50 s): its one row's current is NULL
+    assert _cut(bench.sink("o_sub_grouped"), "tbname", "_twstart", "m", "k") == _sorted(grouped)
+    assert any(k > 1 for *_, k in grouped)
+
+
+def test_a_subquery_of_a_union_ranked_at_the_rows_own_time(bench):
+    """ORDER BY ... LIMIT over a subquery that is a UNION ALL of the window's currents and voltages; the
+    sink's time column is the rows' own ts through both branches, ties go by time."""
+    want = []
+    for (g, _), members in _tumbling(_rows()).items():
+        both = [{"t": r["t"], "c": r["current"]} for r in members] + [{"t": r["t"], "c": r["voltage"]} for r in members]
+        ranked = sorted(both, key=lambda r: r["t"])
+        want += [(g, r["t"], r["c"]) for r in td.top_n(ranked, key="c", descending=True, limit=2)]
+    assert _cut(bench.sink("o_sub_top"), "tbname", "ts", "c") == _sorted(want)
+
+
+def test_a_subquery_over_a_table_restricted_by_the_placeholders(bench):
+    rows = _rows()
+    want = []
+    for ws in sorted({w for _, w in _tumbling(rows)}):
+        inside = [r for r in rows if ws <= r["t"] < ws + 10 * SEC]
+        sums = [sum(r["voltage"] for r in m) for m in td.groups(inside, "tbname").values()]
+        want.append((ws, len(sums), sum(sums)))
+    assert _cut(bench.sink("o_sub_fleet"), "_twstart", "n", "s") == _sorted(want)
+
+
+def test_union_all_of_the_trigger_rows_and_a_table(bench):
+    """Each window and group gives one row per query of the UNION ALL, under the first query's names."""
+    rows = _rows()
+    want = []
+    for (g, ws), members in _tumbling(rows).items():
+        want.append((g, ws, "own", len(members)))
+        others = [r for r in rows if ws <= r["t"] < ws + 10 * SEC and r["tbname"] != g]
+        if others:
+            want.append((g, ws, "others", len(others)))
+    assert _cut(bench.sink("o_unioned"), "tbname", "_twstart", "src", "n") == _sorted(want)
+
+
+def test_union_all_in_data_shaped_windows(bench):
+    rows = _rows()
+    want = []
+    for g, members in td.groups(rows, "tbname").items():
+        for session in td.sessions(members, gap=5 * SEC)[:-1]:  # the last one is open
+            want += [(g, r["t"], r["current"]) for r in session if r["current"] is not None and r["current"] > 12]
+            want += [(g, r["t"], None) for r in session if r["current"] is None]
+    assert _cut(bench.sink("o_unioned_rows"), "tbname", "ts", "current") == _sorted(want)
+    want = []
+    for g, members in td.groups(rows, "tbname").items():
+        ordered = sorted(members, key=lambda r: r["t"])
+        for i in range(0, len(ordered) - len(ordered) % 3, 3):
+            window = ordered[i : i + 3]
+            present = [r["current"] for r in window if r["current"] is not None]
+            t = max(r["t"] for r in window)
+            want += [(g, t, "max", max(present, default=None)), (g, t, "min", min(present, default=None))]
+    assert _cut(bench.sink("o_count_union"), "tbname", "t", "k", "m") == _sorted(want)
+
+
 def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):
     b = Bench(tmp_path, spark, f"CREATE STREAM grouped {STREAMS['grouped']};\nCREATE STREAM top {STREAMS['top']};")
     for name in ("grouped", "top"):
@@ -217,11 +290,45 @@ def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):
     assert _cut(b.sink("o_top"), "tbname", "ts", "current") == sorted(want)
 
 
+def test_a_late_row_reruns_the_windows_of_composed_queries(tmp_path, spark):
+    """A late row reruns its window: the rows of a UNION ALL, and a top-N over a subquery, replaced."""
+    names = ("sub_top", "unioned")
+    b = Bench(tmp_path, spark, "".join(f"CREATE STREAM {n} {STREAMS[n]};\n" for n in names))
+    for name in names:
+        b.tick(name)
+    b.append([r for r in ROWS if r[0] != 7])
+    for name in names:
+        b.tick(name)
+    b.append([r for r in ROWS if r[0] == 7] + [(9, "d1", 14.0, 240, 1)])  # late rows in [0s, 10s) of d1
+    for name in names:
+        b.tick(name)
+    rows = _rows([*ROWS, (9, "d1", 14.0, 240, 1)])
+    want = []
+    for (g, _), members in _tumbling(rows).items():
+        both = [{"t": r["t"], "c": r["current"]} for r in members] + [{"t": r["t"], "c": r["voltage"]} for r in members]
+        ranked = sorted(both, key=lambda r: r["t"])
+        want += [(g, r["t"], r["c"]) for r in td.top_n(ranked, key="c", descending=True, limit=2)]
+    assert (us(T0) + 9 * SEC, 240) in [(t, c) for _, t, c in want]
+    assert _cut(b.sink("o_sub_top"), "tbname", "ts", "c") == _sorted(want)
+    want = []
+    for (g, ws), members in _tumbling(rows).items():
+        want.append((g, ws, "own", len(members)))
+        others = [r for r in rows if ws <= r["t"] < ws + 10 * SEC and r["tbname"] != g]
+        if others:
+            want.append((g, ws, "others", len(others)))
+    assert _cut(b.sink("o_unioned"), "tbname", "_twstart", "src", "n") == sorted(want)
+
+
 PERIOD = """CREATE STREAM per_top PERIOD(1m) INTO per_top_out AS SELECT ts, tbname, current FROM meters
     WHERE ts >= _tprev_localtime AND ts < _tlocaltime ORDER BY current DESC LIMIT 2;
 CREATE STREAM per_groups PERIOD(1m) INTO per_groups_out AS SELECT _tlocaltime, tbname, count(*) AS n FROM meters
     WHERE ts >= _tprev_localtime AND ts < _tlocaltime GROUP BY tbname;
 CREATE STREAM per_late PERIOD(1m) INTO per_late_out AS SELECT ts, current FROM meters WHERE ts < _tlocaltime;
+CREATE STREAM per_sub PERIOD(1m) INTO per_sub_out AS SELECT _tlocaltime, max(n) AS most, count(*) AS k
+    FROM (SELECT tbname, count(*) n FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime PARTITION BY tbname);
+CREATE STREAM per_union PERIOD(1m) INTO per_union_out AS
+    SELECT ts, current FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime AND current >= 5
+    UNION ALL SELECT ts, current FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime AND current < 1;
 """
 
 
@@ -229,8 +336,8 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
     b = Bench(tmp_path, spark, PERIOD)
     tick = T0 + timedelta(minutes=2)
     b.append([(s, g, float(s % 7) + (g == "d2"), 220) for s in range(40, 130, 10) for g in ("d1", "d2")])
-    b.engine.run_period("per_top", tick)
-    b.engine.run_period("per_groups", tick)
+    for name in ("per_top", "per_groups", "per_sub", "per_union"):
+        b.engine.run_period(name, tick)
     rows = [
         r for r in _rows([(s, g, float(s % 7) + (g == "d2"), 220, 0) for s in range(40, 130, 10) for g in ("d1", "d2")])
     ]
@@ -241,6 +348,11 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
     assert _cut(b.sink("per_groups_out"), "_tlocaltime", "tbname", "n") == [
         (us(tick), g, len(m)) for g, m in sorted(groups.items())
     ]
+    assert _cut(b.sink("per_sub_out"), "_tlocaltime", "most", "k") == [
+        (us(tick), max(len(m) for m in groups.values()), len(groups))
+    ]
+    want = [(r["t"], r["current"]) for r in inside if r["current"] >= 5 or r["current"] < 1]
+    assert _cut(b.sink("per_union_out"), "ts", "current") == sorted(want) and want
     b.append([(65, "d1", 50.0, 220)])  # the tick again (a rerun): its range replaced, not added to
     b.engine.run_period("per_top", tick)
     inside.append({"t": us(T0) + 65 * SEC, "tbname": "d1", "current": 50.0})

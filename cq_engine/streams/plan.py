@@ -137,8 +137,8 @@ def with_row_time(stream: Stream, df: DataFrame, time_column: str) -> DataFrame:
 
 
 def reads_time(stream: Stream) -> bool:
-    """The query reads each row's event time (``TIME_REF``)."""
-    return any(TIME_REF in sql for sql in [i.expression for i in stream.select] + [stream.having or ""])
+    """The query (or a query it is made of) reads each row's event time (``TIME_REF``)."""
+    return any(TIME_REF in sql for q in stream.layers for sql in [i.expression for i in q.select] + [q.having or ""])
 
 
 _CONSTANT = {WSTART, WSEQ, WEND, WLAST, WROWS, WCLOSED} | {
@@ -168,6 +168,9 @@ def row_stats_needed(stream: Stream) -> bool:
     Per row only when a row-level expression reads it: the WHERE over ``%%trows`` (it filters before
     the aggregate), HAVING, the output shaping, or an aggregate's argument."""
     rownum = WROWS.lower()
+    if stream.composed:  # read under a subquery or a UNION: per row whenever a query reads %%trows
+        used = any(rownum in _sql_of(q) or rownum in (q.having or "").lower() for q in stream.layers)
+        return used and any(q.reads == "trows" for q in stream.leaves)
     if rownum not in _sql_of(stream) and rownum not in (stream.having or "").lower():
         return False
     if stream.reads != "trows":  # the frame of the windows carries it into the joined rows
@@ -210,6 +213,7 @@ def evaluate(
     keep: list[str] | tuple[str, ...] = (),
     window_columns: list[str] | None = None,
     where: bool = True,
+    shaped: bool = True,
 ) -> DataFrame:
     """The subquery's SELECT per (group, window), then the output-shaping columns (subtable, tags,
     ``group_id``) and the engine columns in ``keep`` (window-constant; for the caller's bookkeeping).
@@ -217,13 +221,13 @@ def evaluate(
     Aggregates group on the partition columns, the window start and the window-constant columns the
     SQL uses; columns it does not use are left out, so Spark prunes what computes them (a window
     function per row for ``_twrownum``). ``where=False``: the new form's WHERE was already applied
-    (as the join condition of a query reading another table)."""
+    (as the join condition of a query reading another table); ``shaped=False``: no output-shaping
+    columns (a subquery's, a UNION branch's)."""
     if where and stream.form != "old" and stream.where:  # the old form's WHERE ran before windowing
         df = df.filter(F.expr(stream.where))
     pcols = partition_columns(stream)
-    shaping = shaping_columns(stream)
-    # no query (NOTIFY only): one row per window; eKuiper: a GROUP BY column makes one per window group
-    if stream.is_aggregate or not stream.select or (stream.group_by and not stream.partitions_query):
+    shaping = shaping_columns(stream) if shaped else []
+    if aggregated(stream):
         # _twrownum not computed per row (row_stats_needed): the window's row count
         as_count = WROWS not in df.columns and any(WROWS.lower() in i.expression.lower() for i in stream.select)
         items = [
@@ -274,6 +278,12 @@ def evaluate(
         ids = [*pcols, *(window_columns or _window_columns(stream, df, list(keep)))]
         df = limited(stream, df, list(dict.fromkeys(ids)))
     return df.select(*items, *extra, *checks, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def aggregated(stream: Stream) -> bool:
+    """The query gives one row per window and group, not rows of its own: no query (NOTIFY only),
+    an aggregate, or a GROUP BY (eKuiper's, TDengine's)."""
+    return stream.is_aggregate or not stream.select or bool(stream.group_by and not stream.partitions_query)
 
 
 def _row_checks(stream: Stream, *, aggregated: bool) -> list[tuple[str, str]]:
@@ -353,8 +363,12 @@ def window_frame(stream: Stream, windows: DataFrame) -> DataFrame:
     return windows.groupBy(*pcols, WSTART).agg(*[F.first(c).alias(c) for c in constant], *rownum)
 
 
+# Columns with one value per (group, window): what a subquery's rows carry up (``streams.compose``).
+WINDOW_CONSTANTS = frozenset(_CONSTANT | {STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW})
+
+
 def _is_window_constant(column: str) -> bool:
-    return column in _CONSTANT or column in (STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW)
+    return column in WINDOW_CONSTANTS
 
 
 def join_condition(stream: Stream) -> str | None:

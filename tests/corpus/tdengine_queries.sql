@@ -50,3 +50,31 @@ CREATE STREAM ties_high INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbna
   INTO o_ties_high AS
   SELECT ts, voltage
   FROM %%trows ORDER BY voltage DESC LIMIT 1;
+CREATE STREAM sub_max INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_sub_max AS
+  SELECT _twstart, max(a) m, count(a) n, last(a) l
+  FROM (SELECT current a FROM %%trows WHERE voltage > 215);
+CREATE STREAM sub_grouped INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_sub_grouped AS
+  SELECT _twstart, max(g.a) m, count(*) k
+  FROM (SELECT status, avg(current) a FROM %%trows GROUP BY status) AS g;
+CREATE STREAM sub_top INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_sub_top AS
+  SELECT ts, c
+  FROM (SELECT ts, current c FROM %%trows UNION ALL SELECT ts, voltage FROM %%trows) ORDER BY c DESC LIMIT 2;
+CREATE STREAM sub_fleet INTERVAL(10s) SLIDING(10s) FROM meters
+  INTO o_sub_fleet AS
+  SELECT _twstart, count(*) n, sum(v) s
+  FROM (SELECT tbname, sum(voltage) v FROM meters WHERE ts >= _twstart AND ts < _twend PARTITION BY tbname);
+CREATE STREAM unioned INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_unioned AS
+  SELECT _twstart, 'own' src, count(*) n FROM %%trows
+  UNION ALL SELECT _twstart, 'others', count(*) FROM meters WHERE ts >= _twstart AND ts < _twend AND tbname <> %%1;
+CREATE STREAM unioned_rows SESSION(ts, 5s) FROM meters PARTITION BY tbname
+  INTO o_unioned_rows AS
+  SELECT ts, current FROM %%trows WHERE current > 12
+  UNION ALL SELECT ts, current FROM %%trows WHERE current IS NULL;
+CREATE STREAM count_union COUNT_WINDOW(3) FROM meters PARTITION BY tbname
+  INTO o_count_union AS
+  SELECT last(ts) t, 'max' k, max(current) m FROM %%trows
+  UNION ALL SELECT last(ts), 'min', min(current) FROM %%trows;

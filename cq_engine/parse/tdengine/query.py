@@ -75,6 +75,7 @@ class Scope:
         self.group_by: tuple[str, ...] = ()  # the new form's query: GROUP BY / PARTITION BY columns
         self.groups_rows = False  # GROUP BY (one row per group), not PARTITION BY (the rows kept)
         self.used: set[int] = set()
+        self.aliases: tuple[str, ...] = ()  # of FROM subqueries: a column qualified by one is its own
         self.tz = "UTC"  # CQ_TIMEZONE: TODAY(), TO_ISO8601, TIMETRUNCATE by day
         self.durations = tdf.durations(cur.tokens)  # 1s, 10a: offset -> (end, microseconds)
         # TWA's arguments interpolated at the bounds of INTERVAL / SLIDING windows over %%trows
@@ -119,6 +120,8 @@ class Scope:
             raise frag.error(query, f"subqueries are not supported in a stream's {clause}")
 
         def visit(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column) and n.table and n.table.lower() in (a.lower() for a in self.aliases):
+                n = exp.Column(this=n.this)
             if not isinstance(n, exp.Column) or n.table:
                 return n
             if n.this.args.get("quoted"):  # TDengine: "text" is a string like 'text' (identifiers use `...`)

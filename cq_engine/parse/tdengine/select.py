@@ -34,9 +34,15 @@ def derived_name(text: str) -> str:
 
 
 def select_items(
-    scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ...] | None, columns_tok: Token | None
+    scope: Scope,
+    toks: list[Token],
+    *,
+    sink_columns: tuple[str, ...] | None,
+    columns_tok: Token | None,
+    sink_time: bool = True,
 ) -> tuple[tuple[SelectItem, ...], KeyBound]:
-    """The result columns and the bound the first one (the sink's time column) carries."""
+    """The result columns and the bound the first one (the sink's time column) carries; a subquery's
+    (``sink_time=False``) first column is a column like the others."""
     cur = scope.cur
     parts = split_top(toks)
     for part in parts:
@@ -50,7 +56,7 @@ def select_items(
         raise cur.error_at(
             columns_tok, f"the column list names {len(sink_columns)} columns but SELECT has {len(nodes)}"
         )
-    key_bound = _first_column(scope, frag, nodes[0], parts[0])
+    key_bound = _first_column(scope, frag, nodes[0], parts[0]) if sink_time else "start"
     items: list[SelectItem] = []
     nodes_resolved: list[exp.Expression] = []
     seen: dict[str, int] = {}

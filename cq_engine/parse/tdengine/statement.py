@@ -21,6 +21,7 @@ from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
 from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tdengine.clauses import group_clause, having_clause, limit_clause, order_clause
+from cq_engine.parse.tdengine.compose import check_outer, row_columns, split_union, subquery, with_layers
 from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
 from cq_engine.parse.tdengine.options import (
     old_stream_options,
@@ -65,7 +66,8 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
         _old_form(cur, scope, name_tok, fields)
     scope.check_all_used()
     line, col = cur.source.line_col(start.start)
-    return Stream(
+    inner, union = fields.pop("subquery", None), fields.pop("union", ())
+    top = Stream(
         name=name_tok.text,
         form=form,
         if_not_exists=if_not_exists,
@@ -73,6 +75,7 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
         sql=" ".join(cur.source.text[start.start : cur.end].split()),
         **fields,
     )
+    return with_layers(top, inner, union)
 
 
 def _header_partition(cur: Cursor) -> tuple[str, ...]:
@@ -111,6 +114,18 @@ def _new_form(cur: Cursor, opts: ParseOptions, scope: Scope, name_tok: Token, f:
         raise cur.error_at(done["INTO"], "INTO needs AS SELECT ...: the query computes what is written")
     if query is not None:
         _new_query(cur, scope, query, f, done.get("("))
+        if f.get("union"):
+            shaping = (
+                ("OUTPUT_SUBTABLE", [f.get("output_subtable")]),
+                ("TAGS", [t.expression for t in f.get("tags", ())]),
+            )
+            for key, sqls in shaping:
+                if any(row_columns(sql) for sql in sqls if sql):
+                    raise cur.error_at(
+                        done[key],
+                        f"{key} of a UNION ALL stream names the trigger group's values as %%n or %%tbname: "
+                        "the queries' rows have no other column in common",
+                    )
     if notify_where_toks:
         names = tuple(i.name for i in f.get("select", ()))
         assert notify is not None  # NOTIFY's WHERE came with the NOTIFY clause
@@ -165,59 +180,119 @@ def _new_header(
 
 
 def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_tok: Token | None) -> None:
-    """``AS SELECT ... FROM %%trows | %%tbname | table [WHERE ...]``."""
-    clauses = split_query(cur, query, form="new")
-    source, is_placeholder, tok = from_clause(scope, *clauses["FROM"])
-    if is_placeholder:
-        if source == "tbname" and "tbname" not in (p.lower() for p in scope.partition_by):
-            raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
-        f["reads"], trigger_table = source, f.get("trigger_table")
-        if trigger_table is None:
+    """``AS query [UNION ALL query ...]``, each ``SELECT ... FROM %%trows | %%tbname | table |
+    (query) [WHERE ...] ...``."""
+    f.update(_queries(cur, scope, query, f, columns_tok, layer="top"))
+
+
+def _queries(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_tok, *, layer: str) -> dict:
+    """A query and its UNION ALL branches (under ``union``) as fields of a ``Stream``; ``layer`` is
+    ``top`` (the stream's: its first column is the sink's time column) or ``inner`` (a subquery's)."""
+    branches = split_union(cur, tokens)
+    composed = layer != "top" or len(branches) > 1
+    first = _one_query(cur, scope, branches[0], f, columns_tok, layer=layer, composed=composed)
+    rest = [_one_query(cur, scope, b, f, None, layer=layer, composed=True) for b in branches[1:]]
+    for branch, q in zip(branches[1:], rest):
+        if len(q["select"]) != len(first["select"]):
             raise cur.error_at(
-                tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: add FROM table after the trigger"
+                branch[0],
+                f"the queries of a UNION ALL give the same number of columns: this one gives "
+                f"{len(q['select'])}, the first {len(first['select'])}",
             )
-        source = trigger_table
+        if layer == "top" and q["key_bound"] != first["key_bound"]:
+            raise cur.error_at(
+                branch[0],
+                "the queries of a UNION ALL take the same kind of first column (the sink's time column): "
+                "all a window placeholder, or all a row's own timestamp",
+            )
+    if rest:
+        first["union"] = rest
+    return first
+
+
+def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_tok, *, layer: str, composed: bool):
+    clauses = split_query(cur, tokens, form="new")
+    q: dict = {}
+    saved = scope.group_by, scope.groups_rows, scope.interpolated
+    scope.group_by, scope.groups_rows, scope.interpolated = (), False, []
+    sub = subquery(cur, clauses["FROM"][1])
+    if sub is not None:
+        q["subquery"] = _queries(cur, scope, sub[0], f, None, layer="inner")
+        q["reads"], q["source"] = "query", _leaf(q["subquery"])["source"]
+        scope.aliases = (*scope.aliases, sub[1]) if sub[1] else scope.aliases
     else:
-        f["reads"] = "table"  # each trigger reads its span of another table
-    f["source"] = source
-    _query(scope, clauses, f, columns_tok)
+        source, is_placeholder, tok = from_clause(scope, *clauses["FROM"])
+        if is_placeholder:
+            if source == "tbname" and "tbname" not in (p.lower() for p in scope.partition_by):
+                raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
+            q["reads"], trigger_table = source, f.get("trigger_table")
+            if trigger_table is None:
+                raise cur.error_at(
+                    tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: add FROM table after the trigger"
+                )
+            source = trigger_table
+        else:
+            q["reads"] = "table"  # each trigger reads its span of another table
+        q["source"] = source
+    _query(scope, clauses, q, f, columns_tok, sink_time=layer == "top")
+    if composed and scope.interpolated:
+        raise cur.error_at(
+            clauses["SELECT"][1][0],
+            "TWA over %%trows in INTERVAL / SLIDING windows interpolates at the window's bounds, "
+            "which a subquery or a UNION ALL branch does not have: use it in a query of its own",
+        )
+    if sub is not None:
+        outer = [t for t in tokens if not clauses["FROM"][1][0].start <= t.start <= clauses["FROM"][1][-1].end]
+        check_outer(cur, q, q["subquery"], outer)
+    scope.group_by, scope.groups_rows, scope.interpolated = saved
+    return q
 
 
-def _query(scope: Scope, clauses: dict, f: dict, columns_tok: Token | None) -> None:
+def _leaf(q: dict) -> dict:
+    """The first query reading a table among ``q`` and its subqueries."""
+    return _leaf(q["subquery"]) if q.get("subquery") is not None else q
+
+
+def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | None, *, sink_time: bool = True) -> None:
+    """The clauses of one query into ``q`` (``f``: the statement's fields, for its trigger and sink)."""
     if "WHERE" in clauses:
-        f["where"] = where_clause(scope, clauses["WHERE"][1])
+        q["where"] = where_clause(scope, clauses["WHERE"][1])
     for word in ("PARTITION BY", "GROUP BY"):
         if word in clauses and scope.form == "new":
-            scope.group_by = f["group_by"] = group_clause(scope, word, clauses[word][1])
+            scope.group_by = q["group_by"] = group_clause(scope, word, clauses[word][1])
             scope.groups_rows = word == "GROUP BY"
-            f["partitions_query"] = word == "PARTITION BY"
+            q["partitions_query"] = word == "PARTITION BY"
     # TDengine's interval operator interpolates TWA at a time window's bounds from the rows around it;
     # a query reading another table is a plain aggregate over what its WHERE selects.
-    scope.interpolates = (scope.interval_window or scope.family == "sliding") and f.get("reads", "trows") == "trows"
-    f["select"], f["key_bound"] = select_items(
-        scope, clauses["SELECT"][1], sink_columns=f.get("sink_columns"), columns_tok=columns_tok
+    scope.interpolates = (scope.interval_window or scope.family == "sliding") and q.get("reads", "trows") == "trows"
+    q["select"], q["key_bound"] = select_items(
+        scope,
+        clauses["SELECT"][1],
+        sink_columns=f.get("sink_columns") if columns_tok is not None else None,
+        columns_tok=columns_tok,
+        sink_time=sink_time,
     )
     scope.interpolates = False
     if scope.interpolated:
-        f["interpolated"] = tuple(scope.interpolated)
+        q["interpolated"] = tuple(scope.interpolated)
     if scope.form == "new":
-        _after_select(scope, clauses, f)
+        _after_select(scope, clauses, q, f)
 
 
-def _after_select(scope: Scope, clauses: dict, f: dict) -> None:
+def _after_select(scope: Scope, clauses: dict, q: dict, f: dict) -> None:
     """HAVING, ORDER BY, SLIMIT and LIMIT of the new form's query, and the rule for a row's own time
     as the sink's time column."""
-    items, grouped = f["select"], scope.partition_by + scope.group_by
+    items, grouped = q["select"], scope.partition_by + scope.group_by
     if "HAVING" in clauses:
-        f["having"] = having_clause(scope, clauses["HAVING"][1], items, grouped)
+        q["having"] = having_clause(scope, clauses["HAVING"][1], items, grouped)
     if "ORDER BY" in clauses:
-        f["order_by"] = order_clause(scope, clauses["ORDER BY"][1], items, grouped)
+        q["order_by"] = order_clause(scope, clauses["ORDER BY"][1], items, grouped)
     for word, count, skip in (("LIMIT", "limit", "offset"), ("SLIMIT", "slimit", "soffset")):
         if word in clauses:
-            f[count], f[skip] = limit_clause(scope, word, clauses[word][1])
+            q[count], q[skip] = limit_clause(scope, word, clauses[word][1])
     if "SLIMIT" in clauses and not scope.group_by:
         raise scope.cur.error_at(clauses["SLIMIT"][0], "SLIMIT needs GROUP BY or PARTITION BY in the query")
-    if f["key_bound"] != "row":
+    if q["key_bound"] != "row":
         return
     at = clauses["SELECT"][1][0]
     trig = f["trigger"]
@@ -272,7 +347,7 @@ def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
     window = [wtok, *wtoks]
     f["trigger"], _ = parse_window(cur.sub(window, window[-1].end + 1), scope)
     f["options"] = old_stream_options(cur, old, f["trigger"], scope.label)
-    _query(scope, clauses, f, columns_tok)
+    _query(scope, clauses, f, f, columns_tok)
     if "NOTIFY" in clauses:
         ntok, ntoks = clauses["NOTIFY"]
         f["notify"] = parse_old_notify(cur.sub([ntok, *ntoks], cur.end))
