@@ -23,6 +23,7 @@ from cq_engine.model import (
     Stream,
     TableDecl,
     TriggerDef,
+    joined_column,
 )
 from cq_engine.parse import ParseOptions, parse_file, sql_files
 from cq_engine.parse.ekuiper import first_row_values, integer_averages
@@ -184,7 +185,8 @@ def _err(location, message: str) -> ParseError:
 def _reads(d: Definition) -> list[str]:
     """The tables a definition reads."""
     if isinstance(d, Stream):
-        return [t for t in dict.fromkeys((d.trigger_table, *[q.source for q in d.leaves])) if t]
+        joined = [j.table for q in d.leaves for j in q.joins]
+        return [t for t in dict.fromkeys((d.trigger_table, *[q.source for q in d.leaves], *joined)) if t]
     return [d.source]
 
 
@@ -248,10 +250,23 @@ def _aliases(d: Stream) -> set[str]:
 
 
 def _query_columns(d: Stream) -> set[str]:
-    """Columns a stream's query reads from its source."""
+    """Columns a stream's query reads from its source (a join's: ``_join_columns``)."""
     outputs = {i.name.lower() for i in d.select}  # HAVING may name the result's columns
     read = _names([i.expression for i in d.select] + [d.where]) | (_names([d.having]) - outputs)
-    return (read | {k.lower() for k in d.group_by}) - _aliases(d)
+    grouped = {k.lower() for k in d.group_by if not k.lower().startswith("__cq")}
+    return (read | grouped) - _aliases(d)
+
+
+def _join_columns(q: Stream) -> dict[str, set[str]]:
+    """A join query's columns by table (``model.join_column``: side 0 is the trigger rows' table)."""
+    sqls = [i.expression for i in q.select] + [q.where, q.having, *[k.expression for k in q.order_by]]
+    sqls += [j.on for j in q.joins] + [f"`{k}`" for k in q.group_by]
+    tables = [q.source, *[j.table for j in q.joins]]
+    out: dict[str, set[str]] = {}
+    for name in [n for sql in sqls if sql for n in _columns(sql)]:
+        if (side := joined_column(name)) is not None and side[0] < len(tables) and tables[side[0]]:
+            out.setdefault(str(tables[side[0]]), set()).add(side[1].lower())
+    return out
 
 
 def _trigger_columns(d: Stream) -> set[str]:
@@ -377,6 +392,9 @@ def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
     for q in d.leaves:  # each query reading a table names its columns
         if (source := tables.get(q.source.lower()) if q.source else None) is not None:
             _missing(d, source, _query_columns(q))
+        for name, need in _join_columns(q).items():
+            if (table := tables.get(name.lower())) is not None:
+                _missing(d, table, need)
     if d.key_bound == "row":
         for q in (d, *d.union):
             for sql, leaf in _row_times(q, q.select[0].expression):
@@ -398,8 +416,10 @@ def _row_times(q: Stream, sql: str) -> list[tuple[str, Stream]]:
 
 
 def _check_row_time(d: Stream, sql: str, source: TableDecl) -> None:
-    """A row's own time as the sink's time column is a TIMESTAMP column of the rows read."""
-    for name in _names([sql]):
+    """A row's own time as the sink's time column is a TIMESTAMP column of the rows read (a join's:
+    of the trigger rows)."""
+    names = _names([sql]) | {side[1] for n in _columns(sql) if (side := joined_column(n)) and side[0] == 0}
+    for name in names:
         col = source.column(name)
         if col is not None and col.type.lower() != "timestamp":
             raise _err(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -304,6 +305,27 @@ class TagDecl:
 
 
 @dataclass(frozen=True)
+class Join:
+    """``[INNER | LEFT [OUTER]] JOIN table [AS] alias ON cond`` of a new-form query over ``%%trows``: the
+    n-th joined table's columns are ``join_column(n, col)``, the trigger rows' ``join_column(0, col)``."""
+
+    table: str
+    kind: Literal["inner", "left"]
+    on: str  # Spark SQL over both sides' columns
+
+
+def join_column(n: int, column: str) -> str:
+    """A column of a join's n-th side (0: the trigger rows) under a name no other side has."""
+    return f"__cq_j{n}_{column}"
+
+
+def joined_column(name: str) -> tuple[int, str] | None:
+    """``join_column``'s (side, column), or None for another name."""
+    m = re.fullmatch(r"__cq_j(\d+)_(.+)", name, re.IGNORECASE)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+@dataclass(frozen=True)
 class Stream:
     """``CREATE STREAM`` (new or old form) as one shape.
 
@@ -340,6 +362,7 @@ class Stream:
     # UNION ALL: the queries after the first (each a Stream of the same trigger), their result columns
     # taken by position under this one's names
     union: tuple[Stream, ...] = ()
+    joins: tuple[Join, ...] = ()  # the tables %%trows is joined with, in order
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None
@@ -403,8 +426,8 @@ class Stream:
 
     @property
     def composed(self) -> bool:
-        """A query with a FROM subquery or UNION ALL."""
-        return self.subquery is not None or bool(self.union)
+        """A query with a FROM subquery, UNION ALL or a join (in any of its queries)."""
+        return self.subquery is not None or bool(self.union) or any(q.joins for q in self.layers)
 
     @property
     def read_table(self) -> str:

@@ -1212,9 +1212,37 @@ def test_subqueries_in_from_and_union_all():
 QS = "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, "
 
 
+def test_joins_of_the_trigger_rows():
+    s = stream(
+        Q + "SELECT m.ts, m.current, l.cap FROM %%trows AS m LEFT OUTER JOIN limits AS l ON m.status = l.status "
+        "JOIN other ON other.ts = m.ts WHERE l.cap IS NULL OR m.current > l.cap"
+    )
+    assert s.key_bound == "row" and [i.name for i in s.select] == ["ts", "current", "cap"]
+    assert [(j.table, j.kind, j.on) for j in s.joins] == [
+        ("limits", "left", "__cq_j0_status = __cq_j1_status"),
+        ("other", "inner", "__cq_j2_ts = __cq_j0_ts"),
+    ]
+    assert s.where == "__cq_j1_cap IS NULL OR __cq_j0_current > __cq_j1_cap" and s.composed
+    s = stream(
+        Q + "SELECT _twstart, l.cap, count(*) n FROM %%trows m JOIN limits l ON m.status = l.status GROUP BY l.cap"
+    )
+    assert s.group_by == ("__cq_j1_cap",) and s.select[1].expression == "__cq_j1_cap"
+
+
 @pytest.mark.parametrize(
     "sql, needle, fragment",
     [
+        (QS + "count(*) n FROM %%trows m JOIN l ON m.s = l.s WHERE v > 1", "v > 1", "names its table: alias.v"),
+        (QS + "count(*) n FROM %%trows m JOIN l ON m.s = x.q", "q", "'x' is not a table of this query"),
+        (QS + "count(*) n FROM %%trows m RIGHT JOIN l ON m.s = l.s", "RIGHT", "belong to no trigger window"),
+        (QS + "count(*) n FROM %%trows m FULL JOIN l ON m.s = l.s", "FULL", "belong to no trigger window"),
+        (QS + "count(*) n FROM %%trows m LEFT ASOF JOIN l ON m.ts >= l.ts", "ASOF", "ASOF joins"),
+        (QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 1s)", "WINDOW", "WINDOW joins"),
+        (QS + "count(*) n FROM %%trows m JOIN lim", "lim", "JOIN lim needs ON condition"),
+        (QS + "count(*) n FROM %%trows m JOIN l m ON m.s = m.s", "m ON", "names two sides of the join"),
+        (QS + "count(*) n FROM %%tbname m JOIN l ON m.s = l.s", "%%tbname", "a join reads FROM %%trows alias"),
+        (QS + "twa(m.v) FROM %%trows m JOIN l ON m.s = l.s", "twa", "which a join query does not have"),
+        (QS + "max(x.v) FROM %%trows", "v)", "'x' is not a table of this query"),
         (QS + "count(*) n FROM %%trows UNION SELECT _twstart, 1 FROM %%trows", "UNION", "write UNION ALL"),
         (QS + "max(b) FROM (SELECT v a FROM %%trows)", "b)", "column 'b' is not a result column of the subquery"),
         (QS + "max(a) FROM (SELECT v a FROM %%trows) x JOIN y", "JOIN", "takes an alias at most"),

@@ -290,11 +290,13 @@ CREATE STREAM sub INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} 
 CREATE STREAM uni INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO uni_out AS
   SELECT ts, current FROM %%trows WHERE current > 5 UNION ALL SELECT ts, current FROM (SELECT ts, current FROM
   %%trows ORDER BY current LIMIT 1);
+CREATE STREAM joined INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO joined_out AS
+  SELECT _twstart, count(*) AS n, max(o.current) AS m FROM %%trows a JOIN meters o ON a.ts = o.ts AND a.status = o.status;
 """
 
 
 def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
-    names = ["grouped", "top", "sess_top", "plain", "sub", "uni"]
+    names = ["grouped", "top", "sess_top", "plain", "sub", "uni", "joined"]
     p = Pair(tmp_path, spark, QUERIES, names)
     p.tick()
     for batch in _commits(11):
@@ -304,3 +306,4 @@ def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
     assert all(r[0] != "error" for r in p.results["fused"])
     assert len(p.fused.sink("top_out")) > len(p.fused.sink("plain_out"))  # several rows per window
     assert p.fused.sink("sub_out") and len(p.fused.sink("uni_out")) > len(p.fused.sink("plain_out"))
+    assert p.fused.sink("joined_out")

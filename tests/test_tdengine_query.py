@@ -11,6 +11,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import tdengine_reference as td
 from streams_util import T0, Bench, us
@@ -47,6 +48,21 @@ STREAMS = dict(
 )
 
 
+# (status, cap): the table the join streams read; statuses 0, 3 and 5 have no cap.
+LIMITS = [(1, 11.0), (2, 8.0), (4, 12.0), (9, 20.0)]
+LIMITS_TABLE = "CREATE TABLE limits (ts TIMESTAMP, status INT, cap DOUBLE);\n"
+
+
+def _limits() -> pa.Table:
+    return pa.table(
+        {
+            "ts": pa.array([T0] * len(LIMITS), pa.timestamp("us", tz="UTC")),
+            "status": pa.array([s for s, _ in LIMITS], pa.int32()),
+            "cap": pa.array([c for _, c in LIMITS], pa.float64()),
+        }
+    )
+
+
 def _rows(rows=ROWS) -> list[dict]:
     return [dict(t=us(T0 + timedelta(seconds=s)), tbname=g, current=c, voltage=v, status=st) for s, g, c, v, st in rows]
 
@@ -63,11 +79,12 @@ def _tumbling(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory, spark):
-    sql = "".join(f"CREATE STREAM {name} {body};\n" for name, body in STREAMS.items())
+    sql = LIMITS_TABLE + "".join(f"CREATE STREAM {name} {body};\n" for name, body in STREAMS.items())
     b = Bench(tmp_path_factory.mktemp("tdq"), spark, sql)
     for name in STREAMS:
         assert b.tick(name).works == ()  # created on an empty table
     b.append([r for r in ROWS])
+    b.engine.storage.append("limits", _limits())
     b.errors = {}
     for name in STREAMS:
         try:
@@ -261,6 +278,42 @@ def test_union_all_in_data_shaped_windows(bench):
             t = max(r["t"] for r in window)
             want += [(g, t, "max", max(present, default=None)), (g, t, "min", min(present, default=None))]
     assert _cut(bench.sink("o_count_union"), "tbname", "t", "k", "m") == _sorted(want)
+
+
+def test_joins_of_the_trigger_rows_with_a_table(bench):
+    """Per window, the trigger rows joined with ``limits`` on status: an inner join filtered across its
+    sides and aggregated, a LEFT join keeping the rows without a cap (NULL cap) at their own time, and
+    GROUP BY a joined column in session windows."""
+    caps = dict(LIMITS)
+    want, rows_want = [], []
+    for (g, ws), members in _tumbling(_rows()).items():
+        over = [
+            r for r in members if r["status"] in caps and r["current"] is not None and r["current"] > caps[r["status"]]
+        ]
+        if over:
+            want.append((g, ws, len(over), max(r["current"] - caps[r["status"]] for r in over)))
+        rows_want += [(g, r["t"], r["current"], caps.get(r["status"])) for r in members]
+    assert _cut(bench.sink("o_j_over"), "tbname", "_twstart", "n", "over_cap") == _sorted(want)
+    assert _cut(bench.sink("o_j_rows"), "tbname", "ts", "current", "cap") == _sorted(rows_want)
+    assert any(w[3] is None for w in rows_want)
+    want = []
+    for g, members in td.groups(_rows(), "tbname").items():
+        for session in td.sessions(members, gap=5 * SEC)[:-1]:  # the last one is open
+            capped = [caps[r["status"]] for r in session if r["status"] in caps]
+            want += [(g, session[0]["t"], cap, capped.count(cap)) for cap in set(capped)]
+    assert _cut(bench.sink("o_j_grouped"), "tbname", "_twstart", "cap", "n") == _sorted(want)
+
+
+def test_a_join_on_time_reads_the_other_side_at_the_same_instants(bench):
+    """``ON m.ts = o.ts``: the other meters' readings at the window's instants (d1 and d2 both read
+    at 31 s)."""
+    rows = _rows()
+    want = []
+    for (g, ws), members in _tumbling(rows).items():
+        pairs = [o for m in members for o in rows if o["t"] == m["t"] and o["tbname"] != g]
+        if pairs:
+            want.append((g, ws, len(pairs), td.query_max(pairs)))
+    assert want and _cut(bench.sink("o_j_same"), "tbname", "_twstart", "n", "other") == _sorted(want)
 
 
 def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):

@@ -41,6 +41,7 @@ from cq_engine.streams.bounds import with_neighbours, with_outside
 from cq_engine.streams.compose import query_result
 from cq_engine.streams.events import NOTIFY_OK, build_events
 from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_name
+from cq_engine.streams.joins import with_joins
 from cq_engine.streams.late import late_entries, without_late
 from cq_engine.streams.output import GROUP_ID
 from cq_engine.streams.plan import (
@@ -287,7 +288,7 @@ def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, re
 
     def rows_of(q: Stream) -> tuple[DataFrame, bool]:
         if q.reads == "trows":
-            return windows, False
+            return with_joins(ctx, stream, q, windows, time_range=read_range), False
         assert frame is not None  # built whenever a query reads another table
         source, time_column = _joined_table(ctx, q, read_range, version)
         source = with_row_time(stream, source, time_column)  # the joined rows' own event time
@@ -632,7 +633,7 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
                 scanned[0] += scan.files_read
                 scanned[1] += scan.files_total
                 read[table, str(trows)] = frame_of(with_row_time(stream, prepare(stream, df), time_column))
-            return read[table, str(trows)], False
+            return with_joins(ctx, stream, q, read[table, str(trows)], time_range=None), False
 
         keep = [GROUP, WSTART, WEND, WCLOSED, *partition_columns(stream)]
         result = query_result(stream, rows_of, keep=keep, window_columns=PERIOD_COLUMNS)

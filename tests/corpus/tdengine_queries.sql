@@ -2,6 +2,7 @@
 -- HAVING, CASE, ORDER BY ... LIMIT / SLIMIT, a row's own time as the sink's time column, over %%trows and a
 -- table. tests/test_tdengine_query.py runs them against hand-computed results; tests/test_fuzz.py mutates them.
 CREATE TABLE meters (ts TIMESTAMP, current DOUBLE, voltage INT, status INT) TAGS (location STRING);
+CREATE TABLE limits (ts TIMESTAMP, status INT, cap DOUBLE);
 CREATE STREAM having INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
   INTO o_having AS
   SELECT _twstart, avg(current) a, count(*) n
@@ -78,3 +79,19 @@ CREATE STREAM count_union COUNT_WINDOW(3) FROM meters PARTITION BY tbname
   INTO o_count_union AS
   SELECT last(ts) t, 'max' k, max(current) m FROM %%trows
   UNION ALL SELECT last(ts), 'min', min(current) FROM %%trows;
+CREATE STREAM j_over INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_j_over AS
+  SELECT _twstart, count(*) n, max(m.current - l.cap) over_cap
+  FROM %%trows m JOIN limits l ON m.status = l.status WHERE m.current > l.cap;
+CREATE STREAM j_rows INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_j_rows AS
+  SELECT m.ts, m.current, l.cap
+  FROM %%trows AS m LEFT OUTER JOIN limits AS l ON m.status = l.status;
+CREATE STREAM j_grouped SESSION(ts, 5s) FROM meters PARTITION BY tbname
+  INTO o_j_grouped AS
+  SELECT _twstart, l.cap, count(*) n
+  FROM %%trows m INNER JOIN limits l ON m.status = l.status GROUP BY l.cap;
+CREATE STREAM j_same INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
+  INTO o_j_same AS
+  SELECT _twstart, count(*) n, max(o.current) other
+  FROM %%trows m JOIN meters o ON m.ts = o.ts AND m.tbname <> o.tbname;

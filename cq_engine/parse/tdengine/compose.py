@@ -140,6 +140,14 @@ def check_outer(cur: Cursor, q: dict, inner: dict, toks: list[Token]) -> None:
         )
 
 
+def check_qualified(cur: Cursor, q: dict, toks: list[Token]) -> None:
+    """Every column of a join query names its side (``alias.col``): the sides share column names."""
+    names = outer_columns(q) + [n for j in q["joins"] for n in row_columns(j.on)]
+    for name in [n for n in names if not n.lower().startswith("__cq")]:
+        at = next((t for t in toks if t.text.lower() == name.lower()), toks[0])
+        raise cur.error_at(at, f"column {name!r} of a join query names its table: alias.{name}")
+
+
 def aggregates(q: dict) -> bool:
     """The query gives one row per window (and group), not rows of its own (``plan.evaluate``)."""
     items = q["select"]
@@ -162,6 +170,7 @@ _QUERY_FIELDS = (
     "offset",
     "slimit",
     "soffset",
+    "joins",
 )
 _DEFAULTS = {f.name: f.default for f in fields(Stream) if f.name in _QUERY_FIELDS}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
-from cq_engine.model import PLACEHOLDERS, partition_placeholder, placeholder_column
+from cq_engine.model import PLACEHOLDERS, join_column, partition_placeholder, placeholder_column
 from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
 from cq_engine.parse.functions import check_functions
@@ -75,7 +75,8 @@ class Scope:
         self.group_by: tuple[str, ...] = ()  # the new form's query: GROUP BY / PARTITION BY columns
         self.groups_rows = False  # GROUP BY (one row per group), not PARTITION BY (the rows kept)
         self.used: set[int] = set()
-        self.aliases: tuple[str, ...] = ()  # of FROM subqueries: a column qualified by one is its own
+        self.aliases: tuple[str, ...] = ()  # the query's FROM table or subquery: ``alias.col`` is ``col``
+        self.join_sides: dict[str, int] = {}  # a join's aliases → side (``model.join_column``)
         self.tz = "UTC"  # CQ_TIMEZONE: TODAY(), TO_ISO8601, TIMETRUNCATE by day
         self.durations = tdf.durations(cur.tokens)  # 1s, 10a: offset -> (end, microseconds)
         # TWA's arguments interpolated at the bounds of INTERVAL / SLIDING windows over %%trows
@@ -120,8 +121,15 @@ class Scope:
             raise frag.error(query, f"subqueries are not supported in a stream's {clause}")
 
         def visit(n: exp.Expression) -> exp.Expression:
-            if isinstance(n, exp.Column) and n.table and n.table.lower() in (a.lower() for a in self.aliases):
-                n = exp.Column(this=n.this)
+            if isinstance(n, exp.Column) and n.table:
+                qualifier = n.table.lower()
+                if qualifier in self.join_sides:
+                    return exp.column(join_column(self.join_sides[qualifier], n.name))
+                if qualifier in (a.lower() for a in self.aliases):
+                    n = exp.Column(this=n.this)
+                elif self.form == "new":
+                    known = ", ".join([*self.aliases, *self.join_sides]) or "none: name the column alone"
+                    raise frag.error(n, f"{n.table!r} is not a table of this query (its tables: {known})")
             if not isinstance(n, exp.Column) or n.table:
                 return n
             if n.this.args.get("quoted"):  # TDengine: "text" is a string like 'text' (identifiers use `...`)

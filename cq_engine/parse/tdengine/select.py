@@ -118,7 +118,8 @@ def _row_time(scope: Scope, frag: Fragment, body: exp.Expression) -> bool:
     """``body`` is a timestamp of the rows read: a plain column (its type is checked against the
     table at load, ``catalog``) or FIRST / LAST / MIN / MAX / LAST_ROW of one."""
     if isinstance(body, exp.Column):
-        return not body.table and frag.offset_of(body) not in scope.marks and body.name.lower() not in PLACEHOLDERS
+        own = not body.table or body.table.lower() in scope.join_sides  # a join's side: alias.ts
+        return own and frag.offset_of(body) not in scope.marks and body.name.lower() not in PLACEHOLDERS
     name = (frag.written(body) or "").split("(")[0].strip().lower()
     args = list(body.iter_expressions())
     return name in _ROW_TIME_AGGREGATES and len(args) == 1 and _row_time(scope, frag, args[0])

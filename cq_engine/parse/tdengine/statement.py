@@ -21,7 +21,15 @@ from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
 from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tdengine.clauses import group_clause, having_clause, limit_clause, order_clause
-from cq_engine.parse.tdengine.compose import check_outer, row_columns, split_union, subquery, with_layers
+from cq_engine.parse.tdengine.compose import (
+    check_outer,
+    check_qualified,
+    row_columns,
+    split_union,
+    subquery,
+    with_layers,
+)
+from cq_engine.parse.tdengine.joins import has_join, join_conditions, parse_joins
 from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
 from cq_engine.parse.tdengine.options import (
     old_stream_options,
@@ -213,39 +221,56 @@ def _queries(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_to
 def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_tok, *, layer: str, composed: bool):
     clauses = split_query(cur, tokens, form="new")
     q: dict = {}
-    saved = scope.group_by, scope.groups_rows, scope.interpolated
-    scope.group_by, scope.groups_rows, scope.interpolated = (), False, []
-    sub = subquery(cur, clauses["FROM"][1])
-    if sub is not None:
-        q["subquery"] = _queries(cur, scope, sub[0], f, None, layer="inner")
-        q["reads"], q["source"] = "query", _leaf(q["subquery"])["source"]
-        scope.aliases = (*scope.aliases, sub[1]) if sub[1] else scope.aliases
-    else:
-        source, is_placeholder, tok = from_clause(scope, *clauses["FROM"])
-        if is_placeholder:
-            if source == "tbname" and "tbname" not in (p.lower() for p in scope.partition_by):
-                raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
-            q["reads"], trigger_table = source, f.get("trigger_table")
-            if trigger_table is None:
-                raise cur.error_at(
-                    tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: add FROM table after the trigger"
-                )
-            source = trigger_table
-        else:
-            q["reads"] = "table"  # each trigger reads its span of another table
-        q["source"] = source
+    saved = scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides
+    scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = (), False, [], (), {}
+    sub = _from(cur, scope, clauses["FROM"], f, q)
     _query(scope, clauses, q, f, columns_tok, sink_time=layer == "top")
-    if composed and scope.interpolated:
+    if (composed or q.get("joins")) and scope.interpolated:
         raise cur.error_at(
             clauses["SELECT"][1][0],
             "TWA over %%trows in INTERVAL / SLIDING windows interpolates at the window's bounds, "
-            "which a subquery or a UNION ALL branch does not have: use it in a query of its own",
+            "which a subquery, a join or a UNION ALL branch does not have: use it in a query of its own",
         )
     if sub is not None:
         outer = [t for t in tokens if not clauses["FROM"][1][0].start <= t.start <= clauses["FROM"][1][-1].end]
         check_outer(cur, q, q["subquery"], outer)
-    scope.group_by, scope.groups_rows, scope.interpolated = saved
+    if q.get("joins"):
+        check_qualified(cur, q, tokens)
+    scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = saved
     return q
+
+
+def _from(cur: Cursor, scope: Scope, clause: tuple[Token, list[Token]], f: dict, q: dict):
+    """FROM into ``q``: its ``reads`` and ``source``, a subquery's fields, a join's; the subquery's
+    tokens and alias, if it is one."""
+    toks = clause[1]
+    sub = subquery(cur, toks)
+    if sub is not None:
+        q["subquery"] = _queries(cur, scope, sub[0], f, None, layer="inner")
+        q["reads"], q["source"] = "query", _leaf(q["subquery"])["source"]
+        scope.aliases = (sub[1],) if sub[1] else ()
+        return sub
+    if has_join(scope, toks):
+        scope.used.add(toks[0].start)
+        scope.join_sides, joined = parse_joins(scope, toks)
+        q["joins"] = join_conditions(scope, joined)
+        source, is_placeholder, tok = "trows", True, toks[0]
+    else:
+        source, is_placeholder, tok = from_clause(scope, *clause)
+    if is_placeholder:
+        if source == "tbname" and "tbname" not in (p.lower() for p in scope.partition_by):
+            raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
+        q["reads"], trigger_table = source, f.get("trigger_table")
+        if trigger_table is None:
+            raise cur.error_at(
+                tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: add FROM table after the trigger"
+            )
+        source = trigger_table
+    else:
+        q["reads"] = "table"  # each trigger reads its span of another table
+        scope.aliases = (source,)  # table.col is col
+    q["source"] = source
+    return None
 
 
 def _leaf(q: dict) -> dict:
@@ -265,6 +290,14 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
     # TDengine's interval operator interpolates TWA at a time window's bounds from the rows around it;
     # a query reading another table is a plain aggregate over what its WHERE selects.
     scope.interpolates = (scope.interval_window or scope.family == "sliding") and q.get("reads", "trows") == "trows"
+    if scope.interpolates and q.get("joins"):
+        twa = next((t for t in clauses["SELECT"][1] if t.text.lower() == "twa"), None)
+        if twa is not None:
+            raise scope.cur.error_at(
+                twa,
+                "TWA over %%trows in INTERVAL / SLIDING windows interpolates at the window's bounds from "
+                "the trigger rows around it, which a join query does not have: use it in a query of its own",
+            )
     q["select"], q["key_bound"] = select_items(
         scope,
         clauses["SELECT"][1],
