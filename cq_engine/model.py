@@ -305,6 +305,20 @@ class TagDecl:
 
 
 @dataclass(frozen=True)
+class SubWindows:
+    """``INTERVAL(interval[, offset]) [SLIDING(sliding)]`` inside a new-form query: the sub-windows the
+    rows it reads are aggregated by (aligned as INTERVAL triggers are), within each trigger window;
+    ``_wstart`` is the sub-window's start (``SUB_WSTART``)."""
+
+    interval: timedelta
+    sliding: timedelta
+    offset: timedelta = timedelta(0)
+
+
+SUB_WSTART = "__cq_sw_start"  # the engine column of a row's sub-window start (TIMESTAMP)
+
+
+@dataclass(frozen=True)
 class Join:
     """``[INNER | LEFT [OUTER]] JOIN table [AS] alias ON cond`` of a new-form query over ``%%trows``: the
     n-th joined table's columns are ``join_column(n, col)``, the trigger rows' ``join_column(0, col)``."""
@@ -363,6 +377,7 @@ class Stream:
     # taken by position under this one's names
     union: tuple[Stream, ...] = ()
     joins: tuple[Join, ...] = ()  # the tables %%trows is joined with, in order
+    sub_windows: SubWindows | None = None  # INTERVAL ... inside the query
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None
@@ -426,8 +441,12 @@ class Stream:
 
     @property
     def composed(self) -> bool:
-        """A query with a FROM subquery, UNION ALL or a join (in any of its queries)."""
-        return self.subquery is not None or bool(self.union) or any(q.joins for q in self.layers)
+        """A query with a FROM subquery, UNION ALL, a join or INTERVAL (in any of its queries)."""
+        return (
+            self.subquery is not None
+            or bool(self.union)
+            or any(q.joins or q.sub_windows is not None for q in self.layers)
+        )
 
     @property
     def read_table(self) -> str:

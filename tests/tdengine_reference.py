@@ -210,3 +210,16 @@ def subquery(rows, select, *, where=lambda r: True):
     """FROM (SELECT ... FROM rows WHERE ...): each kept row as the dict ``select`` makes of it, with its
     time ``t`` (the outer query's FIRST / LAST read it)."""
     return [{"t": r["t"], **select(r)} for r in rows if where(r)]
+
+
+def sub_windows(rows, *, interval, sliding=None, offset=0):
+    """INTERVAL(interval[, offset]) [SLIDING(sliding)] over rows (times in µs since the epoch): each
+    sub-window start → its rows (k * sliding + offset <= t < that + interval)."""
+    sliding = sliding or interval
+    out: dict = {}
+    for r in sorted(rows, key=lambda r: r["t"]):
+        k = (r["t"] - offset) // sliding
+        while k * sliding + offset + interval > r["t"]:
+            out.setdefault(k * sliding + offset, []).append(r)
+            k -= 1
+    return dict(sorted(out.items()))

@@ -18,6 +18,7 @@ from cq_engine.model import (
     StateTrigger,
     Stream,
     StreamOptions,
+    SubWindows,
     TagDecl,
 )
 from cq_engine.parse import parse_text
@@ -760,8 +761,8 @@ REJECTIONS = [
         "%%trows",
         "needs a trigger table",
     ),
-    (W.format(items="x FROM %%trows INTERVAL(1m) --"), "INTERVAL", "takes no window clause"),
-    (W.format(items="x FROM %%trows FILL(NULL) --"), "FILL", "FILL is not supported in a stream's query"),
+    (W.format(items="x FROM %%trows INTERVAL(1m) --"), "INTERVAL", "its SELECT needs an aggregate"),
+    (W.format(items="x FROM %%trows FILL(NULL) --"), "FILL", "FILL over a query's INTERVAL is not supported"),
     (W.format(items="x FROM %%trows PARTITION BY a GROUP BY a --"), "GROUP BY", "PARTITION BY or GROUP BY, not both"),
     (W.format(items="x FROM %%trows GROUP BY x + 1 --"), "x + 1", "GROUP BY in a stream's query takes column names"),
     (W.format(items="x FROM %%trows HAVING x > 1 --"), "x > 1", "HAVING needs an aggregated query or GROUP BY"),
@@ -1212,6 +1213,25 @@ def test_subqueries_in_from_and_union_all():
 QS = "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, "
 
 
+def test_interval_inside_the_query():
+    s = stream(
+        Q + "SELECT _wstart, _wend, _wduration d, avg(current) a FROM %%trows PARTITION BY status "
+        "INTERVAL(10s, 2s) SLIDING(5s) HAVING count(*) > 1"
+    )
+    assert s.sub_windows == SubWindows(timedelta(seconds=10), timedelta(seconds=5), timedelta(seconds=2))
+    assert (s.key_bound, s.group_by, s.partitions_query, s.composed) == ("row", ("status",), True, True)
+    assert [i.expression for i in s.select[:3]] == [
+        "__cq_sw_start",
+        "TIMESTAMP_MICROS(UNIX_MICROS(__cq_sw_start) + 10000000)",
+        "10000",
+    ]
+    s = stream(Q + "SELECT _twstart, max(current) FROM %%trows INTERVAL(1s)")
+    assert s.key_bound == "start" and s.sub_windows is not None
+    # the old form's window clause is its trigger, as before
+    old = stream("CREATE STREAM s INTO o AS SELECT _wstart, count(*) c FROM t INTERVAL(1m)")
+    assert old.sub_windows is None and old.select[0].expression == "__cq_twstart"
+
+
 def test_joins_of_the_trigger_rows():
     s = stream(
         Q + "SELECT m.ts, m.current, l.cap FROM %%trows AS m LEFT OUTER JOIN limits AS l ON m.status = l.status "
@@ -1244,6 +1264,16 @@ def test_joins_of_the_trigger_rows():
         (QS + "twa(m.v) FROM %%trows m JOIN l ON m.s = l.s", "twa", "which a join query does not have"),
         (QS + "max(x.v) FROM %%trows", "v)", "'x' is not a table of this query"),
         (QS + "count(*) n FROM %%trows UNION SELECT _twstart, 1 FROM %%trows", "UNION", "write UNION ALL"),
+        (QS + "count(*) n FROM %%trows SESSION(ts, 1s)", "SESSION", "SESSION inside a stream's query is not"),
+        (QS + "count(*) n FROM %%trows STATE_WINDOW(v)", "STATE_WINDOW", "STATE_WINDOW inside a stream's query"),
+        (QS + "count(*) n FROM %%trows EVENT_WINDOW START WITH v > 1 END WITH v < 1", "EVENT", "EVENT_WINDOW inside"),
+        (QS + "count(*) n FROM %%trows COUNT_WINDOW(3)", "COUNT_WINDOW", "COUNT_WINDOW inside a stream's query"),
+        (QS + "count(*) n FROM %%trows SLIDING(5s)", "SLIDING(5s)", "SLIDING needs INTERVAL(...) before it"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) SLIDING(7s)", "7s", "SLIDING must not be greater"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(PREV)", "FILL", "FILL over a query's INTERVAL"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) GROUP BY v", "GROUP BY", "takes PARTITION BY, not GROUP BY"),
+        (QS + "count(*) n FROM %%trows WHERE _wend > 1 INTERVAL(5s)", "_wend >", "only be used in SELECT, HAVING"),
+        (QS + "_wend FROM %%trows INTERVAL(5s)", "INTERVAL(5s)", "SELECT needs an aggregate"),
         (QS + "max(b) FROM (SELECT v a FROM %%trows)", "b)", "column 'b' is not a result column of the subquery"),
         (QS + "max(a) FROM (SELECT v a FROM %%trows) x JOIN y", "JOIN", "takes an alias at most"),
         (QS + "max(a) FROM ()", "()", "a subquery in FROM needs a query"),

@@ -292,11 +292,13 @@ CREATE STREAM uni INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} 
   %%trows ORDER BY current LIMIT 1);
 CREATE STREAM joined INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO joined_out AS
   SELECT _twstart, count(*) AS n, max(o.current) AS m FROM %%trows a JOIN meters o ON a.ts = o.ts AND a.status = o.status;
+CREATE STREAM subwin INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO subwin_out AS
+  SELECT _wstart, count(*) AS n, avg(current) AS a FROM %%trows INTERVAL(10s);
 """
 
 
 def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
-    names = ["grouped", "top", "sess_top", "plain", "sub", "uni", "joined"]
+    names = ["grouped", "top", "sess_top", "plain", "sub", "uni", "joined", "subwin"]
     p = Pair(tmp_path, spark, QUERIES, names)
     p.tick()
     for batch in _commits(11):
@@ -306,4 +308,4 @@ def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
     assert all(r[0] != "error" for r in p.results["fused"])
     assert len(p.fused.sink("top_out")) > len(p.fused.sink("plain_out"))  # several rows per window
     assert p.fused.sink("sub_out") and len(p.fused.sink("uni_out")) > len(p.fused.sink("plain_out"))
-    assert p.fused.sink("joined_out")
+    assert p.fused.sink("joined_out") and len(p.fused.sink("subwin_out")) > len(p.fused.sink("plain_out"))

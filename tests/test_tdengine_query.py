@@ -316,6 +316,33 @@ def test_a_join_on_time_reads_the_other_side_at_the_same_instants(bench):
     assert want and _cut(bench.sink("o_j_same"), "tbname", "_twstart", "n", "other") == _sorted(want)
 
 
+def _windows_of(rows: list[dict], size: int) -> dict[tuple[str, int], list[dict]]:
+    """Tumbling trigger windows of ``size`` seconds per meter, the closed ones (before 100 s)."""
+    out: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        ws = r["t"] - (r["t"] - us(T0)) % (size * SEC)
+        if ws < us(T0) + 100 * SEC:
+            out.setdefault((r["tbname"], ws), []).append(r)
+    return out
+
+
+def test_interval_inside_the_query_aggregates_sub_windows(bench):
+    """Per 20 s trigger window, INTERVAL(5s) sub-windows per status (the sink's time column is the
+    sub-window's start, each within its trigger window), and INTERVAL(10s) SLIDING(5s) sub-windows
+    (a row in two of them; the first starts before the trigger window) kept by HAVING."""
+    want, sliding = [], []
+    for (g, ws), members in _windows_of(_rows(), 20).items():
+        for status, rows in td.groups(members, "status").items():
+            for start, sub in td.sub_windows(rows, interval=5 * SEC).items():
+                want.append((g, start, start + 5 * SEC, status, len(sub), td.query_max(sub)))
+        for start, sub in td.sub_windows(members, interval=10 * SEC, sliding=5 * SEC).items():
+            if len(sub) > 1:
+                sliding.append((g, ws, start, len(sub), td.query_avg(sub)))
+    assert _cut(bench.sink("o_sub_interval"), "tbname", "_wstart", "we", "status", "n", "m") == _sorted(want)
+    assert _cut(bench.sink("o_sub_sliding"), "tbname", "_twstart", "ws", "n", "a") == _sorted(sliding)
+    assert any(w[2] < w[1] for w in sliding)  # [-5 s, 5 s) in the window at 0 s
+
+
 def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):
     b = Bench(tmp_path, spark, f"CREATE STREAM grouped {STREAMS['grouped']};\nCREATE STREAM top {STREAMS['top']};")
     for name in ("grouped", "top"):
@@ -345,7 +372,7 @@ def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):
 
 def test_a_late_row_reruns_the_windows_of_composed_queries(tmp_path, spark):
     """A late row reruns its window: the rows of a UNION ALL, and a top-N over a subquery, replaced."""
-    names = ("sub_top", "unioned")
+    names = ("sub_top", "unioned", "sub_interval")
     b = Bench(tmp_path, spark, "".join(f"CREATE STREAM {n} {STREAMS[n]};\n" for n in names))
     for name in names:
         b.tick(name)
@@ -370,6 +397,12 @@ def test_a_late_row_reruns_the_windows_of_composed_queries(tmp_path, spark):
         if others:
             want.append((g, ws, "others", len(others)))
     assert _cut(b.sink("o_unioned"), "tbname", "_twstart", "src", "n") == sorted(want)
+    want = []  # INTERVAL(5s) per status in 20 s windows: d1's [0 s, 20 s) rerun with its late rows
+    for (g, _), members in _windows_of(rows, 20).items():
+        for status, rs in td.groups(members, "status").items():
+            want += [(g, t, status, len(sub)) for t, sub in td.sub_windows(rs, interval=5 * SEC).items()]
+    assert (us(T0) + 5 * SEC, 2) in [(t, st) for g, t, st, _ in want if g == "d1"]
+    assert _cut(b.sink("o_sub_interval"), "tbname", "_wstart", "status", "n") == sorted(want)
 
 
 PERIOD = """CREATE STREAM per_top PERIOD(1m) INTO per_top_out AS SELECT ts, tbname, current FROM meters
@@ -382,6 +415,8 @@ CREATE STREAM per_sub PERIOD(1m) INTO per_sub_out AS SELECT _tlocaltime, max(n) 
 CREATE STREAM per_union PERIOD(1m) INTO per_union_out AS
     SELECT ts, current FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime AND current >= 5
     UNION ALL SELECT ts, current FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime AND current < 1;
+CREATE STREAM per_interval PERIOD(1m) INTO per_interval_out AS SELECT _wstart, avg(current) AS a, count(*) AS n
+    FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime PARTITION BY tbname INTERVAL(20s);
 """
 
 
@@ -389,7 +424,7 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
     b = Bench(tmp_path, spark, PERIOD)
     tick = T0 + timedelta(minutes=2)
     b.append([(s, g, float(s % 7) + (g == "d2"), 220) for s in range(40, 130, 10) for g in ("d1", "d2")])
-    for name in ("per_top", "per_groups", "per_sub", "per_union"):
+    for name in ("per_top", "per_groups", "per_sub", "per_union", "per_interval"):
         b.engine.run_period(name, tick)
     rows = [
         r for r in _rows([(s, g, float(s % 7) + (g == "d2"), 220, 0) for s in range(40, 130, 10) for g in ("d1", "d2")])
@@ -406,6 +441,13 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
     ]
     want = [(r["t"], r["current"]) for r in inside if r["current"] >= 5 or r["current"] < 1]
     assert _cut(b.sink("per_union_out"), "ts", "current") == sorted(want) and want
+    # the PERIOD pattern: every tick, the last minute per 20 s (and per meter)
+    want = [
+        (start, g, td.query_avg(sub), len(sub))
+        for g, rows in groups.items()
+        for start, sub in td.sub_windows(rows, interval=20 * SEC).items()
+    ]
+    assert _cut(b.sink("per_interval_out"), "_wstart", "tbname", "a", "n") == sorted(want) and len(want) == 6
     b.append([(65, "d1", 50.0, 220)])  # the tick again (a rerun): its range replaced, not added to
     b.engine.run_period("per_top", tick)
     inside.append({"t": us(T0) + 65 * SEC, "tbname": "d1", "current": 50.0})

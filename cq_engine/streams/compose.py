@@ -15,14 +15,17 @@ from functools import reduce
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from cq_engine.model import Stream
+from cq_engine.durations import micros
+from cq_engine.model import SUB_WSTART, Stream
 from cq_engine.parse.fragments import TIME_REF
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.plan import GROUP, WINDOW_CONSTANTS, aggregated, evaluate, partition_columns
+from cq_engine.streams.windows.common import floor_div
 
 # The rows a query reading a table sees: (rows, whether its WHERE is applied already, as a join's).
 RowsOf = Callable[[Stream], tuple[DataFrame, bool]]
 _WINDOW = sorted(WINDOW_CONSTANTS)
+_K = "__cq_sw_k"
 
 
 def query_result(
@@ -59,6 +62,7 @@ def _rest(df: DataFrame, names: list[str]) -> list[str]:
 def _one(stream: Stream, rows_of: RowsOf, *, keep: list[str], window_columns, shaped: bool) -> DataFrame:
     if stream.subquery is None:
         rows, joined = rows_of(stream)
+        rows = with_sub_windows(stream, rows)
         return evaluate(stream, rows, keep=keep, window_columns=window_columns, where=not joined, shaped=shaped)
     inner = stream.subquery
     # what the outer query groups by or reads of the rows under it: the window's and group's columns
@@ -66,4 +70,22 @@ def _one(stream: Stream, rows_of: RowsOf, *, keep: list[str], window_columns, sh
     if not any(aggregated(q) for q in (inner, *inner.union)):
         carry.append(TIME_REF)  # the subquery's rows keep their own time (FIRST, LAST... over them)
     rows = query_result(inner, rows_of, keep=list(dict.fromkeys(carry)), window_columns=window_columns, shaped=False)
-    return evaluate(stream, rows, keep=keep, window_columns=window_columns, shaped=shaped)
+    return evaluate(stream, with_sub_windows(stream, rows), keep=keep, window_columns=window_columns, shaped=shaped)
+
+
+def with_sub_windows(stream: Stream, rows: DataFrame) -> DataFrame:
+    """Each row's sub-windows of the query's INTERVAL (``SUB_WSTART``), aligned as INTERVAL triggers are
+    (``windows.tdengine``): every start k * sliding + offset with start <= t < start + interval; a row
+    of several sub-windows (SLIDING < INTERVAL) is one row per sub-window."""
+    w = stream.sub_windows
+    if w is None:
+        return rows
+    i, s, off = micros(w.interval), micros(w.sliding), micros(w.offset)
+    rel = F.unix_micros(F.col(TIME_REF)) - F.lit(off)
+    k_max = floor_div(rel, s)
+    if s == i:
+        rows = rows.withColumn(_K, k_max)
+    else:  # a generator stands alone in its column
+        k_min = floor_div(rel - F.lit(i), s) + F.lit(1)
+        rows = rows.filter(k_min <= k_max).withColumn(_K, F.explode(F.sequence(k_min, k_max)))
+    return rows.withColumn(SUB_WSTART, F.timestamp_micros(F.lit(off) + F.col(_K) * F.lit(s))).drop(_K)

@@ -21,6 +21,7 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import (
     DATA_SHAPED,
+    SUB_WSTART,
     OrderKey,
     PeriodTrigger,
     SlidingTrigger,
@@ -137,8 +138,12 @@ def with_row_time(stream: Stream, df: DataFrame, time_column: str) -> DataFrame:
 
 
 def reads_time(stream: Stream) -> bool:
-    """The query (or a query it is made of) reads each row's event time (``TIME_REF``)."""
-    return any(TIME_REF in sql for q in stream.layers for sql in [i.expression for i in q.select] + [q.having or ""])
+    """The query (or a query it is made of) reads each row's event time (``TIME_REF``): a function of
+    the rows' time order, or INTERVAL's sub-windows."""
+    return any(
+        q.sub_windows is not None or any(TIME_REF in sql for sql in [i.expression for i in q.select] + [q.having or ""])
+        for q in stream.layers
+    )
 
 
 _CONSTANT = {WSTART, WSEQ, WEND, WLAST, WROWS, WCLOSED} | {
@@ -238,9 +243,11 @@ def evaluate(
         # The PARTITION BY columns themselves (tbname, tags) are constant per group: the query may name them.
         named = [c for c in stream.partition_by if c in df.columns] if stream.reads == "trows" else []
         group = list(dict.fromkeys([*pcols, *named, *window_columns, *[k for k in keep if k in df.columns]]))
-        keys = [exact_col(k) for k in stream.group_by]  # eKuiper: GROUP BY splits each window's rows
+        # GROUP BY (eKuiper's, TDengine's) and the query's INTERVAL sub-windows split each window's rows
+        subs = [SUB_WSTART] if stream.sub_windows is not None else []
+        keys = [exact_col(k) for k in [*stream.group_by, *subs]]
         extra = [
-            (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by]) else F.first(F.expr(sql))).alias(name)
+            (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by, *subs]) else F.first(F.expr(sql))).alias(name)
             for name, sql in shaping
         ]
         having = []

@@ -95,3 +95,11 @@ CREATE STREAM j_same INTERVAL(10s) SLIDING(10s) FROM meters PARTITION BY tbname
   INTO o_j_same AS
   SELECT _twstart, count(*) n, max(o.current) other
   FROM %%trows m JOIN meters o ON m.ts = o.ts AND m.tbname <> o.tbname;
+CREATE STREAM sub_interval INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tbname
+  INTO o_sub_interval AS
+  SELECT _wstart, _wend we, status, count(*) n, max(current) m
+  FROM %%trows PARTITION BY status INTERVAL(5s);
+CREATE STREAM sub_sliding INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tbname
+  INTO o_sub_sliding AS
+  SELECT _twstart, _wstart ws, count(*) n, avg(current) a
+  FROM %%trows INTERVAL(10s) SLIDING(5s) HAVING count(*) > 1;

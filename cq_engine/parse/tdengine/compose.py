@@ -132,11 +132,12 @@ def check_outer(cur: Cursor, q: dict, inner: dict, toks: list[Token]) -> None:
                 f"(it gives {', '.join(i.name for i in inner['select'])})",
             )
     sqls = [i.expression for i in q["select"]] + [q.get("having") or ""]
-    if any(TIME_REF in sql for sql in sqls) and any(aggregates(b) for b in (inner, *inner.get("union", ()))):
+    timed = any(TIME_REF in sql for sql in sqls) or q.get("sub_windows") is not None
+    if timed and any(aggregates(b) for b in (inner, *inner.get("union", ()))):
         raise cur.error_at(
             toks[0],
-            "a function of the rows' time order (FIRST, LAST, TWA, ...) over a subquery needs the "
-            "subquery's own rows, but it aggregates them",
+            "a function of the rows' time order (FIRST, LAST, TWA, ..., INTERVAL) over a subquery needs "
+            "the subquery's own rows, but it aggregates them",
         )
 
 
@@ -171,6 +172,7 @@ _QUERY_FIELDS = (
     "slimit",
     "soffset",
     "joins",
+    "sub_windows",
 )
 _DEFAULTS = {f.name: f.default for f in fields(Stream) if f.name in _QUERY_FIELDS}
 

@@ -42,6 +42,7 @@ from cq_engine.parse.tdengine.options import (
 from cq_engine.parse.tdengine.partition import old_partition, old_tags, partition_names
 from cq_engine.parse.tdengine.query import Scope, find_marks, from_clause, split_query, where_clause
 from cq_engine.parse.tdengine.select import select_items
+from cq_engine.parse.tdengine.subwindows import sub_windows
 from cq_engine.parse.tdengine.triggers import NEW_TRIGGERS, parse_trigger, parse_window
 
 # The new form's clauses after the trigger, in the order they must come ("(" is INTO's column list).
@@ -221,8 +222,9 @@ def _queries(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_to
 def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_tok, *, layer: str, composed: bool):
     clauses = split_query(cur, tokens, form="new")
     q: dict = {}
-    saved = scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides
+    saved = scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows
     scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = (), False, [], (), {}
+    scope.sub_windows = None
     sub = _from(cur, scope, clauses["FROM"], f, q)
     _query(scope, clauses, q, f, columns_tok, sink_time=layer == "top")
     if (composed or q.get("joins")) and scope.interpolated:
@@ -236,7 +238,7 @@ def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_
         check_outer(cur, q, q["subquery"], outer)
     if q.get("joins"):
         check_qualified(cur, q, tokens)
-    scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = saved
+    scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows = saved
     return q
 
 
@@ -280,6 +282,11 @@ def _leaf(q: dict) -> dict:
 
 def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | None, *, sink_time: bool = True) -> None:
     """The clauses of one query into ``q`` (``f``: the statement's fields, for its trigger and sink)."""
+    if "WINDOW" in clauses and scope.form == "new":  # the old form's is its trigger
+        wtok, wtoks = clauses["WINDOW"]
+        scope.sub_windows = q["sub_windows"] = sub_windows(scope, [wtok, *wtoks])
+        if "GROUP BY" in clauses:
+            raise scope.cur.error_at(clauses["GROUP BY"][0], "a query with INTERVAL takes PARTITION BY, not GROUP BY")
     if "WHERE" in clauses:
         q["where"] = where_clause(scope, clauses["WHERE"][1])
     for word in ("PARTITION BY", "GROUP BY"):
@@ -308,6 +315,10 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
     scope.interpolates = False
     if scope.interpolated:
         q["interpolated"] = tuple(scope.interpolated)
+    if scope.sub_windows is not None and not any(i.is_aggregate for i in q["select"]):
+        raise scope.cur.error_at(
+            clauses["WINDOW"][0], "a query's INTERVAL aggregates each sub-window's rows: its SELECT needs an aggregate"
+        )
     if scope.form == "new":
         _after_select(scope, clauses, q, f)
 
