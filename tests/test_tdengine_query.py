@@ -417,6 +417,8 @@ CREATE STREAM per_union PERIOD(1m) INTO per_union_out AS
     UNION ALL SELECT ts, current FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime AND current < 1;
 CREATE STREAM per_interval PERIOD(1m) INTO per_interval_out AS SELECT _wstart, avg(current) AS a, count(*) AS n
     FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime PARTITION BY tbname INTERVAL(20s);
+CREATE STREAM per_hour PERIOD(1m) INTO per_hour_out AS SELECT _tlocaltime, _wstart AS slot, count(*) AS n
+    FROM meters WHERE ts >= _tlocaltime - 2m AND ts < _tlocaltime INTERVAL(30s);
 """
 
 
@@ -424,7 +426,7 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
     b = Bench(tmp_path, spark, PERIOD)
     tick = T0 + timedelta(minutes=2)
     b.append([(s, g, float(s % 7) + (g == "d2"), 220) for s in range(40, 130, 10) for g in ("d1", "d2")])
-    for name in ("per_top", "per_groups", "per_sub", "per_union", "per_interval"):
+    for name in ("per_top", "per_groups", "per_sub", "per_union", "per_interval", "per_hour"):
         b.engine.run_period(name, tick)
     rows = [
         r for r in _rows([(s, g, float(s % 7) + (g == "d2"), 220, 0) for s in range(40, 130, 10) for g in ("d1", "d2")])
@@ -448,6 +450,10 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
         for start, sub in td.sub_windows(rows, interval=20 * SEC).items()
     ]
     assert _cut(b.sink("per_interval_out"), "_wstart", "tbname", "a", "n") == sorted(want) and len(want) == 6
+    # a wider range than the tick's: the tick as the time column, the sub-windows after it
+    before = [r for r in rows if us(tick) - 120 * SEC <= r["t"] < us(tick)]
+    want = [(us(tick), start, len(sub)) for start, sub in td.sub_windows(before, interval=30 * SEC).items()]
+    assert _cut(b.sink("per_hour_out"), "_tlocaltime", "slot", "n") == want and len(want) == 3
     b.append([(65, "d1", 50.0, 220)])  # the tick again (a rerun): its range replaced, not added to
     b.engine.run_period("per_top", tick)
     inside.append({"t": us(T0) + 65 * SEC, "tbname": "d1", "current": 50.0})
