@@ -103,6 +103,42 @@ def _sorted(rows) -> list[tuple]:
     return sorted(rows, key=lambda t: [(v is not None, v) for v in t])
 
 
+def _closed_sessions(rows: list[dict]):
+    """(meter, session rows) of SESSION(ts, 5s) per meter, the closed ones (the last is open)."""
+    for g, members in td.groups(rows, "tbname").items():
+        for session in td.sessions(members, gap=5 * SEC)[:-1]:
+            yield g, session
+
+
+def _count_windows(rows: list[dict]):
+    """(meter, window rows) of COUNT_WINDOW(3) per meter (a short last one stays open)."""
+    for g, members in td.groups(rows, "tbname").items():
+        ordered = sorted(members, key=lambda r: r["t"])
+        for i in range(0, len(ordered) - len(ordered) % 3, 3):
+            yield g, ordered[i : i + 3]
+
+
+def _sub_top_want(rows: list[dict]) -> list[tuple]:
+    """``sub_top``: the two highest of each window's currents and voltages, ties by time."""
+    want = []
+    for (g, _), members in _tumbling(rows).items():
+        both = [{"t": r["t"], "c": r["current"]} for r in members] + [{"t": r["t"], "c": r["voltage"]} for r in members]
+        ranked = sorted(both, key=lambda r: r["t"])
+        want += [(g, r["t"], r["c"]) for r in td.top_n(ranked, key="c", descending=True, limit=2)]
+    return want
+
+
+def _unioned_want(rows: list[dict]) -> list[tuple]:
+    """``unioned``: each window's own count, and the other meters' when they have rows."""
+    want = []
+    for (g, ws), members in _tumbling(rows).items():
+        want.append((g, ws, "own", len(members)))
+        others = [r for r in rows if ws <= r["t"] < ws + 10 * SEC and r["tbname"] != g]
+        if others:
+            want.append((g, ws, "others", len(others)))
+    return want
+
+
 def test_having_keeps_the_windows_whose_aggregate_passes(bench):
     want = []
     for (g, ws), members in _tumbling(_rows()).items():
@@ -186,18 +222,15 @@ def test_a_table_restricted_by_the_placeholders_partitioned_in_the_query(bench):
 def test_data_shaped_windows(bench):
     rows = _rows()
     want = []
-    for g, members in td.groups(rows, "tbname").items():
-        for session in td.sessions(members, gap=5 * SEC)[:-1]:  # the last one is open
-            (top,) = td.top_n(session, key="current", descending=True, limit=1, nulls_first=False)
-            want.append((g, top["t"], top["current"]))
+    for g, session in _closed_sessions(rows):
+        (top,) = td.top_n(session, key="current", descending=True, limit=1, nulls_first=False)
+        want.append((g, top["t"], top["current"]))
     assert _cut(bench.sink("o_session_top"), "tbname", "ts", "current") == sorted(want)
     want = []
-    for g, members in td.groups(rows, "tbname").items():
-        ordered = sorted(members, key=lambda r: r["t"])
-        for i in range(0, len(ordered) - len(ordered) % 3, 3):
-            groups = td.groups(ordered[i : i + 3], "status")
-            key = sorted(groups, key=lambda k: (-len(groups[k]), k))[0]
-            want.append((g, max(r["t"] for r in groups[key]), key, len(groups[key])))
+    for g, window in _count_windows(rows):
+        groups = td.groups(window, "status")
+        key = sorted(groups, key=lambda k: (-len(groups[k]), k))[0]
+        want.append((g, max(r["t"] for r in groups[key]), key, len(groups[key])))
     assert _cut(bench.sink("o_count_grouped"), "tbname", "t", "status", "n") == sorted(want)
 
 
@@ -231,12 +264,7 @@ def test_a_subquery_in_from_over_the_trigger_rows(bench):
 def test_a_subquery_of_a_union_ranked_at_the_rows_own_time(bench):
     """ORDER BY ... LIMIT over a subquery that is a UNION ALL of the window's currents and voltages; the
     sink's time column is the rows' own ts through both branches, ties go by time."""
-    want = []
-    for (g, _), members in _tumbling(_rows()).items():
-        both = [{"t": r["t"], "c": r["current"]} for r in members] + [{"t": r["t"], "c": r["voltage"]} for r in members]
-        ranked = sorted(both, key=lambda r: r["t"])
-        want += [(g, r["t"], r["c"]) for r in td.top_n(ranked, key="c", descending=True, limit=2)]
-    assert _cut(bench.sink("o_sub_top"), "tbname", "ts", "c") == _sorted(want)
+    assert _cut(bench.sink("o_sub_top"), "tbname", "ts", "c") == _sorted(_sub_top_want(_rows()))
 
 
 def test_a_subquery_over_a_table_restricted_by_the_placeholders(bench):
@@ -251,32 +279,22 @@ def test_a_subquery_over_a_table_restricted_by_the_placeholders(bench):
 
 def test_union_all_of_the_trigger_rows_and_a_table(bench):
     """Each window and group gives one row per query of the UNION ALL, under the first query's names."""
-    rows = _rows()
-    want = []
-    for (g, ws), members in _tumbling(rows).items():
-        want.append((g, ws, "own", len(members)))
-        others = [r for r in rows if ws <= r["t"] < ws + 10 * SEC and r["tbname"] != g]
-        if others:
-            want.append((g, ws, "others", len(others)))
+    want = _unioned_want(_rows())
     assert _cut(bench.sink("o_unioned"), "tbname", "_twstart", "src", "n") == _sorted(want)
 
 
 def test_union_all_in_data_shaped_windows(bench):
     rows = _rows()
     want = []
-    for g, members in td.groups(rows, "tbname").items():
-        for session in td.sessions(members, gap=5 * SEC)[:-1]:  # the last one is open
-            want += [(g, r["t"], r["current"]) for r in session if r["current"] is not None and r["current"] > 12]
-            want += [(g, r["t"], None) for r in session if r["current"] is None]
+    for g, session in _closed_sessions(rows):
+        want += [(g, r["t"], r["current"]) for r in session if r["current"] is not None and r["current"] > 12]
+        want += [(g, r["t"], None) for r in session if r["current"] is None]
     assert _cut(bench.sink("o_unioned_rows"), "tbname", "ts", "current") == _sorted(want)
     want = []
-    for g, members in td.groups(rows, "tbname").items():
-        ordered = sorted(members, key=lambda r: r["t"])
-        for i in range(0, len(ordered) - len(ordered) % 3, 3):
-            window = ordered[i : i + 3]
-            present = [r["current"] for r in window if r["current"] is not None]
-            t = max(r["t"] for r in window)
-            want += [(g, t, "max", max(present, default=None)), (g, t, "min", min(present, default=None))]
+    for g, window in _count_windows(rows):
+        present = [r["current"] for r in window if r["current"] is not None]
+        t = max(r["t"] for r in window)
+        want += [(g, t, "max", max(present, default=None)), (g, t, "min", min(present, default=None))]
     assert _cut(bench.sink("o_count_union"), "tbname", "t", "k", "m") == _sorted(want)
 
 
@@ -297,10 +315,9 @@ def test_joins_of_the_trigger_rows_with_a_table(bench):
     assert _cut(bench.sink("o_j_rows"), "tbname", "ts", "current", "cap") == _sorted(rows_want)
     assert any(w[3] is None for w in rows_want)
     want = []
-    for g, members in td.groups(_rows(), "tbname").items():
-        for session in td.sessions(members, gap=5 * SEC)[:-1]:  # the last one is open
-            capped = [caps[r["status"]] for r in session if r["status"] in caps]
-            want += [(g, session[0]["t"], cap, capped.count(cap)) for cap in set(capped)]
+    for g, session in _closed_sessions(_rows()):
+        capped = [caps[r["status"]] for r in session if r["status"] in caps]
+        want += [(g, session[0]["t"], cap, capped.count(cap)) for cap in set(capped)]
     assert _cut(bench.sink("o_j_grouped"), "tbname", "_twstart", "cap", "n") == _sorted(want)
 
 
@@ -383,20 +400,10 @@ def test_a_late_row_reruns_the_windows_of_composed_queries(tmp_path, spark):
     for name in names:
         b.tick(name)
     rows = _rows([*ROWS, (9, "d1", 14.0, 240, 1)])
-    want = []
-    for (g, _), members in _tumbling(rows).items():
-        both = [{"t": r["t"], "c": r["current"]} for r in members] + [{"t": r["t"], "c": r["voltage"]} for r in members]
-        ranked = sorted(both, key=lambda r: r["t"])
-        want += [(g, r["t"], r["c"]) for r in td.top_n(ranked, key="c", descending=True, limit=2)]
+    want = _sub_top_want(rows)
     assert (us(T0) + 9 * SEC, 240) in [(t, c) for _, t, c in want]
     assert _cut(b.sink("o_sub_top"), "tbname", "ts", "c") == _sorted(want)
-    want = []
-    for (g, ws), members in _tumbling(rows).items():
-        want.append((g, ws, "own", len(members)))
-        others = [r for r in rows if ws <= r["t"] < ws + 10 * SEC and r["tbname"] != g]
-        if others:
-            want.append((g, ws, "others", len(others)))
-    assert _cut(b.sink("o_unioned"), "tbname", "_twstart", "src", "n") == sorted(want)
+    assert _cut(b.sink("o_unioned"), "tbname", "_twstart", "src", "n") == sorted(_unioned_want(rows))
     want = []  # INTERVAL(5s) per status in 20 s windows: d1's [0 s, 20 s) rerun with its late rows
     for (g, _), members in _windows_of(rows, 20).items():
         for status, rs in td.groups(members, "status").items():

@@ -9,7 +9,7 @@ from sqlglot.tokens import Token
 
 from cq_engine.model import SubWindows
 from cq_engine.parse.tdengine.query import Scope
-from cq_engine.parse.tdengine.triggers import _args, _duration, _interval, _sliding_within
+from cq_engine.parse.tdengine.triggers import interval_sliding
 
 _NOT_BUILT = (
     "{word} inside a stream's query is not supported: the trigger before AS windows the rows "
@@ -26,13 +26,7 @@ def sub_windows(scope: Scope, window: list[Token]) -> SubWindows:
         raise cur.error_at(keyword, "SLIDING needs INTERVAL(...) before it in a query's window clause")
     if word != "INTERVAL":
         raise cur.error_at(keyword, _NOT_BUILT.format(word=word))
-    interval, offset, _ = _interval(cur, keyword)
-    sliding = interval
-    if cur.is_word("SLIDING"):
-        skw = cur.advance()
-        parts, close = _args(cur, skw, "SLIDING(sliding)", most=1)
-        sliding, stok = _duration(cur, parts[0], close, "SLIDING")
-        _sliding_within(cur, sliding, stok, interval)
+    interval, offset, sliding = interval_sliding(cur, keyword)
     if not cur.at_end():
         tok = cur.peek()
         if tok is not None and tok.text.upper() in ("SESSION", "STATE_WINDOW", "EVENT_WINDOW", "COUNT_WINDOW"):
