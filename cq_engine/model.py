@@ -304,6 +304,9 @@ class TagDecl:
     comment: str | None = None
 
 
+SubFill = Literal["none", "null", "value", "prev", "next", "linear"]
+
+
 @dataclass(frozen=True)
 class SubWindows:
     """``INTERVAL(interval[, offset]) [SLIDING(sliding)]`` inside a new-form query: the sub-windows the
@@ -313,6 +316,8 @@ class SubWindows:
     interval: timedelta
     sliding: timedelta
     offset: timedelta = timedelta(0)
+    fill: SubFill = "none"  # FILL(...) (``streams.fill``)
+    fill_values: tuple[str, ...] = ()  # FILL(VALUE, v1, ...): Spark SQL constants, one per aggregate
 
 
 SUB_WSTART = "__cq_sw_start"  # the engine column of a row's sub-window start (TIMESTAMP)

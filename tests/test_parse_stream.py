@@ -762,7 +762,7 @@ REJECTIONS = [
         "needs a trigger table",
     ),
     (W.format(items="x FROM %%trows INTERVAL(1m) --"), "INTERVAL", "its SELECT needs an aggregate"),
-    (W.format(items="x FROM %%trows FILL(NULL) --"), "FILL", "FILL over a query's INTERVAL is not supported"),
+    (W.format(items="x FROM %%trows FILL(NULL) --"), "FILL", "FILL needs INTERVAL(...) in the query"),
     (W.format(items="x FROM %%trows PARTITION BY a GROUP BY a --"), "GROUP BY", "PARTITION BY or GROUP BY, not both"),
     (W.format(items="x FROM %%trows GROUP BY x + 1 --"), "x + 1", "GROUP BY in a stream's query takes column names"),
     (W.format(items="x FROM %%trows HAVING x > 1 --"), "x > 1", "HAVING needs an aggregated query or GROUP BY"),
@@ -1225,6 +1225,8 @@ def test_interval_inside_the_query():
         "TIMESTAMP_MICROS(UNIX_MICROS(__cq_sw_start) + 10000000)",
         "10000",
     ]
+    s = stream(Q + "SELECT _wstart, count(*) n, max(current) FROM %%trows INTERVAL(5s) FILL(VALUE, 0, -1.5)")
+    assert s.sub_windows is not None and (s.sub_windows.fill, s.sub_windows.fill_values) == ("value", ("0", "-1.5"))
     s = stream(Q + "SELECT _twstart, max(current) FROM %%trows INTERVAL(1s)")
     assert s.key_bound == "start" and s.sub_windows is not None
     # the old form's window clause is its trigger, as before
@@ -1270,7 +1272,19 @@ def test_joins_of_the_trigger_rows():
         (QS + "count(*) n FROM %%trows COUNT_WINDOW(3)", "COUNT_WINDOW", "COUNT_WINDOW inside a stream's query"),
         (QS + "count(*) n FROM %%trows SLIDING(5s)", "SLIDING(5s)", "SLIDING needs INTERVAL(...) before it"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) SLIDING(7s)", "7s", "SLIDING must not be greater"),
-        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(PREV)", "FILL", "FILL over a query's INTERVAL"),
+        (QS + "count(*) n FROM %%trows INTERVAL(10s) SLIDING(5s) FILL(PREV)", "FILL", "SLIDING smaller than"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(NULL_F)", "NULL_F", "FILL(NULL_F) (sub-windows of a window"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(SPLINE)", "SPLINE", "expected FILL(NONE | NULL | VALUE"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE)", "VALUE", "FILL(VALUE, v1, ...) takes values"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(PREV, 1)", "PREV", "FILL(VALUE, v1, ...) takes values"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE, v)", "v)", "FILL(VALUE, ...) takes constants"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(NULL) HAVING n > 1", "HAVING n", "HAVING with FILL"),
+        (
+            "CREATE STREAM s SESSION(ts, 5s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, count(*) n "
+            "FROM %%trows INTERVAL(1s) FILL(NULL)",
+            "FILL",
+            "FILL needs a trigger window of fixed range",
+        ),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) GROUP BY v", "GROUP BY", "takes PARTITION BY, not GROUP BY"),
         (QS + "count(*) n FROM %%trows WHERE _wend > 1 INTERVAL(5s)", "_wend >", "only be used in SELECT, HAVING"),
         (QS + "_wend FROM %%trows INTERVAL(5s)", "INTERVAL(5s)", "SELECT needs an aggregate"),

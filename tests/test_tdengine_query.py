@@ -360,6 +360,33 @@ def test_interval_inside_the_query_aggregates_sub_windows(bench):
     assert any(w[2] < w[1] for w in sliding)  # [-5 s, 5 s) in the window at 0 s
 
 
+@pytest.mark.parametrize(
+    "mode, aggregates, constants",
+    [
+        ("null", lambda rs: (len(rs), td.query_avg(rs)), ()),
+        ("value", lambda rs: (len(rs), td.query_max(rs)), (0, -1.5)),
+        ("prev", lambda rs: (td.query_avg(rs), td.query_max(rs)), ()),
+        ("next", lambda rs: (td.query_avg(rs), td.query_max(rs)), ()),
+        ("linear", lambda rs: (td.query_avg(rs), td.query_max(rs)), ()),
+    ],
+)
+def test_fill_over_the_querys_sub_windows(bench, mode, aggregates, constants):
+    """Each 20 s trigger window's four 5 s sub-windows, those without rows filled; NULL aggregates (d2's
+    sub-window at 45 s holds one NULL current) are values PREV / NEXT / LINEAR skip."""
+    want, filled = [], 0
+    for (g, ws), members in _windows_of(_rows(), 20).items():
+        slots = [ws + k * 5 * SEC for k in range(4)]
+        rows_of = td.sub_windows(members, interval=5 * SEC)
+        filled += len(set(slots) - set(rows_of))
+        for start, (n, a) in td.fill(slots, rows_of, aggregates, mode, constants).items():
+            want.append((g, start, n, a))
+    got = _cut(bench.sink(f"o_fill_{mode}"), "tbname", "_wstart", "n", "a")
+    assert [g[:2] for g in got] == [w[:2] for w in _sorted(want)]
+    for g, w in zip(got, _sorted(want)):
+        assert g[2:] == pytest.approx(w[2:]), (mode, g, w)
+    assert filled > 5 and any(w[3] is None for w in want)
+
+
 def test_a_late_row_reruns_a_window_of_several_rows(tmp_path, spark):
     b = Bench(tmp_path, spark, f"CREATE STREAM grouped {STREAMS['grouped']};\nCREATE STREAM top {STREAMS['top']};")
     for name in ("grouped", "top"):
@@ -424,6 +451,8 @@ CREATE STREAM per_union PERIOD(1m) INTO per_union_out AS
     UNION ALL SELECT ts, current FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime AND current < 1;
 CREATE STREAM per_interval PERIOD(1m) INTO per_interval_out AS SELECT _wstart, avg(current) AS a, count(*) AS n
     FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime PARTITION BY tbname INTERVAL(20s);
+CREATE STREAM per_fill PERIOD(1m) INTO per_fill_out AS SELECT _wstart, count(*) AS n
+    FROM meters WHERE ts >= _tprev_localtime AND ts < _tlocaltime INTERVAL(5s) FILL(VALUE, 0);
 CREATE STREAM per_hour PERIOD(1m) INTO per_hour_out AS SELECT _tlocaltime, _wstart AS slot, count(*) AS n
     FROM meters WHERE ts >= _tlocaltime - 2m AND ts < _tlocaltime INTERVAL(30s);
 """
@@ -433,7 +462,7 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
     b = Bench(tmp_path, spark, PERIOD)
     tick = T0 + timedelta(minutes=2)
     b.append([(s, g, float(s % 7) + (g == "d2"), 220) for s in range(40, 130, 10) for g in ("d1", "d2")])
-    for name in ("per_top", "per_groups", "per_sub", "per_union", "per_interval", "per_hour"):
+    for name in ("per_top", "per_groups", "per_sub", "per_union", "per_interval", "per_hour", "per_fill"):
         b.engine.run_period(name, tick)
     rows = [
         r for r in _rows([(s, g, float(s % 7) + (g == "d2"), 220, 0) for s in range(40, 130, 10) for g in ("d1", "d2")])
@@ -457,6 +486,10 @@ def test_period_top_n_and_groups_over_the_ticks_range(tmp_path, spark):
         for start, sub in td.sub_windows(rows, interval=20 * SEC).items()
     ]
     assert _cut(b.sink("per_interval_out"), "_wstart", "tbname", "a", "n") == sorted(want) and len(want) == 6
+    # every 5 s of the tick's range, the empty ones filled with 0
+    slots = {us(tick) - 60 * SEC + k * 5 * SEC: 0 for k in range(12)}
+    slots.update({start: len(sub) for start, sub in td.sub_windows(inside, interval=5 * SEC).items()})
+    assert _cut(b.sink("per_fill_out"), "_wstart", "n") == sorted(slots.items()) and 0 in slots.values()
     # a wider range than the tick's: the tick as the time column, the sub-windows after it
     before = [r for r in rows if us(tick) - 120 * SEC <= r["t"] < us(tick)]
     want = [(us(tick), start, len(sub)) for start, sub in td.sub_windows(before, interval=30 * SEC).items()]

@@ -31,6 +31,7 @@ from cq_engine.model import (
 )
 from cq_engine.parse.ekuiper import ROW_TIME
 from cq_engine.parse.fragments import TIME_REF, is_aggregate, is_aggregate_sql, under_aggregate
+from cq_engine.streams.fill import with_fill
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.windows.tdengine import (
     CLOSE_ROW,
@@ -240,6 +241,8 @@ def evaluate(
         ]
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
+        if stream.sub_windows is not None and stream.sub_windows.fill != "none":  # the range FILL fills
+            window_columns = [*window_columns, *[c for c in (WSTART, WEND) if c not in window_columns]]
         # The PARTITION BY columns themselves (tbname, tags) are constant per group: the query may name them.
         named = [c for c in stream.partition_by if c in df.columns] if stream.reads == "trows" else []
         group = list(dict.fromkeys([*pcols, *named, *window_columns, *[k for k in keep if k in df.columns]]))
@@ -263,6 +266,10 @@ def evaluate(
         out = df.groupBy(*group, *keys).agg(*aggregates, *having, *checks, *orders)
         if having:
             out = out.filter(F.col(_HAVING))
+        if stream.sub_windows is not None and stream.sub_windows.fill != "none":
+            sqls = [i.expression for i in stream.select] + [sql for _, sql in shaping]
+            kinds = [i.is_aggregate for i in stream.select] + [not _over_columns(sql, group) for _, sql in shaping]
+            out = with_fill(stream, out, ids=group, columns=list(zip(inner, sqls, kinds)))
         out = limited(stream, out, group)
         out = out.select(
             *[F.col(a).alias(n) for a, n in zip(inner, names)], *_kept(keep, group), *[F.col(IN_RANGE)] * len(checks)

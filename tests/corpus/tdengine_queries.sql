@@ -103,3 +103,23 @@ CREATE STREAM sub_sliding INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tb
   INTO o_sub_sliding AS
   SELECT _twstart, _wstart ws, count(*) n, avg(current) a
   FROM %%trows INTERVAL(10s) SLIDING(5s) HAVING count(*) > 1;
+CREATE STREAM fill_null INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tbname
+  INTO o_fill_null AS
+  SELECT _wstart, count(*) n, avg(current) a
+  FROM %%trows INTERVAL(5s) FILL(NULL);
+CREATE STREAM fill_value INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tbname
+  INTO o_fill_value AS
+  SELECT _wstart, count(*) n, max(current) a
+  FROM %%trows INTERVAL(5s) FILL(VALUE, 0, -1.5);
+CREATE STREAM fill_prev INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tbname
+  INTO o_fill_prev AS
+  SELECT _wstart, avg(current) n, max(current) a
+  FROM %%trows INTERVAL(5s) FILL(PREV);
+CREATE STREAM fill_next INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tbname
+  INTO o_fill_next AS
+  SELECT _wstart, avg(current) n, max(current) a
+  FROM %%trows INTERVAL(5s) FILL(NEXT);
+CREATE STREAM fill_linear INTERVAL(20s) SLIDING(20s) FROM meters PARTITION BY tbname
+  INTO o_fill_linear AS
+  SELECT _wstart, avg(current) n, max(current) a
+  FROM %%trows INTERVAL(5s) FILL(LINEAR);

@@ -310,10 +310,9 @@ _WINDOW_WORDS = ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW
 _ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "NOTIFY")
 # The new form's query is any TDengine query (seed 000): these clauses, in this order.
 _NEW_ORDER = (
-    "SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "GROUP BY", "HAVING", "ORDER BY", "SLIMIT", "LIMIT"
+    "SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "FILL", "GROUP BY", "HAVING", "ORDER BY", "SLIMIT", "LIMIT"
 )  # fmt: skip
 _NEW_REJECTED = {
-    "FILL": "FILL over a query's INTERVAL is not supported: the query gives the sub-windows holding rows",
     "UNION": "UNION is not supported in a stream's query",
 }
 # The old form's subquery is seed 000's SELECT ... FROM ... [WHERE] [PARTITION BY] window_clause.

@@ -16,7 +16,7 @@ from typing import Literal
 
 from sqlglot.tokens import Token, TokenType
 
-from cq_engine.model import SlidingTrigger, SourceLocation, Stream, TableDecl
+from cq_engine.model import DATA_SHAPED, SlidingTrigger, SourceLocation, Stream, TableDecl
 from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
 from cq_engine.parse.options import ParseOptions
@@ -42,7 +42,7 @@ from cq_engine.parse.tdengine.options import (
 from cq_engine.parse.tdengine.partition import old_partition, old_tags, partition_names
 from cq_engine.parse.tdengine.query import Scope, find_marks, from_clause, split_query, where_clause
 from cq_engine.parse.tdengine.select import select_items
-from cq_engine.parse.tdengine.subwindows import sub_windows
+from cq_engine.parse.tdengine.subwindows import fill_clause, sub_windows
 from cq_engine.parse.tdengine.triggers import NEW_TRIGGERS, parse_trigger, parse_window
 
 # The new form's clauses after the trigger, in the order they must come ("(" is INTO's column list).
@@ -275,6 +275,16 @@ def _from(cur: Cursor, scope: Scope, clause: tuple[Token, list[Token]], f: dict,
     return None
 
 
+def _fill_fits(scope: Scope, clauses: dict, f: dict, at: Token) -> None:
+    """FILL needs the trigger's range (time windows, PERIOD) and comes without HAVING / LIMIT / SLIMIT,
+    whose order with the filled rows is not built."""
+    if f["trigger"].kind in DATA_SHAPED:
+        raise scope.cur.error_at(at, f"FILL needs a trigger window of fixed range, not {scope.label}'s")
+    for word in ("HAVING", "LIMIT", "SLIMIT"):
+        if word in clauses:
+            raise scope.cur.error_at(clauses[word][0], f"{word} with FILL is not supported")
+
+
 def _leaf(q: dict) -> dict:
     """The first query reading a table among ``q`` and its subqueries."""
     return _leaf(q["subquery"]) if q.get("subquery") is not None else q
@@ -287,6 +297,12 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
         scope.sub_windows = q["sub_windows"] = sub_windows(scope, [wtok, *wtoks])
         if "GROUP BY" in clauses:
             raise scope.cur.error_at(clauses["GROUP BY"][0], "a query with INTERVAL takes PARTITION BY, not GROUP BY")
+    if "FILL" in clauses and scope.form == "new":
+        ftok, ftoks = clauses["FILL"]
+        if scope.sub_windows is None:
+            raise scope.cur.error_at(ftok, "FILL needs INTERVAL(...) in the query: it fills the query's sub-windows")
+        scope.sub_windows = q["sub_windows"] = fill_clause(scope, scope.sub_windows, ftoks, ftok)
+        _fill_fits(scope, clauses, f, ftok)
     if "WHERE" in clauses:
         q["where"] = where_clause(scope, clauses["WHERE"][1])
     for word in ("PARTITION BY", "GROUP BY"):
