@@ -1278,6 +1278,7 @@ def test_joins_of_the_trigger_rows():
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE)", "VALUE", "FILL(VALUE, v1, ...) takes values"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(PREV, 1)", "PREV", "FILL(VALUE, v1, ...) takes values"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE, v)", "v)", "FILL(VALUE, ...) takes constants"),
+        (QS + "count(*) n, max(v) FROM %%trows INTERVAL(5s) FILL(VALUE, 0)", "FILL", "1 value(s) for the query's 2"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(NULL) HAVING n > 1", "HAVING n", "HAVING with FILL"),
         (
             "CREATE STREAM s SESSION(ts, 5s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, count(*) n "

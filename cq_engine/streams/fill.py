@@ -25,9 +25,10 @@ _K = "__cq_fill_k"
 _NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double", "decimal")
 
 
-def with_fill(stream: Stream, out: DataFrame, *, ids: list[str], columns: list[tuple[str, str, bool]]) -> DataFrame:
+def with_fill(stream: Stream, out: DataFrame, *, ids: list[str], columns: list[tuple[str, str, str]]) -> DataFrame:
     """``out`` (one row per trigger window, partition and sub-window with rows; ``columns``: each result
-    column's (name, Spark SQL, is an aggregate)) with the missing sub-windows filled."""
+    column's (name, Spark SQL, kind): ``constant`` (over the group's keys), ``aggregate`` (an item FILL
+    fills) or ``other`` (an output column not over the keys: NULL)) with the missing sub-windows filled."""
     w = stream.sub_windows
     assert w is not None and w.fill != "none"
     size, off = micros(w.interval), micros(w.offset)
@@ -44,10 +45,10 @@ def with_fill(stream: Stream, out: DataFrame, *, ids: list[str], columns: list[t
     types = dict(out.dtypes)
     values = iter(w.fill_values)
     filled = []
-    for name, sql, aggregate in columns:
-        if not aggregate:
+    for name, sql, kind in columns:
+        if kind == "constant":
             value = F.expr(sql) if _names(sql) <= {c.lower() for c in grid.columns} else F.lit(None)
-        elif w.fill == "value":
+        elif kind == "aggregate" and w.fill == "value":  # as many values as aggregates (checked at load)
             value = F.expr(next(values))
         else:
             value = F.lit(None)
@@ -57,7 +58,8 @@ def with_fill(stream: Stream, out: DataFrame, *, ids: list[str], columns: list[t
     both = out.withColumn(FILLED, F.lit(False)).unionByName(rows.withColumn(FILLED, F.lit(True)))
     if w.fill in ("prev", "next", "linear"):
         order = Window.partitionBy(*[exact_col(c) for c in parts]).orderBy(SUB_WSTART)
-        for name, _, aggregate in columns:
+        for name, _, kind in columns:
+            aggregate = kind == "aggregate"
             if aggregate and (w.fill != "linear" or types[name].startswith(_NUMERIC)):
                 value = _nearest(F.col(name), w.fill, order).cast(types[name])
                 both = both.withColumn(name, F.when(F.col(FILLED), value).otherwise(F.col(name)))

@@ -268,7 +268,8 @@ def evaluate(
             out = out.filter(F.col(_HAVING))
         if stream.sub_windows is not None and stream.sub_windows.fill != "none":
             sqls = [i.expression for i in stream.select] + [sql for _, sql in shaping]
-            kinds = [i.is_aggregate for i in stream.select] + [not _over_columns(sql, group) for _, sql in shaping]
+            kinds = ["aggregate" if i.is_aggregate else "constant" for i in stream.select]
+            kinds += ["constant" if _over_columns(sql, group) else "other" for _, sql in shaping]
             out = with_fill(stream, out, ids=group, columns=list(zip(inner, sqls, kinds)))
         out = limited(stream, out, group)
         out = out.select(

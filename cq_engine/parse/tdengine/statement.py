@@ -335,6 +335,16 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
         raise scope.cur.error_at(
             clauses["WINDOW"][0], "a query's INTERVAL aggregates each sub-window's rows: its SELECT needs an aggregate"
         )
+    aggregates = sum(i.is_aggregate for i in q["select"])
+    if (
+        scope.sub_windows is not None
+        and scope.sub_windows.fill == "value"
+        and len(scope.sub_windows.fill_values) != aggregates
+    ):
+        raise scope.cur.error_at(
+            clauses["FILL"][0],
+            f"FILL(VALUE, ...) gives {len(scope.sub_windows.fill_values)} value(s) for the query's {aggregates} aggregate(s)",
+        )
     if scope.form == "new":
         _after_select(scope, clauses, q, f)
 
