@@ -1276,6 +1276,8 @@ def test_joins_of_the_trigger_rows():
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(NULL_F)", "NULL_F", "FILL(NULL_F) (sub-windows of a window"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(SPLINE)", "SPLINE", "expected FILL(NONE | NULL | VALUE"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE)", "VALUE", "FILL(VALUE, v1, ...) takes values"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE, 0,)", "FILL", "FILL(...) has an empty argument"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL()", "FILL", "FILL(...) has an empty argument"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(PREV, 1)", "PREV", "FILL(VALUE, v1, ...) takes values"),
         (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE, v)", "v)", "FILL(VALUE, ...) takes constants"),
         (QS + "count(*) n, max(v) FROM %%trows INTERVAL(5s) FILL(VALUE, 0)", "FILL", "1 value(s) for the query's 2"),

@@ -99,7 +99,15 @@ def _tdengine(rng: random.Random, name: str) -> str:
     head = f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
     window = ""
     if pool is TD_AGGREGATES and rng.random() < 0.25:  # the query's own sub-windows, their start first
-        window = rng.choice([" INTERVAL(5s)", " INTERVAL(10s) SLIDING(5s)", " INTERVAL(4s, 1s)"])
+        window = rng.choice(
+            [
+                " INTERVAL(5s)",
+                " INTERVAL(10s) SLIDING(5s)",
+                " INTERVAL(4s, 1s)",
+                " INTERVAL(5s) FILL(PREV)",
+                " INTERVAL(2s) FILL(LINEAR)",
+            ]
+        )
         first = rng.choice(["_wstart", "_twstart"])
     tail = _td_tail(rng, aggregated=pool is TD_AGGREGATES, window=window)
     query = f"SELECT {first}, {', '.join(items)} FROM {rows}{where}{tail}"

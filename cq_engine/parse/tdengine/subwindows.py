@@ -57,7 +57,9 @@ def fill_clause(scope: Scope, windows: SubWindows, toks: list[Token], at: Token)
     if not toks or toks[0].token_type != TokenType.L_PAREN or toks[-1].token_type != TokenType.R_PAREN:
         raise cur.error_at(at, f"expected FILL({' | '.join(_FILL_MODES)})")
     parts = split_top(toks[1:-1])
-    mode = parts[0][0].text.upper() if parts and parts[0] else ""
+    if any(not p for p in parts):
+        raise cur.error_at(at, "FILL(...) has an empty argument")
+    mode = parts[0][0].text.upper() if parts else ""
     if mode in ("NULL_F", "VALUE_F"):
         raise cur.error_at(parts[0][0], f"FILL({mode}) (sub-windows of a window without rows) is not supported")
     if mode not in _FILL_MODES or len(parts[0]) != 1:
