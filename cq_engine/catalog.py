@@ -24,6 +24,7 @@ from cq_engine.model import (
     Stream,
     TableDecl,
     TriggerDef,
+    joined_column,
 )
 from cq_engine.parse import ParseOptions, parse_file, parse_text, sql_files
 from cq_engine.parse.ekuiper import first_row_values, integer_averages
@@ -231,7 +232,8 @@ def _err(location, message: str) -> ParseError:
 def _reads(d: Definition) -> list[str]:
     """The tables a definition reads."""
     if isinstance(d, Stream):
-        return [t for t in dict.fromkeys((d.trigger_table, d.source)) if t]
+        joined = [j.table for q in d.leaves for j in q.joins]
+        return [t for t in dict.fromkeys((d.trigger_table, *[q.source for q in d.leaves], *joined)) if t]
     return [d.source]
 
 
@@ -302,10 +304,23 @@ def _aliases(d: Stream) -> set[str]:
 
 
 def _query_columns(d: Stream) -> set[str]:
-    """Columns a stream's query reads from its source."""
+    """Columns a stream's query reads from its source (a join's: ``_join_columns``)."""
     outputs = {i.name.lower() for i in d.select}  # HAVING may name the result's columns
     read = _names([i.expression for i in d.select] + [d.where]) | (_names([d.having]) - outputs)
-    return (read | {k.lower() for k in d.group_by}) - _aliases(d)
+    grouped = {k.lower() for k in d.group_by if not k.lower().startswith("__cq")}
+    return (read | grouped) - _aliases(d)
+
+
+def _join_columns(q: Stream) -> dict[str, set[str]]:
+    """A join query's columns by table (``model.join_column``: side 0 is the trigger rows' table)."""
+    sqls = [i.expression for i in q.select] + [q.where, q.having, *[k.expression for k in q.order_by]]
+    sqls += [j.on for j in q.joins] + [f"`{k}`" for k in q.group_by]
+    tables = [q.source, *[j.table for j in q.joins]]
+    out: dict[str, set[str]] = {}
+    for name in [n for sql in sqls if sql for n in _columns(sql)]:
+        if (side := joined_column(name)) is not None and side[0] < len(tables) and tables[side[0]]:
+            out.setdefault(str(tables[side[0]]), set()).add(side[1].lower())
+    return out
 
 
 def _trigger_columns(d: Stream) -> set[str]:
@@ -326,7 +341,7 @@ def _trigger_columns(d: Stream) -> set[str]:
 def referenced_columns(d: Definition) -> set[str]:
     """Source columns a definition reads (lower-cased), besides the time column."""
     if isinstance(d, Stream):
-        return _query_columns(d) | _trigger_columns(d)
+        return set().union(*[_query_columns(q) for q in d.leaves]) | _trigger_columns(d)
     names = _names([i.expression for i in d.select] + [d.where, d.having]) | {k.lower() for k in d.group_keys}
     outputs = {i.name.lower() for i in d.select}
     return names - (outputs if d.having else set())
@@ -388,16 +403,16 @@ def check_sink_columns(stream: Stream, table: TableDecl) -> None:
 
 def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
     trigger = tables.get(d.trigger_table.lower()) if d.trigger_table else None
-    source = tables.get(d.source.lower()) if d.source else None
     if d.sink is not None and (sink := tables.get(d.sink.lower())) is not None:
         check_sink_columns(d, sink)
-    if d.trigger.kind == "period" and d.partition_by and d.reads == "table":
-        # A tick's groups are those of its %%trows; a table read whole has no such groups.
-        raise _err(
-            d.location,
-            f"{d.name!r}: a PERIOD stream with PARTITION BY reads FROM %%trows or %%tbname, "
-            f"not another table ({d.source!r})",
-        )
+    for q in d.leaves:
+        if d.trigger.kind == "period" and d.partition_by and q.reads == "table":
+            # A tick's groups are those of its %%trows; a table read whole has no such groups.
+            raise _err(
+                d.location,
+                f"{d.name!r}: a PERIOD stream with PARTITION BY reads FROM %%trows or %%tbname, "
+                f"not another table ({q.source!r})",
+            )
     # An old-form alias of tbname itself (PARTITION BY tbname tname) still groups by subtable.
     partition = {p.lower() for p in d.partition_by} | {sql.lower() for _, sql in d.partition_exprs}
     if trigger is not None:
@@ -427,16 +442,38 @@ def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
                         f"{d.name!r}: PARTITION BY may only name tbname and tag columns of "
                         f"{trigger.name!r} (tags: {', '.join(tags) or 'none'}), not {p!r}",
                     )
-        _missing(d, trigger, _trigger_columns(d) | (_query_columns(d) if source is trigger else set()))
-    if source is not None and source is not trigger:
-        _missing(d, source, _query_columns(d))
-    if d.key_bound == "row" and source is not None:
-        _check_row_time(d, source)
+        _missing(d, trigger, _trigger_columns(d))
+    for q in d.leaves:  # each query reading a table names its columns
+        if (source := tables.get(q.source.lower()) if q.source else None) is not None:
+            _missing(d, source, _query_columns(q))
+        for name, need in _join_columns(q).items():
+            if (table := tables.get(name.lower())) is not None:
+                _missing(d, table, need)
+    if d.key_bound == "row":
+        for q in (d, *d.union):
+            for sql, leaf in _row_times(q, q.select[0].expression):
+                if (source := tables.get(leaf.source.lower()) if leaf.source else None) is not None:
+                    _check_row_time(d, sql, source)
 
 
-def _check_row_time(d: Stream, source: TableDecl) -> None:
-    """A row's own time as the sink's time column is a TIMESTAMP column of the rows read."""
-    for name in _names([d.select[0].expression]):
+def _row_times(q: Stream, sql: str) -> list[tuple[str, Stream]]:
+    """Where the sink's time column ``sql`` of ``q`` comes from: (Spark SQL, the query reading a table),
+    through the subquery's result columns it names."""
+    if q.subquery is None:
+        return [(sql, q)]
+    names = [i.name.lower() for i in q.subquery.select]
+    out = []
+    for name in _names([sql]) & set(names):
+        for branch in (q.subquery, *q.subquery.union):
+            out += _row_times(branch, branch.select[names.index(name)].expression)
+    return out
+
+
+def _check_row_time(d: Stream, sql: str, source: TableDecl) -> None:
+    """A row's own time as the sink's time column is a TIMESTAMP column of the rows read (a join's:
+    of the trigger rows)."""
+    names = _names([sql]) | {side[1] for n in _columns(sql) if (side := joined_column(n)) and side[0] == 0}
+    for name in names:
         col = source.column(name)
         if col is not None and col.type.lower() != "timestamp":
             raise _err(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -303,6 +304,46 @@ class TagDecl:
     comment: str | None = None
 
 
+SubFill = Literal["none", "null", "value", "prev", "next", "linear"]
+
+
+@dataclass(frozen=True)
+class SubWindows:
+    """``INTERVAL(interval[, offset]) [SLIDING(sliding)]`` inside a new-form query: the sub-windows the
+    rows it reads are aggregated by (aligned as INTERVAL triggers are), within each trigger window;
+    ``_wstart`` is the sub-window's start (``SUB_WSTART``)."""
+
+    interval: timedelta
+    sliding: timedelta
+    offset: timedelta = timedelta(0)
+    fill: SubFill = "none"  # FILL(...) (``streams.fill``)
+    fill_values: tuple[str, ...] = ()  # FILL(VALUE, v1, ...): Spark SQL constants, one per aggregate
+
+
+SUB_WSTART = "__cq_sw_start"  # the engine column of a row's sub-window start (TIMESTAMP)
+
+
+@dataclass(frozen=True)
+class Join:
+    """``[INNER | LEFT [OUTER]] JOIN table [AS] alias ON cond`` of a new-form query over ``%%trows``: the
+    n-th joined table's columns are ``join_column(n, col)``, the trigger rows' ``join_column(0, col)``."""
+
+    table: str
+    kind: Literal["inner", "left"]
+    on: str  # Spark SQL over both sides' columns
+
+
+def join_column(n: int, column: str) -> str:
+    """A column of a join's n-th side (0: the trigger rows) under a name no other side has."""
+    return f"__cq_j{n}_{column}"
+
+
+def joined_column(name: str) -> tuple[int, str] | None:
+    """``join_column``'s (side, column), or None for another name."""
+    m = re.fullmatch(r"__cq_j(\d+)_(.+)", name, re.IGNORECASE)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 @dataclass(frozen=True)
 class Stream:
     """``CREATE STREAM`` (new or old form) as one shape.
@@ -321,7 +362,8 @@ class Stream:
     # eKuiper rules: GROUP BY columns splitting each window's rows (the windows are the whole stream's)
     group_by: tuple[str, ...] = ()
     partition_exprs: tuple[tuple[str, str], ...] = ()  # old form: (alias, Spark SQL) computed before windowing
-    reads: Literal["trows", "table", "tbname"] = "trows"  # %%trows, another table (range join), %%tbname
+    # %%trows, another table (range join), %%tbname, or ``subquery``'s result rows (FROM (SELECT ...))
+    reads: Literal["trows", "table", "tbname", "query"] = "trows"
     where: str | None = None
     having: str | None = None  # eKuiper rules and the new form: on each window's aggregated row
     # The new form's query: PARTITION BY inside it (LIMIT counts per partition) rather than GROUP BY
@@ -334,6 +376,13 @@ class Stream:
     # TDengine's TWA in INTERVAL / SLIDING windows over %%trows: the Spark SQL of each argument whose
     # points around every window the plan supplies (``streams.bounds``)
     interpolated: tuple[str, ...] = ()
+    # FROM (SELECT ...): the inner query, a Stream of the same trigger whose result rows this one reads
+    subquery: Stream | None = None
+    # UNION ALL: the queries after the first (each a Stream of the same trigger), their result columns
+    # taken by position under this one's names
+    union: tuple[Stream, ...] = ()
+    joins: tuple[Join, ...] = ()  # the tables %%trows is joined with, in order
+    sub_windows: SubWindows | None = None  # INTERVAL ... inside the query
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None
@@ -383,6 +432,26 @@ class Stream:
         table = self.trigger_table or self.source
         assert table is not None, f"stream {self.name} names no table"
         return table
+
+    @property
+    def layers(self) -> tuple[Stream, ...]:
+        """This query and every query it is made of (its FROM subquery's, its UNION ALL branches')."""
+        inner = self.subquery.layers if self.subquery is not None else ()
+        return (self, *inner, *[layer for b in self.union for layer in b.layers])
+
+    @property
+    def leaves(self) -> tuple[Stream, ...]:
+        """The queries that read a table (``%%trows``, ``%%tbname`` or a named one), not a subquery."""
+        return tuple(q for q in self.layers if q.reads != "query")
+
+    @property
+    def composed(self) -> bool:
+        """A query with a FROM subquery, UNION ALL, a join or INTERVAL (in any of its queries)."""
+        return (
+            self.subquery is not None
+            or bool(self.union)
+            or any(q.joins or q.sub_windows is not None for q in self.layers)
+        )
 
     @property
     def read_table(self) -> str:

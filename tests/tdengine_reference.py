@@ -193,3 +193,67 @@ def sessions(rows, *, gap):
         else:
             out.append([r])
     return out
+
+
+def query_last(rows, column="current"):
+    """LAST over a window's rows: the value of the latest row where it is not NULL."""
+    vs = [r[column] for r in sorted(rows, key=lambda r: r["t"]) if r[column] is not None]
+    return vs[-1] if vs else None
+
+
+def query_count(rows, column=None):
+    """COUNT(*) (``column`` None) or COUNT(column): its non-NULL values."""
+    return len(rows) if column is None else sum(r[column] is not None for r in rows)
+
+
+def subquery(rows, select, *, where=lambda r: True):
+    """FROM (SELECT ... FROM rows WHERE ...): each kept row as the dict ``select`` makes of it, with its
+    time ``t`` (the outer query's FIRST / LAST read it)."""
+    return [{"t": r["t"], **select(r)} for r in rows if where(r)]
+
+
+def sub_windows(rows, *, interval, sliding=None, offset=0):
+    """INTERVAL(interval[, offset]) [SLIDING(sliding)] over rows (times in µs since the epoch): each
+    sub-window start → its rows (k * sliding + offset <= t < that + interval)."""
+    sliding = sliding or interval
+    out: dict = {}
+    for r in sorted(rows, key=lambda r: r["t"]):
+        k = (r["t"] - offset) // sliding
+        while k * sliding + offset + interval > r["t"]:
+            out.setdefault(k * sliding + offset, []).append(r)
+            k -= 1
+    return dict(sorted(out.items()))
+
+
+def fill(slots, rows_of, aggregates, mode, constants=()):
+    """FILL over one trigger window's sub-windows: ``slots`` every start of the range, ``rows_of`` the
+    rows of those holding rows, ``aggregates`` a function of a sub-window's rows giving its aggregate
+    tuple → {start: tuple}. A sub-window without rows gets NULLs (NULL), the constants (VALUE), the
+    nearest non-NULL value before / after (PREV / NEXT), or, per value, the line between those two
+    (LINEAR; NULL at either end)."""
+    real = {s: aggregates(rows_of[s]) for s in slots if s in rows_of}
+    width = len(next(iter(real.values())))
+    out = {}
+    for s in slots:
+        if s in real:
+            out[s] = real[s]
+            continue
+        values = []
+        for j in range(width):
+            before = [(t, v[j]) for t, v in real.items() if t < s and v[j] is not None]
+            after = [(t, v[j]) for t, v in real.items() if t > s and v[j] is not None]
+            if mode == "null":
+                values.append(None)
+            elif mode == "value":
+                values.append(constants[j])
+            elif mode == "prev":
+                values.append(before[-1][1] if before else None)
+            elif mode == "next":
+                values.append(after[0][1] if after else None)
+            elif before and after:
+                (t0, v0), (t1, v1) = before[-1], after[0]
+                values.append(v0 + (v1 - v0) * (s - t0) / (t1 - t0))
+            else:
+                values.append(None)
+        out[s] = tuple(values)
+    return out

@@ -18,6 +18,7 @@ from cq_engine.model import (
     StateTrigger,
     Stream,
     StreamOptions,
+    SubWindows,
     TagDecl,
 )
 from cq_engine.parse import parse_text
@@ -760,8 +761,8 @@ REJECTIONS = [
         "%%trows",
         "needs a trigger table",
     ),
-    (W.format(items="x FROM %%trows INTERVAL(1m) --"), "INTERVAL", "takes no window clause"),
-    (W.format(items="x FROM %%trows FILL(NULL) --"), "FILL", "FILL is not supported in a stream's query"),
+    (W.format(items="x FROM %%trows INTERVAL(1m) --"), "INTERVAL", "its SELECT needs an aggregate"),
+    (W.format(items="x FROM %%trows FILL(NULL) --"), "FILL", "FILL needs INTERVAL(...) in the query"),
     (W.format(items="x FROM %%trows PARTITION BY a GROUP BY a --"), "GROUP BY", "PARTITION BY or GROUP BY, not both"),
     (W.format(items="x FROM %%trows GROUP BY x + 1 --"), "x + 1", "GROUP BY in a stream's query takes column names"),
     (W.format(items="x FROM %%trows HAVING x > 1 --"), "x > 1", "HAVING needs an aggregated query or GROUP BY"),
@@ -1178,3 +1179,163 @@ def test_a_row_time_first_column_must_be_a_timestamp_column(tmp_path):
     assert [d.name for d in catalog.definitions] == ["good"]
     (err,) = catalog.errors
     assert f"{tmp_path}/bad.sql:1:71: " in str(err) and "'v' of table 'm' is DOUBLE, not TIMESTAMP" in str(err)
+
+
+def test_subqueries_in_from_and_union_all():
+    s = stream(Q + "SELECT _twstart, max(g.a) m FROM (SELECT status, avg(current) a FROM %%trows GROUP BY status) AS g")
+    assert (s.reads, s.source, s.select[1].expression) == ("query", "meters", "MAX(a)")
+    inner = s.subquery
+    assert inner is not None and (inner.reads, inner.group_by, inner.sink, inner.tags) == (
+        "trows",
+        ("status",),
+        "o",
+        (),
+    )
+    assert inner.trigger == s.trigger and inner.partition_by == s.partition_by and inner.output_subtable is None
+    s = stream(
+        Q + "SELECT _twstart, count(*) n FROM %%trows "
+        "UNION ALL SELECT _twstart, count(*) FROM other WHERE ts >= _twstart AND ts < _twend "
+        "UNION ALL SELECT _twstart, max(v) FROM (SELECT current v FROM %%tbname)"
+    )
+    assert [q.reads for q in (s, *s.union)] == ["trows", "table", "query"]
+    assert [q.source for q in s.leaves] == ["meters", "other", "meters"] and s.composed
+    assert s.union[1].subquery is not None and s.union[1].subquery.reads == "tbname"
+    # a subquery that is a UNION ALL, and a row's own time through it
+    s = stream(Q + "SELECT ts, c FROM (SELECT ts, current c FROM %%trows UNION ALL SELECT ts, voltage FROM t2) LIMIT 1")
+    assert s.key_bound == "row" and s.subquery is not None and s.subquery.union[0].source == "t2"
+    # a query of a UNION ALL in parentheses takes its own ORDER BY / LIMIT
+    s = stream(
+        Q + "(SELECT ts, current FROM %%trows ORDER BY current LIMIT 1) UNION ALL SELECT ts, voltage FROM %%trows"
+    )
+    assert (s.limit, s.union[0].limit, len(s.union)) == (1, None, 1)
+
+
+QS = "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, "
+
+
+def test_interval_inside_the_query():
+    s = stream(
+        Q + "SELECT _wstart, _wend, _wduration d, avg(current) a FROM %%trows PARTITION BY status "
+        "INTERVAL(10s, 2s) SLIDING(5s) HAVING count(*) > 1"
+    )
+    assert s.sub_windows == SubWindows(timedelta(seconds=10), timedelta(seconds=5), timedelta(seconds=2))
+    assert (s.key_bound, s.group_by, s.partitions_query, s.composed) == ("row", ("status",), True, True)
+    assert [i.expression for i in s.select[:3]] == [
+        "__cq_sw_start",
+        "TIMESTAMP_MICROS(UNIX_MICROS(__cq_sw_start) + 10000000)",
+        "10000",
+    ]
+    s = stream(Q + "SELECT _wstart, count(*) n, max(current) FROM %%trows INTERVAL(5s) FILL(VALUE, 0, -1.5)")
+    assert s.sub_windows is not None and (s.sub_windows.fill, s.sub_windows.fill_values) == ("value", ("0", "-1.5"))
+    s = stream(Q + "SELECT _twstart, max(current) FROM %%trows INTERVAL(1s)")
+    assert s.key_bound == "start" and s.sub_windows is not None
+    # the old form's window clause is its trigger, as before
+    old = stream("CREATE STREAM s INTO o AS SELECT _wstart, count(*) c FROM t INTERVAL(1m)")
+    assert old.sub_windows is None and old.select[0].expression == "__cq_twstart"
+
+
+def test_joins_of_the_trigger_rows():
+    s = stream(
+        Q + "SELECT m.ts, m.current, l.cap FROM %%trows AS m LEFT OUTER JOIN limits AS l ON m.status = l.status "
+        "JOIN other ON other.ts = m.ts WHERE l.cap IS NULL OR m.current > l.cap"
+    )
+    assert s.key_bound == "row" and [i.name for i in s.select] == ["ts", "current", "cap"]
+    assert [(j.table, j.kind, j.on) for j in s.joins] == [
+        ("limits", "left", "__cq_j0_status = __cq_j1_status"),
+        ("other", "inner", "__cq_j2_ts = __cq_j0_ts"),
+    ]
+    assert s.where == "__cq_j1_cap IS NULL OR __cq_j0_current > __cq_j1_cap" and s.composed
+    s = stream(
+        Q + "SELECT _twstart, l.cap, count(*) n FROM %%trows m JOIN limits l ON m.status = l.status GROUP BY l.cap"
+    )
+    assert s.group_by == ("__cq_j1_cap",) and s.select[1].expression == "__cq_j1_cap"
+
+
+@pytest.mark.parametrize(
+    "sql, needle, fragment",
+    [
+        (QS + "count(*) n FROM %%trows m JOIN l ON m.s = l.s WHERE v > 1", "v > 1", "names its table: alias.v"),
+        (QS + "count(*) n FROM %%trows m JOIN l ON m.s = x.q", "q", "'x' is not a table of this query"),
+        (QS + "count(*) n FROM %%trows m RIGHT JOIN l ON m.s = l.s", "RIGHT", "belong to no trigger window"),
+        (QS + "count(*) n FROM %%trows m FULL JOIN l ON m.s = l.s", "FULL", "belong to no trigger window"),
+        (QS + "count(*) n FROM %%trows m LEFT ASOF JOIN l ON m.ts >= l.ts", "ASOF", "ASOF joins"),
+        (QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 1s)", "WINDOW", "WINDOW joins"),
+        (QS + "count(*) n FROM %%trows m JOIN lim", "lim", "JOIN lim needs ON condition"),
+        (QS + "count(*) n FROM %%trows m JOIN l m ON m.s = m.s", "m ON", "names two sides of the join"),
+        (QS + "count(*) n FROM %%tbname m JOIN l ON m.s = l.s", "%%tbname", "a join reads FROM %%trows alias"),
+        (QS + "twa(m.v) FROM %%trows m JOIN l ON m.s = l.s", "twa", "which a join query does not have"),
+        (QS + "max(x.v) FROM %%trows", "v)", "'x' is not a table of this query"),
+        (QS + "count(*) n FROM %%trows UNION SELECT _twstart, 1 FROM %%trows", "UNION", "write UNION ALL"),
+        (QS + "count(*) n FROM %%trows SESSION(ts, 1s)", "SESSION", "SESSION inside a stream's query is not"),
+        (QS + "count(*) n FROM %%trows STATE_WINDOW(v)", "STATE_WINDOW", "STATE_WINDOW inside a stream's query"),
+        (QS + "count(*) n FROM %%trows EVENT_WINDOW START WITH v > 1 END WITH v < 1", "EVENT", "EVENT_WINDOW inside"),
+        (QS + "count(*) n FROM %%trows COUNT_WINDOW(3)", "COUNT_WINDOW", "COUNT_WINDOW inside a stream's query"),
+        (QS + "count(*) n FROM %%trows SLIDING(5s)", "SLIDING(5s)", "SLIDING needs INTERVAL(...) before it"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) SLIDING(7s)", "7s", "SLIDING must not be greater"),
+        (QS + "count(*) n FROM %%trows INTERVAL(10s) SLIDING(5s) FILL(PREV)", "FILL", "SLIDING smaller than"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(NULL_F)", "NULL_F", "FILL(NULL_F) (sub-windows of a window"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(SPLINE)", "SPLINE", "expected FILL(NONE | NULL | VALUE"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE)", "VALUE", "FILL(VALUE, v1, ...) takes values"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE, 0,)", "FILL", "FILL(...) has an empty argument"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL()", "FILL", "FILL(...) has an empty argument"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(PREV, 1)", "PREV", "FILL(VALUE, v1, ...) takes values"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(VALUE, v)", "v)", "FILL(VALUE, ...) takes constants"),
+        (QS + "count(*) n, max(v) FROM %%trows INTERVAL(5s) FILL(VALUE, 0)", "FILL", "1 value(s) for the query's 2"),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) FILL(NULL) HAVING n > 1", "HAVING n", "HAVING with FILL"),
+        (
+            "CREATE STREAM s SESSION(ts, 5s) FROM t PARTITION BY tbname INTO o AS SELECT _twstart, count(*) n "
+            "FROM %%trows INTERVAL(1s) FILL(NULL)",
+            "FILL",
+            "FILL needs a trigger window of fixed range",
+        ),
+        (QS + "count(*) n FROM %%trows INTERVAL(5s) GROUP BY v", "GROUP BY", "takes PARTITION BY, not GROUP BY"),
+        (QS + "count(*) n FROM %%trows WHERE _wend > 1 INTERVAL(5s)", "_wend >", "only be used in SELECT, HAVING"),
+        (QS + "_wend FROM %%trows INTERVAL(5s)", "INTERVAL(5s)", "SELECT needs an aggregate"),
+        (QS + "max(b) FROM (SELECT v a FROM %%trows)", "b)", "column 'b' is not a result column of the subquery"),
+        (QS + "max(a) FROM (SELECT v a FROM %%trows) x JOIN y", "JOIN", "takes an alias at most"),
+        (QS + "max(a) FROM ()", "()", "a subquery in FROM needs a query"),
+        (QS + "last(a) FROM (SELECT avg(v) a FROM %%trows)", "SELECT _twstart", "but it aggregates them"),
+        (QS + "count(*) n FROM %%trows UNION ALL SELECT _twstart FROM %%trows", "SELECT _twstart FROM", "same number"),
+        (QS + "count(*) n FROM %%trows UNION ALL SELECT ts, v FROM %%trows", "SELECT ts", "same kind of first column"),
+        (QS + "twa(v) FROM %%trows UNION ALL SELECT _twstart, 1 FROM %%trows", "_twstart, twa", "interpolates"),
+        (QS + "count(*) n FROM %%trows UNION ALL", "ALL", "UNION ALL needs a query after it"),
+        (QS + "1 a FROM %%trows UNION ALL SELECT _twstart, 2 FROM %%trows LIMIT 1", "LIMIT", "FROM (q1 UNION ALL q2)"),
+        (
+            "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM t PARTITION BY tbname INTO o OUTPUT_SUBTABLE(CONCAT('x', "
+            "tbname)) AS SELECT _twstart, 1 a FROM %%trows UNION ALL SELECT _twstart, 2 FROM %%trows",
+            "OUTPUT_SUBTABLE",
+            "names the trigger group's values as %%n or %%tbname",
+        ),
+        (
+            "CREATE STREAM s INTO o AS SELECT _wstart, count(*) FROM (SELECT v FROM t) INTERVAL(1m)",
+            "(SELECT v",
+            "table name",
+        ),
+        ("CREATE STREAM s INTO o AS SELECT _wstart, 1 x FROM t INTERVAL(1m) UNION ALL", "UNION", "not supported"),
+    ],
+)
+def test_composed_queries_refused_at_load(sql, needle, fragment):
+    message = error(sql)
+    assert message.startswith(f"t.sql:{at(sql, needle)}: "), message
+    assert fragment in message, message
+
+
+def test_each_query_of_a_composed_stream_is_checked_against_its_table(tmp_path):
+    (tmp_path / "m.sql").write_text("CREATE TABLE m (ts TIMESTAMP, v DOUBLE);\nCREATE TABLE n (ts TIMESTAMP, w INT);")
+    head = "INTERVAL(10s) SLIDING(10s) FROM m INTO"
+    (tmp_path / "good.sql").write_text(
+        f"CREATE STREAM good {head} o1 AS SELECT ts, x FROM (SELECT ts, v x FROM %%trows "
+        "UNION ALL SELECT ts, w FROM n WHERE ts >= _twstart AND ts < _twend);"
+    )
+    (tmp_path / "bad1.sql").write_text(
+        f"CREATE STREAM bad1 {head} o2 AS SELECT _twstart, count(*) c FROM %%trows "
+        "UNION ALL SELECT _twstart, count(nope) FROM n WHERE ts >= _twstart AND ts < _twend;"
+    )
+    (tmp_path / "bad2.sql").write_text(
+        f"CREATE STREAM bad2 {head} o3 AS SELECT t, x FROM (SELECT v t, v x FROM %%trows);"
+    )
+    catalog = load_catalog(tmp_path)
+    assert [d.name for d in catalog.definitions] == ["good"]
+    bad1, bad2 = sorted(catalog.errors, key=str)
+    assert f"{tmp_path}/bad1.sql:1:" in str(bad1) and "table 'n' has no column 'nope'" in str(bad1)
+    assert f"{tmp_path}/bad2.sql:1:" in str(bad2) and "'v' of table 'm' is DOUBLE, not TIMESTAMP" in str(bad2)

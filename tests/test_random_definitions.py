@@ -93,20 +93,38 @@ def _tdengine(rng: random.Random, name: str) -> str:
     if pool is TD_ROW_ITEMS and rng.random() < 0.5:  # a row's own time as the sink's time column
         first = "ts"
         items = [i for i in items if i not in ("ts", "ts AS c0")] or ["current"]
-    return (
-        f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
-        f"SELECT {first}, {', '.join(items)} FROM %%trows{where}{_td_tail(rng, aggregated=pool is TD_AGGREGATES)};"
-    )
+    rows = "%%trows"
+    if rng.random() < 0.25:  # a subquery in FROM giving the columns the query may name
+        rows = f"(SELECT ts, tbname, location, status, current, voltage FROM %%trows{where}) AS q"
+    head = f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
+    window = ""
+    if pool is TD_AGGREGATES and rng.random() < 0.25:  # the query's own sub-windows, their start first
+        window = rng.choice(
+            [
+                " INTERVAL(5s)",
+                " INTERVAL(10s) SLIDING(5s)",
+                " INTERVAL(4s, 1s)",
+                " INTERVAL(5s) FILL(PREV)",
+                " INTERVAL(2s) FILL(LINEAR)",
+            ]
+        )
+        first = rng.choice(["_wstart", "_twstart"])
+    tail = _td_tail(rng, aggregated=pool is TD_AGGREGATES, window=window)
+    query = f"SELECT {first}, {', '.join(items)} FROM {rows}{where}{tail}"
+    if rng.random() < 0.2:  # UNION ALL with a query of the table (a query in parentheses keeps its LIMIT)
+        other = f"SELECT {first}, {', '.join(items)} FROM meters WHERE ts >= _twstart AND ts < _twend"
+        return f"{head}({query}) UNION ALL {other};"
+    return f"{head}{query};"
 
 
-def _td_tail(rng: random.Random, *, aggregated: bool) -> str:
+def _td_tail(rng: random.Random, *, aggregated: bool, window: str = "") -> str:
     """The new form's clauses after WHERE (docs/dialects/tdengine.md, A stream's query)."""
     group = rng.choice(["", "", " GROUP BY status", " PARTITION BY status", " GROUP BY location, status"])
     having = rng.choice(["", " HAVING count(*) > 1", " HAVING max(current) > 10"]) if aggregated or group else ""
     order = rng.choice(["", " ORDER BY 2 DESC", " ORDER BY current NULLS LAST, ts"])
     limit = rng.choice(["", " LIMIT 2", " LIMIT 1 OFFSET 1"]) if rng.random() < 0.6 else ""
     slimit = " SLIMIT 1" if group and rng.random() < 0.3 else ""
-    return f"{group}{having}{order}{slimit}{limit}"
+    return f"{group}{window}{having}{order}{slimit}{limit}"
 
 
 def _iotdb(rng: random.Random, name: str) -> str:

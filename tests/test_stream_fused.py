@@ -285,11 +285,20 @@ CREATE STREAM top INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} 
 CREATE STREAM sess_top SESSION(ts, 9s) FROM meters PARTITION BY tbname {WM} INTO sess_top_out AS
   SELECT last(ts) AS t, status, count(*) AS n FROM %%trows PARTITION BY status;
 CREATE STREAM plain INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO plain_out AS {AGG};
+CREATE STREAM sub INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO sub_out AS
+  SELECT _twstart, max(a) AS m, count(*) AS k FROM (SELECT status, avg(current) a FROM %%trows GROUP BY status);
+CREATE STREAM uni INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO uni_out AS
+  SELECT ts, current FROM %%trows WHERE current > 5 UNION ALL SELECT ts, current FROM (SELECT ts, current FROM
+  %%trows ORDER BY current LIMIT 1);
+CREATE STREAM joined INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO joined_out AS
+  SELECT _twstart, count(*) AS n, max(o.current) AS m FROM %%trows a JOIN meters o ON a.ts = o.ts AND a.status = o.status;
+CREATE STREAM subwin INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO subwin_out AS
+  SELECT _wstart, count(*) AS n, avg(current) AS a FROM %%trows INTERVAL(10s);
 """
 
 
 def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
-    names = ["grouped", "top", "sess_top", "plain"]
+    names = ["grouped", "top", "sess_top", "plain", "sub", "uni", "joined", "subwin"]
     p = Pair(tmp_path, spark, QUERIES, names)
     p.tick()
     for batch in _commits(11):
@@ -298,3 +307,5 @@ def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
     p.assert_same()
     assert all(r[0] != "error" for r in p.results["fused"])
     assert len(p.fused.sink("top_out")) > len(p.fused.sink("plain_out"))  # several rows per window
+    assert p.fused.sink("sub_out") and len(p.fused.sink("uni_out")) > len(p.fused.sink("plain_out"))
+    assert p.fused.sink("joined_out") and len(p.fused.sink("subwin_out")) > len(p.fused.sink("plain_out"))

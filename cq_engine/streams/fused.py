@@ -148,7 +148,7 @@ def _shape(p: Planned) -> tuple | None:
     s, w = p.stream, p.work
     if p.windows is None or s.reads != "trows" or not s.is_aggregate or s.having is not None:
         return None
-    if s.group_by or s.limit is not None or s.slimit is not None or s.key_bound == "row":  # a plan of its own
+    if s.group_by or s.limit is not None or s.slimit is not None or s.key_bound == "row" or s.composed:  # own plan
         return None
     if s.empty_window_rows or s.notify is not None:  # their empty windows take a frame of their own
         return None

@@ -41,7 +41,9 @@ def shaping_columns(stream: Stream) -> list[tuple[str, str]]:
             column = "tag_tbname" if name.lower() == "tbname" and stream.output_subtable else name
             out.append((column, partition_placeholder(i + 1)))
         # eKuiper: the GROUP BY columns the items leave out, so each row says whose it is
-        out += [(k, f"`{k}`") for k in stream.group_by if k.lower() not in items]
+        if not stream.union:  # a UNION's rows are its queries' columns (their GROUP BY columns differ)
+            # (a join's alias.col is the engine's name for it, not a column to write)
+            out += [(k, f"`{k}`") for k in stream.group_by if k.lower() not in items and not k.startswith("__cq")]
     out.append((GROUP_ID, _GROUP))
     return out
 

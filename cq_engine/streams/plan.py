@@ -21,6 +21,7 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import (
     DATA_SHAPED,
+    SUB_WSTART,
     OrderKey,
     PeriodTrigger,
     SlidingTrigger,
@@ -30,6 +31,7 @@ from cq_engine.model import (
 )
 from cq_engine.parse.ekuiper import ROW_TIME
 from cq_engine.parse.fragments import TIME_REF, is_aggregate, is_aggregate_sql, under_aggregate
+from cq_engine.streams.fill import with_fill
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.windows.tdengine import (
     CLOSE_ROW,
@@ -137,8 +139,12 @@ def with_row_time(stream: Stream, df: DataFrame, time_column: str) -> DataFrame:
 
 
 def reads_time(stream: Stream) -> bool:
-    """The query reads each row's event time (``TIME_REF``)."""
-    return any(TIME_REF in sql for sql in [i.expression for i in stream.select] + [stream.having or ""])
+    """The query (or a query it is made of) reads each row's event time (``TIME_REF``): a function of
+    the rows' time order, or INTERVAL's sub-windows."""
+    return any(
+        q.sub_windows is not None or any(TIME_REF in sql for sql in [i.expression for i in q.select] + [q.having or ""])
+        for q in stream.layers
+    )
 
 
 _CONSTANT = {WSTART, WSEQ, WEND, WLAST, WROWS, WCLOSED} | {
@@ -168,6 +174,9 @@ def row_stats_needed(stream: Stream) -> bool:
     Per row only when a row-level expression reads it: the WHERE over ``%%trows`` (it filters before
     the aggregate), HAVING, the output shaping, or an aggregate's argument."""
     rownum = WROWS.lower()
+    if stream.composed:  # read under a subquery or a UNION: per row whenever a query reads %%trows
+        used = any(rownum in _sql_of(q) or rownum in (q.having or "").lower() for q in stream.layers)
+        return used and any(q.reads == "trows" for q in stream.leaves)
     if rownum not in _sql_of(stream) and rownum not in (stream.having or "").lower():
         return False
     if stream.reads != "trows":  # the frame of the windows carries it into the joined rows
@@ -210,6 +219,7 @@ def evaluate(
     keep: list[str] | tuple[str, ...] = (),
     window_columns: list[str] | None = None,
     where: bool = True,
+    shaped: bool = True,
 ) -> DataFrame:
     """The subquery's SELECT per (group, window), then the output-shaping columns (subtable, tags,
     ``group_id``) and the engine columns in ``keep`` (window-constant; for the caller's bookkeeping).
@@ -217,13 +227,13 @@ def evaluate(
     Aggregates group on the partition columns, the window start and the window-constant columns the
     SQL uses; columns it does not use are left out, so Spark prunes what computes them (a window
     function per row for ``_twrownum``). ``where=False``: the new form's WHERE was already applied
-    (as the join condition of a query reading another table)."""
+    (as the join condition of a query reading another table); ``shaped=False``: no output-shaping
+    columns (a subquery's, a UNION branch's)."""
     if where and stream.form != "old" and stream.where:  # the old form's WHERE ran before windowing
         df = df.filter(F.expr(stream.where))
     pcols = partition_columns(stream)
-    shaping = shaping_columns(stream)
-    # no query (NOTIFY only): one row per window; eKuiper: a GROUP BY column makes one per window group
-    if stream.is_aggregate or not stream.select or (stream.group_by and not stream.partitions_query):
+    shaping = shaping_columns(stream) if shaped else []
+    if aggregated(stream):
         # _twrownum not computed per row (row_stats_needed): the window's row count
         as_count = WROWS not in df.columns and any(WROWS.lower() in i.expression.lower() for i in stream.select)
         items = [
@@ -231,12 +241,16 @@ def evaluate(
         ]
         if window_columns is None:
             window_columns = _window_columns(stream, df, list(keep))
+        if stream.sub_windows is not None and stream.sub_windows.fill != "none":  # the range FILL fills
+            window_columns = [*window_columns, *[c for c in (WSTART, WEND) if c not in window_columns]]
         # The PARTITION BY columns themselves (tbname, tags) are constant per group: the query may name them.
         named = [c for c in stream.partition_by if c in df.columns] if stream.reads == "trows" else []
         group = list(dict.fromkeys([*pcols, *named, *window_columns, *[k for k in keep if k in df.columns]]))
-        keys = [exact_col(k) for k in stream.group_by]  # eKuiper: GROUP BY splits each window's rows
+        # GROUP BY (eKuiper's, TDengine's) and the query's INTERVAL sub-windows split each window's rows
+        subs = [SUB_WSTART] if stream.sub_windows is not None else []
+        keys = [exact_col(k) for k in [*stream.group_by, *subs]]
         extra = [
-            (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by]) else F.first(F.expr(sql))).alias(name)
+            (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by, *subs]) else F.first(F.expr(sql))).alias(name)
             for name, sql in shaping
         ]
         having = []
@@ -252,6 +266,11 @@ def evaluate(
         out = df.groupBy(*group, *keys).agg(*aggregates, *having, *checks, *orders)
         if having:
             out = out.filter(F.col(_HAVING))
+        if stream.sub_windows is not None and stream.sub_windows.fill != "none":
+            sqls = [i.expression for i in stream.select] + [sql for _, sql in shaping]
+            kinds = ["aggregate" if i.is_aggregate else "constant" for i in stream.select]
+            kinds += ["constant" if _over_columns(sql, group) else "other" for _, sql in shaping]
+            out = with_fill(stream, out, ids=group, columns=list(zip(inner, sqls, kinds)))
         out = limited(stream, out, group)
         out = out.select(
             *[F.col(a).alias(n) for a, n in zip(inner, names)], *_kept(keep, group), *[F.col(IN_RANGE)] * len(checks)
@@ -274,6 +293,12 @@ def evaluate(
         ids = [*pcols, *(window_columns or _window_columns(stream, df, list(keep)))]
         df = limited(stream, df, list(dict.fromkeys(ids)))
     return df.select(*items, *extra, *checks, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def aggregated(stream: Stream) -> bool:
+    """The query gives one row per window and group, not rows of its own: no query (NOTIFY only),
+    an aggregate, or a GROUP BY (eKuiper's, TDengine's)."""
+    return stream.is_aggregate or not stream.select or bool(stream.group_by and not stream.partitions_query)
 
 
 def _row_checks(stream: Stream, *, aggregated: bool) -> list[tuple[str, str]]:
@@ -353,8 +378,12 @@ def window_frame(stream: Stream, windows: DataFrame) -> DataFrame:
     return windows.groupBy(*pcols, WSTART).agg(*[F.first(c).alias(c) for c in constant], *rownum)
 
 
+# Columns with one value per (group, window): what a subquery's rows carry up (``streams.compose``).
+WINDOW_CONSTANTS = frozenset(_CONSTANT | {STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW})
+
+
 def _is_window_constant(column: str) -> bool:
-    return column in _CONSTANT or column in (STATE, PREV_STATE, NEXT_STATE, OPEN_ROW, CLOSE_ROW)
+    return column in WINDOW_CONSTANTS
 
 
 def join_condition(stream: Stream) -> str | None:

@@ -38,15 +38,16 @@ from cq_engine.resample.run import SINGLE_PARTITION_BYTES
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
 from cq_engine.streams import timing as st
 from cq_engine.streams.bounds import with_neighbours, with_outside
+from cq_engine.streams.compose import query_result
 from cq_engine.streams.events import NOTIFY_OK, build_events
 from cq_engine.streams.frontier import RESUME, frontier_table, load_frontier, restarts, save_frontier, state_name
+from cq_engine.streams.joins import with_joins
 from cq_engine.streams.late import late_entries, without_late
 from cq_engine.streams.output import GROUP_ID
 from cq_engine.streams.plan import (
     ENGINE_COLUMNS,
     GROUP,
     PERIOD_COLUMNS,
-    evaluate,
     instant,
     join_source,
     partition_columns,
@@ -279,19 +280,21 @@ def _compute(ctx: EngineContext, stream: Stream, windows, keep: list[str], *, re
     """The run's result rows: the query over every window (one Spark plan), the windows without a
     result (FORCE_OUTPUT, events, eKuiper's empty windows: ``grid``), and NOTIFY's WHERE."""
     empties = stream.empty_window_rows or stream.notify is not None
-    frame = window_frame(stream, windows) if (empties or stream.reads != "trows") else None
+    frame = window_frame(stream, windows) if (empties or any(q.reads != "trows" for q in stream.leaves)) else None
     if grid is not None and frame is not None:
         frame = frame.unionByName(
             grid.select(*[c for c in grid.columns if c in frame.columns]), allowMissingColumns=True
         )
-    if stream.reads == "trows":
-        result = evaluate(stream, windows, keep=keep)
-    else:
-        assert frame is not None  # built whenever the query reads another table
-        source, time_column = _joined_table(ctx, stream, read_range, version)
+
+    def rows_of(q: Stream) -> tuple[DataFrame, bool]:
+        if q.reads == "trows":
+            return with_joins(ctx, stream, q, windows, time_range=read_range), False
+        assert frame is not None  # built whenever a query reads another table
+        source, time_column = _joined_table(ctx, q, read_range, version)
         source = with_row_time(stream, source, time_column)  # the joined rows' own event time
-        joined = join_source(stream, frame, source, time_column=time_column, bin=_bin(stream))
-        result = evaluate(stream, joined, keep=keep, where=False)
+        return join_source(q, frame, source, time_column=time_column, bin=_bin(q)), True
+
+    result = query_result(stream, rows_of, keep=keep)
     if empties:
         assert frame is not None  # built whenever empties are
         result = with_empty_windows(stream, result, frame, keep)
@@ -610,22 +613,33 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
         raise CQError(f"{stream.name}: {paused}; tick {iso(tick)} not run")
 
     def body() -> _Outcome:
-        table = stream.read_table
-        time_column = ctx.source_time_column(stream.name, table, sink=stream.sink)
-        if stream.reads == "trows":
-            after, until = _tick_versions(ctx, stream, tick)
-            df, scan = ctx.storage.read_added(ctx.spark, table, after=after, until=until, time_column=time_column)
-            versions[table] = until
-        else:
-            df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None)
-            versions[table] = scan.version
         frame_of = lambda d: period_frame(stream, d, tick=tick, prev_tick=prev_tick, next_tick=next_tick)
-        rows = frame_of(with_row_time(stream, prepare(stream, df), time_column))
+        read: dict[tuple[str, str], DataFrame] = {}
+        scanned = [0, 0]
+
+        def rows_of(q: Stream) -> tuple[DataFrame, bool]:
+            table, trows = q.read_table, q.reads == "trows"
+            if (table, str(trows)) not in read:
+                time_column = ctx.source_time_column(stream.name, table, sink=stream.sink)
+                if trows:
+                    after, until = _tick_versions(ctx, stream, tick)
+                    df, scan = ctx.storage.read_added(
+                        ctx.spark, table, after=after, until=until, time_column=time_column
+                    )
+                    versions[table] = until
+                else:
+                    df, scan = ctx.storage.read_range(ctx.spark, table, time_column=time_column, time_range=None)
+                    versions.setdefault(table, scan.version)
+                scanned[0] += scan.files_read
+                scanned[1] += scan.files_total
+                read[table, str(trows)] = frame_of(with_row_time(stream, prepare(stream, df), time_column))
+            return with_joins(ctx, stream, q, read[table, str(trows)], time_range=None), False
+
         keep = [GROUP, WSTART, WEND, WCLOSED, *partition_columns(stream)]
-        result = evaluate(stream, rows, keep=keep, window_columns=PERIOD_COLUMNS)
+        result = query_result(stream, rows_of, keep=keep, window_columns=PERIOD_COLUMNS)
         if stream.options.force_output or stream.notify is not None:
             # Without PARTITION BY a tick always has its one window, rows or not; with it, the groups seen.
-            frame = frame_of(ctx.spark.range(1)) if not stream.partition_by else rows
+            frame = frame_of(ctx.spark.range(1)) if not stream.partition_by else rows_of(stream.leaves[0])[0]
             result = with_empty_windows(stream, result, frame.select(*keep, *PERIOD_COLUMNS).distinct(), keep)
         if stream.notify is not None and stream.notify.where:
             result = result.withColumn(NOTIFY_OK, F.coalesce(F.expr(stream.notify.where), F.lit(False)))
@@ -642,9 +656,7 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
             app_version=micros(tick - EPOCH),
             kind="period",
         )
-        return _Outcome(
-            written, version, (scan.files_read, scan.files_total), result, lambda group, start: start == prev_tick
-        )
+        return _Outcome(written, version, (scanned[0], scanned[1]), result, lambda group, start: start == prev_tick)
 
     return _recorded(
         ctx,

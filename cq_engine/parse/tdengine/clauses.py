@@ -22,7 +22,11 @@ def group_clause(scope: Scope, word: str, toks: list[Token]) -> tuple[str, ...]:
     parsed = plain_select(frag, frag.parse("SELECT 1 GROUP BY "), "expressions", "group")
     names: list[str] = []
     for node in parsed.args["group"].expressions:
-        if not isinstance(node, exp.Column) or node.table or frag.offset_of(node) in scope.marks:
+        if not isinstance(node, exp.Column) or frag.offset_of(node) in scope.marks:
+            raise frag.error(node, f"{word} in a stream's query takes column names")
+        if node.table and scope.join_sides:
+            node = scope.resolve(node, frag, word)  # a join's side: alias.col
+        if not isinstance(node, exp.Column) or node.table:
             raise frag.error(node, f"{word} in a stream's query takes column names")
         if node.name.lower() in (n.lower() for n in names):
             raise frag.error(node, f"{node.name!r} is named twice in {word}")

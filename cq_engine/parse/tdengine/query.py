@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
-from cq_engine.model import PLACEHOLDERS, partition_placeholder, placeholder_column
+from cq_engine.durations import micros
+from cq_engine.model import (
+    PLACEHOLDERS,
+    SUB_WSTART,
+    SubWindows,
+    join_column,
+    partition_placeholder,
+    placeholder_column,
+)
 from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
 from cq_engine.parse.functions import check_functions
@@ -75,6 +83,9 @@ class Scope:
         self.group_by: tuple[str, ...] = ()  # the new form's query: GROUP BY / PARTITION BY columns
         self.groups_rows = False  # GROUP BY (one row per group), not PARTITION BY (the rows kept)
         self.used: set[int] = set()
+        self.aliases: tuple[str, ...] = ()  # the query's FROM table or subquery: ``alias.col`` is ``col``
+        self.join_sides: dict[str, int] = {}  # a join's aliases → side (``model.join_column``)
+        self.sub_windows: SubWindows | None = None  # the query's INTERVAL: _wstart... are its sub-window's
         self.tz = "UTC"  # CQ_TIMEZONE: TODAY(), TO_ISO8601, TIMETRUNCATE by day
         self.durations = tdf.durations(cur.tokens)  # 1s, 10a: offset -> (end, microseconds)
         # TWA's arguments interpolated at the bounds of INTERVAL / SLIDING windows over %%trows
@@ -119,6 +130,15 @@ class Scope:
             raise frag.error(query, f"subqueries are not supported in a stream's {clause}")
 
         def visit(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column) and n.table:
+                qualifier = n.table.lower()
+                if qualifier in self.join_sides:
+                    return exp.column(join_column(self.join_sides[qualifier], n.name))
+                if qualifier in (a.lower() for a in self.aliases):
+                    n = exp.Column(this=n.this)
+                elif self.form == "new":
+                    known = ", ".join([*self.aliases, *self.join_sides]) or "none: name the column alone"
+                    raise frag.error(n, f"{n.table!r} is not a table of this query (its tables: {known})")
             if not isinstance(n, exp.Column) or n.table:
                 return n
             if n.this.args.get("quoted"):  # TDengine: "text" is a string like 'text' (identifiers use `...`)
@@ -129,6 +149,12 @@ class Scope:
             if offset in self.marks:
                 self.used.add(offset)
                 return exp.column(self._percent(self.marks[offset], clause))
+            if self.sub_windows is not None and n.name.lower() in OLD_PLACEHOLDERS:
+                if clause not in ("SELECT", "HAVING", "ORDER BY"):
+                    raise frag.error(
+                        n, f"{n.name} (the query's sub-window) can only be used in SELECT, HAVING and ORDER BY"
+                    )
+                return sub_placeholder(n.name, self.sub_windows)
             if n.name.lower() in PLACEHOLDERS:
                 self.check_placeholder(n.name, offset, clause)
                 return exp.column(placeholder_column(n.name))
@@ -241,6 +267,20 @@ class Scope:
                 raise self.cur.error_at(mark.token, f"{mark.text} can only be used in {_percent_clauses(mark)}")
 
 
+def sub_placeholder(name: str, windows: SubWindows) -> exp.Expression:
+    """``_wstart`` / ``_wend`` / ``_wduration`` of a query's sub-window, over ``SUB_WSTART``."""
+    start = exp.column(SUB_WSTART)
+    size = micros(windows.interval)
+    if name.lower() == "_wstart":
+        return start
+    if name.lower() == "_wend":
+        end = exp.Add(this=exp.func("unix_micros", start), expression=exp.Literal.number(size))
+        out = exp.func("timestamp_micros", end)
+        assert isinstance(out, exp.Expression)  # a call, built by sqlglot
+        return out
+    return exp.Literal.number(size // 1000)  # _wduration: milliseconds
+
+
 def _percent_clauses(mark: Mark) -> str:
     if mark.name.lower() == "trows":
         return "FROM"
@@ -269,9 +309,10 @@ def plain_select(frag: Fragment, parsed: exp.Expression, *keys: str) -> exp.Sele
 _WINDOW_WORDS = ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "EVENT_WINDOW")
 _ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "NOTIFY")
 # The new form's query is any TDengine query (seed 000): these clauses, in this order.
-_NEW_ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "GROUP BY", "HAVING", "ORDER BY", "SLIMIT", "LIMIT")
+_NEW_ORDER = (
+    "SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "FILL", "GROUP BY", "HAVING", "ORDER BY", "SLIMIT", "LIMIT"
+)  # fmt: skip
 _NEW_REJECTED = {
-    "FILL": "FILL is not supported in a stream's query: it needs a window clause in the query",
     "UNION": "UNION is not supported in a stream's query",
 }
 # The old form's subquery is seed 000's SELECT ... FROM ... [WHERE] [PARTITION BY] window_clause.
@@ -314,16 +355,7 @@ def split_query(cur: Cursor, tokens: list[Token], *, form: str) -> dict[str, tup
         tok = tokens[i]
         word = _clause_word(tokens, i) if depth == 0 and cases == 0 else None
         if word in _WINDOW_WORDS:
-            if current == "WINDOW":
-                word = None
-            elif form == "new":
-                raise cur.error_at(
-                    tok,
-                    f"a stream's query takes no window clause ({tok.text}): "
-                    "the trigger before INTO/AS defines the windows",
-                )
-            else:
-                word = "WINDOW"
+            word = None if current == "WINDOW" else "WINDOW"  # new form: the query's sub-windows
         order = _NEW_ORDER if form == "new" else _ORDER
         if form == "new" and word in _NEW_REJECTED:
             raise cur.error_at(tok, _NEW_REJECTED[word])
@@ -337,7 +369,8 @@ def split_query(cur: Cursor, tokens: list[Token], *, form: str) -> dict[str, tup
             if form == "new" and {word, current} == {"PARTITION BY", "GROUP BY"}:
                 raise cur.error_at(tok, "a query takes PARTITION BY or GROUP BY, not both")
             if order.index(word) < order.index(current):
-                raise cur.error_at(tok, f"{word} must come before {current}")
+                said = tok.text.upper() if word == "WINDOW" else word  # INTERVAL, SESSION...
+                raise cur.error_at(tok, f"{said} must come before {current}")
             current = word
             clauses[word] = (tok, [])
             continue

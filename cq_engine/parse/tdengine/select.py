@@ -34,9 +34,15 @@ def derived_name(text: str) -> str:
 
 
 def select_items(
-    scope: Scope, toks: list[Token], *, sink_columns: tuple[str, ...] | None, columns_tok: Token | None
+    scope: Scope,
+    toks: list[Token],
+    *,
+    sink_columns: tuple[str, ...] | None,
+    columns_tok: Token | None,
+    sink_time: bool = True,
 ) -> tuple[tuple[SelectItem, ...], KeyBound]:
-    """The result columns and the bound the first one (the sink's time column) carries."""
+    """The result columns and the bound the first one (the sink's time column) carries; a subquery's
+    (``sink_time=False``) first column is a column like the others."""
     cur = scope.cur
     parts = split_top(toks)
     for part in parts:
@@ -50,7 +56,7 @@ def select_items(
         raise cur.error_at(
             columns_tok, f"the column list names {len(sink_columns)} columns but SELECT has {len(nodes)}"
         )
-    key_bound = _first_column(scope, frag, nodes[0], parts[0])
+    key_bound = _first_column(scope, frag, nodes[0], parts[0]) if sink_time else "start"
     items: list[SelectItem] = []
     nodes_resolved: list[exp.Expression] = []
     seen: dict[str, int] = {}
@@ -112,7 +118,8 @@ def _row_time(scope: Scope, frag: Fragment, body: exp.Expression) -> bool:
     """``body`` is a timestamp of the rows read: a plain column (its type is checked against the
     table at load, ``catalog``) or FIRST / LAST / MIN / MAX / LAST_ROW of one."""
     if isinstance(body, exp.Column):
-        return not body.table and frag.offset_of(body) not in scope.marks and body.name.lower() not in PLACEHOLDERS
+        own = not body.table or body.table.lower() in scope.join_sides  # a join's side: alias.ts
+        return own and frag.offset_of(body) not in scope.marks and body.name.lower() not in PLACEHOLDERS
     name = (frag.written(body) or "").split("(")[0].strip().lower()
     args = list(body.iter_expressions())
     return name in _ROW_TIME_AGGREGATES and len(args) == 1 and _row_time(scope, frag, args[0])
@@ -123,6 +130,8 @@ def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list
     keys = dict(_KEYS[scope.family])
     if scope.family in ("window", "old") and not scope.interval_window:
         keys = {k: v for k, v in keys.items() if v == "start"}
+    if scope.sub_windows is not None and isinstance(body, exp.Column) and body.name.lower() == "_wstart":
+        return "row"  # the query's sub-window start: a time within the trigger's range, checked per run
     if isinstance(body, exp.Column) and not body.table and body.name.lower() in PLACEHOLDERS:
         scope.check_placeholder(body.name, frag.offset_of(body), "SELECT")  # the wrong trigger's: say so
     if isinstance(body, exp.Column) and not body.table and body.name.lower() in keys:

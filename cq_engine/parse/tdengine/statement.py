@@ -16,11 +16,20 @@ from typing import Literal
 
 from sqlglot.tokens import Token, TokenType
 
-from cq_engine.model import SlidingTrigger, SourceLocation, Stream, TableDecl
+from cq_engine.model import DATA_SHAPED, SlidingTrigger, SourceLocation, Stream, TableDecl
 from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.ekuiper import has_window_function, is_ekuiper_stream, parse_ekuiper_stream, parse_rule
 from cq_engine.parse.options import ParseOptions
 from cq_engine.parse.tdengine.clauses import group_clause, having_clause, limit_clause, order_clause
+from cq_engine.parse.tdengine.compose import (
+    check_outer,
+    check_qualified,
+    row_columns,
+    split_union,
+    subquery,
+    with_layers,
+)
+from cq_engine.parse.tdengine.joins import has_join, join_conditions, parse_joins
 from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
 from cq_engine.parse.tdengine.options import (
     old_stream_options,
@@ -33,6 +42,7 @@ from cq_engine.parse.tdengine.options import (
 from cq_engine.parse.tdengine.partition import old_partition, old_tags, partition_names
 from cq_engine.parse.tdengine.query import Scope, find_marks, from_clause, split_query, where_clause
 from cq_engine.parse.tdengine.select import select_items
+from cq_engine.parse.tdengine.subwindows import fill_clause, sub_windows
 from cq_engine.parse.tdengine.triggers import NEW_TRIGGERS, parse_trigger, parse_window
 
 # The new form's clauses after the trigger, in the order they must come ("(" is INTO's column list).
@@ -65,7 +75,8 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
         _old_form(cur, scope, name_tok, fields)
     scope.check_all_used()
     line, col = cur.source.line_col(start.start)
-    return Stream(
+    inner, union = fields.pop("subquery", None), fields.pop("union", ())
+    top = Stream(
         name=name_tok.text,
         form=form,
         if_not_exists=if_not_exists,
@@ -73,6 +84,7 @@ def parse_create_stream(cur: Cursor, opts: ParseOptions, start: Token) -> Stream
         sql=" ".join(cur.source.text[start.start : cur.end].split()),
         **fields,
     )
+    return with_layers(top, inner, union)
 
 
 def _header_partition(cur: Cursor) -> tuple[str, ...]:
@@ -111,6 +123,18 @@ def _new_form(cur: Cursor, opts: ParseOptions, scope: Scope, name_tok: Token, f:
         raise cur.error_at(done["INTO"], "INTO needs AS SELECT ...: the query computes what is written")
     if query is not None:
         _new_query(cur, scope, query, f, done.get("("))
+        if f.get("union"):
+            shaping = (
+                ("OUTPUT_SUBTABLE", [f.get("output_subtable")]),
+                ("TAGS", [t.expression for t in f.get("tags", ())]),
+            )
+            for key, sqls in shaping:
+                if any(row_columns(sql) for sql in sqls if sql):
+                    raise cur.error_at(
+                        done[key],
+                        f"{key} of a UNION ALL stream names the trigger group's values as %%n or %%tbname: "
+                        "the queries' rows have no other column in common",
+                    )
     if notify_where_toks:
         names = tuple(i.name for i in f.get("select", ()))
         assert notify is not None  # NOTIFY's WHERE came with the NOTIFY clause
@@ -165,59 +189,180 @@ def _new_header(
 
 
 def _new_query(cur: Cursor, scope: Scope, query: list[Token], f: dict, columns_tok: Token | None) -> None:
-    """``AS SELECT ... FROM %%trows | %%tbname | table [WHERE ...]``."""
-    clauses = split_query(cur, query, form="new")
-    source, is_placeholder, tok = from_clause(scope, *clauses["FROM"])
+    """``AS query [UNION ALL query ...]``, each ``SELECT ... FROM %%trows | %%tbname | table |
+    (query) [WHERE ...] ...``."""
+    f.update(_queries(cur, scope, query, f, columns_tok, layer="top"))
+
+
+def _queries(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_tok, *, layer: str) -> dict:
+    """A query and its UNION ALL branches (under ``union``) as fields of a ``Stream``; ``layer`` is
+    ``top`` (the stream's: its first column is the sink's time column) or ``inner`` (a subquery's)."""
+    branches = split_union(cur, tokens)
+    composed = layer != "top" or len(branches) > 1
+    first = _one_query(cur, scope, branches[0], f, columns_tok, layer=layer, composed=composed)
+    rest = [_one_query(cur, scope, b, f, None, layer=layer, composed=True) for b in branches[1:]]
+    for branch, q in zip(branches[1:], rest):
+        if len(q["select"]) != len(first["select"]):
+            raise cur.error_at(
+                branch[0],
+                f"the queries of a UNION ALL give the same number of columns: this one gives "
+                f"{len(q['select'])}, the first {len(first['select'])}",
+            )
+        if layer == "top" and q["key_bound"] != first["key_bound"]:
+            raise cur.error_at(
+                branch[0],
+                "the queries of a UNION ALL take the same kind of first column (the sink's time column): "
+                "all a window placeholder, or all a row's own timestamp",
+            )
+    if rest:
+        first["union"] = rest
+    return first
+
+
+def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_tok, *, layer: str, composed: bool):
+    clauses = split_query(cur, tokens, form="new")
+    q: dict = {}
+    saved = scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows
+    scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = (), False, [], (), {}
+    scope.sub_windows = None
+    sub = _from(cur, scope, clauses["FROM"], f, q)
+    _query(scope, clauses, q, f, columns_tok, sink_time=layer == "top")
+    if (composed or q.get("joins")) and scope.interpolated:
+        raise cur.error_at(
+            clauses["SELECT"][1][0],
+            "TWA over %%trows in INTERVAL / SLIDING windows interpolates at the window's bounds, "
+            "which a subquery, a join or a UNION ALL branch does not have: use it in a query of its own",
+        )
+    if sub is not None:
+        outer = [t for t in tokens if not clauses["FROM"][1][0].start <= t.start <= clauses["FROM"][1][-1].end]
+        check_outer(cur, q, q["subquery"], outer)
+    if q.get("joins"):
+        check_qualified(cur, q, tokens)
+    scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows = saved
+    return q
+
+
+def _from(cur: Cursor, scope: Scope, clause: tuple[Token, list[Token]], f: dict, q: dict):
+    """FROM into ``q``: its ``reads`` and ``source``, a subquery's fields, a join's; the subquery's
+    tokens and alias, if it is one."""
+    toks = clause[1]
+    sub = subquery(cur, toks)
+    if sub is not None:
+        q["subquery"] = _queries(cur, scope, sub[0], f, None, layer="inner")
+        q["reads"], q["source"] = "query", _leaf(q["subquery"])["source"]
+        scope.aliases = (sub[1],) if sub[1] else ()
+        return sub
+    if has_join(scope, toks):
+        scope.used.add(toks[0].start)
+        scope.join_sides, joined = parse_joins(scope, toks)
+        q["joins"] = join_conditions(scope, joined)
+        source, is_placeholder, tok = "trows", True, toks[0]
+    else:
+        source, is_placeholder, tok = from_clause(scope, *clause)
     if is_placeholder:
         if source == "tbname" and "tbname" not in (p.lower() for p in scope.partition_by):
             raise cur.error_at(tok, "FROM %%tbname (each group's own table) needs PARTITION BY tbname")
-        f["reads"], trigger_table = source, f.get("trigger_table")
+        q["reads"], trigger_table = source, f.get("trigger_table")
         if trigger_table is None:
             raise cur.error_at(
                 tok, f"FROM {scope.marks[tok.start].text} needs a trigger table: add FROM table after the trigger"
             )
         source = trigger_table
     else:
-        f["reads"] = "table"  # each trigger reads its span of another table
-    f["source"] = source
-    _query(scope, clauses, f, columns_tok)
+        q["reads"] = "table"  # each trigger reads its span of another table
+        scope.aliases = (source,)  # table.col is col
+    q["source"] = source
+    return None
 
 
-def _query(scope: Scope, clauses: dict, f: dict, columns_tok: Token | None) -> None:
+def _fill_fits(scope: Scope, clauses: dict, f: dict, at: Token) -> None:
+    """FILL needs the trigger's range (time windows, PERIOD) and comes without HAVING / LIMIT / SLIMIT,
+    whose order with the filled rows is not built."""
+    if f["trigger"].kind in DATA_SHAPED:
+        raise scope.cur.error_at(at, f"FILL needs a trigger window of fixed range, not {scope.label}'s")
+    for word in ("HAVING", "LIMIT", "SLIMIT"):
+        if word in clauses:
+            raise scope.cur.error_at(clauses[word][0], f"{word} with FILL is not supported")
+
+
+def _leaf(q: dict) -> dict:
+    """The first query reading a table among ``q`` and its subqueries."""
+    return _leaf(q["subquery"]) if q.get("subquery") is not None else q
+
+
+def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | None, *, sink_time: bool = True) -> None:
+    """The clauses of one query into ``q`` (``f``: the statement's fields, for its trigger and sink)."""
+    if "WINDOW" in clauses and scope.form == "new":  # the old form's is its trigger
+        wtok, wtoks = clauses["WINDOW"]
+        scope.sub_windows = q["sub_windows"] = sub_windows(scope, [wtok, *wtoks])
+        if "GROUP BY" in clauses:
+            raise scope.cur.error_at(clauses["GROUP BY"][0], "a query with INTERVAL takes PARTITION BY, not GROUP BY")
+    if "FILL" in clauses and scope.form == "new":
+        ftok, ftoks = clauses["FILL"]
+        if scope.sub_windows is None:
+            raise scope.cur.error_at(ftok, "FILL needs INTERVAL(...) in the query: it fills the query's sub-windows")
+        scope.sub_windows = q["sub_windows"] = fill_clause(scope, scope.sub_windows, ftoks, ftok)
+        _fill_fits(scope, clauses, f, ftok)
     if "WHERE" in clauses:
-        f["where"] = where_clause(scope, clauses["WHERE"][1])
+        q["where"] = where_clause(scope, clauses["WHERE"][1])
     for word in ("PARTITION BY", "GROUP BY"):
         if word in clauses and scope.form == "new":
-            scope.group_by = f["group_by"] = group_clause(scope, word, clauses[word][1])
+            scope.group_by = q["group_by"] = group_clause(scope, word, clauses[word][1])
             scope.groups_rows = word == "GROUP BY"
-            f["partitions_query"] = word == "PARTITION BY"
+            q["partitions_query"] = word == "PARTITION BY"
     # TDengine's interval operator interpolates TWA at a time window's bounds from the rows around it;
     # a query reading another table is a plain aggregate over what its WHERE selects.
-    scope.interpolates = (scope.interval_window or scope.family == "sliding") and f.get("reads", "trows") == "trows"
-    f["select"], f["key_bound"] = select_items(
-        scope, clauses["SELECT"][1], sink_columns=f.get("sink_columns"), columns_tok=columns_tok
+    scope.interpolates = (scope.interval_window or scope.family == "sliding") and q.get("reads", "trows") == "trows"
+    if scope.interpolates and q.get("joins"):
+        twa = next((t for t in clauses["SELECT"][1] if t.text.lower() == "twa"), None)
+        if twa is not None:
+            raise scope.cur.error_at(
+                twa,
+                "TWA over %%trows in INTERVAL / SLIDING windows interpolates at the window's bounds from "
+                "the trigger rows around it, which a join query does not have: use it in a query of its own",
+            )
+    q["select"], q["key_bound"] = select_items(
+        scope,
+        clauses["SELECT"][1],
+        sink_columns=f.get("sink_columns") if columns_tok is not None else None,
+        columns_tok=columns_tok,
+        sink_time=sink_time,
     )
     scope.interpolates = False
     if scope.interpolated:
-        f["interpolated"] = tuple(scope.interpolated)
+        q["interpolated"] = tuple(scope.interpolated)
+    if scope.sub_windows is not None and not any(i.is_aggregate for i in q["select"]):
+        raise scope.cur.error_at(
+            clauses["WINDOW"][0], "a query's INTERVAL aggregates each sub-window's rows: its SELECT needs an aggregate"
+        )
+    aggregates = sum(i.is_aggregate for i in q["select"])
+    if (
+        scope.sub_windows is not None
+        and scope.sub_windows.fill == "value"
+        and len(scope.sub_windows.fill_values) != aggregates
+    ):
+        raise scope.cur.error_at(
+            clauses["FILL"][0],
+            f"FILL(VALUE, ...) gives {len(scope.sub_windows.fill_values)} value(s) for the query's {aggregates} aggregate(s)",
+        )
     if scope.form == "new":
-        _after_select(scope, clauses, f)
+        _after_select(scope, clauses, q, f)
 
 
-def _after_select(scope: Scope, clauses: dict, f: dict) -> None:
+def _after_select(scope: Scope, clauses: dict, q: dict, f: dict) -> None:
     """HAVING, ORDER BY, SLIMIT and LIMIT of the new form's query, and the rule for a row's own time
     as the sink's time column."""
-    items, grouped = f["select"], scope.partition_by + scope.group_by
+    items, grouped = q["select"], scope.partition_by + scope.group_by
     if "HAVING" in clauses:
-        f["having"] = having_clause(scope, clauses["HAVING"][1], items, grouped)
+        q["having"] = having_clause(scope, clauses["HAVING"][1], items, grouped)
     if "ORDER BY" in clauses:
-        f["order_by"] = order_clause(scope, clauses["ORDER BY"][1], items, grouped)
+        q["order_by"] = order_clause(scope, clauses["ORDER BY"][1], items, grouped)
     for word, count, skip in (("LIMIT", "limit", "offset"), ("SLIMIT", "slimit", "soffset")):
         if word in clauses:
-            f[count], f[skip] = limit_clause(scope, word, clauses[word][1])
+            q[count], q[skip] = limit_clause(scope, word, clauses[word][1])
     if "SLIMIT" in clauses and not scope.group_by:
         raise scope.cur.error_at(clauses["SLIMIT"][0], "SLIMIT needs GROUP BY or PARTITION BY in the query")
-    if f["key_bound"] != "row":
+    if q["key_bound"] != "row":
         return
     at = clauses["SELECT"][1][0]
     trig = f["trigger"]
@@ -272,7 +417,7 @@ def _old_form(cur: Cursor, scope: Scope, name_tok: Token, f: dict) -> None:
     window = [wtok, *wtoks]
     f["trigger"], _ = parse_window(cur.sub(window, window[-1].end + 1), scope)
     f["options"] = old_stream_options(cur, old, f["trigger"], scope.label)
-    _query(scope, clauses, f, columns_tok)
+    _query(scope, clauses, f, f, columns_tok)
     if "NOTIFY" in clauses:
         ntok, ntoks = clauses["NOTIFY"]
         f["notify"] = parse_old_notify(cur.sub([ntok, *ntoks], cur.end))

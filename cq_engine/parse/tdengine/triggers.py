@@ -158,6 +158,19 @@ def _interval(cur: Cursor, keyword: Token) -> tuple[timedelta, timedelta, Token]
     return interval, offset, itok
 
 
+def interval_sliding(cur: Cursor, keyword: Token) -> tuple[timedelta, timedelta, timedelta]:
+    """``INTERVAL(i[, offset]) [SLIDING(s)]`` after the INTERVAL keyword: (i, offset, s); s is i without
+    SLIDING (the old form's window clause, a new-form query's sub-windows)."""
+    interval, offset, _ = _interval(cur, keyword)
+    sliding = interval
+    if cur.is_word("SLIDING"):
+        skw = cur.advance()
+        parts, close = _args(cur, skw, "SLIDING(sliding)", most=1)
+        sliding, stok = _duration(cur, parts[0], close, "SLIDING")
+        _sliding_within(cur, sliding, stok, interval)
+    return interval, offset, sliding
+
+
 def _sliding_within(cur: Cursor, sliding: timedelta, stok: Token, interval: timedelta) -> None:
     if sliding > interval:
         raise cur.error_at(stok, "SLIDING must not be greater than INTERVAL")
@@ -224,13 +237,7 @@ def parse_window(cur: Cursor, scope: Scope) -> tuple[WindowTrigger, Token]:
     scope.label = word
     trigger: WindowTrigger
     if word == "INTERVAL":
-        interval, ioffset, _ = _interval(cur, keyword)
-        sliding = interval
-        if cur.is_word("SLIDING"):
-            skw = cur.advance()
-            parts, close = _args(cur, skw, "SLIDING(sliding)", most=1)
-            sliding, stok = _duration(cur, parts[0], close, "SLIDING")
-            _sliding_within(cur, sliding, stok, interval)
+        interval, ioffset, sliding = interval_sliding(cur, keyword)
         scope.interval_window = True
         trigger = SlidingTrigger(sliding=sliding, interval=interval, interval_offset=ioffset)
     elif word == "SLIDING":
