@@ -60,7 +60,11 @@ class OpenTables:
             return None
         try:
             if version is None:
-                dt.update_incremental()
+                # Only when there is a newer commit: update_incremental lists the log and reads
+                # _last_checkpoint even when there is none, and on an object store a probe for the
+                # next version is one HEAD (a commit landing after it is the commit's conflict).
+                if _exists(uri, dt.version() + 1, storage_options):
+                    dt.update_incremental()
             elif dt.version() < version:
                 dt.load_as_version(version)  # forward: the commits since, as update_incremental
         except DeltaError:
@@ -81,6 +85,11 @@ class OpenTables:
             self._free.move_to_end(uri)
             while len(self._free) > self._limit:
                 self._free.popitem(last=False)
+
+
+def _exists(uri: str, version: int, storage_options: Mapping[str, str] | None) -> bool:
+    fs, root = log._filesystem(log._normalize(uri), storage_options)
+    return log._exists(fs, f"{root}/_delta_log/{log._json_name(version)}")
 
 
 def _stamp(uri: str, version: int, storage_options: Mapping[str, str] | None) -> tuple[int, int] | None:
