@@ -180,12 +180,14 @@ def _inflight(path: Path) -> Path:
 
 
 def process_exiting() -> bool:
-    """Has this process begun to exit? Once its main thread has finished, Python runs the exit hooks
-    of ``concurrent.futures`` before it waits for the other threads, and every thread pool refuses new
-    work ("cannot schedule new futures after interpreter shutdown"), Spark Connect's own included. A
-    Dagster code server the daemon replaces (a sensor evaluation past its gRPC deadline) exits so
-    while the old evaluation still computes in a thread of it."""
-    return not threading.main_thread().is_alive()
+    """Has this process begun to exit? Python's exit first runs the exit hooks of ``threading``, among
+    them ``concurrent.futures``' (every thread pool then refuses new work, Spark Connect's own
+    included: "cannot schedule new futures after interpreter shutdown"), and waits there for the
+    pools' running work before it stops the main thread. A Dagster code server the daemon replaces
+    (a sensor evaluation past its gRPC deadline) exits so while the old evaluation still computes in
+    one of its gRPC pool's threads. ``threading._SHUTTING_DOWN`` is set before those hooks run
+    (CPython 3.10 and later); a stopped main thread is the portable sign."""
+    return bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
 
 
 def run_rounds(
