@@ -96,7 +96,7 @@ class EngineContext:
         created = []
         for decl in self.catalog.tables:
             key = decl.name.lower()
-            if (wanted and key not in wanted) or (wanted and key in self._present):
+            if wanted and (key not in wanted or key in self._present):
                 continue
             if self.storage.create_table(decl):
                 created.append(decl.name)
@@ -109,14 +109,13 @@ class EngineContext:
         if sink:
             self.ensure_tables(sink)
         # Each open of a long Delta log costs: the source is opened once here and once to read.
-        if source.lower() in self._present:
-            return self.time_column(source)
-        if not self.storage.exists(source) and not self.ensure_tables(source):
-            raise TableError(
-                f"{name}: {role} table {source!r} does not exist (declare it with "
-                f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)"
-            )
-        self._present.add(source.lower())
+        if source.lower() not in self._present:
+            if not self.storage.exists(source) and not self.ensure_tables(source):
+                raise TableError(
+                    f"{name}: {role} table {source!r} does not exist (declare it with "
+                    f"CREATE TABLE in {self.settings.sql_dir} or load it with `cq ingest`)"
+                )
+            self._present.add(source.lower())
         return self.time_column(source)
 
     def time_column(self, table: str) -> str:
