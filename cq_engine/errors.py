@@ -68,6 +68,16 @@ class SparkError(CQError):
     """The Spark runtime cannot be started, reached or stopped."""
 
 
+class AlreadyCommitted(CQError):
+    """A write made ``once`` found its identity committed: the sink already holds this firing (or a
+    later one of the same definition), written by another run. Not a failure: nothing is written and
+    the ledger records nothing; ``version`` is the sink's version that holds it."""
+
+    def __init__(self, table: str, app_id: str, app_version: int, *, version: int):
+        self.table, self.app_id, self.app_version, self.version = table, app_id, app_version, version
+        super().__init__(f"table '{table}' already holds {app_id} at {app_version} or later (version {version})")
+
+
 class RunError(CQError):
     """A definition's run failed on something its load-time checks could not see (data, the cluster);
     ``str()`` is one line naming the definition and its file, the cause (and its trace) is chained."""

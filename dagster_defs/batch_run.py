@@ -13,6 +13,7 @@ from functools import partial
 import dagster as dg
 
 from cq_engine.context import RunResult
+from cq_engine.errors import AlreadyCommitted
 from cq_engine.resample.rounds import Stopped, execute_rounds
 from cq_engine.scheduling.batch import RUNNING
 from cq_engine.scheduling.runs import KeyedRuns, SinkCommit, committed_through
@@ -116,7 +117,10 @@ def run_batch(
                     f"{value[1]}, which this run's firings follow; the sensor retries them from there"
                 )
                 continue
-            if outcome == "skipped":
+            if outcome == "skipped" and isinstance(value, AlreadyCommitted):
+                # Another run committed it (and reports it): its sink holds the firing's identity.
+                context.log.warning(f"{d.name}: firing {iso(fire)} already committed by another run ({value}); skipped")
+            elif outcome == "skipped":
                 context.log.info(f"{d.name}: firing {iso(fire)} already succeeded (ledger); skipped")
                 # Committed by a run killed before it reported the firing: reported now, once.
                 if d.name not in reported:

@@ -170,6 +170,19 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     )
     assert again.success and again.asset_materializations_for_node("cq_firings") == []
     assert len(Engine(settings=settings).ledger.entries("b")) == 2
+    # Not a retry (a second run of the same firings: a lost cursor, a run failed while it ran): the
+    # sink holds each firing's identity, so nothing is computed into it or recorded again.
+    twice = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"b": firings["b"]}}}}},
+        asset_selection=[dg.AssetKey("b_out")],
+    )
+    assert twice.success and twice.asset_materializations_for_node("cq_firings") == []
+    assert len(Engine(settings=settings).ledger.entries("b")) == 2
+    said = [
+        e.user_message for e in instance.all_logs(twice.run_id) if "already committed by another run" in e.user_message
+    ]
+    assert len(said) == len(firings["b"]), said
 
     # A gap (b's 14:19:20 never ran, 14:19:40 did) fails b's check until a recalculation fills it.
     gap = job.execute_in_process(

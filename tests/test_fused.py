@@ -18,6 +18,7 @@ from cq_engine.times import parse_time
 
 DATA = Path(__file__).parent / "data"
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
+M1 = timedelta(minutes=1)
 
 # Same source, range and grouping (one shared aggregation), plus queries that cannot share it
 # (FILL, HAVING, LIMIT, another grouping, a WHERE, row-wise), and columns that are NULL for one
@@ -185,6 +186,28 @@ def test_a_failing_firing_costs_only_itself(spark, tmp_path):
     status = {(e.definition, e.status) for e in engine.ledger.entries()}
     assert status == {("good1", "succeeded"), ("good2", "succeeded"), ("bad", "failed"), ("nosrc", "failed")}
     assert not engine.storage.exists("bad_out") or engine.storage.version("bad_out") == 0
+
+
+def test_a_firing_another_run_committed_is_skipped_and_recorded_once(spark, tmp_path):
+    # Two runs of the same firings (a sensor that lost its cursor, a run failed while its worker went
+    # on): the second finds each sink holding the firing's identity and records nothing, even with
+    # rows added to the source in between (computing again would record the firing twice).
+    first = _engine(spark, tmp_path)
+    second = Engine(settings=first.settings, spark_session=spark)
+    fire = T0 + timedelta(minutes=2)
+    requests = [FiringRequest(cq=first.continuous_query(n), fire_time=fire) for n in NAMES]
+    assert all(type(o).__name__ == "RunResult" for o in run_firings(first.ctx, requests))
+    sinks = {n: _sink(first, n) for n in NAMES}
+    first.storage.append("m", _rows().slice(0, 30))
+    again = run_firings(second.ctx, requests)
+    assert [type(o).__name__ for o in again] == ["AlreadyCommitted"] * len(NAMES)
+    assert {n: _sink(second, n) for n in NAMES} == sinks
+    entries = [(e.definition, e.fire_time, e.status) for e in second.ledger.entries()]
+    assert sorted(entries) == sorted((n, fire, "succeeded") for n in NAMES)
+    # An earlier firing, after the later one committed, is refused the same way; a later one runs.
+    (early,) = run_firings(second.ctx, [FiringRequest(cq=second.continuous_query(NAMES[0]), fire_time=fire - M1)])
+    (late,) = run_firings(second.ctx, [FiringRequest(cq=second.continuous_query(NAMES[0]), fire_time=fire + M1)])
+    assert type(early).__name__ == "AlreadyCommitted" and type(late).__name__ == "RunResult"
 
 
 def test_one_firing_per_definition(spark, tmp_path):

@@ -15,7 +15,7 @@ from test_runner import make_engine
 
 from cq_engine import jars
 from cq_engine.config import Settings, load_settings
-from cq_engine.errors import CQError, TableError
+from cq_engine.errors import AlreadyCommitted, CQError, TableError
 from cq_engine.storage.delta import DeltaRsStorage
 from cq_engine.storage.factory import make_storage
 from cq_engine.storage.predicates import groups_predicate, range_predicate
@@ -308,6 +308,31 @@ def _cells(rows: list[tuple]) -> pa.Table:
             "n": pa.array([r[3] for r in rows], pa.int64()),
         }
     )
+
+
+@pytest.mark.parametrize("storage", ["deltars", "spark-driver", "spark-executors", "spark-frame"])
+def test_a_firing_upserted_once_is_not_written_again_by_a_second_run(spark, tmp_path, storage):
+    # A batch run's firing (once): a sink that holds the firing's identity at its version or later
+    # is left alone, whichever path writes it (delta-rs, or Spark's MERGE with txnAppId/txnVersion).
+    engine = make_engine(
+        tmp_path,
+        spark,
+        SQL,
+        storage="deltars" if storage == "deltars" else "spark",
+        spark_write_bytes=0 if storage in ("spark-executors", "spark-frame") else Settings.spark_write_bytes,
+    )
+    s = engine.storage
+    kwargs = dict(time_column="ts", keys=("device",), time_range=(T0, T0 + 10 * M), app_id="test/once", once=True)
+    rows = _cells([(0, "a", 1.0, 1)])
+    v = s.upsert_cells("per_minute_out", rows, app_version=5, source_versions={"readings": 1}, **kwargs)
+    again = _cells([(0, "a", 9.0, 9), (1, "b", 9.0, 9)])
+    for version, source in ((5, 2), (4, 2)):  # the same firing on newer data, an earlier firing
+        data = spark.createDataFrame(again) if storage == "spark-frame" else again
+        with pytest.raises(AlreadyCommitted):
+            s.upsert_cells("per_minute_out", data, app_version=version, source_versions={"readings": source}, **kwargs)
+    assert s.version("per_minute_out") == v and sink(engine, "per_minute_out") == [(T0, "a", 1.0, 1)]
+    later = s.upsert_cells("per_minute_out", again, app_version=6, source_versions={"readings": 2}, **kwargs)
+    assert later > v and sorted(sink(engine, "per_minute_out"), key=str) == [(T0, "a", 9.0, 9), (T0 + M, "b", 9.0, 9)]
 
 
 @pytest.mark.parametrize("storage", ["deltars", "spark-driver", "spark-executors", "spark-frame"])

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from cq_engine.errors import CQError, TableError
+from cq_engine.errors import AlreadyCommitted, CQError, TableError
 from cq_engine.model import Column, SourceLocation, TableDecl
 from cq_engine.storage.base import Storage
 from cq_engine.storage.delta import DeltaRsStorage, arrow_type, range_predicate
@@ -373,3 +373,76 @@ def test_unsafe_rename_on_an_s3_warehouse_is_said_once(monkeypatch, caplog):
         caplog.records[0].getMessage()
     ]
     assert "conditional PUT" in caplog.records[0].getMessage()
+
+
+# -- a firing committed once (upsert_cells(once=True)) ------------------------------------------------
+def _points(values: list[float]) -> pa.Table:
+    return pa.table(
+        {
+            "ts": pa.array([T0 + timedelta(seconds=i) for i in range(len(values))], pa.timestamp("us", tz="UTC")),
+            "device": ["d1"] * len(values),
+            "v": pa.array(values, pa.float64()),
+        }
+    )
+
+
+def _upsert(s: DeltaRsStorage, values: list[float], version: int, **kw) -> int:
+    return s.upsert_cells(
+        "sink",
+        _points(values),
+        time_column="ts",
+        keys=("device",),
+        time_range=(T0, T0 + timedelta(minutes=1)),
+        app_id="cq-engine/q/firing#abc",
+        app_version=version,
+        **kw,
+    )
+
+
+def _values(s: DeltaRsStorage) -> list[float]:
+    return DeltaTable(s.uri("sink")).to_pyarrow_table().sort_by("ts").column("v").to_pylist()
+
+
+def test_a_firing_committed_once_is_refused_to_a_second_run_and_to_an_earlier_firing(tmp_path):
+    first, other = DeltaRsStorage(warehouse=str(tmp_path)), DeltaRsStorage(warehouse=str(tmp_path))
+    v = _upsert(first, [1.0, 2.0], 100, once=True)
+    for version in (100, 50):  # the same firing, or one before the last committed, by another process
+        with pytest.raises(AlreadyCommitted) as err:
+            _upsert(other, [9.0, 9.0], version, once=True)
+        assert err.value.version == v and "cq-engine/q/firing#abc" in str(err.value)
+    assert DeltaTable(first.uri("sink")).version() == v
+    assert _values(first) == [1.0, 2.0]
+    assert _upsert(other, [3.0], 200, once=True) == v + 1  # the next firing commits
+    assert _upsert(other, [4.0], 100) == v + 2  # without once (a recalculation) it always writes
+
+
+def test_a_firing_a_concurrent_writer_commits_first_is_skipped_after_the_conflict(tmp_path):
+    from cq_engine.storage.upsert import merge_deltars
+
+    winner, loser = DeltaRsStorage(warehouse=str(tmp_path)), DeltaRsStorage(warehouse=str(tmp_path))
+    base = _upsert(winner, [0.0], 1, once=True)
+    calls: list[int] = []
+
+    def race(dt, data, **kw):  # the winner commits the same firing between the loser's check and commit
+        calls.append(dt.version())
+        if len(calls) == 1:
+            _upsert(winner, [1.0, 2.0], 100, once=True)
+        merge_deltars(dt, data, **kw)
+
+    with pytest.raises(AlreadyCommitted) as err:
+        loser._upsert(
+            "sink",
+            _points([9.0, 9.0]),
+            time_column="ts",
+            keys=("device",),
+            time_range=(T0, T0 + timedelta(minutes=1)),
+            app_id="cq-engine/q/firing#abc",
+            app_version=100,
+            metadata=None,
+            txn=("cq-engine/q/firing#abc", 100),
+            once=True,
+            merge=race,
+        )
+    # delta-rs refused the commit (ConcurrentTransaction); the second attempt saw the winner's identity.
+    assert calls == [base] and err.value.version == base + 1
+    assert _values(winner) == [1.0, 2.0]

@@ -1,6 +1,7 @@
 """The shared stream sensor's pure bookkeeping (cq_engine.streams.rounds): run states, where works
 go, fairness, run keys, the ledger identity of a work and the journal of a lost cursor."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -70,11 +71,11 @@ def test_a_work_in_the_ledger_is_recognised_as_done(tmp_path):
         "CREATE STREAM s INTERVAL(10s) SLIDING(10s) FROM meters INTO s_out AS SELECT _twstart, count(*) AS n FROM %%trows;"
     )
     stream = load_catalog(str(tmp_path)).definition("s")
-    kind, tick, lo, hi, version = r.work_identity(stream, LIVE, "UTC")
+    kind, _, lo, hi, version = r.work_identity(stream, LIVE, "UTC")
     entry = LedgerEntry(
         definition="s",
         kind=kind,
-        fire_time=tick,
+        fire_time=LIVE.tick,
         range_start=lo,
         range_end=hi,
         source_versions={"meters": version},
@@ -87,6 +88,16 @@ def test_a_work_in_the_ledger_is_recognised_as_done(tmp_path):
     assert r.work_identity(stream, LIVE, "UTC") in r.done_works([entry], stream)
     later = StreamWork(version=4, windows=LIVE.windows, tick=T)
     assert r.work_identity(stream, later, "UTC") not in r.done_works([entry], stream)
+    # Planned again later from a lost cursor: the same windows over the same commit are done.
+    again = StreamWork(version=LIVE.version, windows=LIVE.windows, tick=LIVE.tick + timedelta(seconds=30))
+    assert r.work_identity(stream, again, "UTC") in r.done_works([entry], stream)
+    # A recalculation is its own: asked for again (a new tick), it runs again.
+    recalc = StreamWork(version=LIVE.version, kind="recalculate", windows=LIVE.windows, tick=LIVE.tick)
+    redo = LedgerEntry(**{**entry.__dict__, "kind": "recalculate"})
+    assert r.work_identity(stream, recalc, "UTC") in r.done_works([redo], stream)
+    assert r.work_identity(stream, replace(recalc, tick=T + timedelta(minutes=1)), "UTC") not in r.done_works(
+        [redo], stream
+    )
     failed = LedgerEntry(**{**entry.__dict__, "status": "failed"})
     assert r.done_works([failed], stream) == set()
 

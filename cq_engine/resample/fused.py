@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from cq_engine.context import EngineContext, RunResult
 from cq_engine.durations import micros
-from cq_engine.errors import located
+from cq_engine.errors import AlreadyCommitted, located
 from cq_engine.model import ContinuousQuery
 from cq_engine.resample import timing
 from cq_engine.resample.run import Prepared, prepare, run_firing
@@ -62,7 +62,8 @@ def run_firings(
 ) -> list[Outcome]:
     """Execute ``firings`` (at most one per definition: their sinks' ranges are committed
     independently) with one Spark job where they can share it; the outcome of each, in order: its
-    ``RunResult`` or the exception that failed it (recorded in the ledger as a failed firing).
+    ``RunResult``, the exception that failed it (recorded in the ledger as a failed firing), or
+    ``AlreadyCommitted`` for a firing another run committed (``Prepared.once``: recorded nowhere).
     ``on_outcome`` hears each outcome as it is known."""
     names = [f.cq.name for f in firings]
     if len(set(names)) != len(names):
@@ -87,7 +88,12 @@ def run_firings(
             try:
                 firing = timing.check_firing_time(f.cq.name, f.cq.resample, f.fire_time)
                 run = prepare(
-                    ctx, f.cq, [firing.fire_time], kind="firing", app_version=micros(firing.fire_time - EPOCH)
+                    ctx,
+                    f.cq,
+                    [firing.fire_time],
+                    kind="firing",
+                    app_version=micros(firing.fire_time - EPOCH),
+                    once=True,
                 )
                 if f.cq.source not in versions and ctx.storage.exists(f.cq.source):
                     versions[f.cq.source] = ctx.storage.version(f.cq.source)
@@ -139,7 +145,9 @@ def run_firings(
     for i in sorted(alone):
         f = firings[i]
         try:
-            done(i, run_firing(ctx, f.cq, f.fire_time))
+            done(i, run_firing(ctx, f.cq, f.fire_time, once=True))
+        except AlreadyCommitted as exc:
+            done(i, exc)
         except Exception as exc:
             done(i, located(f.cq.name, f.cq.location, exc))
     return [o for o in outcomes if o is not None]

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import partial
 
-from cq_engine.errors import CQError
+from cq_engine.errors import AlreadyCommitted, CQError
 from cq_engine.model import ContinuousQuery, Definition
 from cq_engine.resample.fused import FiringRequest, run_firings
 from cq_engine.times import UTC
@@ -113,7 +113,7 @@ def execute_rounds(
 
             if queries:
                 outcomes = run_firings(engine.ctx, queries, on_outcome=partial(_heard, out))
-                failed |= {f.cq.name for f, o in zip(queries, outcomes) if isinstance(o, Exception)}
+                failed |= {f.cq.name for f, o in zip(queries, outcomes) if _failed(o)}
             # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
             pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
             if progress is not None:
@@ -125,8 +125,14 @@ def execute_rounds(
                     progress(before, time.monotonic() - began)
 
 
+def _failed(outcome) -> bool:
+    return isinstance(outcome, Exception) and not isinstance(outcome, AlreadyCommitted)
+
+
 def _heard(out: queue.Queue, f: FiringRequest, outcome) -> None:
-    out.put(("failed" if isinstance(outcome, Exception) else "ok", f.cq, f.fire_time, outcome))
+    # A firing another run committed (its sink holds it) is skipped, as one the ledger holds is.
+    kind = "skipped" if isinstance(outcome, AlreadyCommitted) else "failed" if _failed(outcome) else "ok"
+    out.put((kind, f.cq, f.fire_time, outcome))
 
 
 def _period(engine, d: Definition, fire: datetime, out: queue.Queue) -> tuple[Definition, bool]:

@@ -32,10 +32,12 @@ Progress = Callable[[int, int], None]
 SINGLE_PARTITION_BYTES = 16 * 2**20  # of Parquet read: below it a run's Spark job has one partition
 
 
-def run_firing(ctx: EngineContext, cq: ContinuousQuery, fire_time: datetime) -> RunResult:
-    """Execute the firing of ``cq`` scheduled at ``fire_time`` (must be one of its firing times)."""
+def run_firing(ctx: EngineContext, cq: ContinuousQuery, fire_time: datetime, *, once: bool = False) -> RunResult:
+    """Execute the firing of ``cq`` scheduled at ``fire_time`` (must be one of its firing times).
+    ``once``: a firing whose sink holds it, or a later firing of ``cq``, already (committed by another
+    run) raises ``AlreadyCommitted`` and is recorded nowhere (``Prepared.once``)."""
     firing = timing.check_firing_time(cq.name, cq.resample, fire_time)
-    return execute(ctx, cq, [firing.fire_time], kind="firing", app_version=micros(firing.fire_time - EPOCH))
+    return execute(ctx, cq, [firing.fire_time], kind="firing", app_version=micros(firing.fire_time - EPOCH), once=once)
 
 
 def recalculate(
@@ -109,6 +111,11 @@ class Prepared:
     scans: list[Scan] = field(default_factory=list)
     inputs: list = field(default_factory=list)  # each plan's source frame (Spark DataFrames)
     groups: Groups = None  # the known group values at ``version`` (``plan.needs_groups``)
+    # The commit is Delta's idempotent write of (write_identity, app_version): a firing's versions grow
+    # with its time and a definition's firings commit in order (BLOCKED, DISCARD), so a sink holding
+    # this identity at this version or later holds this firing, and computing it again would record
+    # it twice (two runs of one firing under a lost sensor cursor or a run failed while it ran).
+    once: bool = False
 
     @property
     def whole(self) -> tuple[datetime, datetime]:
@@ -176,6 +183,7 @@ class Prepared:
             app_id=write_identity(self.cq, self.kind),
             app_version=self.app_version,
             source_versions={self.cq.source: self.version},
+            once=self.once,
             metadata={
                 "cq.definition": self.cq.name,
                 "cq.kind": self.kind,
@@ -207,9 +215,12 @@ def write_identity(cq: ContinuousQuery, kind: str) -> str:
     return f"cq-engine/{cq.name}/{kind}#{hashlib.sha256(cq.sql.encode()).hexdigest()[:12]}"
 
 
-def prepare(ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime], *, kind: str, app_version: int) -> Prepared:
+def prepare(
+    ctx: EngineContext, cq: ContinuousQuery, fires: list[datetime], *, kind: str, app_version: int, once: bool = False
+) -> Prepared:
     """The run of ``fires`` cut into coverage chunks (not planned yet: see ``Prepared.plan``)."""
-    return Prepared(cq=cq, kind=kind, fires=fires, app_version=app_version, covs=coverages(ctx, cq, fires))
+    covs = coverages(ctx, cq, fires)
+    return Prepared(cq=cq, kind=kind, fires=fires, app_version=app_version, covs=covs, once=once)
 
 
 def execute(
@@ -220,11 +231,12 @@ def execute(
     kind: str,
     app_version: int,
     progress: Progress | None = None,
+    once: bool = False,
 ) -> RunResult:
     """The one execution path of firings and recalculations: every chunk's plan streamed into one commit."""
     _ = ctx.spark  # a session start is not part of the run's cost
     clock = time.perf_counter()
-    run = prepare(ctx, cq, fires, kind=kind, app_version=app_version)
+    run = prepare(ctx, cq, fires, kind=kind, app_version=app_version, once=once)
     with run.recording(ctx) as rec:
         run.plan(ctx, rec)
         plans, storage = run.plans, ctx.storage

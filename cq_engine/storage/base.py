@@ -134,12 +134,16 @@ class Storage(Protocol):
         app_version: int,
         metadata: Mapping[str, str] | None = None,
         source_versions: Mapping[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """IoTDB's write of a continuous query's firing (``storage.upsert``): each row of ``data``
         (all inside ``time_range``) overwrites, where its cells are not NULL, the row with the same
         ``time_column`` and ``keys``, or is added; no row is deleted. One atomic commit carrying the
         application transaction (and, as ``replace_range``, Delta's idempotent-write identity where
-        the storage skips); creates the table if missing. Returns the new version."""
+        the storage skips); creates the table if missing. Returns the new version. ``once``: the
+        application transaction is Delta's idempotent-write identity (``txnAppId``/``txnVersion``): a
+        table that holds ``app_id`` at ``app_version`` or later is left alone and ``AlreadyCommitted``
+        raised, also when a concurrent writer commits it first (a conflict, checked again)."""
 
     def replace_where(
         self,

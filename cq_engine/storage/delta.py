@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Schema, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from cq_engine.errors import CQError, TableError
+from cq_engine.errors import AlreadyCommitted, CQError, TableError
 from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
 from cq_engine.storage.maintain import WRITER_HOOKS
@@ -345,19 +345,35 @@ class DeltaRsStorage(DeltaStateTables):
         return self._committed_version(table, commit_id)
 
     def _commit(
-        self, table: str, dt: DeltaTable, write: Callable[[], None], *, commit_id: str, txns: Mapping[str, int]
+        self,
+        table: str,
+        dt: DeltaTable,
+        write: Callable[[], None],
+        *,
+        commit_id: str,
+        txns: Mapping[str, int],
+        txn: tuple[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """Run ``write`` (one commit through ``dt``; retried on top of the table as it is now after a
-        conflict) and return the version it committed; ``dt`` goes back to ``open_tables``."""
+        conflict) and return the version it committed; ``dt`` goes back to ``open_tables``. After a
+        conflict, a table that now holds ``txn`` is not written again (``_skipped``): delta-rs refuses
+        a commit whose application transaction a concurrent commit carried (``ConcurrentTransaction``),
+        and writing it on top would commit the same firing twice."""
         base = [dt.version()]
 
         def attempt(n: int) -> None:
             if n:
                 dt.update_incremental()
+                if self._already_written(table, dt, txn):
+                    raise _Held
             base[0] = dt.version()
             write()
 
-        retry_conflicts(attempt)
+        try:
+            retry_conflicts(attempt)
+        except _Held:
+            return self._skipped(table, dt, txn, once=once)
         # The next version was claimed by an atomic create (a conditional PUT on S3, a rename that
         # refuses to overwrite elsewhere): one past the snapshot written on is this commit. After
         # delta-rs' own retries it is later, and looked up by the commit's id.
@@ -463,12 +479,13 @@ class DeltaRsStorage(DeltaStateTables):
         app_version: int,
         metadata: Mapping[str, str] | None = None,
         source_versions: Mapping[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """IoTDB's write of a firing (``storage.upsert``): each row of ``data`` (all inside
         ``time_range``) overwrites the non-NULL cells of the sink row with its ``time_column`` and
         ``keys``, or is inserted; nothing is deleted. One delta-rs MERGE commit carrying the
         application transaction (recorded only, as ``replace_range`` does here: ``source_versions``
-        is unused)."""
+        is unused); ``once``: skipped with ``AlreadyCommitted`` where the sink holds it (``Storage``)."""
         from cq_engine.storage.upsert import merge_deltars
 
         return self._upsert(
@@ -480,20 +497,25 @@ class DeltaRsStorage(DeltaStateTables):
             app_id=app_id,
             app_version=app_version,
             metadata=metadata,
-            txn=None,
+            txn=(app_id, app_version) if once else None,
+            once=once,
             merge=merge_deltars,
         )
 
-    def _upsert(self, table, data, *, time_column, keys, time_range, app_id, app_version, metadata, txn, merge) -> int:
-        """``upsert_cells`` through delta-rs; ``txn``: Delta's idempotent-write identity, as ``_replace``'s."""
+    def _upsert(
+        self, table, data, *, time_column, keys, time_range, app_id, app_version, metadata, txn, merge, once=False
+    ) -> int:
+        """``upsert_cells`` through delta-rs; ``txn``: Delta's idempotent-write identity, as ``_replace``'s
+        (``once``: a write it skips raises ``AlreadyCommitted``)."""
         lo, hi = _range_bounds(time_range)
         dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
         self._check_delta_rs_writes(table, dt)
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()  # replayed on a conflict: a firing's few rows
         if self._already_written(table, dt, txn):
-            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
-            return dt.version()  # this identity already committed these cells (delta-spark skips it too)
+            return self._skipped(
+                table, dt, txn, once=once
+            )  # this identity committed these cells (delta-spark skips too)
         column = self._time_field(table, dt, time_column)
         data = _cast_to(table, data, pa.schema(dt.schema().to_arrow()))
         _check_in_range(table, column, data.column(column), lo, hi)
@@ -517,7 +539,9 @@ class DeltaRsStorage(DeltaStateTables):
                 post_commithook_properties=WRITER_HOOKS,
             )
 
-        return self._commit(table, dt, write, commit_id=commit_id, txns=_txns(app_id, app_version, txn))
+        return self._commit(
+            table, dt, write, commit_id=commit_id, txns=_txns(app_id, app_version, txn), txn=txn, once=once
+        )
 
     def _replace(
         self,
@@ -580,12 +604,19 @@ class DeltaRsStorage(DeltaStateTables):
 
         txns = _txns(app_id, app_version, txn)
         if stream is None:
-            return self._commit(table, dt, write, commit_id=commit_id, txns=txns)
+            return self._commit(table, dt, write, commit_id=commit_id, txns=txns, txn=txn)
         with stream:
-            return self._commit(table, dt, write, commit_id=commit_id, txns=txns)
+            return self._commit(table, dt, write, commit_id=commit_id, txns=txns, txn=txn)
 
     def _check_delta_rs_writes(self, table: str, dt: DeltaTable) -> None:
         """A storage that also writes with Spark's connector refuses here a table delta-rs cannot write."""
+
+    def _skipped(self, table: str, dt: DeltaTable, txn: tuple[str, int] | None, *, once: bool) -> int:
+        """A write of ``txn`` that ``dt`` (given back) already holds: its version, or ``AlreadyCommitted``."""
+        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
+        if once and txn is not None:
+            raise AlreadyCommitted(table, txn[0], txn[1], version=dt.version())
+        return dt.version()
 
     def _already_written(self, table: str, dt: DeltaTable, txn: tuple[str, int] | None) -> bool:
         """Does the table hold Delta's idempotent-write identity ``txn`` at ``dt``'s version or later?"""
@@ -600,6 +631,10 @@ class DeltaRsStorage(DeltaStateTables):
         return self.__dict__.setdefault("_txns", Transactions())
 
 
+class _Held(Exception):
+    """A write's identity was committed by a concurrent writer meanwhile (``_commit``)."""
+
+
 def _txns(app_id: str, app_version: int, txn: tuple[str, int] | None) -> dict[str, int]:
     return {app_id: app_version, **({txn[0]: txn[1]} if txn is not None else {})}
 
@@ -610,7 +645,7 @@ def _commit_properties(
     """A write's commit id and properties: its metadata, the application transaction and ``txn``."""
     commit_id = uuid.uuid4().hex
     transactions = [Transaction(app_id=app_id, version=app_version)]
-    if txn is not None:
+    if txn is not None and txn[0] != app_id:  # one txn action per application id and commit
         transactions.append(Transaction(app_id=txn[0], version=txn[1]))
     props = CommitProperties(
         custom_metadata={**(metadata or {}), COMMIT_ID_KEY: commit_id},

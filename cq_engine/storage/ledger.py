@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cq_engine.errors import CQError
+from cq_engine.errors import AlreadyCommitted, CQError
 from cq_engine.storage.predicates import _literal
 
 if TYPE_CHECKING:
@@ -103,7 +103,8 @@ class Ledger:
         """Record the run in the ``with`` body: a failed entry (and the exception re-raised) if it
         raises, else a succeeded one with what the body put in the :class:`Recording`. The one ledger
         wrapper of continuous-query firings and stream runs. With ``into`` the entry is appended
-        there instead, for one :meth:`record_many` commit of many runs."""
+        there instead, for one :meth:`record_many` commit of many runs. A body raising
+        ``AlreadyCommitted`` (another run committed this firing) records nothing."""
         rec = Recording(started_at=datetime.now(UTC))
 
         def entry(status: str, error: str | None = None) -> LedgerEntry:
@@ -126,6 +127,8 @@ class Ledger:
         write = into.append if into is not None else self.record
         try:
             yield rec
+        except AlreadyCommitted:  # another run committed it and recorded it: nothing to record here
+            raise
         except Exception as exc:
             write(entry("failed", str(exc)[:2000]))
             raise

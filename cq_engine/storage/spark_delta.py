@@ -363,16 +363,18 @@ class SparkDeltaStorage(DeltaRsStorage):
         app_version: int,
         metadata: Mapping[str, str] | None = None,
         source_versions: Mapping[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """IoTDB's write of a firing (``storage.upsert``): the non-NULL cells of ``data`` overwrite or
         add the sink's rows keyed on ``time_column`` and ``keys``; nothing is deleted. One MERGE
-        commit with Delta's idempotent-write identity (as ``replace_range``'s): by delta-rs for Arrow
-        data into a table it can write (the identity checked and recorded as delta-spark does), else
-        by Spark's connector, the executors writing."""
+        commit with Delta's idempotent-write identity (as ``replace_range``'s; ``once``: the
+        application transaction itself, ``Storage.upsert_cells``): by delta-rs for Arrow data into a
+        table it can write (the identity checked and recorded as delta-spark does), else by Spark's
+        connector, the executors writing."""
         from cq_engine.storage.upsert import merge_deltars, merge_spark
 
         arrow = not hasattr(data, "sparkSession")
-        txn = _txn(app_id, app_version, source_versions)
+        txn = (app_id, app_version) if once else _txn(app_id, app_version, source_versions)
         if arrow and self._driver_writes(table):
             with contextlib.suppress(_SparkWrites):  # its protocol changed since: Spark writes it
                 return self._upsert(
@@ -385,6 +387,7 @@ class SparkDeltaStorage(DeltaRsStorage):
                     app_version=app_version,
                     metadata=metadata,
                     txn=txn,
+                    once=once,
                     merge=merge_deltars,
                 )
         lo, hi = _range_bounds(time_range)
@@ -392,8 +395,7 @@ class SparkDeltaStorage(DeltaRsStorage):
             data = data.read_all()
         dt = self._open_or_create(table, lambda: data.schema if arrow else arrow_schema(data), time_column=time_column)
         if self._already_written(table, dt, txn):
-            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
-            return dt.version()  # Delta's skip of a write this identity made (checked here: no Spark job)
+            return self._skipped(table, dt, txn, once=once)  # Delta's skip, checked here: no Spark job
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
         if arrow:
@@ -436,6 +438,9 @@ class SparkDeltaStorage(DeltaRsStorage):
                     raise
                 LOG.info("table %s: concurrent commit, retrying the merge (%d)", table, attempt + 1)
                 time.sleep(0.05 * (attempt + 1))
+                dt.update_incremental()
+                if self._already_written(table, dt, txn):  # the winner wrote this identity: Delta would skip it
+                    return self._skipped(table, dt, txn, once=once)
         self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
         return self._committed_version(table, commit_id)
 

@@ -106,16 +106,25 @@ def run_key(works: dict[str, list[str]], attempt: int) -> str:
 
 
 def work_identity(stream: Stream, work: StreamWork, tz: str) -> tuple:
-    """What the ledger holds of a work: kind, tick, range and trigger version."""
+    """What the ledger holds of a work: kind, range and trigger version (and a recalculation's tick).
+    Not a live work's tick: a work planned again from a cursor that was lost (an evaluation killed
+    with its code server after it committed) has a new tick and the same windows over the same
+    commit, and computing it again recorded it twice; a recalculation asked for twice runs twice."""
     lo, hi = work_range(stream, work, tz)
-    return (work.kind, work.tick, lo, hi, work.version)
+    return (work.kind, work.tick if work.kind == "recalculate" else None, lo, hi, work.version)
 
 
 def done_works(entries, stream: Stream) -> set[tuple]:
-    """The identities of ``stream``'s succeeded runs in the ledger ``entries``."""
+    """The identities of ``stream``'s succeeded runs in the ledger ``entries`` (``work_identity``)."""
     table = stream.trigger_source
     return {
-        (e.kind, e.fire_time, e.range_start, e.range_end, e.source_versions.get(table))
+        (
+            e.kind,
+            e.fire_time if e.kind == "recalculate" else None,
+            e.range_start,
+            e.range_end,
+            e.source_versions.get(table),
+        )
         for e in entries
         if e.definition == stream.name and e.status == "succeeded"
     }
