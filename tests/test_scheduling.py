@@ -530,3 +530,43 @@ def test_a_run_is_finished_all_at_once_by_its_progress_tag():
     assert finished({"k": 200.5}) == {"b", "d"}  # x's last firing has no event: retried when the run ends
     assert finished({"other": 200.5}) == set()
     assert finished({"k": 200.5}, {**latest, "b": event("another run", _s(60), 190.0)}) == {"d"}
+
+
+def test_a_batch_run_opens_its_sinks_while_it_waits_for_its_first_firing(tmp_path, monkeypatch):
+    import dataclasses
+
+    import pyarrow as pa
+    from conftest import sql_project
+
+    from cq_engine.engine import Engine
+    from cq_engine.resample import rounds
+
+    settings = sql_project(
+        tmp_path,
+        monkeypatch,
+        {
+            "q.sql": "CREATE TABLE t (ts TIMESTAMP, device STRING, v DOUBLE);\n"
+            + "".join(
+                f"CREATE CQ q{i} RESAMPLE EVERY 10s BEGIN SELECT max_value(v) AS m INTO q{i}_out FROM t "
+                "GROUP BY (10s), device END;\n"
+                for i in range(3)
+            )
+        },
+    )
+    engine = Engine(settings=dataclasses.replace(settings, storage="deltars"))
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    for i in range(2):  # q2's sink does not exist yet
+        engine.storage.append(
+            f"q{i}_out", pa.table({"ts": pa.array([t0], pa.timestamp("us", tz="UTC")), "device": ["d"], "m": [1.0]})
+        )
+    warmed = []
+    real = engine.storage.warm
+    monkeypatch.setattr(engine.ctx.storage, "warm", lambda table, **kw: (warmed.append((table, kw)), real(table, **kw)))
+    soon = datetime.now(UTC) + timedelta(seconds=3)
+    assert rounds.warm_sinks(engine, ["q0", "q1", "q2"], until=soon) == 3
+    ids = {table: kw["app_id"] for table, kw in warmed}
+    assert sorted(ids) == ["q0_out", "q1_out", "q2_out"] and ids["q0_out"].startswith("cq-engine/q0/firing#")
+    # Kept open for the first commit: the storage takes it back without loading the table again.
+    assert engine.storage.open_tables.take(engine.storage.uri("q0_out")) is not None
+    # A first firing due now (or a deadline already passed): nothing is opened ahead of it.
+    assert rounds.warm_sinks(engine, ["q0"], until=datetime.now(UTC)) == 0

@@ -446,3 +446,31 @@ def test_a_firing_a_concurrent_writer_commits_first_is_skipped_after_the_conflic
     # delta-rs refused the commit (ConcurrentTransaction); the second attempt saw the winner's identity.
     assert calls == [base] and err.value.version == base + 1
     assert _values(winner) == [1.0, 2.0]
+
+
+def test_a_warmed_sink_is_committed_without_opening_or_reading_its_log_again(tmp_path, monkeypatch):
+    from conftest import record_paths
+
+    from cq_engine.storage import log
+
+    writer = DeltaRsStorage(warehouse=str(tmp_path))
+    for version in (100, 200):
+        _upsert(writer, [1.0], version, once=True)
+    runner = DeltaRsStorage(warehouse=str(tmp_path))  # another process: nothing known of the sink yet
+    runner.warm("sink", app_id="cq-engine/q/firing#abc")
+    runner.warm("missing")  # not created yet: nothing to open
+    assert not runner.exists("missing")
+    opened = []
+    real = DeltaTable.__init__
+
+    def counting(self, *args, **kwargs):
+        opened.append(args[0] if args else kwargs.get("table_uri"))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "__init__", counting)
+    reads = record_paths(monkeypatch, log, "_read")
+    assert _upsert(runner, [2.0], 300, once=True) == 3
+    # Its snapshot was kept by warm (no load) and its txn map read by it (no commit read by name).
+    assert opened == [] and reads == []
+    with pytest.raises(AlreadyCommitted):
+        _upsert(DeltaRsStorage(warehouse=str(tmp_path)), [9.0], 300, once=True)

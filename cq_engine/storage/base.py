@@ -183,6 +183,11 @@ class Storage(Protocol):
 
     def transaction_version(self, table: str, app_id: str) -> int | None: ...
 
+    def warm(self, table: str, *, app_id: str | None = None) -> None:
+        """Open ``table`` for the commits to come (nothing if it does not exist): what the first
+        commit would read of its log is read now (its snapshot, who writes it, ``app_id``'s
+        idempotent-write map), so a run waiting for its first firing pays it before the firing is due."""
+
     def table_span(
         self, table: str, *, version: int | None, time_column: str
     ) -> tuple[datetime | None, datetime | None, int]:

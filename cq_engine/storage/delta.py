@@ -168,6 +168,23 @@ class DeltaRsStorage(DeltaStateTables):
     def transaction_version(self, table: str, app_id: str) -> int | None:
         return self._open(table).transaction_version(app_id)
 
+    def warm(self, table: str, *, app_id: str | None = None) -> None:
+        """``Storage.warm``: the snapshot kept in ``open_tables`` for the next write, the table's
+        ``txn`` map read (``storage.txns``) when ``app_id`` is given."""
+        try:
+            dt = self._writable(self.uri(table))
+        except DeltaError:  # a damaged log: the write says so, naming the table
+            return
+        if dt is None:
+            return
+        self._warmed(table, dt)
+        if app_id is not None:
+            self.txns.held(self.uri(table), dt, app_id, storage_options=self.storage_options)
+        self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
+
+    def _warmed(self, table: str, dt: DeltaTable) -> None:
+        """What a storage learns of a table it warms, beyond its snapshot (``SparkDeltaStorage``: who writes it)."""
+
     def create_table(self, decl: TableDecl) -> bool:
         """Create ``decl``'s empty table; False if it exists with the same columns and types."""
         wanted = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in decl.columns])

@@ -146,6 +146,10 @@ class SparkDeltaStorage(DeltaRsStorage):
             self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)  # for the write
         return known
 
+    def _warmed(self, table: str, dt) -> None:
+        if self.executor_write_bytes:
+            self._delta_rs_writable.setdefault(table, _delta_rs_writes(dt))
+
     def _check_delta_rs_writes(self, table: str, dt) -> None:
         ok = self._delta_rs_writable[table] = _delta_rs_writes(dt)
         if not ok:
