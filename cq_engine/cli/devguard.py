@@ -62,10 +62,31 @@ def _command(pid: int) -> str:
         return "?"
 
 
+def _finishing_guards(pids: list[int]) -> list[int]:
+    """The guards among ``pids`` whose ``cq dev`` has exited: they are reaping its stack and end within
+    ``GUARD_SECONDS`` (they carry the stack's mark, and would kill a new stack's processes meanwhile)."""
+    finishing = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"cq_engine.cli.devguard" in argv and argv.index(b"cq_engine.cli.devguard") + 1 < len(argv):
+            owner = argv[argv.index(b"cq_engine.cli.devguard") + 1]
+            if owner.isdigit() and not Path(f"/proc/{int(owner)}").exists():
+                finishing.append(pid)
+    return finishing
+
+
 def refuse_beside_running(home: str | Path, dagster_home: str | Path) -> None:
-    """A ``CQError`` naming the processes of a stack still running on this CQ_HOME or DAGSTER_HOME."""
+    """A ``CQError`` naming the processes of a stack still running on this CQ_HOME or DAGSTER_HOME. The
+    guard of a ``cq dev`` that just stopped is waited for first (a restart right after a Ctrl-C)."""
     skip = {os.getpid(), os.getppid()}
-    pids = _environ_pids([f"{MARK}={stack_mark(home)}".encode()], skip=skip)
+    needle = [f"{MARK}={stack_mark(home)}".encode()]
+    deadline = time.monotonic() + GUARD_SECONDS + 5
+    while time.monotonic() < deadline and _finishing_guards(_environ_pids(needle, skip=skip)):
+        time.sleep(0.2)
+    pids = _environ_pids(needle, skip=skip)
     pids += _environ_pids([f"DAGSTER_HOME={Path(dagster_home).resolve()}".encode()], skip=skip, command="dagster")
     pids = sorted(set(pids))
     if pids:
