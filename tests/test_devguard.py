@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -46,15 +45,6 @@ def _marked(mark: bytes) -> list[int]:
             except OSError:
                 continue
     return found
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="Linux /proc")
