@@ -93,7 +93,7 @@ def pytest_collection_finish(session):
     parts = [f"{unit} unit"] + [f"{counts[label]} {label}" for label in ("Spark", "Dagster end-to-end", "browser")]
     session.config.get_terminal_writer().line(
         f"cq-engine: {len(session.items)} tests: {', '.join(parts)} "
-        "(the whole suite takes about 10-14 min on a 2-core machine, much longer on a busy one)"
+        "(the whole suite takes about 35 min on a 2-core machine, longer on a busy one)"
     )
 
 
