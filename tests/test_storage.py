@@ -474,3 +474,47 @@ def test_a_warmed_sink_is_committed_without_opening_or_reading_its_log_again(tmp
     assert opened == [] and reads == []
     with pytest.raises(AlreadyCommitted):
         _upsert(DeltaRsStorage(warehouse=str(tmp_path)), [9.0], 300, once=True)
+
+
+def test_an_upsert_into_a_range_no_file_holds_is_a_replace_and_merges_where_rows_are(tmp_path):
+    s = DeltaRsStorage(warehouse=str(tmp_path))
+
+    def upsert(offset: float, values: list, version: int) -> str:
+        start = T0 + timedelta(seconds=offset)
+        data = pa.table(
+            {
+                "ts": pa.array(
+                    [start + timedelta(seconds=i) for i in range(len(values))], pa.timestamp("us", tz="UTC")
+                ),
+                "device": ["d1"] * len(values),
+                "v": pa.array(values, pa.float64()),
+            }
+        )
+        s.upsert_cells(
+            "sink",
+            data,
+            time_column="ts",
+            keys=("device",),
+            time_range=(start, start + timedelta(seconds=10)),
+            app_id="cq-engine/q/firing#abc",
+            app_version=version,
+            once=True,
+        )
+        return DeltaTable(s.uri("sink")).history(1)[0]["operation"]
+
+    assert upsert(0, [1.0, 2.0], 1) == "WRITE"  # the table's creation
+    assert upsert(10.0004, [3.0], 2) == "WRITE"  # [10.0004 s, 20.0004 s): no file holds a row there
+    # The same range again: a MERGE, whose NULL cell keeps the row's value and whose new row is added.
+    assert upsert(0, [None, 5.0, 6.0], 3) == "MERGE"
+    # [10.0002 s, ...) holds the row at 10.0004 s, which a file's statistics may keep as 10.000 s (Delta
+    # truncates them to milliseconds): still a MERGE, so that row stays.
+    assert upsert(10.0002, [8.0], 4) == "MERGE"
+    table = DeltaTable(s.uri("sink")).to_pyarrow_table().sort_by("ts")
+    offsets = [round((t - T0).total_seconds(), 4) for t in table.column("ts").to_pylist()]
+    assert list(zip(offsets, table.column("v").to_pylist())) == [
+        (0, 1.0),
+        (1, 5.0),
+        (2, 6.0),
+        (10.0002, 8.0),
+        (10.0004, 3.0),
+    ]
