@@ -310,17 +310,25 @@ def _cells(rows: list[tuple]) -> pa.Table:
     )
 
 
-@pytest.mark.parametrize("storage", ["deltars", "spark-driver", "spark-executors", "spark-frame"])
-def test_a_firing_upserted_once_is_not_written_again_by_a_second_run(spark, tmp_path, storage):
-    # A batch run's firing (once): a sink that holds the firing's identity at its version or later
-    # is left alone, whichever path writes it (delta-rs, or Spark's MERGE with txnAppId/txnVersion).
-    engine = make_engine(
+UPSERT_PATHS = ["deltars", "spark-driver", "spark-executors", "spark-frame"]
+
+
+def _upsert_engine(spark, tmp_path, storage: str):
+    """An engine whose upserts take the path ``storage`` names (one of ``UPSERT_PATHS``)."""
+    return make_engine(
         tmp_path,
         spark,
         SQL,
         storage="deltars" if storage == "deltars" else "spark",
         spark_write_bytes=0 if storage in ("spark-executors", "spark-frame") else Settings.spark_write_bytes,
     )
+
+
+@pytest.mark.parametrize("storage", UPSERT_PATHS)
+def test_a_firing_upserted_once_is_not_written_again_by_a_second_run(spark, tmp_path, storage):
+    # A batch run's firing (once): a sink that holds the firing's identity at its version or later
+    # is left alone, whichever path writes it (delta-rs, or Spark's MERGE with txnAppId/txnVersion).
+    engine = _upsert_engine(spark, tmp_path, storage)
     s = engine.storage
     kwargs = dict(time_column="ts", keys=("device",), time_range=(T0, T0 + 10 * M), app_id="test/once", once=True)
     rows = _cells([(0, "a", 1.0, 1)])
@@ -335,17 +343,11 @@ def test_a_firing_upserted_once_is_not_written_again_by_a_second_run(spark, tmp_
     assert later > v and sorted(sink(engine, "per_minute_out"), key=str) == [(T0, "a", 9.0, 9), (T0 + M, "b", 9.0, 9)]
 
 
-@pytest.mark.parametrize("storage", ["deltars", "spark-driver", "spark-executors", "spark-frame"])
+@pytest.mark.parametrize("storage", UPSERT_PATHS)
 def test_upsert_cells_overwrites_non_null_cells_adds_rows_and_deletes_nothing(spark, tmp_path, storage):
     # IoTDB's SELECT ... INTO: a non-NULL cell overwrites the point at its time and device, a NULL one
     # writes nothing, a new key is added, every other row stays (inside the range too).
-    engine = make_engine(
-        tmp_path,
-        spark,
-        SQL,
-        storage="deltars" if storage == "deltars" else "spark",
-        spark_write_bytes=0 if storage in ("spark-executors", "spark-frame") else Settings.spark_write_bytes,
-    )
+    engine = _upsert_engine(spark, tmp_path, storage)
     s = engine.storage
     whole = (T0, T0 + 10 * M)
     kwargs = dict(time_column="ts", keys=("device",), time_range=whole, app_id="test/upsert")

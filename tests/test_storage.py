@@ -376,23 +376,25 @@ def test_unsafe_rename_on_an_s3_warehouse_is_said_once(monkeypatch, caplog):
 
 
 # -- a firing committed once (upsert_cells(once=True)) ------------------------------------------------
-def _points(values: list[float]) -> pa.Table:
+def _points(values: list, *, start: datetime = T0) -> pa.Table:
     return pa.table(
         {
-            "ts": pa.array([T0 + timedelta(seconds=i) for i in range(len(values))], pa.timestamp("us", tz="UTC")),
+            "ts": pa.array([start + timedelta(seconds=i) for i in range(len(values))], pa.timestamp("us", tz="UTC")),
             "device": ["d1"] * len(values),
             "v": pa.array(values, pa.float64()),
         }
     )
 
 
-def _upsert(s: DeltaRsStorage, values: list[float], version: int, **kw) -> int:
+def _upsert(
+    s: DeltaRsStorage, values: list, version: int, *, start: datetime = T0, span: timedelta = timedelta(minutes=1), **kw
+) -> int:
     return s.upsert_cells(
         "sink",
-        _points(values),
+        _points(values, start=start),
         time_column="ts",
         keys=("device",),
-        time_range=(T0, T0 + timedelta(minutes=1)),
+        time_range=(start, start + span),
         app_id="cq-engine/q/firing#abc",
         app_version=version,
         **kw,
@@ -481,25 +483,7 @@ def test_an_upsert_into_a_range_no_file_holds_is_a_replace_and_merges_where_rows
 
     def upsert(offset: float, values: list, version: int) -> str:
         start = T0 + timedelta(seconds=offset)
-        data = pa.table(
-            {
-                "ts": pa.array(
-                    [start + timedelta(seconds=i) for i in range(len(values))], pa.timestamp("us", tz="UTC")
-                ),
-                "device": ["d1"] * len(values),
-                "v": pa.array(values, pa.float64()),
-            }
-        )
-        s.upsert_cells(
-            "sink",
-            data,
-            time_column="ts",
-            keys=("device",),
-            time_range=(start, start + timedelta(seconds=10)),
-            app_id="cq-engine/q/firing#abc",
-            app_version=version,
-            once=True,
-        )
+        _upsert(s, values, version, start=start, span=timedelta(seconds=10), once=True)
         return DeltaTable(s.uri("sink")).history(1)[0]["operation"]
 
     assert upsert(0, [1.0, 2.0], 1) == "WRITE"  # the table's creation

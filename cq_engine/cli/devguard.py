@@ -71,10 +71,10 @@ def _finishing_guards(pids: list[int]) -> list[int]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"cq_engine.cli.devguard" in argv and argv.index(b"cq_engine.cli.devguard") + 1 < len(argv):
-            owner = argv[argv.index(b"cq_engine.cli.devguard") + 1]
-            if owner.isdigit() and not Path(f"/proc/{int(owner)}").exists():
-                finishing.append(pid)
+        # main(): ``-m cq_engine.cli.devguard OWNER MARK``
+        at = argv.index(b"cq_engine.cli.devguard") + 1 if b"cq_engine.cli.devguard" in argv else len(argv)
+        if at < len(argv) and argv[at].isdigit() and not Path(f"/proc/{int(argv[at])}").exists():
+            finishing.append(pid)
     return finishing
 
 

@@ -530,9 +530,8 @@ class DeltaRsStorage(DeltaStateTables):
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()  # replayed on a conflict: a firing's few rows
         if self._already_written(table, dt, txn):
-            return self._skipped(
-                table, dt, txn, once=once
-            )  # this identity committed these cells (delta-spark skips too)
+            # This identity committed these cells already (delta-spark skips them too).
+            return self._skipped(table, dt, txn, once=once)
         column = self._time_field(table, dt, time_column)
         data = _cast_to(table, data, pa.schema(dt.schema().to_arrow()))
         _check_in_range(table, column, data.column(column), lo, hi)
@@ -546,7 +545,7 @@ class DeltaRsStorage(DeltaStateTables):
                     dt, data, mode="append", commit_properties=props, post_commithook_properties=WRITER_HOOKS
                 )
                 return
-            if not _may_hold(dt, column, lo, hi):
+            if not any(range_mask(log.arrow_table(dt.get_add_actions(flatten=True)), column, (lo, hi))):
                 # No file of the sink can hold a row of the range (its statistics): every row is an
                 # insert, so the upsert is the range's replace, which deletes nothing there and costs
                 # about half a MERGE (a firing whose RANGE does not overlap the previous one's). A
@@ -660,26 +659,6 @@ class DeltaRsStorage(DeltaStateTables):
     def txns(self) -> Transactions:
         """The idempotent-write identities this object's tables hold (``storage.txns``)."""
         return self.__dict__.setdefault("_txns", Transactions())
-
-
-STATS_SLACK = timedelta(milliseconds=1)  # Delta's file statistics keep timestamps to the millisecond
-
-
-def _may_hold(dt: DeltaTable, column: str, lo: datetime, hi: datetime) -> bool:
-    """Can a file of ``dt`` hold a ``column`` value in ``[lo, hi)``? By the files' statistics (widened
-    by their millisecond truncation); a file without them can."""
-    actions = log.arrow_table(dt.get_add_actions(flatten=True))
-    if not actions.num_rows:
-        return False
-    names = (f"min.{column}", f"max.{column}")
-    if not all(n in actions.column_names for n in names):
-        return True
-    mins, maxs = actions.column(names[0]), actions.column(names[1])
-    if mins.null_count or maxs.null_count or not pa.types.is_timestamp(mins.type):
-        return True
-    below = pc.less(mins, pa.scalar(hi + STATS_SLACK, mins.type))
-    above = pc.greater_equal(maxs, pa.scalar(lo - STATS_SLACK, maxs.type))
-    return bool(pc.any(pc.and_(below, above)).as_py())
 
 
 class _Held(Exception):

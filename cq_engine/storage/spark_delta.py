@@ -442,9 +442,10 @@ class SparkDeltaStorage(DeltaRsStorage):
                     raise
                 LOG.info("table %s: concurrent commit, retrying the merge (%d)", table, attempt + 1)
                 time.sleep(0.05 * (attempt + 1))
-                dt.update_incremental()
-                if self._already_written(table, dt, txn):  # the winner wrote this identity: Delta would skip it
-                    return self._skipped(table, dt, txn, once=once)
+                if txn is not None:  # the winner may have written this identity: Delta would skip it
+                    dt.update_incremental()
+                    if self._already_written(table, dt, txn):
+                        return self._skipped(table, dt, txn, once=once)
         self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
         return self._committed_version(table, commit_id)
 
