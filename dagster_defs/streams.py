@@ -34,7 +34,7 @@ from cq_engine.notify.outbox import gate, paused_by_notify
 from cq_engine.scheduling import env_seconds
 from cq_engine.spark import server_status
 from cq_engine.streams import rounds as r
-from cq_engine.streams.sensor import evaluate_stream
+from cq_engine.streams.sensor import TriggerLogs, evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
@@ -205,6 +205,7 @@ def build_streams_sensor(
         own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": list(by_name)}, statuses=IN_FLIGHT))
         busy = {rec.dagster_run.tags["cq/name"] for rec in own if "cq/stream_batch" not in rec.dagster_run.tags}
         inline = computes_inline(engine)
+        logs = TriggerLogs(engine.ctx.storage)  # one snapshot of each trigger table for every stream
         to_run: dict[str, list[str]] = {}
         to_sensor: dict[str, list[StreamWork]] = {}
         fresh: dict[str, str | None] = {}  # planned now from this cursor (restored if the budget ends first)
@@ -231,7 +232,7 @@ def build_streams_sensor(
                         quiet.append(f"{name} {reason}")
                         continue
                 try:
-                    plan = evaluate_stream(engine.ctx, stream, cursor=s.cursor, now=now)
+                    plan = evaluate_stream(engine.ctx, stream, cursor=s.cursor, now=now, logs=logs)
                 except CQError as exc:  # e.g. its trigger table is not there yet: said in the tick
                     quiet.append(str(exc))
                     if _say_again(name, str(exc)):  # and, once a minute, in its log and on the sink

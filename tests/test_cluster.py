@@ -63,12 +63,12 @@ DEPLOYMENT = REPO / "docs" / "operations" / "deployment.md"
 def deployment_blocks(page: Path = DEPLOYMENT) -> list[tuple[str, str]]:
     """(language, dedented body) of each fenced block of the docs' Deployment page, in order, up to its
     first subsection (if it ever gets one): the environment, Spark standalone, ``cq spark start``, the
-    command it runs, dagster.yaml."""
+    command it runs, dagster.yaml, the code server and the daemon, workspace.yaml."""
     text = page.read_text()
     section = text[text.index("# Deployment\n") :]
     section = section.split("\n## ", 1)[0]
     blocks = [(m.group(2), textwrap.dedent(m.group(3))) for m in FENCE.finditer(section)]
-    assert [lang for lang, _ in blocks] == ["sh", "sh", "sh", "sh", "yaml"], blocks
+    assert [lang for lang, _ in blocks] == ["sh", "sh", "sh", "sh", "yaml", "sh", "yaml"], blocks
     return blocks
 
 
@@ -168,7 +168,7 @@ class Cluster:
         self.stops: list = []
         self.roots: list[int] = []  # the pids of the servers (listening addresses are checked)
         self.pg_port, self.s3_port, self.connect_port = free_port(), free_port(), free_port()
-        self.master_port, self.master_ui = free_port(), free_port()
+        self.master_port, self.master_ui, self.code_port = free_port(), free_port(), free_port()
         self.master = f"spark://127.0.0.1:{self.master_port}"
         # The Deployment page's addresses and directories -> this test's own.
         self.subst = {
@@ -179,6 +179,8 @@ class Cluster:
             "CQ_SPARK_PORT=15002": f"CQ_SPARK_PORT={self.connect_port}",
             "binding.port=15002": f"binding.port={self.connect_port}",
             "127.0.0.1:5432": f"127.0.0.1:{self.pg_port}",
+            "-p 4266": f"-p {self.code_port}",
+            "port: 4266": f"port: {self.code_port}",
             "/var/tmp/cq-cluster": str(self.logs),
         }
         self.env = {
@@ -320,12 +322,20 @@ class Cluster:
         home = Path(self.env["DAGSTER_HOME"])
         home.mkdir(parents=True)
         (home / "dagster.yaml").write_text(text)
-        workspace = self.root / "workspace.yaml"
-        workspace.write_text(
-            f"load_from:\n  - python_module:\n      module_name: dagster_defs.location\n      working_directory: {REPO}\n"
-        )
+        serve, daemon = self.local(self.blocks[5][1]).strip().splitlines()
+        workspace = yaml.safe_load(self.local(self.blocks[6][1]))
+        assert workspace == {
+            "load_from": [{"grpc_server": {"host": "127.0.0.1", "port": self.code_port, "location_name": "cq"}}]
+        }, workspace
+        (self.root / "workspace.yaml").write_text(yaml.safe_dump(workspace))
         # No CQ_SPARK_REMOTE: with the server's CQ_HOME and port, runs find it and its token there.
-        self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)])
+        words = shlex.split(serve)
+        assert words[:3] == ["dagster", "code-server", "start"], words
+        self._spawn("code-server", [str(BIN / "dagster"), *words[1:]])
+        _wait("the code server", lambda: port_open(self.code_port), 300, self.logs)
+        words = shlex.split(daemon)
+        assert words == ["dagster-daemon", "run", "-w", "workspace.yaml"], words
+        self._spawn("daemon", [str(BIN / words[0]), *words[1:]])
 
     def stop(self) -> None:
         while self.stops:
@@ -493,7 +503,7 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
         os.environ.clear()
         os.environ.update(old)
     # Torn down: Spark's stop scripts signal the JVMs and return, so their ports close a moment later.
-    ports = (cluster.connect_port, cluster.master_port, cluster.pg_port, cluster.s3_port)
+    ports = (cluster.connect_port, cluster.master_port, cluster.pg_port, cluster.s3_port, cluster.code_port)
     deadline = time.monotonic() + 120
     while any(port_open(p) for p in ports) and time.monotonic() < deadline:
         time.sleep(1)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
 
 from cq_engine.cli.main import main
 from cq_engine.storage import state as state_module
 from cq_engine.storage.delta import DeltaRsStorage
 from cq_engine.storage.ledger import Ledger, LedgerEntry
-from cq_engine.storage.maintain import Retention, interval, parse_interval, properties_to_set
+from cq_engine.storage.maintain import NEW_TABLE_PROPERTIES, Retention, interval, parse_interval, properties_to_set
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 TS = pa.timestamp("us", tz="UTC")
@@ -36,11 +36,15 @@ def _sorted(uri: str, version: int | None = None) -> list[tuple]:
 
 def _sink(tmp_path: Path, commits: int = 30, checkpoint: int | None = None) -> tuple[DeltaRsStorage, str]:
     """A table of ``commits`` one-row appends (a checkpoint after version ``checkpoint``, as its
-    writer makes every 100), then a replace of minute 3 (its file removed)."""
+    writer makes them), then a replace of minute 3 (its file removed). Created with the engine's table
+    properties, so maintenance sets only what a test's retention changes."""
     store = DeltaRsStorage(warehouse=str(tmp_path / "wh"))
     uri = store.uri("out")
+    none = PostCommitHookProperties(create_checkpoint=False)
     for i in range(commits):
-        write_deltalake(uri, _rows(i), mode="append")
+        write_deltalake(
+            uri, _rows(i), mode="append", configuration=NEW_TABLE_PROPERTIES, post_commithook_properties=none
+        )
         if i == checkpoint:
             DeltaTable(uri).create_checkpoint()
     write_deltalake(uri, _rows(3), mode="overwrite", predicate=f"ts = '{(T0 + timedelta(minutes=3)).isoformat()}'")
@@ -60,9 +64,32 @@ def test_interval_properties_round_trip_and_only_differences_are_set():
     assert interval(timedelta(seconds=90)) == "interval 90 seconds"
     assert parse_interval("interval 1 week") == timedelta(days=7)
     assert parse_interval("nonsense") is None
-    assert properties_to_set({}, Retention()) == {}  # Delta's defaults: nothing to commit
-    assert properties_to_set({"delta.logRetentionDuration": "interval 720 hours"}, Retention()) == {}
-    assert properties_to_set({}, Retention(log=timedelta(days=2))) == {"delta.logRetentionDuration": "interval 2 days"}
+    every10 = {"delta.checkpointInterval": "10"}  # a table setting no interval gets the engine's
+    assert properties_to_set({}, Retention()) == every10  # Delta's retention defaults: nothing more
+    assert properties_to_set({"delta.checkpointInterval": "50"}, Retention()) == {}  # the table's own stays
+    assert properties_to_set({"delta.logRetentionDuration": "interval 720 hours", **every10}, Retention()) == {}
+    assert properties_to_set(every10, Retention(log=timedelta(days=2))) == {
+        "delta.logRetentionDuration": "interval 2 days"
+    }
+
+
+def test_the_engines_tables_checkpoint_every_10_commits_and_maintenance_gives_others_that_interval(tmp_path):
+    # An open replays every commit since the newest checkpoint (one GET apiece on an object store).
+    store = DeltaRsStorage(warehouse=str(tmp_path / "wh"))
+    for i in range(12):
+        store.append("out", _rows(i))  # created by the first
+        store.append_state("firings", _rows(i))
+    for uri in (store.uri("out"), store.state_uri("firings")):
+        names = {p.name for p in (Path(uri) / "_delta_log").iterdir()}
+        assert {n for n in names if "checkpoint." in n} == {f"{9:020d}.checkpoint.parquet"}, (uri, sorted(names))
+        assert DeltaTable(uri).metadata().configuration["delta.checkpointInterval"] == "10"
+    # A table written by someone else gets the interval from `cq maintain`; one with its own keeps it.
+    for name, own in (("theirs", None), ("tuned", "50")):
+        uri = store.uri(name)
+        write_deltalake(uri, _rows(0), mode="append", configuration={"delta.checkpointInterval": own} if own else None)
+        write_deltalake(uri, _rows(1), mode="append")
+        assert store.maintain(name, retention=Retention()).error is None
+        assert DeltaTable(uri).metadata().configuration.get("delta.checkpointInterval") == (own or "10")
 
 
 def test_maintain_compacts_checkpoints_and_cleans_old_log_files_only(tmp_path):
@@ -206,7 +233,7 @@ def test_cq_maintain_reports_every_state_table_and_sink(tmp_path, monkeypatch, c
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out] == ["_cq/firings", "out"], out
     # The sink's retention properties (CQ_LOG_RETENTION's 7 days differ from Delta's 30) are one commit.
-    assert "files 4 -> 1" in out[1] and "retention properties set" in out[1] and "checkpoint v6" in out[1], out
+    assert "files 4 -> 1" in out[1] and "table properties set" in out[1] and "checkpoint v6" in out[1], out
     assert len(DeltaTable(uri).file_uris()) == 1
     # The engine's state tables keep a day of log (read at their latest version only); sinks, CQ_LOG_RETENTION.
     ledger = DeltaTable(str(tmp_path / "wh" / "_cq" / "firings")).metadata().configuration

@@ -24,7 +24,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from cq_engine.errors import AlreadyCommitted, CQError, TableError
 from cq_engine.storage import log
 from cq_engine.storage.base import ArrowData, Scan, TimeRange, align_columns
-from cq_engine.storage.maintain import WRITER_HOOKS
+from cq_engine.storage.maintain import NEW_TABLE_PROPERTIES, WRITER_HOOKS
 from cq_engine.storage.predicates import _range_bounds, groups_predicate, range_predicate, ranges_predicate
 from cq_engine.storage.retry import MAX_ATTEMPTS, Replayable, retry_conflicts
 from cq_engine.storage.state import DeltaStateTables
@@ -192,7 +192,13 @@ class DeltaRsStorage(DeltaStateTables):
             self._check_same(decl.name, Schema.from_arrow(wanted), self._open(decl.name).schema())
             return False
         # mode="ignore": a concurrent creator of the same table is not an error.
-        DeltaTable.create(self.uri(decl.name), wanted, mode="ignore", storage_options=self.storage_options)
+        DeltaTable.create(
+            self.uri(decl.name),
+            wanted,
+            mode="ignore",
+            configuration=NEW_TABLE_PROPERTIES,
+            storage_options=self.storage_options,
+        )
         self._check_same(decl.name, Schema.from_arrow(wanted), self._open(decl.name).schema())
         return True
 
@@ -310,6 +316,7 @@ class DeltaRsStorage(DeltaStateTables):
                     self.uri(table),
                     data,
                     mode="append",
+                    configuration=NEW_TABLE_PROPERTIES,
                     commit_properties=props,
                     post_commithook_properties=WRITER_HOOKS,
                     storage_options=self.storage_options,
@@ -349,7 +356,13 @@ class DeltaRsStorage(DeltaStateTables):
                 f"table '{table}' does not exist and the data to write has no "
                 f"timestamp column '{time_column}' to create it from"
             )
-        DeltaTable.create(self.uri(table), storable_schema(schema), mode="ignore", storage_options=self.storage_options)
+        DeltaTable.create(
+            self.uri(table),
+            storable_schema(schema),
+            mode="ignore",
+            configuration=NEW_TABLE_PROPERTIES,
+            storage_options=self.storage_options,
+        )
         return self._open(table)
 
     def _version_written(self, table: str, dt: DeltaTable | None, commit_id: str) -> int:

@@ -33,6 +33,14 @@ from cq_engine.storage.retry import retry_conflicts
 
 LOG_RETENTION_KEY = "delta.logRetentionDuration"
 FILE_RETENTION_KEY = "delta.deletedFileRetentionDuration"
+CHECKPOINT_INTERVAL_KEY = "delta.checkpointInterval"
+# Every table the engine creates checkpoints every 10 commits (delta-spark's default; delta-rs's is
+# 100). Whoever opens a table replays each commit since its newest checkpoint, one GET apiece on an
+# object store: each batch run's process opening its sinks, a reader pinned to a version older than
+# the one its process holds, delta-spark's snapshot of every new version of a fed source. At 100 an
+# open read up to 99 commit files, at 10 a checkpoint and at most 9. `cq maintain` sets it on a table
+# that sets no interval of its own.
+NEW_TABLE_PROPERTIES = {CHECKPOINT_INTERVAL_KEY: "10"}
 # Delta's defaults when a table does not set the property.
 DEFAULTS = {LOG_RETENTION_KEY: timedelta(days=30), FILE_RETENTION_KEY: timedelta(days=7)}
 # Appends to an engine state table compact it when they land on a multiple of this version.
@@ -76,7 +84,7 @@ class TableReport:
             return f"{self.name}: FAILED: {self.error}"
         parts = [f"v{self.version}", f"files {self.files_before} -> {self.files_after}"]
         if self.properties_set:
-            parts.append("retention properties set")
+            parts.append("table properties set")
         if self.dropped_entries:
             parts.append(f"{self.dropped_entries} ledger entries dropped")
         if self.checkpoint is not None:
@@ -105,9 +113,10 @@ def parse_interval(text: str | None) -> timedelta | None:
 
 
 def properties_to_set(configuration: Mapping[str, str | None], retention: Retention) -> dict[str, str]:
-    """The retention properties whose effective value (Delta's default if unset) differs from ``retention``."""
+    """The retention properties whose effective value (Delta's default if unset) differs from
+    ``retention``, and the engine's checkpoint interval if the table sets none."""
     wanted = {LOG_RETENTION_KEY: retention.log, FILE_RETENTION_KEY: retention.files}
-    out = {}
+    out = {k: v for k, v in NEW_TABLE_PROPERTIES.items() if configuration.get(k) is None}
     for key, value in wanted.items():
         current = configuration.get(key)
         effective = DEFAULTS[key] if current is None else parse_interval(current)

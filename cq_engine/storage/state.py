@@ -20,6 +20,7 @@ from cq_engine.names import check_name
 from cq_engine.storage import log, snapshot
 from cq_engine.storage.groups import KnownGroups
 from cq_engine.storage.maintain import (
+    NEW_TABLE_PROPERTIES,
     STATE_COMPACT_EVERY,
     WRITER_HOOKS,
     Retention,
@@ -91,6 +92,7 @@ class DeltaStateTables:
                     uri,
                     data,
                     mode="append",
+                    configuration=NEW_TABLE_PROPERTIES,
                     post_commithook_properties=WRITER_HOOKS,
                     storage_options=self.storage_options,
                 )
@@ -168,6 +170,7 @@ class DeltaStateTables:
             data,
             mode="overwrite",
             schema_mode="overwrite",
+            configuration=NEW_TABLE_PROPERTIES,  # merged into an existing table's (tried: delta-rs 1.6)
             commit_properties=props,
             post_commithook_properties=WRITER_HOOKS,
             storage_options=self.storage_options,

@@ -11,6 +11,8 @@ from datetime import datetime, timedelta
 from cq_engine.context import EngineContext
 from cq_engine.errors import CQError, TableError
 from cq_engine.model import DATA_SHAPED, Stream, statement_hash
+from cq_engine.storage.base import Storage
+from cq_engine.storage.log import Commit
 from cq_engine.streams import timing as st
 from cq_engine.streams.frontier import move_frontier
 from cq_engine.streams.late import drops_late_rows, find_late, record_late
@@ -44,16 +46,48 @@ def _cursor(text: str | None, stream: Stream) -> st.StreamCursor | None:
     return cursor if cursor.definition == statement_hash(stream) else None
 
 
-def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, now: datetime) -> st.TickPlan:
-    """One sensor evaluation: the runs due at ``now`` given the cursor of the previous evaluation."""
+class TriggerLogs:
+    """One sensor evaluation's reads of the trigger tables' Delta logs, shared by the streams on a
+    table. Each table's latest version is read once, so every stream of the evaluation plans at the
+    same snapshot (and its works then read that one version: a process holding a table at a newer
+    version than a reader pins opens it again, replaying its log); a range of commits is read once."""
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+        self._versions: dict[str, int] = {}
+        self._commits: dict[tuple, list[Commit]] = {}
+
+    def latest_version(self, table: str, *, known: int | None = None) -> int | None:
+        """``Storage.latest_version``, read once per table (again only below a newer ``known``)."""
+        seen = self._versions.get(table.lower())
+        if seen is not None and (known is None or seen >= known):
+            return seen
+        version = self._storage.latest_version(table, known=known)
+        if version is not None:
+            self._versions[table.lower()] = version
+        return version
+
+    def read_commits(self, table: str, *, after: int, until: int, time_column: str) -> list[Commit]:
+        """``Storage.read_commits``, read once per range."""
+        key = (table.lower(), after, until, time_column.lower())
+        if key not in self._commits:
+            self._commits[key] = self._storage.read_commits(table, after=after, until=until, time_column=time_column)
+        return self._commits[key]
+
+
+def evaluate_stream(
+    ctx: EngineContext, stream: Stream, *, cursor: str | None, now: datetime, logs: TriggerLogs | None = None
+) -> st.TickPlan:
+    """One sensor evaluation: the runs due at ``now`` given the cursor of the previous evaluation.
+    ``logs``: the evaluation's reads shared with the other streams it plans."""
     table = stream.trigger_table or stream.source
     if table is None:
         raise TableError(f"{stream.name}: no trigger table")
-    storage = ctx.storage
+    reads = logs or TriggerLogs(ctx.storage)
     known = _cursor(cursor, stream)
-    version = storage.latest_version(table, known=known.version if known else None)
+    version = reads.latest_version(table, known=known.version if known else None)
     if version is None and ctx.ensure_tables(table):  # declared, not yet created: as a CQ's source
-        version = storage.latest_version(table)
+        version = reads.latest_version(table)
     if version is None:
         raise TableError(
             f"{stream.name}: trigger table {table!r} does not exist (declare it with CREATE TABLE "
@@ -70,7 +104,7 @@ def evaluate_stream(ctx: EngineContext, stream: Stream, *, cursor: str | None, n
     changes: list[st.Change] = []
     commits = []
     if version > known.version:
-        commits = storage.read_commits(table, after=known.version, until=version, time_column=time_column)
+        commits = reads.read_commits(table, after=known.version, until=version, time_column=time_column)
         for commit in commits:
             changes.append(
                 st.Change(
