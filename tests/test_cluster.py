@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import shlex
@@ -41,6 +42,7 @@ from netutil import free_port, port_open
 import cq_engine
 from cq_engine import jars
 from cq_engine.cli.dev import DAGSTER_YAML as DEV_DAGSTER_YAML
+from dagster_defs.internals import GRPC_INFO_TAG
 
 pytestmark = pytest.mark.cluster
 
@@ -331,7 +333,7 @@ class Cluster:
         # No CQ_SPARK_REMOTE: with the server's CQ_HOME and port, runs find it and its token there.
         words = shlex.split(serve)
         assert words[:3] == ["dagster", "code-server", "start"], words
-        self._spawn("code-server", [str(BIN / "dagster"), *words[1:]])
+        self.code_server = self._spawn("code-server", [str(BIN / "dagster"), *words[1:]])
         _wait("the code server", lambda: port_open(self.code_port), 300, self.logs)
         words = shlex.split(daemon)
         assert words == ["dagster-daemon", "run", "-w", "workspace.yaml"], words
@@ -495,6 +497,15 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
         sink = pa.table(DeltaTable(raw_sink, version=entry.sink_version).to_pyarrow_table())
         source = DeltaTable(feeder.settings.table_uri("sensors"), version=entry.source_versions["sensors"])
         assert _actual(raw, sink, lo, hi) == _expected(raw, source.to_pyarrow_table(), lo, hi)
+        # One code server served the whole test: a daemon starting its own replaces it every 60 s, and
+        # the replaced one exits with what its sensors compute ("cannot schedule new futures after
+        # shutdown"), and everything it held open starts over in the next.
+        assert cluster.code_server.poll() is None, "the code server exited"
+        logs = "".join(p.read_text(errors="replace") for p in cluster.logs.glob("*.log"))
+        for said in ("No heartbeat received", "cannot schedule new futures"):
+            assert said not in logs, said
+        grpc = {json.loads(r[0])["port"] for r in query(f"SELECT value FROM run_tags WHERE key = '{GRPC_INFO_TAG}'")}
+        assert grpc == {cluster.code_port}, grpc  # every run launched by it
         # Nowhere in the deployment does delta-rs fall back to its unsafe rename.
         assert "AWS_S3_ALLOW_UNSAFE_RENAME" not in cluster.env
     finally:

@@ -158,7 +158,9 @@ class DeltaRsStorage(DeltaStateTables):
         self.open_tables.give(uri, dt, storage_options=self.storage_options)
 
     def schema(self, table: str) -> pa.Schema:
-        return pa.schema(self._open(table).schema().to_arrow())
+        # A table this process holds open is moved forward, not opened again (its whole log read).
+        with self._snapshot(table) as dt:
+            return pa.schema(dt.schema().to_arrow())
 
     def version(self, table: str) -> int:
         # Probed by commit file names from the last checkpoint: opening the table would list its log.
