@@ -90,6 +90,14 @@ class EngineContext:
             self.spark_session = get_session(self.settings)
         return self.spark_session
 
+    def drop_spark(self) -> None:
+        """Forget a Spark session that failed, so the next use opens a new one (``spark.forget_session``)."""
+        if self.spark_session is not None:
+            from cq_engine.spark import forget_session
+
+            forget_session(self.spark_session)
+        self.spark_session = None
+
     def ensure_tables(self, *names: str) -> list[str]:
         """Create the declared tables among ``names`` (all declared tables if none) that are missing."""
         wanted = {n.lower() for n in names}

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -459,8 +460,6 @@ def _classic_active() -> bool:
 
 
 def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
-    from pyspark.sql import SparkSession
-
     # pyspark's Connect client warns at every unpartitioned window function; the engine's plans use
     # them on purpose (row numbers over a small read coalesced to one partition, ARCHITECTURE.md §6.3).
     warnings.filterwarnings("ignore", message="WARN WindowExpression: No Partition Defined", category=UserWarning)
@@ -475,7 +474,7 @@ def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
     if not _port_open(parsed.port or 15002, parsed.hostname or "localhost", timeout=3):
         raise SparkError(f"cannot connect to Spark Connect server at {_redact(url)}")
     try:
-        spark = SparkSession.builder.remote(url).getOrCreate()
+        spark = connect_session(url)
         bound_retries(spark)
         if not own_server:  # ours was started with BASE_CONF: spare the round trips
             spark.conf.set("spark.sql.session.timeZone", "UTC")
@@ -483,6 +482,39 @@ def _remote_session(url: str, *, own_server: bool = False) -> SparkSession:
                 spark.conf.set(DEBUGGING, BASE_CONF[DEBUGGING])
     except Exception as exc:  # pyspark raises many unrelated types here
         raise SparkError(f"cannot open a Spark Connect session at {_redact(url)}: {_redact(str(exc))}") from None
+    return spark
+
+
+_FORGOTTEN: weakref.WeakSet = weakref.WeakSet()  # Connect sessions that failed: never handed out again
+
+
+def forget_session(session) -> None:
+    """Make this process's next Connect session a new one: pyspark's ``getOrCreate`` hands back its
+    default session (or the thread's active one), so a session that failed (its server restarted,
+    with a new token) would come back to a long-lived process (the code server's stream sensor) for
+    ever. Not stopped: stopping closes its client, which shuts pyspark's release pool that every
+    session's queries share, under any other thread's query (``cannot schedule new futures after
+    shutdown``). A no-op for a classic session."""
+    if not type(session).__module__.startswith("pyspark.sql.connect"):
+        return
+    from pyspark.sql.connect.session import SparkSession
+
+    _FORGOTTEN.add(session)
+    with SparkSession._lock:
+        if SparkSession._default_session is session:
+            SparkSession._default_session = None
+
+
+def connect_session(url: str):
+    """pyspark's Connect session for ``url`` (``getOrCreate``), unless that is one this process
+    forgot (``forget_session``): then a new one, the default and this thread's active one from now."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    if spark in _FORGOTTEN:
+        spark = SparkSession.builder.remote(url).create()
+        ConnectSession._active_session.session = spark
     return spark
 
 

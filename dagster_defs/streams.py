@@ -327,7 +327,7 @@ def build_streams_sensor(
                     context.log.warning(f"{name}: computing in the sensor failed, a run takes over: {outcome}")
                     # The code server's log keeps where it failed (the tick shows the one-line error).
                     LOG.warning("%s: computing in the sensor failed", name, exc_info=outcome.__cause__ or outcome)
-                    engine.ctx.spark_session = None  # a broken Connect session is not reused
+                    engine.ctx.drop_spark()  # a broken Connect session is not reused (a restarted server)
                     s.attempt = max(s.attempt, 1)
                     to_run[name] = list(s.backlog)
                     continue
