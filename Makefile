@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup jars dev demo test check lint format docs cluster-setup cluster-test chaos-test bench clean
+.PHONY: setup jars dev demo test check lint format docs cluster-setup cluster-test chaos-test bench clean versitygw
 
 # The JVM jars Spark loads from the local Maven repository, as cq_engine/jars.py names them: Delta's at
 # the installed delta-spark package's version (one pin in pyproject.toml), and hadoop-aws matching
@@ -84,6 +84,14 @@ cluster-setup:
 	fi
 	$(MAKE) --no-print-directory setup
 	$(BIN)/pip install --quiet -e ".[test,cluster]"
+
+# The soak's object store (benchmarks/README.md, soak): versitygw, an S3 gateway over a directory that
+# honours If-None-Match, built from the Go module proxy into .tools/bin (about 3 minutes, once).
+VERSITYGW_VERSION ?= v1.8.0
+versitygw: .tools/bin/versitygw
+.tools/bin/versitygw:
+	@command -v go >/dev/null || { echo "make versitygw: needs the go command (https://go.dev/doc/install)" >&2; exit 1; }
+	GOBIN=$(CURDIR)/.tools/bin go install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 
 cluster-test: cluster-setup
 	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py

@@ -85,6 +85,7 @@ def _label(pid: int) -> str | None:
         (r"dagster api grpc|dagster code-server", "Dagster code server"),
         (r"dagster api execute_run|execute_run", "Dagster run"),
         (r"moto_server", "S3 server (moto)"),
+        (r"versitygw", "S3 server (versitygw)"),
         (r"postgres", "PostgreSQL"),
     ):
         if re.search(pattern, text):
@@ -173,6 +174,7 @@ def run(ctx: Context) -> Outcome:
     seconds = 300 if ctx.quick else int(os.environ.get("CQ_BENCH_SOAK_SECONDS", "1800"))
     n = 10 if ctx.quick else int(os.environ.get("CQ_BENCH_SOAK_N", "100"))
     m = int(os.environ.get("CQ_BENCH_SOAK_STREAMS", "10"))
+    store = os.environ.get("CQ_BENCH_SOAK_S3", "versitygw")  # or moto (the tests' store)
     if not (PG_BIN / "initdb").is_file():
         raise RuntimeError("PostgreSQL is not installed: run `make cluster-setup` first")
     root = ctx.workdir(NAME)
@@ -185,7 +187,7 @@ def run(ctx: Context) -> Outcome:
     try:
         ctx.log("starting PostgreSQL, S3, Spark standalone, the Connect server")
         cluster.start_postgres()
-        cluster.start_s3()
+        cluster.start_s3(store)
         cluster.start_spark()
         cluster.start_connect()
         os.environ.update({k: v for k, v in cluster.env.items() if k.startswith("AWS_")})
@@ -266,6 +268,7 @@ def run(ctx: Context) -> Outcome:
         os.environ.clear()
         os.environ.update(old_env)
     notes, line, ratio = _report(measured, (mem0, heap0), (mem1, heap1), logs0, logs1, logs2, state + names, outcome)
+    line = line.replace(" on the cluster topology,", f" on the cluster topology (S3: {store}),", 1)
     return Outcome(NAME, line, ratio=ratio, target=1.0, notes=notes)
 
 

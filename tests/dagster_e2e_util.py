@@ -20,6 +20,7 @@ the last of them (see ``release``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
@@ -253,6 +254,8 @@ class Stack:
     dagster_home: Path
     web_port: int
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # Process groups whose leader a test killed alone (kill_daemon): their code servers live on.
+    orphan_groups: list[int] = field(default_factory=list)
     feeder: Feeder | None = None
     spark_started: bool = False
     stopped: bool = False
@@ -439,6 +442,7 @@ class Stack:
         proc = self.procs.pop("daemon")
         proc.kill()
         proc.wait(30)
+        self.orphan_groups.append(proc.pid)  # its own session: the group id is its pid
 
     def start_daemon(self) -> None:
         self._spawn(
@@ -696,6 +700,12 @@ class Stack:
         for name in ("webserver", "daemon", "slow_code_server"):
             if name in self.procs:
                 stop_process_group(self.procs[name], first_signal=signal.SIGTERM)
+        # A killed daemon's code server finishes its runs, then exits on its heartbeat timeout; on a
+        # loaded machine it may not have yet. Its group is ours to stop (by pid: a group id is reused).
+        for pid in _pids_with_environ("DAGSTER_HOME", str(self.dagster_home)):
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) in self.orphan_groups:
+                    os.kill(pid, signal.SIGKILL)
         leftovers = _kill_by_environ("DAGSTER_HOME", str(self.dagster_home))
         if self.spark_started:
             cq_spark.stop_server(self.settings)

@@ -49,6 +49,7 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 BUCKET = "cq-warehouse"
+VERSITYGW = REPO / ".tools" / "bin" / "versitygw"  # `make versitygw`
 PG_BIN = max(
     Path("/usr/lib/postgresql").glob("*/bin"),
     default=Path("/usr/lib/postgresql/15/bin"),
@@ -266,8 +267,22 @@ class Cluster:
             conn.execute("CREATE DATABASE dagster")
 
     # -- object store --------------------------------------------------------------------------
-    def start_s3(self) -> None:
-        self._spawn("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
+    def start_s3(self, server: str = "moto") -> None:
+        """The object store: moto's server (the tests), or versitygw, a gateway serving S3 over a
+        directory (the soak: moto answers a LIST by scanning the whole bucket, which at a soak's
+        tens of thousands of objects took over half a core; ``make versitygw`` builds it)."""
+        if server == "versitygw":
+            if not VERSITYGW.is_file():
+                raise RuntimeError(f"{VERSITYGW} is missing: run `make versitygw` first")
+            data = self.root / "s3"
+            data.mkdir(exist_ok=True)
+            access = ["-a", "testing", "-s", "testing"]
+            cmd = [str(VERSITYGW), "-q", "-p", f"127.0.0.1:{self.s3_port}", *access, "posix", str(data)]
+            self._spawn("s3", cmd)
+        elif server == "moto":
+            self._spawn("moto", [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.s3_port)])
+        else:
+            raise ValueError(f"unknown S3 server {server!r}: moto or versitygw")
         _wait("the S3 server", lambda: port_open(self.s3_port), 120, self.logs)
         import boto3
 
@@ -408,7 +423,7 @@ def test_sample_definitions_on_a_one_machine_cluster(tmp_path):
     stop_feed, old = threading.Event(), dict(os.environ)
     try:
         cluster.start_postgres()
-        cluster.start_s3()
+        cluster.start_s3(os.environ.get("CQ_CLUSTER_S3", "moto"))  # versitygw: the soak's store
         cluster.start_spark()
         cluster.start_connect()
         apps = cluster.master_state()["activeapps"]

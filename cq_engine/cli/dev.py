@@ -89,7 +89,20 @@ def write_dagster_home(path: str | Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     base_dir = json.dumps(str(home / "history" / "runs") + os.sep)  # JSON strings are YAML
     (home / "dagster.yaml").write_text(DAGSTER_YAML + DEV_EVENT_LOG_YAML.format(base_dir=base_dir))
+    _create_dagster_storage(home)
     return home
+
+
+def _create_dagster_storage(home: Path) -> None:
+    """Create the instance's SQLite databases once, before ``dagster dev`` starts its webserver and
+    daemon: the two would create them at the same moment and may both stamp the schema, leaving a
+    database that neither opens ("alembic_version has more than one head present")."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.get_runs(limit=1)
+        instance.all_instigator_state()
+        instance.event_log_storage.get_asset_records()
 
 
 def dagster_env(settings: Settings, dagster_home: Path, *, spark_server: bool = True) -> dict[str, str]:
