@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import dagster as dg
 from dagster_pyspark import PySparkResource
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from cq_engine.catalog import parse_options, settings_catalog
 from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
 from cq_engine.model import Catalog
 from cq_engine.parse import sql_files
-from cq_engine.spark import BASE_CONF, bound_retries, client_url, drop_inherited_mode, in_process_notice, server_status
+from cq_engine.spark import (
+    BASE_CONF,
+    bound_retries,
+    client_url,
+    default_connect_session,
+    drop_inherited_mode,
+    in_process_notice,
+    release_session,
+    server_status,
+)
 
 
 class CQEngineResource(dg.ConfigurableResource):
@@ -75,6 +84,7 @@ class CQPySparkResource(PySparkResource):
     in-process session only because the engine's local Spark Connect server was not running."""
 
     in_process_notice: str = Field(default="", description="Why this run's session is in-process (empty: chosen).")
+    _opened_session: bool = PrivateAttr(default=False)
 
     @classmethod
     def _is_dagster_maintained(cls) -> bool:
@@ -87,8 +97,17 @@ class CQPySparkResource(PySparkResource):
         # pyspark mode variables would make this run's classic builder demand a Connect URL
         # (CONNECT_URL_NOT_SET: every run failed while the Connect server was down).
         drop_inherited_mode()
+        before = default_connect_session()
         super().setup_for_execution(context)
         bound_retries(self.spark_session)  # a lost Connect server fails the run in about a minute
+        # A run worker opens its own session; a process that already had one (a test, an in-process
+        # job) goes on using it after the run.
+        self._opened_session = self.spark_session is not before
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._opened_session:
+            release_session(self.spark_session)  # or the server keeps it, and its plans, for an hour
+        super().teardown_after_execution(context)
 
 
 def pyspark_resource(settings: Settings) -> CQPySparkResource:
