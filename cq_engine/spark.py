@@ -63,6 +63,11 @@ BASE_CONF = {
     # driver's GC collects the query; a driver with a roomy heap collects rarely, and Spark's periodic
     # GC for it runs every 30 minutes: an executor's live heap grew 116 -> 343 MiB in a 30-minute soak.
     "spark.cleaner.periodicGC.interval": "5min",
+    # Reading a commit's data files by path caches each file's status in a cache shared by the
+    # driver's sessions, 250 MiB by default: a firing reads new files, so it filled by some 1,500
+    # statuses a minute (18 MiB of the driver's live heap in 8 minutes of the soak). 8 MiB holds
+    # the last several minutes of them, the ones a later firing may read again.
+    "spark.sql.hive.filesourcePartitionFileCacheSize": str(8 * 2**20),
     "spark.sql.adaptive.enabled": "true",
     # pyspark records the Python call site of every DataFrame and Column call for its error messages
     # (a stack walk and a failed `import IPython` each: a quarter of the client's time in a batch of
