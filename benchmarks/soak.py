@@ -267,8 +267,9 @@ def run(ctx: Context) -> Outcome:
         cluster.stop()
         os.environ.clear()
         os.environ.update(old_env)
-    notes, line, ratio = _report(measured, (mem0, heap0), (mem1, heap1), logs0, logs1, logs2, state + names, outcome)
-    line = line.replace(" on the cluster topology,", f" on the cluster topology (S3: {store}),", 1)
+    notes, line, ratio = _report(
+        measured, (mem0, heap0), (mem1, heap1), logs0, logs1, logs2, state + names, outcome, store=store
+    )
     return Outcome(NAME, line, ratio=ratio, target=1.0, notes=notes)
 
 
@@ -323,7 +324,7 @@ def _window_figures(
     return notes, figures
 
 
-def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str):
+def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str, *, store: str):
     notes, f = list(measured[0]), measured[1]
     w0, w1, pg0, pg1 = f["w0"], f["w1"], f["pg0"], f["pg1"]
     (mem0, heap0), (mem1, heap1) = start, end
@@ -361,7 +362,7 @@ def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str):
         (heap_growth - 1) / (HEAP_GROWTH - 1),
     )
     line = (
-        f"{NAME}: {f['n']} CQs every {EVERY}s + {f['streams']} streams on the cluster topology, "
+        f"{NAME}: {f['n']} CQs every {EVERY}s + {f['streams']} streams on the cluster topology (S3: {store}), "
         f"{(w1 - w0).total_seconds() / 60:.1f} min: CQs {f['cq_share']:.1%} committed, worst lag {f['lag']:.0f}s; "
         f"streams {f['st_share']:.1%} of windows, p95 {f['p95']:.1f}s; {f['failed_runs']} failed runs; "
         f"JVM live heap x{heap_growth:.2f}, largest RSS growth x{growth:.2f}; PostgreSQL {pg0 / 2**20:.0f} -> "
