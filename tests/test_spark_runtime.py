@@ -392,6 +392,53 @@ def test_in_process_notice_names_the_server_looked_for(tmp_path):
         assert "does answer: a server started with another CQ_HOME?" in in_process_notice(settings)
 
 
+RELEASE_SCRIPT = """
+import json, sys
+import dagster as dg
+from dagster_pyspark import PySparkResource
+from cq_engine.config import Settings
+from cq_engine.spark import client_url, connect_session
+from dagster_defs.resource import pyspark_resource
+
+settings = Settings(home=sys.argv[1], spark_port=int(sys.argv[2]))
+url = client_url(settings)
+seen = []
+
+@dg.asset
+def probe(pyspark: PySparkResource) -> None:
+    seen.append(pyspark.spark_session.session_id)
+    assert pyspark.spark_session.range(3).count() == 3
+
+def attach(session_id):
+    from pyspark.sql.connect.session import SparkSession
+    s = SparkSession.builder.remote(f"{url};session_id={session_id}").create()
+    try:
+        return "open" if s.range(1).count() == 1 else "?"
+    except Exception as exc:
+        return "closed" if "SESSION_CLOSED" in str(exc) else str(exc)[:300]
+
+assert dg.materialize([probe], resources={"pyspark": pyspark_resource(settings)}).success
+kept = connect_session(url)  # this process's own session before the next run
+assert dg.materialize([probe], resources={"pyspark": pyspark_resource(settings)}).success
+print(json.dumps({
+    "run's own": attach(seen[0]),
+    "reused": seen[1] == kept.session_id,
+    "kept": attach(kept.session_id),
+    "kept works": kept.range(2).count(),
+}))
+"""
+
+
+def test_a_run_releases_the_connect_session_it_opened(server, tmp_path):
+    """A batch run's session is released when the run ends (else the server keeps it, and the plans
+    it cached, for an hour: the Connect driver's live heap grew with every run); a session the
+    process had before the run is left open for it."""
+    settings, _ = server
+    assert server_status(settings).running  # else the resource falls back to a classic session
+    found = over_connect(RELEASE_SCRIPT, settings, tmp_path)
+    assert found == {"run's own": "closed", "reused": True, "kept": "open", "kept works": 2}, found
+
+
 def test_stop(server):
     settings, status = server
     assert stop_server(settings) is True
@@ -438,49 +485,3 @@ def test_jvm_incubator_warning_stays_off_the_terminal(tmp_path):
         assert "Using incubator modules" not in out.stderr + out.stdout, out.stderr
     finally:
         assert run("spark", "stop").returncode == 0
-
-
-RELEASE_SCRIPT = """
-import json, sys
-import dagster as dg
-from dagster_pyspark import PySparkResource
-from cq_engine.config import Settings
-from cq_engine.spark import client_url, connect_session
-from dagster_defs.resource import pyspark_resource
-
-settings = Settings(home=sys.argv[1], spark_port=int(sys.argv[2]))
-url = client_url(settings)
-seen = []
-
-@dg.asset
-def probe(pyspark: PySparkResource) -> None:
-    seen.append(pyspark.spark_session.session_id)
-    assert pyspark.spark_session.range(3).count() == 3
-
-def attach(session_id):
-    from pyspark.sql.connect.session import SparkSession
-    s = SparkSession.builder.remote(f"{url};session_id={session_id}").create()
-    try:
-        return "open" if s.range(1).count() == 1 else "?"
-    except Exception as exc:
-        return "closed" if "SESSION_CLOSED" in str(exc) else str(exc)[:300]
-
-assert dg.materialize([probe], resources={"pyspark": pyspark_resource(settings)}).success
-kept = connect_session(url)  # this process's own session before the next run
-assert dg.materialize([probe], resources={"pyspark": pyspark_resource(settings)}).success
-print(json.dumps({
-    "run's own": attach(seen[0]),
-    "reused": seen[1] == kept.session_id,
-    "kept": attach(kept.session_id),
-    "kept works": kept.range(2).count(),
-}))
-"""
-
-
-def test_a_run_releases_the_connect_session_it_opened(server, tmp_path):
-    """A batch run's session is released when the run ends (else the server keeps it, and the plans
-    it cached, for an hour: the Connect driver's live heap grew with every run); a session the
-    process had before the run is left open for it."""
-    settings, _ = server
-    found = over_connect(RELEASE_SCRIPT, settings, tmp_path)
-    assert found == {"run's own": "closed", "reused": True, "kept": "open", "kept works": 2}, found
