@@ -61,7 +61,7 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 check: lint
-	CQ_TEST_QUICK=1 $(BIN)/python -m pytest -q -m "not spark and not dagster_e2e and not ui"
+	CQ_TEST_QUICK=1 $(BIN)/python -m pytest -q -n 2 -m "not spark and not dagster_e2e and not ui"
 
 # The one-machine cluster of the docs' Deployment page (docs/operations/deployment.md): PostgreSQL
 # from Debian, dagster-postgres and moto's S3 server from PyPI, Spark standalone from the pip pyspark package, delta-spark and
