@@ -33,6 +33,7 @@ from pathlib import Path
 
 import requests
 from netutil import free_port, port_open
+from procutil import live_pids
 from streams_util import METERS
 
 from cq_engine import spark as cq_spark
@@ -713,19 +714,7 @@ class Stack:
 
 
 def _pids_with_environ(var: str, value: str) -> list[int]:
-    needle = f"{var}={value}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state not in ("Z", "X"):
-                    pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    return live_pids(f"{var}={value}")
 
 
 def _kill_by_environ(var: str, value: str) -> list[str]:

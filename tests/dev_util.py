@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 import requests
 from deltalake import DeltaTable
+from procutil import live_pids
 
 from cq_engine.config import Settings
 from cq_engine.storage.ledger import Ledger
@@ -124,20 +125,13 @@ def succeeded(ledger: Ledger, name: str, kind: str = "firing") -> list:
 
 def stack_pids(settings: Settings, dagster_home: Path) -> list[str]:
     """The live processes whose environment names this CQ_HOME or DAGSTER_HOME, with their commands."""
-    needles = {f"CQ_HOME={Path(settings.home).resolve()}".encode(), f"DAGSTER_HOME={dagster_home.resolve()}".encode()}
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    for pid in live_pids(f"CQ_HOME={Path(settings.home).resolve()}", f"DAGSTER_HOME={dagster_home.resolve()}"):
         try:
-            if not needles & set((entry / "environ").read_bytes().split(b"\0")):
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                continue
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry.name}: {command[:150]}")
-        except OSError:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it exited meanwhile
             continue
+        found.append(f"{pid}: {command[:150]}")
     return found
 
 
