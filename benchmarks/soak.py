@@ -11,8 +11,8 @@ window's end in its sink, freshness p95 <= 20 s; no failed run; each JVM's heap 
 grown by at most 10%.
 
 Reported: the memory (RSS) of every long-lived process of the stack at the start of the window and at
-its end, and each JVM's heap in use right after a full GC (``jcmd``: a JVM's RSS also grows as it
-expands its heap towards the maximum, which is not a leak); the Delta log of the sinks and the engine state tables on the object store at both ends (JSON
+its end, and the heap each JVM retains (the least of five readings of its heap in use right after a full GC,
+``jcmd``: a JVM's RSS also grows as it expands its heap towards the maximum, which is not a leak); the Delta log of the sinks and the engine state tables on the object store at both ends (JSON
 commits, checkpoints, bytes, live data files); PostgreSQL's database size at both ends; the worst lag
 of the continuous queries over the window (now minus the newest committed range end, each second) and
 the streams' runs; then what ``cq maintain`` does to the tables afterwards. Informational (no target):
@@ -113,19 +113,25 @@ def _memory(roots: list[int]) -> dict[int, tuple[str, int]]:
 JVMS = ("Spark Connect server (driver)", "Spark master", "Spark worker", "Spark executor")
 
 
-def _live_heaps(memory: dict[int, tuple[str, int]]) -> dict[int, int]:
-    """MiB of Java heap in use right after a full GC (``jcmd``), per JVM of ``memory``: what a leak
-    grows, unlike the RSS, which also grows as the JVM expands its heap towards its maximum."""
-    out = {}
-    for pid, (label, _rss_mib) in memory.items():
-        if label not in JVMS:
-            continue
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60, check=True)
-            info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=60)
-            used = re.search(r"heap\s+total \d+K, used (\d+)K", info.stdout)
-            if used:
-                out[pid] = int(used.group(1)) // 1024
+def _live_heaps(memory: dict[int, tuple[str, int]], *, samples: int = 5, apart: float = 6.0) -> dict[int, int]:
+    """MiB of Java heap a JVM of ``memory`` retains: the least of ``samples`` readings ``apart`` seconds
+    apart of its heap in use right after a full GC (``jcmd``). That is what a leak grows, unlike the RSS,
+    which also grows as the JVM expands its heap towards its maximum; one reading is not, since an
+    executor's heap after a GC also holds the memory pages of the tasks it is running at that moment
+    (0-80 MiB of ``long[]`` in its class histogram, from one reading to the next)."""
+    out: dict[int, int] = {}
+    for sample in range(samples):
+        if sample:
+            time.sleep(apart)
+        for pid, (label, _rss_mib) in memory.items():
+            if label not in JVMS:
+                continue
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60, check=True)
+                info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=60)
+                used = re.search(r"heap\s+total \d+K, used (\d+)K", info.stdout)
+                if used:
+                    out[pid] = min(out.get(pid, 2**31), int(used.group(1)) // 1024)
     return out
 
 

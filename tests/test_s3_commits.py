@@ -190,3 +190,40 @@ def test_sparks_commit_is_one_conditional_put(s3, tmp_path):
         )
     finally:
         spark.stop()
+
+
+def test_s3a_reads_through_the_classic_stream_that_keeps_nothing_per_object(s3, tmp_path):
+    """hadoop-aws 3.5 reads through the S3 analytics accelerator by default, which keeps an entry for
+    every distinct object a file system has read until the file system closes (HADOOP-20058): a Spark
+    JVM's heap then grows with every commit it reads. The engine's sessions read through the classic
+    stream (docs/operations/spark-and-storage.md)."""
+    from cq_engine.config import load_settings
+    from cq_engine.spark import local_session
+
+    s3.put_object(Bucket=BUCKET, Key="objs/a.json", Body=b'{"a":1}\n')
+    settings = load_settings(environ={"CQ_WAREHOUSE": f"s3://{BUCKET}/wh"}, config_file="/nonexistent")
+    spark = local_session(settings=settings, master="local[1]")
+    try:
+        jvm, conf = spark._jvm, spark._jsc.hadoopConfiguration()
+        path = jvm.org.apache.hadoop.fs.Path(f"s3a://{BUCKET}/objs/a.json")
+
+        def stream_class(configuration) -> str:
+            fs = jvm.org.apache.hadoop.fs.FileSystem.newInstance(path.toUri(), configuration)
+            try:
+                stream = fs.open(path)
+                try:
+                    assert stream.read() == ord("{")
+                    return stream.getWrappedStream().getClass().getName()
+                finally:
+                    stream.close()
+            finally:
+                fs.close()
+
+        assert conf.get("fs.s3a.input.stream.type") == "classic"
+        assert stream_class(conf) == "org.apache.hadoop.fs.s3a.S3AInputStream"
+        default = jvm.org.apache.hadoop.conf.Configuration(conf)
+        default.unset("fs.s3a.input.stream.type")
+        assert "Analytics" in stream_class(default)  # what hadoop-aws would use without the setting
+        assert spark.read.json(f"s3a://{BUCKET}/objs/").collect()[0]["a"] == 1  # and the executors' reads run
+    finally:
+        spark.stop()
