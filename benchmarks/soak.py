@@ -7,8 +7,8 @@ them, the Dagster daemon) running ``CQ_BENCH_SOAK_N`` continuous queries every 3
 
 Targets (the ratio is the worst of them, <= 1 when all hold): >= 99% of the window's due firings
 committed within a cadence, worst CQ lag <= 60 s; every stream window that closed 30 s before the
-window's end in its sink, freshness p95 <= 20 s; no failed run; each JVM's heap in use after a full GC
-grown by at most 10%.
+window's end in its sink, freshness p95 <= 20 s; no failed run; no "cannot schedule new futures" in
+the stack's logs; each JVM's retained heap grown by at most 10%.
 
 Reported: the memory (RSS) of every long-lived process of the stack at the start of the window and at
 its end, and the heap each JVM retains (the least of five readings of its heap in use right after a full GC,
@@ -38,6 +38,8 @@ NAME = "soak"
 SUBPROCESS = True
 REPO = Path(__file__).resolve().parent.parent
 CQ_SHARE, CQ_LAG, STREAM_SHARE, STREAM_P95, HEAP_GROWTH = 0.99, 60.0, 1.0, 20.0, 1.10
+# What a sensor's computation said when the code server it ran in was replaced under it.
+SHUTDOWN_ERROR = "cannot schedule new futures"
 
 
 def _sql(target: Path, n: int, streams: int) -> None:
@@ -234,6 +236,7 @@ def run(ctx: Context) -> Outcome:
         time.sleep(EVERY + 5)  # firings due in the window may finish up to a cadence after it
         entries = feeder.ledger.entries()
         failed_runs = _failed_runs(cluster, w0, w1 + timedelta(seconds=EVERY + 5))
+        shutdown_errors = _lines_saying(cluster.logs, SHUTDOWN_ERROR)
         stop.set()
         # Printed before the final `cq maintain`, which may outlast its bound: the soak's own figures stay.
         measured = _window_figures(
@@ -243,6 +246,7 @@ def run(ctx: Context) -> Outcome:
             sinks=sinks,
             commits=commits,
             failed_runs=failed_runs,
+            shutdown_errors=shutdown_errors,
             w0=w0,
             w1=w1,
             load0=load0,
@@ -291,8 +295,19 @@ def _failed_runs(cluster, w0: datetime, w1: datetime) -> int:
     return int(row[0]) if row else 0
 
 
+def _lines_saying(logs: Path, text: str) -> int:
+    """Lines of the stack's logs under ``logs`` holding ``text``: the daemon's, the code server's, the S3
+    server's, Spark's daemons' and its executors' (not the jars the workers copied beside them)."""
+    found = 0
+    for log in logs.rglob("*"):
+        if log.is_file() and (log.suffix in (".log", ".out") or log.name in ("stderr", "stdout")):
+            with contextlib.suppress(OSError), open(log, errors="replace") as lines:
+                found += sum(text in line for line in lines)
+    return found
+
+
 def _window_figures(
-    entries, *, n, streams, sinks, commits, failed_runs, w0, w1, load0, loads, pg
+    entries, *, n, streams, sinks, commits, failed_runs, shutdown_errors, w0, w1, load0, loads, pg
 ) -> tuple[list[str], dict]:
     """The window's CQ and stream figures, load and PostgreSQL size: notes, and the figures."""
     pg0, pg1 = pg
@@ -311,6 +326,7 @@ def _window_figures(
         f"streams: {st_share:.1%} of {st_due} windows in their sinks (target {STREAM_SHARE:.0%}), freshness "
         f"p50 {p50:.1f}s p95 {p95:.1f}s (target <= {STREAM_P95:.0f}s), worst lag {st_lag:.0f}s; "
         f"failed Dagster runs: {failed_runs} (target 0)",
+        f"'{SHUTDOWN_ERROR}' in the stack's logs: {shutdown_errors} line(s) (target 0)",
         f"PostgreSQL (dagster database): {pg0 / 2**20:.1f} MiB -> {pg1 / 2**20:.1f} MiB",
     ]
     figures = dict(
@@ -323,6 +339,7 @@ def _window_figures(
         st_share=st_share,
         p95=p95,
         failed_runs=failed_runs,
+        shutdown_errors=shutdown_errors,
         pg0=pg0,
         pg1=pg1,
         load=f"load {min(loads):.1f}-{max(loads):.1f}",
@@ -365,6 +382,7 @@ def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str, 
         1.0 + (STREAM_SHARE - f["st_share"]) * 100,
         f["p95"] / STREAM_P95,
         1.0 + f["failed_runs"],
+        1.0 + f["shutdown_errors"],
         (heap_growth - 1) / (HEAP_GROWTH - 1),
     )
     line = (
