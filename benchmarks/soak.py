@@ -388,7 +388,8 @@ def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str, 
     line = (
         f"{NAME}: {f['n']} CQs every {EVERY}s + {f['streams']} streams on the cluster topology (S3: {store}), "
         f"{(w1 - w0).total_seconds() / 60:.1f} min: CQs {f['cq_share']:.1%} committed, worst lag {f['lag']:.0f}s; "
-        f"streams {f['st_share']:.1%} of windows, p95 {f['p95']:.1f}s; {f['failed_runs']} failed runs; "
+        f"streams {f['st_share']:.1%} of windows, p95 {f['p95']:.1f}s; {f['failed_runs']} failed runs, "
+        f"{f['shutdown_errors']} '{SHUTDOWN_ERROR}' lines; "
         f"JVM live heap x{heap_growth:.2f}, largest RSS growth x{growth:.2f}; PostgreSQL {pg0 / 2**20:.0f} -> "
         f"{pg1 / 2**20:.0f} MiB; {f['load']}; {verdict(ratio, 1.0)}"
     )
