@@ -224,6 +224,5 @@ def test_s3a_reads_through_the_classic_stream_that_keeps_nothing_per_object(s3, 
         default = jvm.org.apache.hadoop.conf.Configuration(conf)
         default.unset("fs.s3a.input.stream.type")
         assert "Analytics" in stream_class(default)  # what hadoop-aws would use without the setting
-        assert spark.read.json(f"s3a://{BUCKET}/objs/").collect()[0]["a"] == 1  # and the executors' reads run
     finally:
         spark.stop()
