@@ -122,7 +122,7 @@ S3A_TIMEOUTS = {
 # hadoop-aws 3.5 reads through the S3 analytics accelerator by default (``analytics``); its library
 # (1.3.1) keeps an entry for every distinct object a file system has read until the file system is
 # closed (HADOOP-20058), and a long-lived JVM's cached file system reads a new commit file or data file
-# every few seconds: the soak's executors grew their live heap by 80% in 30 minutes. The classic
+# every few seconds: the soak's executors grew their live heap by 15-80% in 30 minutes. The classic
 # stream keeps nothing per object once a stream is closed.
 S3A_INPUT_STREAM = {"spark.hadoop.fs.s3a.input.stream.type": "classic"}
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import requests
 from netutil import free_port, port_open
-from procutil import live_pids
+from procutil import command_line, live_pids
 from streams_util import METERS
 
 from cq_engine import spark as cq_spark
@@ -703,7 +703,7 @@ class Stack:
                 stop_process_group(self.procs[name], first_signal=signal.SIGTERM)
         # A killed daemon's code server finishes its runs, then exits on its heartbeat timeout; on a
         # loaded machine it may not have yet. Its group is ours to stop (by pid: a group id is reused).
-        for pid in _pids_with_environ("DAGSTER_HOME", str(self.dagster_home)):
+        for pid in live_pids(f"DAGSTER_HOME={self.dagster_home}"):
             with contextlib.suppress(OSError):
                 if os.getpgid(pid) in self.orphan_groups:
                     os.kill(pid, signal.SIGKILL)
@@ -713,29 +713,26 @@ class Stack:
         return leftovers
 
 
-def _pids_with_environ(var: str, value: str) -> list[int]:
-    return live_pids(f"{var}={value}")
-
-
 def _kill_by_environ(var: str, value: str) -> list[str]:
     """Processes still alive after their groups were killed (none expected; SIGKILLed processes take
     a moment to exit): kill them by pid and report their command lines."""
     if not Path("/proc/self/environ").exists():
         return []
+    entry = f"{var}={value}"
     deadline = time.monotonic() + 10
-    while _pids_with_environ(var, value) and time.monotonic() < deadline:
+    while live_pids(entry) and time.monotonic() < deadline:
         time.sleep(0.2)
     killed = []
-    for pid in _pids_with_environ(var, value):
+    for pid in live_pids(entry):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = command_line(pid)
             pgid = os.getpgid(pid)
             os.kill(pid, signal.SIGKILL)
             killed.append(f"pid {pid} (group {pgid}): {cmd[:200]}")
         except OSError:
             continue
     deadline = time.monotonic() + 10
-    while _pids_with_environ(var, value) and time.monotonic() < deadline:
+    while live_pids(entry) and time.monotonic() < deadline:
         time.sleep(0.2)
     return killed
 

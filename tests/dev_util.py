@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 import requests
 from deltalake import DeltaTable
-from procutil import live_pids
+from procutil import command_line, live_pids
 
 from cq_engine.config import Settings
 from cq_engine.storage.ledger import Ledger
@@ -128,7 +128,7 @@ def stack_pids(settings: Settings, dagster_home: Path) -> list[str]:
     found = []
     for pid in live_pids(f"CQ_HOME={Path(settings.home).resolve()}", f"DAGSTER_HOME={dagster_home.resolve()}"):
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            command = command_line(pid)
         except OSError:  # it exited meanwhile
             continue
         found.append(f"{pid}: {command[:150]}")

@@ -15,10 +15,22 @@ def live_pids(*entries: str) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needles & set((entry / "environ").read_bytes().split(b"\0")):
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state not in ("Z", "X"):
-                    pids.append(int(entry.name))
+            if needles & set((entry / "environ").read_bytes().split(b"\0")) and alive(int(entry.name)):
+                pids.append(int(entry.name))
         except OSError:
             continue
     return pids
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs: it exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def command_line(pid: int) -> str:
+    """A process's command line, its arguments joined by spaces (``OSError`` once it has exited)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

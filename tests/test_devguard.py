@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from procutil import alive, command_line, live_pids
 
 from cq_engine.cli.devguard import MARK, refuse_beside_running, stack_mark
 from cq_engine.errors import CQError
@@ -27,26 +28,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def _marked(mark: bytes) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid() and _alive(int(entry.name)):
-            try:
-                if mark in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="Linux /proc")
 def test_a_sigkilled_owner_takes_its_children_in_other_sessions_with_it(tmp_path):
     home = tmp_path / ".cq"
@@ -56,7 +37,7 @@ def test_a_sigkilled_owner_takes_its_children_in_other_sessions_with_it(tmp_path
     try:
         assert owner.stdout is not None
         child = int(owner.stdout.readline())
-        assert _alive(child)
+        assert alive(child)
         mark = f"{MARK}={stack_mark(home)}".encode()
         assert mark in Path(f"/proc/{child}/environ").read_bytes().split(b"\0")  # inherited
         # While it runs, a second stack on the same CQ_HOME is refused, naming what runs.
@@ -67,12 +48,12 @@ def test_a_sigkilled_owner_takes_its_children_in_other_sessions_with_it(tmp_path
         owner.wait(10)
         # A new stack started at once (a restart right after the owner ended) waits for the guard,
         # which is still reaping (it would kill the new stack's processes, marked alike), then starts.
-        guards = [p for p in _marked(mark) if b"cq_engine.cli.devguard" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        guards = [p for p in live_pids(mark.decode()) if "cq_engine.cli.devguard" in command_line(p)]
         assert guards, "the guard ended before the check could see it finishing"
         refuse_beside_running(home, tmp_path / "dagster")
-        assert not _alive(child), "the owner's child outlived it"
-        assert _marked(mark) == [], "the guard was not waited for"
+        assert not alive(child), "the owner's child outlived it"
+        assert live_pids(mark.decode()) == [], "the guard was not waited for"
     finally:
         for pid in (owner.pid, child):
-            if pid and _alive(pid):
+            if pid and alive(pid):
                 os.kill(pid, signal.SIGKILL)
