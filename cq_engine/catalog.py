@@ -306,7 +306,8 @@ def _aliases(d: Stream) -> set[str]:
 def _query_columns(d: Stream) -> set[str]:
     """Columns a stream's query reads from its source (a join's: ``_join_columns``)."""
     outputs = {i.name.lower() for i in d.select}  # HAVING may name the result's columns
-    read = _names([i.expression for i in d.select] + [d.where]) | (_names([d.having]) - outputs)
+    read = _names([i.expression for i in d.select] + [c.argument for c in d.series] + [d.where])
+    read |= _names([d.having]) - outputs
     grouped = {k.lower() for k in d.group_by if not k.lower().startswith("__cq")}
     return (read | grouped) - _aliases(d)
 
@@ -314,6 +315,7 @@ def _query_columns(d: Stream) -> set[str]:
 def _join_columns(q: Stream) -> dict[str, set[str]]:
     """A join query's columns by table (``model.join_column``: side 0 is the trigger rows' table)."""
     sqls = [i.expression for i in q.select] + [q.where, q.having, *[k.expression for k in q.order_by]]
+    sqls += [c.argument for c in q.series]
     sqls += [j.on for j in q.joins] + [f"`{k}`" for k in q.group_by]
     tables = [q.source, *[j.table for j in q.joins]]
     out: dict[str, set[str]] = {}
@@ -449,6 +451,9 @@ def _check_stream(d: Stream, tables: dict[str, TableDecl]) -> None:
         for name, need in _join_columns(q).items():
             if (table := tables.get(name.lower())) is not None:
                 _missing(d, table, need)
+    for q in d.leaves:
+        if q.series and (source := tables.get(q.source.lower()) if q.source else None) is not None:
+            _check_series(d, q, source)
     if d.key_bound == "row":
         for q in (d, *d.union):
             for sql, leaf in _row_times(q, q.select[0].expression):
@@ -480,4 +485,25 @@ def _check_row_time(d: Stream, sql: str, source: TableDecl) -> None:
                 _word_location(d.location, name),
                 f"{d.name!r}: the first column is the sink's time column, but {name!r} of table "
                 f"{source.name!r} is {col.type.upper()}, not TIMESTAMP",
+            )
+
+
+_NUMBERS = ("tinyint", "smallint", "int", "bigint", "float", "double", "decimal")
+# What a multi-row function's argument may be (TDengine's function reference); the others take any type.
+_SERIES_TYPES = {"diff": (*_NUMBERS, "boolean", "timestamp")} | {
+    f: _NUMBERS for f in ("csum", "mavg", "derivative", "statecount", "stateduration", "top", "bottom", "histogram")
+}
+
+
+def _check_series(d: Stream, q: Stream, source: TableDecl) -> None:
+    """A multi-row function over a column (DIFF(current)...) takes a column of the type it computes with."""
+    for call in q.series:
+        allowed = _SERIES_TYPES.get(call.function)
+        col = source.column(call.argument.strip("`")) if allowed else None
+        if col is not None and allowed and not col.type.lower().startswith(allowed):
+            raise _err(
+                _word_location(d.location, call.function),
+                f"{d.name!r}: {call.function.upper()}({col.name}) needs a number"
+                f"{', BOOL or TIMESTAMP' if call.function == 'diff' else ''}, but {col.name!r} of table "
+                f"{source.name!r} is {col.type.upper()}",
             )

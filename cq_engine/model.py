@@ -323,6 +323,25 @@ class SubWindows:
 SUB_WSTART = "__cq_sw_start"  # the engine column of a row's sub-window start (TIMESTAMP)
 
 
+SeriesFunction = Literal[
+    "diff", "csum", "mavg", "derivative", "statecount", "stateduration",
+    "top", "bottom", "tail", "unique", "sample", "histogram",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SeriesCall:
+    """A TDengine multi-row function of a new-form query's SELECT (``DIFF(current)``, ``TOP(x, 3)``...):
+    computed over each (group, window)'s rows in time order into the engine column ``column``, which
+    the select item reads (``streams.series``). ``argument`` is Spark SQL over a row; ``params`` the
+    call's other arguments as checked at load (numbers, a comparison, histogram bins)."""
+
+    column: str
+    function: SeriesFunction
+    argument: str
+    params: tuple = ()
+
+
 @dataclass(frozen=True)
 class Join:
     """``[INNER | LEFT [OUTER]] JOIN table [AS] alias ON cond`` of a new-form query over ``%%trows``: the
@@ -383,6 +402,7 @@ class Stream:
     union: tuple[Stream, ...] = ()
     joins: tuple[Join, ...] = ()  # the tables %%trows is joined with, in order
     sub_windows: SubWindows | None = None  # INTERVAL ... inside the query
+    series: tuple[SeriesCall, ...] = ()  # DIFF, CSUM, TOP... of the SELECT, in the order written
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None

@@ -257,3 +257,128 @@ def fill(slots, rows_of, aggregates, mode, constants=()):
                 values.append(None)
         out[s] = tuple(values)
     return out
+
+
+# --- multi-row functions: each gives {t: value} for the rows it outputs (rows in time order) ------
+
+
+def diff(rows, option=0, *, millis=False):
+    """DIFF(x, ignore_option): x minus the previous non-NULL value (NULL when either is missing);
+    options 1 / 3: a negative difference is NULL; 2 / 3: a row whose difference is NULL is not output.
+    ``millis``: x is a TIMESTAMP in µs, its difference in milliseconds."""
+    out, prev = {}, None
+    for t, v in rows:
+        d = None if v is None or prev is None else (v // 1000 - prev // 1000 if millis else v - prev)
+        if d is not None and d < 0 and option in (1, 3):
+            d = None
+        if d is not None or option in (0, 1):
+            out[t] = d
+        if v is not None:
+            prev = v
+    return out
+
+
+def csum(rows):
+    """CSUM(x): the running sum of the non-NULL values, output on those rows."""
+    out, total = {}, 0
+    for t, v in rows:
+        if v is not None:
+            total += v
+            out[t] = total
+    return out
+
+
+def mavg(rows, k):
+    """MAVG(x, k): the mean of the last k non-NULL values, from the k-th one on."""
+    seen, out = [], {}
+    for t, v in rows:
+        if v is not None:
+            seen.append(v)
+            if len(seen) >= k:
+                out[t] = sum(seen[-k:]) / k
+    return out
+
+
+def derivative(rows, interval_us, ignore_negative):
+    """DERIVATIVE(x, interval, ignore_negative): (v - v') / ((t - t') / interval) between each non-NULL
+    point and the previous one; ignore_negative drops the negative ones."""
+    points = [(t, v) for t, v in rows if v is not None]
+    out = {}
+    for (t0, v0), (t1, v1) in pairwise(points):
+        rate = (v1 - v0) / ((t1 - t0) / interval_us)
+        if not (ignore_negative and rate < 0):
+            out[t1] = rate
+    return out
+
+
+_COMPARE = {
+    "LT": lambda a, b: a < b,
+    "GT": lambda a, b: a > b,
+    "LE": lambda a, b: a <= b,
+    "GE": lambda a, b: a >= b,
+    "NE": lambda a, b: a != b,
+    "EQ": lambda a, b: a == b,
+}
+
+
+def statecount(rows, op, value):
+    """STATECOUNT(x, op, v): on every row, the count of consecutive rows meeting ``x op v`` up to it,
+    -1 on a row that does not, NULL on a NULL row (the run goes on across it)."""
+    out, count = {}, 0
+    for t, v in rows:
+        if v is None:
+            out[t] = None
+        elif _COMPARE[op](v, value):
+            count += 1
+            out[t] = count
+        else:
+            count, out[t] = 0, -1
+    return out
+
+
+def stateduration(rows, op, value, unit_us):
+    """STATEDURATION(x, op, v, unit): as STATECOUNT, the time since the run's first row in ``unit``."""
+    out, start = {}, None
+    for t, v in rows:
+        if v is None:
+            out[t] = None
+        elif _COMPARE[op](v, value):
+            start = t if start is None else start
+            out[t] = (t - start) // unit_us
+        else:
+            start, out[t] = None, -1
+    return out
+
+
+def top(rows, k, *, largest=True):
+    """TOP / BOTTOM(x, k): the k largest / smallest non-NULL values, the earliest of equal ones."""
+    ranked = sorted(((t, v) for t, v in rows if v is not None), key=lambda p: (-p[1] if largest else p[1], p[0]))
+    return dict(ranked[:k])
+
+
+def tail(rows, k, offset=0):
+    """TAIL(x, k, offset): the last k rows before the last ``offset`` ones, NULLs included."""
+    chosen = rows[::-1][offset : offset + k]
+    return dict(chosen)
+
+
+def unique(rows):
+    """UNIQUE(x): each value's first row, NULL once."""
+    out, seen = {}, set()
+    for t, v in rows:
+        if v not in seen:
+            seen.add(v)
+            out[t] = v
+    return out
+
+
+def histogram(rows, edges, normalized=False):
+    """HISTOGRAM over the bins (edges[i-1], edges[i]]: each bin's JSON text as TDengine writes it
+    (C's %g for the bounds); no rows without a non-NULL value."""
+    values = [v for _, v in rows if v is not None]
+    if not values:
+        return []
+    counts = [sum(lo < v <= hi for v in values) for lo, hi in pairwise(edges)]
+    total = sum(counts)
+    shown = [f"{c / total if total else 0:f}" if normalized else str(c) for c in counts]
+    return [f'{{"lower_bin":{lo:g}, "upper_bin":{hi:g}, "count":{s}}}' for (lo, hi), s in zip(pairwise(edges), shown)]

@@ -30,12 +30,22 @@ def _error(sql: str) -> ParseError:
     [
         (STREAM, "sum(v), spred(v) AS x", "spred", "unknown function SPRED(): neither a TDengine function"),
         (STREAM, "spred(v)", "spred", "did you mean SPREAD?"),
-        (
-            STREAM,
-            "diff(v) AS d",
-            "diff",
-            "DIFF() is not supported in TDengine definitions: it returns a series over each window's rows",
-        ),
+        (STREAM, "interp(v) AS i", "interp", "INTERP() is not supported in TDengine definitions"),
+        (STREAM, "diff(v, 4) AS d", "4)", "DIFF: ignore_option must be between 0 and 3, got 4"),
+        (STREAM, "avg(diff(v)) AS d", "diff", "DIFF() gives rows of its own, so it cannot be mixed with aggregates"),
+        (STREAM, "top(v, 2) t, diff(v) d", "top", "TOP() chooses the rows of the result, so it cannot be combined"),
+        (STREAM, "statecount(v, 'GX', 1) s", "'GX'", "the comparison is one of LT, GT, LE, GE, NE, EQ"),
+        (STREAM, "histogram(v, 'user_input', '[3, 1]', 0) h", "'[3, 1]'", "edges must be strictly increasing"),
+        (STREAM, "derivative(v, 10a, 0) d", "10a", "DERIVATIVE: the time interval must be at least 1s"),
+        *[
+            (
+                f"CREATE STREAM s INTO o AS SELECT _wstart, {f} FROM t INTERVAL(10s);",
+                "",
+                f.split("(")[0],
+                f"{f.split('(')[0].upper()}() cannot be used in the old form's query",
+            )
+            for f in ("twa(v)", "diff(v)", "percentile(v, 50)", "unique(v)", "mode(v)", "interp(v)")
+        ],
         (STREAM, "elapsed(ts, 1s, 2) AS e", "elapsed", "ELAPSED takes 1 to 2 argument(s), got 3"),
         (STREAM, "elapsed(ts, v) AS e", "v)", "ELAPSED: the time unit must be a duration such as 1s"),
         (STREAM, "percentile(v, 101) AS p", "101", "the percentile p must be between 0 and 100"),
@@ -67,7 +77,6 @@ def test_an_unknown_or_misused_function_is_refused_at_it(template, items, at, me
     ("sql", "interpolated"),
     [
         (STREAM.format(items="twa(v) a, twa(v) b, twa(v * 2) c"), ("v", "v * 2")),
-        ("CREATE STREAM s INTO o AS SELECT _wstart, twa(v) FROM t INTERVAL(10s);", ("v",)),
         ("CREATE STREAM s SLIDING(10s) FROM t INTO o AS SELECT _tcurrent_ts, twa(v) a FROM %%trows;", ("v",)),
         ("CREATE STREAM s SESSION(ts, 5s) FROM t INTO o AS SELECT _twstart, twa(v) a FROM %%trows;", ()),
         ("CREATE STREAM s COUNT_WINDOW(3) FROM t INTO o AS SELECT _twstart, twa(v) a FROM %%trows;", ()),

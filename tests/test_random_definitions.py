@@ -54,6 +54,11 @@ TD_ROW_ITEMS = [
     "current", "voltage * 2", "to_iso8601(ts)", "cast(voltage AS BIGINT)", "timetruncate(ts, 1s)", "ts",
     "cast(ts AS BIGINT)", "concat_ws(':', tbname, cast(status AS VARCHAR(4)))", "now()", "csum(current)",
     "CASE status WHEN 0 THEN 'idle' ELSE 'on' END", "status",
+    # TDengine's multi-row functions (a selection alone among them: the others are refused at load)
+    "diff(current)", "diff(voltage, 2)", "diff(ts)", "mavg(current, 2)", "derivative(current, 1s, 1)",
+    "statecount(voltage, 'GT', 220)", "stateduration(current, 'LE', 10, 1s)", "top(current, 2)",
+    "bottom(voltage, 1)", "tail(current, 2)", "unique(status)", "sample(current, 2)",
+    "histogram(current, 'user_input', '[0, 10, 20]', 0)", "csum(location)",
 ]  # fmt: skip
 IOTDB_ITEMS = [
     "count(v)", "avg(v)", "sum(w)", "max_value(v)", "min_value(w)", "first_value(v)", "last_value(v)",

@@ -33,6 +33,7 @@ from cq_engine.parse.ekuiper import ROW_TIME
 from cq_engine.parse.fragments import TIME_REF, is_aggregate, is_aggregate_sql, under_aggregate
 from cq_engine.streams.fill import with_fill
 from cq_engine.streams.output import shaping_columns
+from cq_engine.streams.series import with_series
 from cq_engine.streams.windows.tdengine import (
     CLOSE_ROW,
     NEXT_STATE,
@@ -142,7 +143,9 @@ def reads_time(stream: Stream) -> bool:
     """The query (or a query it is made of) reads each row's event time (``TIME_REF``): a function of
     the rows' time order, or INTERVAL's sub-windows."""
     return any(
-        q.sub_windows is not None or any(TIME_REF in sql for sql in [i.expression for i in q.select] + [q.having or ""])
+        q.sub_windows is not None
+        or bool(q.series)
+        or any(TIME_REF in sql for sql in [i.expression for i in q.select] + [q.having or ""])
         for q in stream.layers
     )
 
@@ -286,6 +289,8 @@ def evaluate(
             on=[_side("__cq_l", c).eqNullSafe(_side("__cq_r", c)) for c in ids],
             how="left_semi",
         )
+    if stream.series:  # DIFF, TOP...: over each window's (and query partition's) rows
+        df = with_series(stream, df, [*pcols, *[c for c in (WSTART, WSEQ) if c in df.columns]])
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
     checks = [F.expr(sql).alias(name) for name, sql in _row_checks(stream, aggregated=False)]

@@ -173,6 +173,7 @@ _QUERY_FIELDS = (
     "soffset",
     "joins",
     "sub_windows",
+    "series",
 )
 _DEFAULTS = {f.name: f.default for f in fields(Stream) if f.name in _QUERY_FIELDS}
 

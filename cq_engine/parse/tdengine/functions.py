@@ -278,16 +278,11 @@ FUNCTIONS: dict[str, tuple[int, int, Callable[[Call], str]]] = {
     "today": (0, 0, _today),
     "log": (1, 2, _log),
 }
-# TDengine functions the engine does not compute, and why.
-_MULTI_ROW = (
-    "it returns a series over each window's rows (a row per input row or per value), which the engine does not compute"
-)
+# TDengine functions the engine does not compute, and why (the multi-row ones: ``parse.tdengine.series``).
 REFUSED: dict[str, str] = {
-    **{
-        name: _MULTI_ROW
-        for name in ("top", "bottom", "sample", "tail", "unique", "diff", "csum", "mavg", "derivative", "interp")
-    },
-    **{name: _MULTI_ROW for name in ("statecount", "stateduration", "fill_forward", "histogram", "cols")},
+    "interp": "it returns a series of interpolated rows, which the engine does not compute",
+    "fill_forward": "it returns a series over each window's rows, which the engine does not compute",
+    "cols": "name the columns of the row a selector picks with first(col) / last(col) instead",
     "group_concat": "use concat_ws(sep, collect_list(expr))",
     "timezone": "use the CQ_TIMEZONE setting",
 }

@@ -11,6 +11,7 @@ from cq_engine.durations import micros
 from cq_engine.model import (
     PLACEHOLDERS,
     SUB_WSTART,
+    SeriesCall,
     SubWindows,
     join_column,
     partition_placeholder,
@@ -20,6 +21,7 @@ from cq_engine.parse.cursor import Cursor
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark
 from cq_engine.parse.functions import check_functions
 from cq_engine.parse.tdengine import functions as tdf
+from cq_engine.parse.tdengine import series as tds
 
 # Which trigger family offers which placeholder (seed 000's table; the old form has its own three).
 WINDOW_PLACEHOLDERS = ("_twstart", "_twend", "_twduration", "_twrownum")
@@ -91,6 +93,13 @@ class Scope:
         # TWA's arguments interpolated at the bounds of INTERVAL / SLIDING windows over %%trows
         self.interpolates = False
         self.interpolated: list[str] = []
+        self.series: list[SeriesCall] = []  # the query's multi-row functions (``parse.tdengine.series``)
+        # UNIQUE(...) is a keyword to sqlglot: read as an identifier of the same length, by offset
+        self.renamed = {
+            a.start: a.end
+            for a, b in zip(cur.tokens, cur.tokens[1:])
+            if a.text.lower() == "unique" and b.token_type == TokenType.L_PAREN
+        }
 
     def fragment(self, toks: list[Token]) -> Fragment:
         frag = Fragment.of(self.cur.source, toks)
@@ -101,6 +110,9 @@ class Scope:
         for offset, (end, _) in self.durations.items():  # an identifier of the same length, found by offset
             if frag.start <= offset and end < frag.end:
                 text[offset - frag.start : end - frag.start + 1] = tdf.DURATION_PREFIX + "0" * (end - offset)
+        for offset, end in self.renamed.items():
+            if frag.start <= offset and end < frag.end:
+                text[offset - frag.start : end - frag.start + 1] = _UNIQUE
         frag.text = "".join(text)
         return frag
 
@@ -145,7 +157,9 @@ class Scope:
                 return exp.Literal.string(n.name)
             offset = frag.offset_of(n)
             if offset in self.durations:
-                return tdf.interval(self.durations[offset][1])
+                duration = tdf.interval(self.durations[offset][1])
+                duration._meta = getattr(n.this, "_meta", None)  # errors point at the literal
+                return duration
             if offset in self.marks:
                 self.used.add(offset)
                 return exp.column(self._percent(self.marks[offset], clause))
@@ -165,15 +179,22 @@ class Scope:
     def _functions(self, tree: exp.Expr, frag: Fragment, clause: str) -> exp.Expression:
         """TDengine's functions translated (innermost first), then every name resolved (``parse.functions``)."""
         for node in reversed(list(tree.walk(bfs=False))):
+            name = self._tdengine_name(node, frag) if isinstance(node, exp.Func) else None
+            if name is not None and self.form == "old" and name in tds.OLD_FORM_REFUSED:
+                raise frag.error(
+                    node,
+                    f"{name.upper()}() cannot be used in the old form's query (TDengine's old syntax lists it among "
+                    "the functions its subquery cannot use); the new form (CREATE STREAM name trigger ... AS "
+                    "query) allows it",
+                )
             if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
                 new = tdf.cast(node, frag.error)
-            elif isinstance(node, exp.Func) and (name := self._tdengine_name(node, frag)) is not None:
-                args = [
-                    a for a in (node.this, node.args.get("expression"), *node.expressions) if isinstance(a, exp.Expr)
-                ]
+            elif name in tds.SERIES:
+                new = self._series(name, node, frag, clause)
+            elif name in tdf.FUNCTIONS:
                 call = tdf.Call(
                     name=name,
-                    args=args,
+                    args=_arguments(node),
                     node=node,
                     time_window=self.interval_window or self.family in ("sliding", "period"),
                     placeholders=clause == "SELECT" or (clause == "WHERE" and self.form != "old"),
@@ -197,11 +218,26 @@ class Scope:
             self.interpolated.append(x_sql)
         return tdf.bound_columns(x_sql)
 
+    def _series(self, name: str, node: exp.Expr, frag: Fragment, clause: str) -> exp.Expression:
+        """A multi-row function: checked, registered, and read as its engine column."""
+        if clause != "SELECT":
+            raise frag.error(
+                node, f"{name.upper()}() gives rows of its own and can only be used in SELECT, not in {clause}"
+            )
+        call = tdf.Call(
+            name=name, args=_arguments(node), node=node, time_window=False, placeholders=True, tz=self.tz,
+            error=frag.error,
+        )  # fmt: skip
+        self.series.append(tds.series_call(call, len(self.series)))
+        return exp.column(self.series[-1].column)
+
     @staticmethod
     def _tdengine_name(node: exp.Func, frag: Fragment) -> str | None:
         written = (frag.written(node) or "").lower()
-        name = written if written in tdf.FUNCTIONS else tdf.call_name(node)
-        return name if name in tdf.FUNCTIONS else None
+        known = (*tdf.FUNCTIONS, *tds.SERIES, *tds.OLD_FORM_REFUSED)
+        name = written if written in known else tdf.call_name(node)
+        name = "unique" if name == _UNIQUE else name
+        return name if name in known else None
 
     def _percent(self, mark: Mark, clause: str) -> str:
         at = mark.token
@@ -265,6 +301,13 @@ class Scope:
         for offset, mark in sorted(self.marks.items()):
             if offset not in self.used:
                 raise self.cur.error_at(mark.token, f"{mark.text} can only be used in {_percent_clauses(mark)}")
+
+
+_UNIQUE = "_uniq_"  # UNIQUE, renamed (``Scope.renamed``)
+
+
+def _arguments(node: exp.Expr) -> list[exp.Expr]:
+    return [a for a in (node.this, node.args.get("expression"), *node.expressions) if isinstance(a, exp.Expr)]
 
 
 def sub_placeholder(name: str, windows: SubWindows) -> exp.Expression:

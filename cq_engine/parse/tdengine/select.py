@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import Token
 
@@ -11,6 +12,7 @@ from cq_engine.model import PLACEHOLDERS, KeyBound, SelectItem
 from cq_engine.parse.cursor import split_top
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark, under_aggregate
 from cq_engine.parse.tdengine.query import Scope, plain_select
+from cq_engine.parse.tdengine.series import SELECTIONS
 
 # The first result column: the sink's time column, per family → {placeholder: key bound}.
 _KEYS: dict[str, dict[str, KeyBound]] = {
@@ -148,3 +150,47 @@ def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list
     raise scope.cur.error_at(
         part[0], f"the first column of a stream's result is the sink's time column: it must be {want}, found {text!r}"
     )
+
+
+def check_series(scope: Scope, clauses: dict, q: dict) -> None:
+    """A query with multi-row functions (``q["series"]``) gives rows of its own: no aggregates, GROUP BY
+    or sub-windows beside them, one selection (TOP, TAIL, HISTOGRAM...) alone, HISTOGRAM's rows only
+    with the window's and the group's values."""
+    series, items = q["series"], q["select"]
+    toks = clauses["SELECT"][1]
+
+    def at(name: str) -> Token:
+        return next((t for t in toks if t.text.lower() == name), toks[0])
+
+    first = series[0].function
+    if any(i.is_aggregate for i in items):
+        raise scope.cur.error_at(
+            at(first),
+            f"{first.upper()}() gives rows of its own, so it cannot be mixed with aggregates in one query: "
+            "aggregate its result in an outer query over a subquery",
+        )
+    for word, why in (
+        ("GROUP BY", "GROUP BY gives one row per group; PARTITION BY keeps the rows (and orders them per partition)"),
+        ("WINDOW", "the query's sub-windows aggregate their rows"),
+        ("HAVING", "HAVING filters aggregated rows"),
+    ):
+        if word in clauses:
+            raise scope.cur.error_at(clauses[word][0], f"{word} with {first.upper()}(): {why}")
+    picked = next((c for c in series if c.function in SELECTIONS), None)
+    if picked is not None and len(series) > 1:
+        other = next(c for c in series if c is not picked)
+        raise scope.cur.error_at(
+            at(picked.function),
+            f"{picked.function.upper()}() chooses the rows of the result, so it cannot be combined with "
+            f"{other.function.upper()}() in one query",
+        )
+    if picked is not None and picked.function == "histogram":
+        grouped = {p.lower() for p in scope.partition_by + scope.group_by}
+        for item in items:
+            for col in sqlglot.parse_one(item.expression, read="spark").find_all(exp.Column):
+                if not col.name.lower().startswith("__cq") and col.name.lower() not in grouped:
+                    raise scope.cur.error_at(
+                        at("histogram"),
+                        f"HISTOGRAM() gives a row per bin: column {col.name!r} has no value there (select the "
+                        "window's placeholders and the group's columns beside it)",
+                    )

@@ -41,7 +41,7 @@ from cq_engine.parse.tdengine.options import (
 )
 from cq_engine.parse.tdengine.partition import old_partition, old_tags, partition_names
 from cq_engine.parse.tdengine.query import Scope, find_marks, from_clause, split_query, where_clause
-from cq_engine.parse.tdengine.select import select_items
+from cq_engine.parse.tdengine.select import check_series, select_items
 from cq_engine.parse.tdengine.subwindows import fill_clause, sub_windows
 from cq_engine.parse.tdengine.triggers import NEW_TRIGGERS, parse_trigger, parse_window
 
@@ -222,9 +222,12 @@ def _queries(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_to
 def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_tok, *, layer: str, composed: bool):
     clauses = split_query(cur, tokens, form="new")
     q: dict = {}
-    saved = scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows
+    saved = (
+        scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows,
+        scope.series,
+    )  # fmt: skip
     scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = (), False, [], (), {}
-    scope.sub_windows = None
+    scope.sub_windows, scope.series = None, []
     sub = _from(cur, scope, clauses["FROM"], f, q)
     _query(scope, clauses, q, f, columns_tok, sink_time=layer == "top")
     if (composed or q.get("joins")) and scope.interpolated:
@@ -238,7 +241,10 @@ def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_
         check_outer(cur, q, q["subquery"], outer)
     if q.get("joins"):
         check_qualified(cur, q, tokens)
-    scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows = saved
+    (
+        scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows,
+        scope.series,
+    ) = saved  # fmt: skip
     return q
 
 
@@ -331,6 +337,9 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
     scope.interpolates = False
     if scope.interpolated:
         q["interpolated"] = tuple(scope.interpolated)
+    if scope.series:
+        q["series"] = tuple(scope.series)
+        check_series(scope, clauses, q)
     if scope.sub_windows is not None and not any(i.is_aggregate for i in q["select"]):
         raise scope.cur.error_at(
             clauses["WINDOW"][0], "a query's INTERVAL aggregates each sub-window's rows: its SELECT needs an aggregate"
