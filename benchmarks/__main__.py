@@ -25,6 +25,7 @@ BENCHMARKS = (
     "stream_sensor",
     "stream_catchup",
     "sliding_vs_groupby",
+    "stream_series",
     "stream_range_join",
     "connect_vs_inprocess",
     "write_heavy",

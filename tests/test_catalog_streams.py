@@ -239,3 +239,15 @@ def test_partitioned_period_stream_reading_another_table_is_rejected(tmp_path):
         f"{tmp_path}/a.sql:1:1: 's': a PERIOD stream with PARTITION BY reads "
         "FROM %%trows or %%tbname, not another table ('plain')"
     )
+
+
+def test_a_multi_row_function_reads_a_column_of_its_type(tmp_path):
+    head = "CREATE STREAM s INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname INTO o AS SELECT ts, "
+    message = only_error(load(tmp_path, a=head + "csum(location) c FROM %%trows"), "s")
+    assert ":1:" in message and "CSUM(location) needs a number, but 'location' of table 'meters' is STRING" in message
+    message = only_error(load(tmp_path, a=head + "diff(phase) d FROM %%trows"), "s")
+    assert "table 'meters' has no column 'phase'" in message
+    message = only_error(load(tmp_path, a=head + "tail(location, 2) t, unique(location) u FROM %%trows"), "s")
+    assert "TAIL() chooses the rows of the result, so it cannot be combined with UNIQUE() in one query" in message
+    catalog = load(tmp_path, a=head + "diff(ts) d, diff(voltage) v FROM %%trows")
+    assert catalog.errors == () and [c.function for c in catalog.definition("s").series] == ["diff", "diff"]

@@ -30,9 +30,9 @@ class _Call:
     """One call's columns: ``stages`` computed in turn (a window function over an earlier one's
     result), then its value and whether a row is kept."""
 
-    def __init__(self, call: SeriesCall, n: int):
-        self.call, self.n = call, n
-        self.x = F.col(self.name("x"))
+    def __init__(self, call: SeriesCall, n: int, argument: str):
+        self.call, self.n, self.argument = call, n, argument  # the argument's column (shared by equal ones)
+        self.x = F.col(argument)
         self.stages: list[dict[str, Column]] = []
         self.value: Column = F.lit(None)
         self.keep: Column = F.lit(True)
@@ -51,13 +51,14 @@ def with_series(stream: Stream, df: DataFrame, ids: list[str]) -> DataFrame:
     if not stream.series:
         return df
     part = [exact_col(c) for c in ids] + ([exact_col(k) for k in stream.group_by] if stream.partitions_query else [])
-    calls = [_Call(c, n) for n, c in enumerate(stream.series)]
-    df = df.withColumns({c.name("x"): F.expr(c.call.argument) for c in calls})
-    order = [F.col(TIME_REF).asc(), *[c.x.asc_nulls_first() for c in calls]]
-    diffs = [c.name("x") for c in calls if c.call.function == "diff"]
-    types = dict(df.select(*diffs).dtypes) if diffs else {}  # DIFF's result type is its argument's
+    arguments = {sql: f"__cq_sr_arg{j}" for j, sql in enumerate(dict.fromkeys(c.argument for c in stream.series))}
+    calls = [_Call(c, n, arguments[c.argument]) for n, c in enumerate(stream.series)]
+    df = df.withColumns({name: F.expr(sql) for sql, name in arguments.items()})
+    order = [F.col(TIME_REF).asc(), *[F.col(name).asc_nulls_first() for name in arguments.values()]]
+    typed = sorted({c.argument for c in calls if c.call.function in ("diff", "csum")})
+    types = dict(df.select(*typed).dtypes) if typed else {}  # DIFF's result type is its argument's
     for c in calls:
-        _BUILD[c.call.function](stream, c, part, order, types.get(c.name("x"), ""))
+        _BUILD[c.call.function](stream, c, part, order, types.get(c.argument, ""))
     for depth in range(max(len(c.stages) for c in calls)):
         stage = {k: v for c in calls if depth < len(c.stages) for k, v in c.stages[depth].items()}
         df = df.withColumns(stage)
@@ -77,7 +78,7 @@ def _diff(stream: Stream, c: _Call, part, order, typ: str) -> None:
     """DIFF(x[, ignore_option]): x minus the previous non-NULL value, NULL without either; options 1
     and 3 make a negative difference NULL, 2 and 3 drop the rows whose difference is NULL."""
     (prev,) = c.stage(prev=F.last(c.x, ignorenulls=True).over(_ordered(part, order).rowsBetween(_ALL, -1)))
-    x, p = c.name("x"), c.name("prev")
+    x, p = c.argument, c.name("prev")
     if typ in _INTEGERS:  # BIGINT, wrapping as TDengine's int64 arithmetic; the sign is the true one's
         d = f"CAST({x} AS DECIMAL(22, 0)) - CAST({p} AS DECIMAL(22, 0))"
         lo, span = _BIGINT_WRAP
@@ -101,30 +102,32 @@ def _diff(stream: Stream, c: _Call, part, order, typ: str) -> None:
 def _csum(stream: Stream, c: _Call, part, order, typ: str) -> None:
     """CSUM(x): the running sum of the non-NULL values (BIGINT or DOUBLE), on non-NULL rows; an
     infinite or NaN sum is NULL."""
-    (total,) = c.stage(total=F.try_sum(c.x).over(_ordered(part, order).rowsBetween(_ALL, 0)))
+    summed = F.try_sum(c.x) if typ in _INTEGERS else F.sum(c.x)  # an integer overflow: NULL, not an error
+    (total,) = c.stage(total=summed.over(_ordered(part, order).rowsBetween(_ALL, 0)))
     as_double = total.cast("double")
     c.value = F.when(~(F.isnan(as_double) | (F.abs(as_double) == float("inf"))), total)
     c.keep = c.x.isNotNull()
 
 
 def _mavg(stream: Stream, c: _Call, part, order, typ: str) -> None:
-    """MAVG(x, k): the mean of the last k non-NULL values, from the k-th one on."""
+    """MAVG(x, k): the mean of the last k non-NULL values, from the k-th one on: the running sum less
+    its value k non-NULL rows back, as TDengine keeps it (one sort with the other calls)."""
     (k,) = c.call.params
-    among = _ordered(part, order, c.x.isNull())  # the non-NULL rows among themselves
-    mean, index = c.stage(
-        mean=F.avg(c.x.cast("double")).over(among.rowsBetween(-(k - 1), 0)), index=F.row_number().over(among)
-    )
-    c.value, c.keep = mean, c.x.isNotNull() & (index >= k)
+    run = _ordered(part, order).rowsBetween(_ALL, 0)
+    total, count = c.stage(total=F.sum(c.x.cast("double")).over(run), count=F.count(c.x).over(run))
+    x, t = c.argument, c.name("total")
+    (back,) = c.stage(back=_lag_non_null(f"IF({x} IS NULL, NULL, {t})", k).over(_ordered(part, order)))
+    c.value = (total - F.coalesce(back, F.lit(0.0))) / F.lit(float(k))
+    c.keep = c.x.isNotNull() & (count >= k)
 
 
 def _derivative(stream: Stream, c: _Call, part, order, typ: str) -> None:
     """DERIVATIVE(x, interval, ignore_negative): the rate of change per ``interval`` between each
     non-NULL point and the one before it; ignore_negative 1 drops negative rates."""
     interval, ignore_negative = c.call.params
-    among = _ordered(part, order, c.x.isNull())
-    t = F.unix_micros(F.col(TIME_REF))
-    pv, pt = c.stage(pv=F.lag(c.x).over(among), pt=F.lag(t).over(among))
-    dt = t - pt
+    w, x, t = _ordered(part, order), c.argument, f"unix_micros({TIME_REF})"
+    pv, pt = c.stage(pv=_lag_non_null(x, 1).over(w), pt=_lag_non_null(f"IF({x} IS NULL, NULL, {t})", 1).over(w))
+    dt = F.expr(t) - pt
     rate = F.try_divide((c.x.cast("double") - pv.cast("double")) * F.lit(float(interval)), dt.cast("double"))
     c.value = rate
     c.keep = c.x.isNotNull() & pv.isNotNull() & (dt != 0) & (F.lit(ignore_negative == 0) | (rate >= 0))
@@ -133,19 +136,28 @@ def _derivative(stream: Stream, c: _Call, part, order, typ: str) -> None:
 def _state(stream: Stream, c: _Call, part, order, typ: str) -> None:
     """STATECOUNT(x, op, v) / STATEDURATION(x, op, v[, unit]): on every row, how many consecutive rows
     (how long, in units, since the first of them) meet ``x op v``; -1 on a row that does not, NULL on
-    a NULL row (which leaves the run as it is)."""
+    a NULL row (which leaves the run as it is). A run starts on a row meeting it whose previous
+    non-NULL row did not."""
     op, value = c.call.params[:2]
-    cond = F.expr(f"{c.name('x')} {_OPERATORS[op]} {value!r}")
-    (broken,) = c.stage(broken=F.count(F.when(~cond, 1)).over(_ordered(part, order).rowsBetween(_ALL, 0)))
-    run = _ordered(part, order, broken).rowsBetween(_ALL, 0)
+    cond_sql = f"{c.argument} {_OPERATORS[op]} {value!r}"
+    cond = F.expr(cond_sql)
+    w = _ordered(part, order)
+    run = w.rowsBetween(_ALL, 0)
+    count, before = c.stage(count=F.count(F.when(cond, 1)).over(run), before=_lag_non_null(cond_sql, 1).over(w))
+    starts = cond & F.coalesce(~before, F.lit(True))
     t = F.unix_micros(F.col(TIME_REF))
     if c.call.function == "statecount":
-        (count,) = c.stage(count=F.count(F.when(cond, 1)).over(run))
-        inside = count.cast("bigint")
+        (first,) = c.stage(first=F.last(F.when(starts, count), ignorenulls=True).over(run))
+        inside = (count - first + 1).cast("bigint")
     else:
-        (start,) = c.stage(start=F.min(F.when(cond, t)).over(run))
-        inside = F.call_function("div", t - start, F.lit(c.call.params[2])).cast("bigint")
+        (first,) = c.stage(first=F.last(F.when(starts, t), ignorenulls=True).over(run))
+        inside = F.call_function("div", t - first, F.lit(c.call.params[2])).cast("bigint")
     c.value = F.when(c.x.isNull(), None).when(cond, inside).otherwise(F.lit(-1).cast("bigint"))
+
+
+def _lag_non_null(sql: str, k: int) -> Column:
+    """The value of ``sql`` k non-NULL values back (``.over`` a window)."""
+    return F.expr(f"lag({sql}, {k}) IGNORE NULLS")
 
 
 def _selection(stream: Stream, c: _Call, part, order, typ: str) -> None:
@@ -178,7 +190,7 @@ def _histogram(stream: Stream, c: _Call, part, order, typ: str) -> None:
     without a non-NULL value has no rows. ``with_series`` explodes the bins into rows."""
     edges, normalized = c.call.params
     n = len(edges) - 1
-    below = f"size(filter(array({', '.join(_double(e) for e in edges)}), e -> e < {c.name('x')}))"
+    below = f"size(filter(array({', '.join(_double(e) for e in edges)}), e -> e < {c.argument}))"
     (index,) = c.stage(index=F.expr(f"IF({below} BETWEEN 1 AND {n}, {below}, NULL)"))
     whole = Window.partitionBy(*part)
     c.stage(
