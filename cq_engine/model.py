@@ -309,18 +309,27 @@ SubFill = Literal["none", "null", "value", "prev", "next", "linear"]
 
 @dataclass(frozen=True)
 class SubWindows:
-    """``INTERVAL(interval[, offset]) [SLIDING(sliding)]`` inside a new-form query: the sub-windows the
-    rows it reads are aggregated by (aligned as INTERVAL triggers are), within each trigger window;
-    ``_wstart`` is the sub-window's start (``SUB_WSTART``)."""
+    """A window clause inside a new-form query: the sub-windows the rows it reads are aggregated by,
+    within each trigger window. ``INTERVAL(interval[, offset]) [SLIDING(sliding)]`` (aligned as
+    INTERVAL triggers are; ``_wstart`` is the sub-window's start, ``SUB_WSTART``) or, ``over`` set, a
+    data-shaped window of the rows in time order: ``SESSION`` / ``STATE_WINDOW`` / ``EVENT_WINDOW`` /
+    ``COUNT_WINDOW`` (``_wstart`` and ``_wend`` its first and last row's time, ``SUB_WEND``)."""
 
-    interval: timedelta
-    sliding: timedelta
+    interval: timedelta = timedelta(0)
+    sliding: timedelta = timedelta(0)
     offset: timedelta = timedelta(0)
     fill: SubFill = "none"  # FILL(...) (``streams.fill``)
     fill_values: tuple[str, ...] = ()  # FILL(VALUE, v1, ...): Spark SQL constants, one per aggregate
+    over: SessionTrigger | StateTrigger | EventTrigger | CountTrigger | None = None
+
+    @property
+    def kind(self) -> str:
+        return "interval" if self.over is None else self.over.kind
 
 
 SUB_WSTART = "__cq_sw_start"  # the engine column of a row's sub-window start (TIMESTAMP)
+SUB_WEND = "__cq_sw_end"  # a data-shaped sub-window's last row time (TIMESTAMP)
+SUB_ID = "__cq_sw_id"  # a data-shaped sub-window's number within its trigger window
 
 
 SeriesFunction = Literal[

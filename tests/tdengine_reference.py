@@ -382,3 +382,41 @@ def histogram(rows, edges, normalized=False):
     total = sum(counts)
     shown = [f"{c / total if total else 0:f}" if normalized else str(c) for c in counts]
     return [f'{{"lower_bin":{lo:g}, "upper_bin":{hi:g}, "count":{s}}}' for (lo, hi), s in zip(pairwise(edges), shown)]
+
+
+# --- a query's data-shaped sub-windows: each gives the member lists of one trigger window's rows --
+
+
+def state_windows(rows, key):
+    """STATE_WINDOW(key): runs of equal non-NULL values; NULL rows belong to none."""
+    out: list[list[dict]] = []
+    for r in sorted(rows, key=lambda r: r["t"]):
+        if r[key] is None:
+            continue
+        if out and out[-1][-1][key] == r[key]:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
+def event_windows(rows, start, end):
+    """EVENT_WINDOW START WITH start END WITH end: opened by a row meeting ``start`` when none is open,
+    closed by the first row from it on meeting ``end``; a window left open is not output."""
+    out, current = [], None
+    for r in sorted(rows, key=lambda r: r["t"]):
+        if current is None and start(r):
+            current = []
+        if current is not None:
+            current.append(r)
+            if end(r):
+                out.append(current)
+                current = None
+    return out
+
+
+def count_windows(rows, count, slide):
+    """COUNT_WINDOW(count, slide): windows of ``count`` rows starting every ``slide`` rows, the last
+    ones shorter."""
+    ordered = sorted(rows, key=lambda r: r["t"])
+    return [ordered[j : j + count] for j in range(0, len(ordered), slide)]

@@ -111,6 +111,12 @@ def _tdengine(rng: random.Random, name: str) -> str:
                 " INTERVAL(4s, 1s)",
                 " INTERVAL(5s) FILL(PREV)",
                 " INTERVAL(2s) FILL(LINEAR)",
+                " SESSION(ts, 3s)",
+                " STATE_WINDOW(status)",
+                " STATE_WINDOW(status) TRUE_FOR(2s)",
+                " EVENT_WINDOW START WITH voltage > 225 END WITH voltage < 215",
+                " COUNT_WINDOW(2)",
+                " COUNT_WINDOW(3, 2)",
             ]
         )
         first = rng.choice(["_wstart", "_twstart"])

@@ -294,11 +294,15 @@ CREATE STREAM joined INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {W
   SELECT _twstart, count(*) AS n, max(o.current) AS m FROM %%trows a JOIN meters o ON a.ts = o.ts AND a.status = o.status;
 CREATE STREAM subwin INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO subwin_out AS
   SELECT _wstart, count(*) AS n, avg(current) AS a FROM %%trows INTERVAL(10s);
+CREATE STREAM series INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO series_out AS
+  SELECT ts, diff(current) AS d, csum(current) AS cs, statecount(current, 'GT', 5) AS sc FROM %%trows;
+CREATE STREAM sessions INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO sessions_out AS
+  SELECT _wstart, count(*) AS n FROM %%trows SESSION(ts, 2s);
 """
 
 
 def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
-    names = ["grouped", "top", "sess_top", "plain", "sub", "uni", "joined", "subwin"]
+    names = ["grouped", "top", "sess_top", "plain", "sub", "uni", "joined", "subwin", "series", "sessions"]
     p = Pair(tmp_path, spark, QUERIES, names)
     p.tick()
     for batch in _commits(11):
@@ -309,3 +313,4 @@ def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
     assert len(p.fused.sink("top_out")) > len(p.fused.sink("plain_out"))  # several rows per window
     assert p.fused.sink("sub_out") and len(p.fused.sink("uni_out")) > len(p.fused.sink("plain_out"))
     assert p.fused.sink("joined_out") and len(p.fused.sink("subwin_out")) > len(p.fused.sink("plain_out"))
+    assert len(p.fused.sink("series_out")) > len(p.fused.sink("plain_out")) and p.fused.sink("sessions_out")

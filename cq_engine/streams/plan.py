@@ -21,10 +21,13 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import (
     DATA_SHAPED,
+    SUB_ID,
+    SUB_WEND,
     SUB_WSTART,
     OrderKey,
     PeriodTrigger,
     SlidingTrigger,
+    StateTrigger,
     Stream,
     partition_placeholder,
     placeholder_column,
@@ -250,7 +253,7 @@ def evaluate(
         named = [c for c in stream.partition_by if c in df.columns] if stream.reads == "trows" else []
         group = list(dict.fromkeys([*pcols, *named, *window_columns, *[k for k in keep if k in df.columns]]))
         # GROUP BY (eKuiper's, TDengine's) and the query's INTERVAL sub-windows split each window's rows
-        subs = [SUB_WSTART] if stream.sub_windows is not None else []
+        subs = sub_window_keys(stream, df)
         keys = [exact_col(k) for k in [*stream.group_by, *subs]]
         extra = [
             (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by, *subs]) else F.first(F.expr(sql))).alias(name)
@@ -298,6 +301,18 @@ def evaluate(
         ids = [*pcols, *(window_columns or _window_columns(stream, df, list(keep)))]
         df = limited(stream, df, list(dict.fromkeys(ids)))
     return df.select(*items, *extra, *checks, *[F.col(k) for k in _kept(keep, df.columns)])
+
+
+def sub_window_keys(stream: Stream, df: DataFrame) -> list[str]:
+    """What the query's sub-windows add to the aggregate's keys: their start, and for a data-shaped
+    one its number, its end and (STATE_WINDOW of a column) the state, which the query may select."""
+    w = stream.sub_windows
+    if w is None:
+        return []
+    if w.over is None:
+        return [SUB_WSTART]
+    state = [w.over.column.strip("`")] if isinstance(w.over, StateTrigger) else []
+    return [SUB_ID, SUB_WSTART, SUB_WEND, *[c for c in state if c in df.columns]]
 
 
 def aggregated(stream: Stream) -> bool:

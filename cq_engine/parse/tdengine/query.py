@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import micros
 from cq_engine.model import (
     PLACEHOLDERS,
+    SUB_WEND,
     SUB_WSTART,
     SeriesCall,
     SubWindows,
@@ -313,9 +315,15 @@ def _arguments(node: exp.Expr) -> list[exp.Expr]:
 def sub_placeholder(name: str, windows: SubWindows) -> exp.Expression:
     """``_wstart`` / ``_wend`` / ``_wduration`` of a query's sub-window, over ``SUB_WSTART``."""
     start = exp.column(SUB_WSTART)
-    size = micros(windows.interval)
     if name.lower() == "_wstart":
         return start
+    if windows.over is not None:  # a data-shaped sub-window: from its first row to its last
+        if name.lower() == "_wend":
+            return exp.column(SUB_WEND)
+        span = sqlglot.parse_one(f"(unix_micros({SUB_WEND}) - unix_micros({SUB_WSTART})) div 1000", read="spark")
+        assert isinstance(span, exp.Expression)  # parsed SQL
+        return span
+    size = micros(windows.interval)
     if name.lower() == "_wend":
         end = exp.Add(this=exp.func("unix_micros", start), expression=exp.Literal.number(size))
         out = exp.func("timestamp_micros", end)

@@ -8,7 +8,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import Token
 
-from cq_engine.model import PLACEHOLDERS, KeyBound, SelectItem
+from cq_engine.model import PLACEHOLDERS, KeyBound, SelectItem, StateTrigger
 from cq_engine.parse.cursor import split_top
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark, under_aggregate
 from cq_engine.parse.tdengine.query import Scope, plain_select
@@ -100,6 +100,9 @@ def _check_grouping(scope: Scope, frag: Fragment, nodes: list[exp.Expression]) -
     if not any(is_aggregate(n) for n in nodes) and not scope.groups_rows:
         return
     grouped = {p.lower() for p in scope.partition_by + scope.group_by}
+    over = scope.sub_windows.over if scope.sub_windows is not None else None
+    if isinstance(over, StateTrigger):  # a state window's rows share its state
+        grouped.add(over.column.strip("`").lower())
     for node in nodes:
         for col in node.find_all(exp.Column):
             name = col.name.lower()

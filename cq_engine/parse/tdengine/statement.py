@@ -302,7 +302,9 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
         wtok, wtoks = clauses["WINDOW"]
         scope.sub_windows = q["sub_windows"] = sub_windows(scope, [wtok, *wtoks])
         if "GROUP BY" in clauses:
-            raise scope.cur.error_at(clauses["GROUP BY"][0], "a query with INTERVAL takes PARTITION BY, not GROUP BY")
+            raise scope.cur.error_at(
+                clauses["GROUP BY"][0], f"a query with {wtok.text.upper()} takes PARTITION BY, not GROUP BY"
+            )
     if "FILL" in clauses and scope.form == "new":
         ftok, ftoks = clauses["FILL"]
         if scope.sub_windows is None:
@@ -342,7 +344,8 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
         check_series(scope, clauses, q)
     if scope.sub_windows is not None and not any(i.is_aggregate for i in q["select"]):
         raise scope.cur.error_at(
-            clauses["WINDOW"][0], "a query's INTERVAL aggregates each sub-window's rows: its SELECT needs an aggregate"
+            clauses["WINDOW"][0],
+            f"a query's {clauses['WINDOW'][0].text.upper()} aggregates each sub-window's rows: its SELECT needs an aggregate",
         )
     aggregates = sum(i.is_aggregate for i in q["select"])
     if (

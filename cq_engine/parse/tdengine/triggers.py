@@ -75,7 +75,7 @@ def _column_name(cur: Cursor, part: list[Token], what: str) -> str:
     return tok.text
 
 
-def _true_for(cur: Cursor, scope: Scope) -> timedelta | None:
+def true_for(cur: Cursor, scope: Scope) -> timedelta | None:
     if not cur.is_word("TRUE_FOR"):
         return None
     keyword = cur.advance()
@@ -85,7 +85,7 @@ def _true_for(cur: Cursor, scope: Scope) -> timedelta | None:
     return _duration(cur, parts[0], close, "TRUE_FOR")[0]
 
 
-def _event(cur: Cursor, scope: Scope, toks: list[Token], at: Token) -> EventTrigger:
+def event_window(cur: Cursor, scope: Scope, toks: list[Token], at: Token) -> EventTrigger:
     """``START WITH c1 END WITH c2``."""
     usage = "EVENT_WINDOW START WITH condition END WITH condition"
     if len(toks) < 2 or [t.text.upper() for t in toks[:2]] != ["START", "WITH"]:
@@ -112,7 +112,7 @@ def _event(cur: Cursor, scope: Scope, toks: list[Token], at: Token) -> EventTrig
     return EventTrigger(start=start, end=end)
 
 
-def _state(cur: Cursor, scope: Scope, keyword: Token) -> StateTrigger:
+def state_window(cur: Cursor, scope: Scope, keyword: Token) -> StateTrigger:
     parts, _ = _args(cur, keyword, "STATE_WINDOW(column)", most=1)
     node = scope.expression(parts[0], "STATE_WINDOW", keyword)
     if is_aggregate(node):
@@ -120,7 +120,7 @@ def _state(cur: Cursor, scope: Scope, keyword: Token) -> StateTrigger:
     return StateTrigger(column=to_spark(node))
 
 
-def _count(cur: Cursor, scope: Scope, keyword: Token) -> CountTrigger:
+def count_window(cur: Cursor, scope: Scope, keyword: Token) -> CountTrigger:
     new = scope.form == "new"
     usage = "COUNT_WINDOW(count[, sliding][, column, ...])" if new else "COUNT_WINDOW(count[, sliding])"
     parts, _ = _args(cur, keyword, usage, most=None if new else 2)
@@ -134,7 +134,7 @@ def _count(cur: Cursor, scope: Scope, keyword: Token) -> CountTrigger:
     return CountTrigger(count=count, slide=slide, columns=columns)
 
 
-def _session(cur: Cursor, keyword: Token) -> SessionTrigger:
+def session_window(cur: Cursor, keyword: Token) -> SessionTrigger:
     parts, close = _args(cur, keyword, "SESSION(ts_column, gap)", most=2)
     if len(parts) != 2:
         raise cur.error_at(keyword, "expected SESSION(ts_column, gap)")
@@ -215,18 +215,18 @@ def parse_trigger(cur: Cursor, scope: Scope) -> tuple[WindowTrigger, Token]:
             scope.family = "sliding"
         trigger = SlidingTrigger(sliding=sliding, interval=interval, interval_offset=ioffset, sliding_offset=offset)
     elif word == "SESSION":
-        trigger = _session(cur, keyword)
+        trigger = session_window(cur, keyword)
     elif word == "STATE_WINDOW":
-        state = _state(cur, scope, keyword)
-        trigger = StateTrigger(column=state.column, true_for=_true_for(cur, scope))
+        state = state_window(cur, scope, keyword)
+        trigger = StateTrigger(column=state.column, true_for=true_for(cur, scope))
     elif word == "EVENT_WINDOW":
         if not cur.at_type(TokenType.L_PAREN):
             raise cur.unexpected("expected EVENT_WINDOW(START WITH condition END WITH condition)")
         _, inner, _ = cur.group()
-        event = _event(cur, scope, inner, keyword)
-        trigger = EventTrigger(start=event.start, end=event.end, true_for=_true_for(cur, scope))
+        event = event_window(cur, scope, inner, keyword)
+        trigger = EventTrigger(start=event.start, end=event.end, true_for=true_for(cur, scope))
     else:
-        trigger = _count(cur, scope, keyword)
+        trigger = count_window(cur, scope, keyword)
     return trigger, keyword
 
 
@@ -243,15 +243,15 @@ def parse_window(cur: Cursor, scope: Scope) -> tuple[WindowTrigger, Token]:
     elif word == "SLIDING":
         raise cur.error_at(keyword, "SLIDING needs INTERVAL(...) before it in the old form's window clause")
     elif word == "SESSION":
-        trigger = _session(cur, keyword)
+        trigger = session_window(cur, keyword)
     elif word == "STATE_WINDOW":
-        trigger = _state(cur, scope, keyword)
-        _true_for(cur, scope)
+        trigger = state_window(cur, scope, keyword)
+        true_for(cur, scope)
     elif word == "EVENT_WINDOW":
-        trigger = _event(cur, scope, cur.tokens[cur.pos :], keyword)
+        trigger = event_window(cur, scope, cur.tokens[cur.pos :], keyword)
         cur.pos = len(cur.tokens)
     else:
-        trigger = _count(cur, scope, keyword)
+        trigger = count_window(cur, scope, keyword)
     if not cur.at_end():
         raise cur.unexpected("expected NOTIFY or the end of the statement after the window clause")
     return trigger, keyword
