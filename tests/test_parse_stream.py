@@ -1266,7 +1266,11 @@ def test_joins_of_the_trigger_rows():
         (QS + "twa(m.v) FROM %%trows m JOIN l ON m.s = l.s", "twa", "which a join query does not have"),
         (QS + "max(x.v) FROM %%trows", "v)", "'x' is not a table of this query"),
         (QS + "count(*) n FROM %%trows UNION SELECT _twstart, 1 FROM %%trows", "UNION", "write UNION ALL"),
-        (QS + "count(*) n FROM %%trows SESSION(ts, 1s) FILL(NULL)", "FILL", "FILL needs INTERVAL(...) in the query, not"),
+        (
+            QS + "count(*) n FROM %%trows SESSION(ts, 1s) FILL(NULL)",
+            "FILL",
+            "FILL needs INTERVAL(...) in the query, not",
+        ),
         (QS + "v, count(*) n FROM %%trows STATE_WINDOW(v + 1)", "v,", "column 'v' is not inside an aggregate"),
         (QS + "v FROM %%trows EVENT_WINDOW START WITH v > 1 END WITH v < 1", "EVENT", "its SELECT needs an aggregate"),
         (QS + "count(*) n FROM %%trows COUNT_WINDOW(3, 1, v)", "COUNT_WINDOW", "COUNT_WINDOW(n, ..., column) inside"),
