@@ -306,7 +306,8 @@ def _aliases(d: Stream) -> set[str]:
 def _query_columns(d: Stream) -> set[str]:
     """Columns a stream's query reads from its source (a join's: ``_join_columns``)."""
     outputs = {i.name.lower() for i in d.select}  # HAVING may name the result's columns
-    read = _names([i.expression for i in d.select] + [c.argument for c in d.series] + [d.where])
+    calls = [*d.series, *(d.interp.calls if d.interp is not None else ())]
+    read = _names([i.expression for i in d.select] + [c.argument for c in calls] + [d.where])
     read |= _names([d.having]) - outputs
     grouped = {k.lower() for k in d.group_by if not k.lower().startswith("__cq")}
     return (read | grouped) - _aliases(d)
@@ -315,7 +316,7 @@ def _query_columns(d: Stream) -> set[str]:
 def _join_columns(q: Stream) -> dict[str, set[str]]:
     """A join query's columns by table (``model.join_column``: side 0 is the trigger rows' table)."""
     sqls = [i.expression for i in q.select] + [q.where, q.having, *[k.expression for k in q.order_by]]
-    sqls += [c.argument for c in q.series]
+    sqls += [c.argument for c in [*q.series, *(q.interp.calls if q.interp is not None else ())]]
     sqls += [j.on for j in q.joins] + [f"`{k}`" for k in q.group_by]
     tables = [q.source, *[j.table for j in q.joins]]
     out: dict[str, set[str]] = {}

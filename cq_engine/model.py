@@ -334,7 +334,7 @@ SUB_ID = "__cq_sw_id"  # a data-shaped sub-window's number within its trigger wi
 
 SeriesFunction = Literal[
     "diff", "csum", "mavg", "derivative", "statecount", "stateduration",
-    "top", "bottom", "tail", "unique", "sample", "histogram",
+    "top", "bottom", "tail", "unique", "sample", "histogram", "interp",
 ]  # fmt: skip
 
 
@@ -349,6 +349,25 @@ class SeriesCall:
     function: SeriesFunction
     argument: str
     params: tuple = ()
+
+
+@dataclass(frozen=True)
+class Interp:
+    """``INTERP(x[, ignore_null_values]) ... [RANGE(start[, end])] EVERY(every) [FILL(...)]`` of a new-form
+    query: a row per time point ``start + k * every`` of the range (closed, as TDengine's RANGE;
+    without RANGE, the trigger window's ``[start, end)``) per trigger window and query partition, each
+    call's value there (``streams.interp``); ``_irowts`` is the point (``IROWTS``), ``_isfilled``
+    whether it was filled (``ISFILLED``)."""
+
+    every: timedelta
+    calls: tuple[SeriesCall, ...]
+    start: str | None = None  # Spark SQL
+    end: str | None = None
+    fill: SubFill = "none"
+    fill_values: tuple[str, ...] = ()
+
+
+IROWTS, ISFILLED = "__cq_irowts", "__cq_isfilled"
 
 
 @dataclass(frozen=True)
@@ -412,6 +431,7 @@ class Stream:
     joins: tuple[Join, ...] = ()  # the tables %%trows is joined with, in order
     sub_windows: SubWindows | None = None  # INTERVAL ... inside the query
     series: tuple[SeriesCall, ...] = ()  # DIFF, CSUM, TOP... of the SELECT, in the order written
+    interp: Interp | None = None  # INTERP(...) RANGE(...) EVERY(...) FILL(...)
     options: StreamOptions = field(default_factory=StreamOptions)
     notify: Notify | None = None
     sink_columns: tuple[str, ...] | None = None

@@ -420,3 +420,32 @@ def count_windows(rows, count, slide):
     ones shorter."""
     ordered = sorted(rows, key=lambda r: r["t"])
     return [ordered[j : j + count] for j in range(0, len(ordered), slide)]
+
+
+def interp(rows, points, fill, *, ignore_null=False, value=None):
+    """INTERP(x[, ignore_null_values]) at each time point → {point: (value, filled)}: the row at that
+    time, else FILL's (NONE: no output; NULL; VALUE; PREV / NEXT: the nearest row before / after;
+    LINEAR: the line between them). ``ignore_null``: rows whose x is NULL are not rows here."""
+    valid = sorted((t, v) for t, v in rows if v is not None or not ignore_null)
+    out = {}
+    for p in points:
+        at = [v for t, v in valid if t == p]
+        before = [(t, v) for t, v in valid if t < p]
+        after = [(t, v) for t, v in valid if t > p]
+        if at:
+            out[p] = (at[-1], False)
+        elif fill == "none":
+            continue
+        elif fill == "prev":
+            out[p] = (before[-1][1] if before else None, True)
+        elif fill == "next":
+            out[p] = (after[0][1] if after else None, True)
+        elif fill == "linear":
+            if before and after and before[-1][1] is not None and after[0][1] is not None:
+                (t0, v0), (t1, v1) = before[-1], after[0]
+                out[p] = (v0 + (v1 - v0) * (p - t0) / (t1 - t0), True)
+            else:
+                out[p] = (None, True)
+        else:
+            out[p] = (value if fill == "value" else None, True)
+    return out

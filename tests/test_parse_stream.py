@@ -851,7 +851,7 @@ REJECTIONS = [
     (
         "CREATE STREAM s SESSION(ts, 1s) FROM t OPTIONS(PRE_FILTER(_twstart > 1)) INTO o AS SELECT _twstart, 1 AS x FROM %%trows",
         "_twstart >",
-        "can only be used in SELECT and WHERE, not in PRE_FILTER",
+        "can only be used in SELECT, WHERE and RANGE, not in PRE_FILTER",
     ),
     (
         "CREATE STREAM s SESSION(ts, 1s) FROM t PARTITION BY tbname OPTIONS(PRE_FILTER(%%1 = 'x')) INTO o AS "
@@ -924,7 +924,7 @@ REJECTIONS = [
     (
         "CREATE STREAM s INTO o AS SELECT _wstart, 1 AS x FROM t PARTITION BY _wstart AS w INTERVAL(1m)",
         "_wstart AS",
-        "_wstart can only be used in SELECT and WHERE, not in PARTITION BY",
+        "_wstart can only be used in SELECT, WHERE and RANGE, not in PARTITION BY",
     ),
     (
         "CREATE STREAM s INTO o TAGS (a INT, b INT) AS SELECT _wstart, 1 AS x FROM t PARTITION BY tbname INTERVAL(1m)",

@@ -94,6 +94,13 @@ def _tdengine(rng: random.Random, name: str) -> str:
             f"CREATE STREAM {name} INTO {name}_out AS SELECT _wstart, {', '.join(items)} FROM meters"
             f"{where}{partition} {window};"
         )
+    if rng.random() < 0.08:  # INTERP's time points (data-shaped triggers without RANGE: refused at load)
+        fill = rng.choice(["", " FILL(LINEAR)", " FILL(PREV)", " FILL(NEXT)", " FILL(NULL)", " FILL(VALUE, 0)"])
+        rng_range = rng.choice(["", " RANGE(_twstart, _twstart + 8s)"])
+        return (
+            f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS SELECT _irowts, "
+            f"interp(current) AS c FROM %%trows{where}{rng_range} EVERY(2s){fill};"
+        )
     first = "_twstart"
     if pool is TD_ROW_ITEMS and rng.random() < 0.5:  # a row's own time as the sink's time column
         first = "ts"

@@ -35,6 +35,7 @@ from cq_engine.model import (
 from cq_engine.parse.ekuiper import ROW_TIME
 from cq_engine.parse.fragments import TIME_REF, is_aggregate, is_aggregate_sql, under_aggregate
 from cq_engine.streams.fill import with_fill
+from cq_engine.streams.interp import with_interp
 from cq_engine.streams.output import shaping_columns
 from cq_engine.streams.series import with_series
 from cq_engine.streams.windows.tdengine import (
@@ -148,6 +149,7 @@ def reads_time(stream: Stream) -> bool:
     return any(
         q.sub_windows is not None
         or bool(q.series)
+        or q.interp is not None
         or any(TIME_REF in sql for sql in [i.expression for i in q.select] + [q.having or ""])
         for q in stream.layers
     )
@@ -294,6 +296,8 @@ def evaluate(
         )
     if stream.series:  # DIFF, TOP...: over each window's (and query partition's) rows
         df = with_series(stream, df, [*pcols, *[c for c in (WSTART, WSEQ) if c in df.columns]])
+    if stream.interp is not None:  # INTERP: a row per time point instead of the rows
+        df = with_interp(stream, df, [*pcols, *[c for c in (WSTART, WSEQ) if c in df.columns]])
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
     checks = [F.expr(sql).alias(name) for name, sql in _row_checks(stream, aggregated=False)]

@@ -174,6 +174,7 @@ _QUERY_FIELDS = (
     "joins",
     "sub_windows",
     "series",
+    "interp",
 )
 _DEFAULTS = {f.name: f.default for f in fields(Stream) if f.name in _QUERY_FIELDS}
 

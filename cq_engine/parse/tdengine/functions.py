@@ -280,7 +280,7 @@ FUNCTIONS: dict[str, tuple[int, int, Callable[[Call], str]]] = {
 }
 # TDengine functions the engine does not compute, and why (the multi-row ones: ``parse.tdengine.series``).
 REFUSED: dict[str, str] = {
-    "interp": "it returns a series of interpolated rows, which the engine does not compute",
+    "interp": "it takes EVERY(...) (and RANGE(...), FILL(...)) in the query: SELECT _irowts, interp(x) ... EVERY(1s)",
     "fill_forward": "it returns a series over each window's rows, which the engine does not compute",
     "cols": "name the columns of the row a selector picks with first(col) / last(col) instead",
     "group_concat": "use concat_ws(sep, collect_list(expr))",

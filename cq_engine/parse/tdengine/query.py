@@ -10,6 +10,8 @@ from sqlglot.tokens import Token, TokenType
 
 from cq_engine.durations import micros
 from cq_engine.model import (
+    IROWTS,
+    ISFILLED,
     PLACEHOLDERS,
     SUB_WEND,
     SUB_WSTART,
@@ -96,6 +98,8 @@ class Scope:
         self.interpolates = False
         self.interpolated: list[str] = []
         self.series: list[SeriesCall] = []  # the query's multi-row functions (``parse.tdengine.series``)
+        self.interp_mode = False  # the query has RANGE / EVERY: INTERP, _irowts and _isfilled are its
+        self.interp_calls: list[SeriesCall] = []
         # UNIQUE(...) is a keyword to sqlglot: read as an identifier of the same length, by offset
         self.renamed = {
             a.start: a.end
@@ -171,6 +175,10 @@ class Scope:
                         n, f"{n.name} (the query's sub-window) can only be used in SELECT, HAVING and ORDER BY"
                     )
                 return sub_placeholder(n.name, self.sub_windows)
+            if n.name.lower() in ("_irowts", "_isfilled"):
+                if not self.interp_mode or clause != "SELECT":
+                    raise frag.error(n, f"{n.name} is INTERP's: it needs EVERY(...) in the query, and SELECT")
+                return exp.column(IROWTS if n.name.lower() == "_irowts" else ISFILLED)
             if n.name.lower() in PLACEHOLDERS:
                 self.check_placeholder(n.name, offset, clause)
                 return exp.column(placeholder_column(n.name))
@@ -193,6 +201,8 @@ class Scope:
                 new = tdf.cast(node, frag.error)
             elif name in tds.SERIES:
                 new = self._series(name, node, frag, clause)
+            elif name == "interp" and self.interp_mode:
+                new = self._interp(node, frag, clause)
             elif name in tdf.FUNCTIONS:
                 call = tdf.Call(
                     name=name,
@@ -232,6 +242,25 @@ class Scope:
         )  # fmt: skip
         self.series.append(tds.series_call(call, len(self.series)))
         return exp.column(self.series[-1].column)
+
+    def _interp(self, node: exp.Expr, frag: Fragment, clause: str) -> exp.Expression:
+        """INTERP(x[, ignore_null_values]) of a query with EVERY(...): its value at each time point."""
+        args = _arguments(node)
+        if clause != "SELECT":
+            raise frag.error(node, f"INTERP() can only be used in SELECT, not in {clause}")
+        call = tdf.Call(
+            name="interp", args=args, node=node, time_window=False, placeholders=True, tz=self.tz, error=frag.error
+        )
+        if not 1 <= len(args) <= 2 or isinstance(args[0], exp.Star):
+            raise frag.error(node, "INTERP takes a column and, optionally, ignore_null_values (0 or 1)")
+        if is_aggregate(args[0]) or any(c.name.startswith("__cq_") for c in args[0].find_all(exp.Column)):
+            raise frag.error(args[0], "INTERP: its argument is a row's value, not an aggregate or a placeholder")
+        ignore = int(call.number(1, "ignore_null_values", 0, 1)) if len(args) > 1 else 0
+        column = f"__cq_interp_{len(self.interp_calls)}"
+        self.interp_calls.append(
+            SeriesCall(column=column, function="interp", argument=to_spark(args[0]), params=(ignore,))
+        )
+        return exp.column(column)
 
     @staticmethod
     def _tdengine_name(node: exp.Func, frag: Fragment) -> str | None:
@@ -293,8 +322,8 @@ class Scope:
                 f"{name} is a placeholder of {_FAMILY_NAMES[owner]}, not of this {self.label} trigger "
                 f"(it offers {', '.join(offered)}, %%n, %%tbname, %%trows)",
             )
-        if clause not in ("SELECT", "WHERE"):
-            raise err(offset, f"{name} can only be used in SELECT and WHERE, not in {clause}")
+        if clause not in ("SELECT", "WHERE", "RANGE"):
+            raise err(offset, f"{name} can only be used in SELECT, WHERE and RANGE, not in {clause}")
         if self.form == "old" and clause == "WHERE":  # it filters the rows before they are windowed
             raise err(offset, f"{name} cannot be used in the old form's WHERE, which filters rows before windowing")
 
@@ -361,7 +390,8 @@ _WINDOW_WORDS = ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW
 _ORDER = ("SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "NOTIFY")
 # The new form's query is any TDengine query (seed 000): these clauses, in this order.
 _NEW_ORDER = (
-    "SELECT", "FROM", "WHERE", "PARTITION BY", "WINDOW", "FILL", "GROUP BY", "HAVING", "ORDER BY", "SLIMIT", "LIMIT"
+    "SELECT", "FROM", "WHERE", "PARTITION BY", "RANGE", "EVERY", "WINDOW", "FILL", "GROUP BY", "HAVING",
+    "ORDER BY", "SLIMIT", "LIMIT",
 )  # fmt: skip
 _NEW_REJECTED = {
     "UNION": "UNION is not supported in a stream's query",
@@ -387,7 +417,7 @@ def _clause_word(tokens: list[Token], i: int) -> str | None:
     if word in ("FROM", "WHERE", "PARTITION BY", "GROUP BY", "ORDER BY", "HAVING", "LIMIT", "SLIMIT", "UNION"):
         return word
     if (
-        word in ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "NOTIFY", "FILL")
+        word in ("INTERVAL", "SLIDING", "SESSION", "STATE_WINDOW", "COUNT_WINDOW", "NOTIFY", "FILL", "RANGE", "EVERY")
         and followed_by_paren
     ):
         return word
@@ -408,6 +438,8 @@ def split_query(cur: Cursor, tokens: list[Token], *, form: str) -> dict[str, tup
         if word in _WINDOW_WORDS:
             word = None if current == "WINDOW" else "WINDOW"  # new form: the query's sub-windows
         order = _NEW_ORDER if form == "new" else _ORDER
+        if form == "old" and word in ("RANGE", "EVERY"):
+            raise cur.error_at(tok, f"{word} (INTERP's) belongs to the new form's query")
         if form == "new" and word in _NEW_REJECTED:
             raise cur.error_at(tok, _NEW_REJECTED[word])
         if form == "old" and word in _REJECTED:

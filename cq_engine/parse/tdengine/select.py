@@ -135,6 +135,8 @@ def _first_column(scope: Scope, frag: Fragment, node: exp.Expression, part: list
     keys = dict(_KEYS[scope.family])
     if scope.family in ("window", "old") and not scope.interval_window:
         keys = {k: v for k, v in keys.items() if v == "start"}
+    if scope.interp_mode and isinstance(body, exp.Column) and body.name.lower() == "_irowts":
+        return "row"  # INTERP's time point: within the trigger's range, checked per run
     if scope.sub_windows is not None and isinstance(body, exp.Column) and body.name.lower() == "_wstart":
         return "row"  # the query's sub-window start: a time within the trigger's range, checked per run
     if isinstance(body, exp.Column) and not body.table and body.name.lower() in PLACEHOLDERS:

@@ -29,6 +29,7 @@ from cq_engine.parse.tdengine.compose import (
     subquery,
     with_layers,
 )
+from cq_engine.parse.tdengine.interp import interp, interp_clauses
 from cq_engine.parse.tdengine.joins import has_join, join_conditions, parse_joins
 from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
 from cq_engine.parse.tdengine.options import (
@@ -224,10 +225,10 @@ def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_
     q: dict = {}
     saved = (
         scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows,
-        scope.series,
+        scope.series, scope.interp_mode, scope.interp_calls,
     )  # fmt: skip
     scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = (), False, [], (), {}
-    scope.sub_windows, scope.series = None, []
+    scope.sub_windows, scope.series, scope.interp_mode, scope.interp_calls = None, [], False, []
     sub = _from(cur, scope, clauses["FROM"], f, q)
     _query(scope, clauses, q, f, columns_tok, sink_time=layer == "top")
     if (composed or q.get("joins")) and scope.interpolated:
@@ -243,7 +244,7 @@ def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_
         check_qualified(cur, q, tokens)
     (
         scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows,
-        scope.series,
+        scope.series, scope.interp_mode, scope.interp_calls,
     ) = saved  # fmt: skip
     return q
 
@@ -305,7 +306,10 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
             raise scope.cur.error_at(
                 clauses["GROUP BY"][0], f"a query with {wtok.text.upper()} takes PARTITION BY, not GROUP BY"
             )
-    if "FILL" in clauses and scope.form == "new":
+    interp_fields = None
+    if ("EVERY" in clauses or "RANGE" in clauses) and scope.form == "new":
+        interp_fields = interp_clauses(scope, clauses, f)
+    elif "FILL" in clauses and scope.form == "new":
         ftok, ftoks = clauses["FILL"]
         if scope.sub_windows is None:
             raise scope.cur.error_at(ftok, "FILL needs INTERVAL(...) in the query: it fills the query's sub-windows")
@@ -342,6 +346,9 @@ def _query(scope: Scope, clauses: dict, q: dict, f: dict, columns_tok: Token | N
     if scope.series:
         q["series"] = tuple(scope.series)
         check_series(scope, clauses, q)
+    if interp_fields is not None:
+        q["interp"] = interp(scope, clauses, q, interp_fields)
+        scope.interp_mode = False
     if scope.sub_windows is not None and not any(i.is_aggregate for i in q["select"]):
         raise scope.cur.error_at(
             clauses["WINDOW"][0],
