@@ -318,6 +318,7 @@ def _join_columns(q: Stream) -> dict[str, set[str]]:
     sqls = [i.expression for i in q.select] + [q.where, q.having, *[k.expression for k in q.order_by]]
     sqls += [c.argument for c in [*q.series, *(q.interp.calls if q.interp is not None else ())]]
     sqls += [j.on for j in q.joins] + [f"`{k}`" for k in q.group_by]
+    sqls += [f"`{c}`" for j in q.joins for c in (j.asof or ())[:2]]  # an ASOF join's time comparison
     tables = [q.source, *[j.table for j in q.joins]]
     out: dict[str, set[str]] = {}
     for name in [n for sql in sqls if sql for n in _columns(sql)]:

@@ -376,8 +376,11 @@ class Join:
     n-th joined table's columns are ``join_column(n, col)``, the trigger rows' ``join_column(0, col)``."""
 
     table: str
-    kind: Literal["inner", "left"]
-    on: str  # Spark SQL over both sides' columns
+    kind: Literal["inner", "left", "asof"]
+    on: str  # Spark SQL over both sides' columns (ASOF: its equalities, ``TRUE`` for none)
+    # LEFT ASOF JOIN: (trigger rows' column, the table's column, operator) of its time comparison;
+    # None: the two tables' time columns with >= (TDengine's default)
+    asof: tuple[str, str, str] | None = None
 
 
 def join_column(n: int, column: str) -> str:

@@ -1,6 +1,8 @@
 """A new-form query's joins in the run's one plan: the trigger rows of every window joined with the
 tables (``Stream.joins``), each side's columns under ``model.join_column`` names, the join condition
-as written; per window, as TDengine evaluates the query, since each trigger row carries its window."""
+as written; per window, as TDengine evaluates the query, since each trigger row carries its window.
+A LEFT ASOF JOIN is Spark's as-of join (``DataFrame._joinAsOf``): each trigger row with the one nearest
+row of the table its time comparison allows."""
 
 from __future__ import annotations
 
@@ -28,10 +30,24 @@ def with_joins(ctx: EngineContext, stream: Stream, q: Stream, rows: DataFrame, *
     trigger_time = join_column(0, ctx.source_time_column(stream.name, q.read_table, sink=stream.sink))
     for n, j in enumerate(q.joins, 1):
         time_column = ctx.source_time_column(stream.name, j.table, sink=stream.sink)
-        bounded = time_range if _equates(j.on, trigger_time, join_column(n, time_column)) else None
-        table, _ = ctx.storage.read_range(ctx.spark, j.table, time_column=time_column, time_range=bounded)
+        equated = j.kind != "asof" and _equates(j.on, trigger_time, join_column(n, time_column))
+        table, _ = ctx.storage.read_range(
+            ctx.spark, j.table, time_column=time_column, time_range=time_range if equated else None
+        )
         table = table.select(*[_col(c).alias(join_column(n, c)) for c in table.columns])
-        out = out.join(table, on=F.expr(j.on), how=j.kind)
+        if j.kind == "asof":  # the nearest row may lie before (after) the run's range: the whole table
+            mine, theirs, op = j.asof or (trigger_time, join_column(n, time_column), ">=")
+            out = out._joinAsOf(
+                table,
+                leftAsOfColumn=_col(mine),
+                rightAsOfColumn=_col(theirs),
+                on=None if j.on == "TRUE" else F.expr(j.on),
+                how="left",
+                allowExactMatches=op in (">=", "<="),
+                direction="backward" if op in (">=", ">") else "forward",
+            )
+        else:
+            out = out.join(table, on=F.expr(j.on), how=j.kind)
     return out
 
 
