@@ -19,10 +19,9 @@ from cq_engine.durations import micros
 from cq_engine.model import SUB_WSTART, Stream
 from cq_engine.parse.fragments import TIME_REF
 from cq_engine.streams.output import shaping_columns
-from cq_engine.streams.plan import GROUP, WINDOW_CONSTANTS, aggregated, evaluate, partition_columns
+from cq_engine.streams.plan import GROUP, WINDOW_CONSTANTS, aggregated, evaluate, partition_columns, query_partition
 from cq_engine.streams.subwindows import with_data_sub_windows
 from cq_engine.streams.windows.common import floor_div
-from cq_engine.streams.windows.tdengine import WSEQ, WSTART
 
 # The rows a query reading a table sees: (rows, whether its WHERE is applied already, as a join's).
 RowsOf = Callable[[Stream], tuple[DataFrame, bool]]
@@ -83,8 +82,7 @@ def with_sub_windows(stream: Stream, rows: DataFrame) -> DataFrame:
     if w is None:
         return rows
     if w.over is not None:  # SESSION, STATE_WINDOW, EVENT_WINDOW, COUNT_WINDOW over the rows in time order
-        ids = [*partition_columns(stream), *[c for c in (WSTART, WSEQ) if c in rows.columns]]
-        return with_data_sub_windows(stream, rows, ids)
+        return with_data_sub_windows(stream, rows, query_partition(stream, rows))
     i, s, off = micros(w.interval), micros(w.sliding), micros(w.offset)
     rel = F.unix_micros(F.col(TIME_REF)) - F.lit(off)
     k_max = floor_div(rel, s)

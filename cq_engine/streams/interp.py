@@ -20,11 +20,11 @@ _T, _POINT, _LO, _HI = "__cq_ip_t", "__cq_ip_point", "__cq_ip_lo", "__cq_ip_hi"
 
 
 def with_interp(stream: Stream, df: DataFrame, ids: list[str]) -> DataFrame:
-    """The time points of ``stream``'s INTERP over ``df`` (the run's rows; ``ids`` tell its windows apart):
+    """The time points of ``stream``'s INTERP over ``df`` (the run's rows; ``ids``: ``plan.query_partition``):
     their window-constant columns, ``IROWTS``, ``ISFILLED`` and each call's column."""
     ip = stream.interp
     assert ip is not None
-    keys = list(dict.fromkeys([*ids, *(stream.group_by if stream.partitions_query else ())]))
+    keys = list(dict.fromkeys(ids))
     args = {c.column: F.expr(c.argument) for c in ip.calls}
     # what the SELECT may read beside the calls: the window's and the group's constants
     constant = [

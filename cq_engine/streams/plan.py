@@ -83,6 +83,13 @@ def _p(name: str) -> str:
     return placeholder_column(name)
 
 
+def query_partition(stream: Stream, df: DataFrame) -> list[str]:
+    """The columns telling apart what a query's rows are ordered within: the trigger group (``%%n``),
+    its window (start, and ``WSEQ`` where windows share one) and the query's own PARTITION BY."""
+    window = [c for c in (WSTART, WSEQ) if c in df.columns]
+    return [*partition_columns(stream), *window, *(stream.group_by if stream.partitions_query else ())]
+
+
 def partition_columns(stream: Stream) -> list[str]:
     """The engine columns holding the trigger group's PARTITION BY values (``%%1``...)."""
     return [partition_placeholder(i + 1) for i in range(len(stream.partition_by))]
@@ -295,9 +302,9 @@ def evaluate(
             how="left_semi",
         )
     if stream.series:  # DIFF, TOP...: over each window's (and query partition's) rows
-        df = with_series(stream, df, [*pcols, *[c for c in (WSTART, WSEQ) if c in df.columns]])
+        df = with_series(stream, df, query_partition(stream, df))
     if stream.interp is not None:  # INTERP: a row per time point instead of the rows
-        df = with_interp(stream, df, [*pcols, *[c for c in (WSTART, WSEQ) if c in df.columns]])
+        df = with_interp(stream, df, query_partition(stream, df))
     items = [F.expr(i.expression).alias(i.name) for i in stream.select]
     extra = [F.expr(sql).alias(name) for name, sql in shaping]
     checks = [F.expr(sql).alias(name) for name, sql in _row_checks(stream, aggregated=False)]

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from cq_engine.errors import CQError
 from cq_engine.model import SeriesCall, Stream
 from cq_engine.parse.fragments import TIME_REF
-from cq_engine.streams.windows.common import exact_col
+from cq_engine.streams.windows.common import exact_col, lag_non_null
 
 _ALL = Window.unboundedPreceding
 _OPERATORS = {"LT": "<", "GT": ">", "LE": "<=", "GE": ">=", "NE": "!=", "EQ": "="}
@@ -46,11 +46,11 @@ class _Call:
 
 
 def with_series(stream: Stream, df: DataFrame, ids: list[str]) -> DataFrame:
-    """``df`` (the run's rows of ``stream``'s query, ``ids`` telling its windows apart) with each
+    """``df`` (the run's rows of ``stream``'s query, ``ids`` its ``plan.query_partition``) with each
     multi-row function's column, and only the rows they keep; HISTOGRAM's a row per bin."""
     if not stream.series:
         return df
-    part = [exact_col(c) for c in ids] + ([exact_col(k) for k in stream.group_by] if stream.partitions_query else [])
+    part = [exact_col(c) for c in ids]
     arguments = {sql: f"__cq_sr_arg{j}" for j, sql in enumerate(dict.fromkeys(c.argument for c in stream.series))}
     calls = [_Call(c, n, arguments[c.argument]) for n, c in enumerate(stream.series)]
     df = df.withColumns({name: F.expr(sql) for sql, name in arguments.items()})
@@ -116,7 +116,7 @@ def _mavg(stream: Stream, c: _Call, part, order, typ: str) -> None:
     run = _ordered(part, order).rowsBetween(_ALL, 0)
     total, count = c.stage(total=F.sum(c.x.cast("double")).over(run), count=F.count(c.x).over(run))
     x, t = c.argument, c.name("total")
-    (back,) = c.stage(back=_lag_non_null(f"IF({x} IS NULL, NULL, {t})", k).over(_ordered(part, order)))
+    (back,) = c.stage(back=lag_non_null(f"IF({x} IS NULL, NULL, {t})", k).over(_ordered(part, order)))
     c.value = (total - F.coalesce(back, F.lit(0.0))) / F.lit(float(k))
     c.keep = c.x.isNotNull() & (count >= k)
 
@@ -126,7 +126,7 @@ def _derivative(stream: Stream, c: _Call, part, order, typ: str) -> None:
     non-NULL point and the one before it; ignore_negative 1 drops negative rates."""
     interval, ignore_negative = c.call.params
     w, x, t = _ordered(part, order), c.argument, f"unix_micros({TIME_REF})"
-    pv, pt = c.stage(pv=_lag_non_null(x, 1).over(w), pt=_lag_non_null(f"IF({x} IS NULL, NULL, {t})", 1).over(w))
+    pv, pt = c.stage(pv=lag_non_null(x, 1).over(w), pt=lag_non_null(f"IF({x} IS NULL, NULL, {t})", 1).over(w))
     dt = F.expr(t) - pt
     rate = F.try_divide((c.x.cast("double") - pv.cast("double")) * F.lit(float(interval)), dt.cast("double"))
     c.value = rate
@@ -143,7 +143,7 @@ def _state(stream: Stream, c: _Call, part, order, typ: str) -> None:
     cond = F.expr(cond_sql)
     w = _ordered(part, order)
     run = w.rowsBetween(_ALL, 0)
-    count, before = c.stage(count=F.count(F.when(cond, 1)).over(run), before=_lag_non_null(cond_sql, 1).over(w))
+    count, before = c.stage(count=F.count(F.when(cond, 1)).over(run), before=lag_non_null(cond_sql, 1).over(w))
     starts = cond & F.coalesce(~before, F.lit(True))
     t = F.unix_micros(F.col(TIME_REF))
     if c.call.function == "statecount":
@@ -153,11 +153,6 @@ def _state(stream: Stream, c: _Call, part, order, typ: str) -> None:
         (first,) = c.stage(first=F.last(F.when(starts, t), ignorenulls=True).over(run))
         inside = F.call_function("div", t - first, F.lit(c.call.params[2])).cast("bigint")
     c.value = F.when(c.x.isNull(), None).when(cond, inside).otherwise(F.lit(-1).cast("bigint"))
-
-
-def _lag_non_null(sql: str, k: int) -> Column:
-    """The value of ``sql`` k non-NULL values back (``.over`` a window)."""
-    return F.expr(f"lag({sql}, {k}) IGNORE NULLS")
 
 
 def _selection(stream: Stream, c: _Call, part, order, typ: str) -> None:

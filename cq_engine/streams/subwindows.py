@@ -14,20 +14,18 @@ from pyspark.sql import functions as F
 from cq_engine.durations import micros
 from cq_engine.model import SUB_ID, SUB_WEND, SUB_WSTART, CountTrigger, EventTrigger, SessionTrigger, Stream
 from cq_engine.parse.fragments import TIME_REF
-from cq_engine.streams.windows.common import exact_col
+from cq_engine.streams.windows.common import exact_col, lag_non_null
 
 _T = "__cq_swd_t"
 _NEW, _END, _PREV_END, _START, _WINDOW_END, _STATE = (f"__cq_swd_{n}" for n in ("new", "e", "pe", "s", "we", "st"))
 _ALL, _ALL_AFTER = Window.unboundedPreceding, Window.unboundedFollowing
+_NEVER = 2**62  # the end of a START row's window that never closes: it holds every later row
 
 
 def with_data_sub_windows(stream: Stream, rows: DataFrame, ids: list[str]) -> DataFrame:
-    """``rows`` with ``SUB_ID``, ``SUB_WSTART`` and ``SUB_WEND`` (``ids``: the columns telling the
-    trigger windows and groups apart)."""
+    """``rows`` with ``SUB_ID``, ``SUB_WSTART`` and ``SUB_WEND`` (``ids``: ``plan.query_partition``)."""
     assert stream.sub_windows is not None and stream.sub_windows.over is not None
     over = stream.sub_windows.over
-    if stream.partitions_query:
-        ids = [*ids, *stream.group_by]
     part = [exact_col(c) for c in ids]
     ordered = Window.partitionBy(*part).orderBy(F.col(TIME_REF))
     run = ordered.rowsBetween(_ALL, 0)
@@ -70,10 +68,10 @@ def _event(rows: DataFrame, over: EventTrigger, ordered, run) -> DataFrame:
     opens, closes = (F.coalesce(F.expr(c), F.lit(False)) for c in (over.start, over.end))
     end = F.first(F.when(closes, t), ignorenulls=True).over(ordered.rowsBetween(0, _ALL_AFTER))
     rows = rows.withColumn(_END, end)
-    never = F.lit(2**62)  # a START row's window that never closes holds every later row
-    prev = f"lag(IF({_START}_c, coalesce({_END}, {2**62}), NULL), 1) IGNORE NULLS"
+    never = F.lit(_NEVER)
     rows = rows.withColumn(f"{_START}_c", opens)
-    rows = rows.withColumn(_PREV_END, F.expr(prev).over(ordered))
+    prev = lag_non_null(f"IF({_START}_c, coalesce({_END}, {_NEVER}), NULL)", 1)
+    rows = rows.withColumn(_PREV_END, prev.over(ordered))
     starts = F.col(f"{_START}_c") & (F.col(_PREV_END).isNull() | (F.col(_PREV_END) < t))
     rows = rows.withColumn(_START, starts)
     rows = rows.withColumns(

@@ -25,6 +25,12 @@ def exact_col(name: str) -> Column:
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+def lag_non_null(sql: str, k: int) -> Column:
+    """The value of ``sql`` k non-NULL values back (``.over`` a window): Spark's ``lag ... IGNORE NULLS``,
+    which the Python API does not offer."""
+    return F.expr(f"lag({sql}, {k}) IGNORE NULLS")
+
+
 def floor_div(x: Column, b: int) -> Column:
     """Exact floor division of a long column by a positive int (Spark's ``div`` truncates)."""
     return F.call_function("div", x - F.pmod(x, F.lit(b)), F.lit(b))
