@@ -370,17 +370,28 @@ class Interp:
 IROWTS, ISFILLED = "__cq_irowts", "__cq_isfilled"
 
 
+JoinKind = Literal["inner", "left", "asof", "window"]
+
+
 @dataclass(frozen=True)
 class Join:
-    """``[INNER | LEFT [OUTER]] JOIN table [AS] alias ON cond`` of a new-form query over ``%%trows``: the
-    n-th joined table's columns are ``join_column(n, col)``, the trigger rows' ``join_column(0, col)``."""
+    """``[INNER | LEFT [OUTER] | LEFT ASOF | LEFT WINDOW] JOIN table [AS] alias ...`` of a new-form query
+    over ``%%trows``: the n-th joined table's columns are ``join_column(n, col)``, the trigger rows'
+    ``join_column(0, col)``."""
 
     table: str
-    kind: Literal["inner", "left", "asof"]
-    on: str  # Spark SQL over both sides' columns (ASOF: its equalities, ``TRUE`` for none)
+    kind: JoinKind
+    on: str  # Spark SQL over both sides' columns (ASOF, WINDOW: its equalities, ``TRUE`` for none)
     # LEFT ASOF JOIN: (trigger rows' column, the table's column, operator) of its time comparison;
     # None: the two tables' time columns with >= (TDengine's default)
     asof: tuple[str, str, str] | None = None
+    # ASOF, WINDOW: the ON's equalities as (trigger rows' column, the table's column), the groups joined
+    keys: tuple[tuple[str, str], ...] = ()
+    offsets: tuple[timedelta, timedelta] | None = None  # WINDOW_OFFSET(start, end), both bounds closed
+    limit: int | None = None  # JLIMIT: the matched rows per trigger row (ASOF: 1; WINDOW: None, all)
+
+
+JOIN_ROW = "__cq_join_row"  # a WINDOW join's trigger row, the group of its aggregates
 
 
 def join_column(n: int, column: str) -> str:

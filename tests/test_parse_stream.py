@@ -20,6 +20,7 @@ from cq_engine.model import (
     StreamOptions,
     SubWindows,
     TagDecl,
+    joined_column,
 )
 from cq_engine.parse import parse_text
 
@@ -1258,10 +1259,58 @@ def test_joins_of_the_trigger_rows():
         (QS + "count(*) n FROM %%trows m JOIN l ON m.s = x.q", "q", "'x' is not a table of this query"),
         (QS + "count(*) n FROM %%trows m RIGHT JOIN l ON m.s = l.s", "RIGHT", "belong to no trigger window"),
         (QS + "count(*) n FROM %%trows m FULL JOIN l ON m.s = l.s", "FULL", "belong to no trigger window"),
-        (QS + "count(*) n FROM %%trows m LEFT ASOF JOIN l ON m.ts >= l.ts JLIMIT 2", "JLIMIT", "JLIMIT other than 1"),
+        (QS + "count(*) n FROM %%trows m LEFT ASOF JOIN l ON m.ts >= l.ts JLIMIT 2000", "2000", "from 0 to 1024"),
+        (QS + "count(*) n FROM %%trows m LEFT ASOF JOIN l ON m.ts >= l.ts JLIMIT", "JLIMIT", "from 0 to 1024"),
+        (QS + "count(*) n FROM %%trows m JOIN l ON m.ts = l.ts JLIMIT 2", "JLIMIT", "belongs to LEFT ASOF and"),
         (QS + "count(*) n FROM %%trows m ASOF JOIN l ON m.ts >= l.ts", "ASOF", "write LEFT ASOF JOIN"),
         (QS + "count(*) n FROM %%trows m LEFT ASOF JOIN l ON m.v > 1", "v > 1", "compares a column of each table"),
-        (QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 1s)", "WINDOW", "WINDOW joins"),
+        (QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l ", "l", "needs WINDOW_OFFSET(start, end)"),
+        (
+            QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(1s, -1s)",
+            "1s,",
+            "start must not be after its end",
+        ),
+        (QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s)", "WINDOW_OFFSET", "takes two offsets"),
+        (QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1x, 1s)", "1x", "unknown unit 'x'"),
+        (QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1n, 1s)", "1n", "unknown unit 'n'"),
+        (
+            QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l ON m.ts > l.ts WINDOW_OFFSET(-1s, 1s)",
+            "ts > l",
+            "ON holds equalities only",
+        ),
+        (
+            QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 1s) JLIMIT 2 x",
+            "2 x",
+            "from 0 to 1024",
+        ),
+        (QS + "count(*) n FROM %%trows m WINDOW JOIN l WINDOW_OFFSET(-1s, 1s)", "WINDOW JOIN", "write LEFT WINDOW"),
+        (
+            QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 1s) GROUP BY m.s",
+            "GROUP BY",
+            "takes no GROUP BY",
+        ),
+        (
+            QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 1s) INTERVAL(1s)",
+            "INTERVAL(1s)",
+            "takes no INTERVAL",
+        ),
+        (
+            QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 1s) SLIMIT 1",
+            "SLIMIT",
+            "SLIMIT needs GROUP BY",
+        ),
+        (
+            QS + "m.v a, l.v b FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(0s, 1s) HAVING m.v > 1",
+            "HAVING",
+            "filters its",
+        ),
+        (QS + "m.v, max(l.v) FROM %%trows m JOIN l ON m.s = l.s", "m.v,", "column 'm.v' is not inside an aggregate"),
+        (QS + "l.v, max(l.v) FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(0s, 1s)", "l.v,", "'l.v' is not inside"),
+        (
+            QS + "count(*) n FROM %%trows m LEFT WINDOW JOIN l WINDOW_OFFSET(0s, 1s) JOIN k ON m.s = k.s",
+            "LEFT WINDOW",
+            "the query's only join",
+        ),
         (QS + "count(*) n FROM %%trows m JOIN lim", "lim", "JOIN lim needs ON condition"),
         (QS + "count(*) n FROM %%trows m JOIN l m ON m.s = m.s", "m ON", "names two sides of the join"),
         (QS + "count(*) n FROM %%tbname m JOIN l ON m.s = l.s", "%%tbname", "a join reads FROM %%trows alias"),
@@ -1346,3 +1395,26 @@ def test_each_query_of_a_composed_stream_is_checked_against_its_table(tmp_path):
     bad1, bad2 = sorted(catalog.errors, key=str)
     assert f"{tmp_path}/bad1.sql:1:" in str(bad1) and "table 'n' has no column 'nope'" in str(bad1)
     assert f"{tmp_path}/bad2.sql:1:" in str(bad2) and "'v' of table 'm' is DOUBLE, not TIMESTAMP" in str(bad2)
+
+
+@pytest.mark.parametrize(
+    "join, kind, keys, offsets, limit",
+    [
+        ("INNER JOIN l ON m.s = l.s", "inner", (), None, None),
+        ("JOIN l ON m.s = l.s", "inner", (), None, None),
+        ("LEFT OUTER JOIN l ON m.s = l.s", "left", (), None, None),
+        ("LEFT ASOF JOIN l", "asof", (), None, 1),
+        ("LEFT ASOF JOIN l ON l.ts < m.ts AND m.s = l.s JLIMIT 5", "asof", (("s", "s"),), None, 5),
+        ("LEFT WINDOW JOIN l WINDOW_OFFSET(-1s, 500a)", "window", (), (-1_000_000, 500_000), None),
+        ("LEFT WINDOW JOIN l x ON m.s = x.s WINDOW_OFFSET(+2s, 1m) JLIMIT 0", "window", (("s", "s"),), (2e6, 6e7), 0),
+    ],
+)
+def test_each_join_kind_is_parsed_with_its_bounds(join, kind, keys, offsets, limit):
+    (stream,) = parse_text(QS + f"count(*) n FROM %%trows m {join}", file="t.sql")
+    (j,) = stream.joins
+    assert (j.kind, j.limit) == (kind, limit)
+    assert tuple((joined_column(a)[1], joined_column(b)[1]) for a, b in j.keys) == keys
+    us = None if j.offsets is None else tuple(o / timedelta(microseconds=1) for o in j.offsets)
+    assert us == offsets
+    if kind == "asof" and keys:
+        assert j.asof is not None and j.asof[2] == ">"  # l.ts < m.ts is m.ts > l.ts

@@ -22,6 +22,7 @@ from cq_engine.streams.sensor import evaluate_stream
 SEED = 20261126
 PER_DIALECT = 12
 TD_STREAMS = 24  # the new form's query takes many clauses: more of them
+TD_JOIN_STREAMS = 8  # and joins, which the clauses above seldom meet
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 TABLES = (
@@ -109,6 +110,8 @@ def _tdengine(rng: random.Random, name: str) -> str:
     if rng.random() < 0.25:  # a subquery in FROM giving the columns the query may name
         rows = f"(SELECT ts, tbname, location, status, current, voltage FROM %%trows{where}) AS q"
     head = f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS "
+    if rng.random() < 0.15:  # the trigger rows joined with a table, every column naming its side
+        return head + _td_join(rng, where.replace("WHERE ", "WHERE m."))
     window = ""
     if pool is TD_AGGREGATES and rng.random() < 0.25:  # the query's own sub-windows, their start first
         window = rng.choice(
@@ -133,6 +136,46 @@ def _tdengine(rng: random.Random, name: str) -> str:
         other = f"SELECT {first}, {', '.join(items)} FROM meters WHERE ts >= _twstart AND ts < _twend"
         return f"{head}({query}) UNION ALL {other};"
     return f"{head}{query};"
+
+
+TD_JOINS = [
+    "JOIN meters o ON m.ts = o.ts AND m.status = o.status",
+    "LEFT JOIN meters o ON m.ts = o.ts",
+    "LEFT ASOF JOIN meters o",
+    "LEFT ASOF JOIN meters o ON m.ts > o.ts AND m.status = o.status JLIMIT 2",
+    "LEFT ASOF JOIN meters o ON o.ts >= m.ts JLIMIT 3",
+    "LEFT ASOF JOIN meters o ON m.ts = o.ts",
+    "LEFT WINDOW JOIN meters o WINDOW_OFFSET(-2s, 2s)",
+    "LEFT WINDOW JOIN meters o ON m.status = o.status WINDOW_OFFSET(0s, 5s) JLIMIT 2",
+    "LEFT WINDOW JOIN meters o WINDOW_OFFSET(-1s, 1s) JLIMIT 0",
+]
+TD_JOIN_AGGREGATES = [
+    "count(o.current)",
+    "avg(o.current)",
+    "max(o.voltage)",
+    "last(o.ts)",
+    "sum(m.voltage)",
+    "m.current",
+]
+TD_JOIN_ROWS = ["m.current", "o.current", "o.ts", "m.voltage - o.voltage", "o.status", "m.tbname"]
+
+
+def _td_join(rng: random.Random, where: str) -> str:
+    """A query over ``%%trows m`` joined with a table (docs/dialects/tdengine.md, Joins)."""
+    join = rng.choice(TD_JOINS)
+    aggregated = rng.random() < 0.6
+    items = _items(rng, TD_JOIN_AGGREGATES if aggregated else TD_JOIN_ROWS, most=3)
+    row_time = not aggregated or "WINDOW" in join  # one trigger row per result row: its time may lead
+    first = "m.ts" if row_time and rng.random() < 0.6 else "_twstart"
+    having = " HAVING count(o.current) > 0" if aggregated and rng.random() < 0.3 else ""
+    return f"SELECT {first}, {', '.join(items)} FROM %%trows m {join}{where}{having};"
+
+
+def _tdengine_join(rng: random.Random, name: str) -> str:
+    trigger, data_shaped = rng.choice(TD_TRIGGERS)
+    partition = " PARTITION BY tbname" if data_shaped or rng.random() < 0.5 else ""
+    where = rng.choice(["", " WHERE m.current > 9", " WHERE m.voltage IS NOT NULL"])
+    return f"CREATE STREAM {name} {trigger} FROM meters{partition} INTO {name}_out AS {_td_join(rng, where)}"
 
 
 def _td_tail(rng: random.Random, *, aggregated: bool, window: str = "") -> str:
@@ -197,8 +240,9 @@ def test_every_accepted_definition_runs_or_is_refused_at_load(tmp_path, spark):
     sql.mkdir()
     (sql / "tables.sql").write_text(TABLES)
     made = {}
-    for dialect, build in (("td", _tdengine), ("iot", _iotdb), ("ek", _ekuiper)):
-        for i in range(TD_STREAMS if dialect == "td" else PER_DIALECT):
+    counts = {"td": TD_STREAMS, "tdj": TD_JOIN_STREAMS}
+    for dialect, build in (("td", _tdengine), ("tdj", _tdengine_join), ("iot", _iotdb), ("ek", _ekuiper)):
+        for i in range(counts.get(dialect, PER_DIALECT)):
             name = f"{dialect}{i}"
             made[name] = build(rng, name)
             (sql / f"{name}.sql").write_text(made[name] + "\n")

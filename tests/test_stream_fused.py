@@ -298,11 +298,17 @@ CREATE STREAM series INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {W
   SELECT ts, diff(current) AS d, csum(current) AS cs, statecount(current, 'GT', 5) AS sc FROM %%trows;
 CREATE STREAM sessions INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO sessions_out AS
   SELECT _wstart, count(*) AS n FROM %%trows SESSION(ts, 2s);
+CREATE STREAM nearest INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO nearest_out AS
+  SELECT a.ts, o.current AS c, o.ts AS ot FROM %%trows a LEFT ASOF JOIN meters o ON a.ts > o.ts JLIMIT 2;
+CREATE STREAM around INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname {WM} INTO around_out AS
+  SELECT a.ts, count(o.current) AS n, max(o.current) AS m FROM %%trows a LEFT WINDOW JOIN meters o
+  ON a.status = o.status WINDOW_OFFSET(-3s, 3s);
 """
 
 
 def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
     names = ["grouped", "top", "sess_top", "plain", "sub", "uni", "joined", "subwin", "series", "sessions"]
+    names += ["nearest", "around"]
     p = Pair(tmp_path, spark, QUERIES, names)
     p.tick()
     for batch in _commits(11):
@@ -314,3 +320,4 @@ def test_fused_rounds_of_new_form_queries_equal_runs_alone(tmp_path, spark):
     assert p.fused.sink("sub_out") and len(p.fused.sink("uni_out")) > len(p.fused.sink("plain_out"))
     assert p.fused.sink("joined_out") and len(p.fused.sink("subwin_out")) > len(p.fused.sink("plain_out"))
     assert len(p.fused.sink("series_out")) > len(p.fused.sink("plain_out")) and p.fused.sink("sessions_out")
+    assert len(p.fused.sink("nearest_out")) > len(p.fused.sink("around_out")) > len(p.fused.sink("plain_out"))

@@ -21,6 +21,7 @@ from cq_engine.durations import micros
 from cq_engine.errors import CQError
 from cq_engine.model import (
     DATA_SHAPED,
+    JOIN_ROW,
     SUB_ID,
     SUB_WEND,
     SUB_WSTART,
@@ -29,6 +30,7 @@ from cq_engine.model import (
     SlidingTrigger,
     StateTrigger,
     Stream,
+    joined_column,
     partition_placeholder,
     placeholder_column,
 )
@@ -263,7 +265,7 @@ def evaluate(
         group = list(dict.fromkeys([*pcols, *named, *window_columns, *[k for k in keep if k in df.columns]]))
         # GROUP BY (eKuiper's, TDengine's) and the query's INTERVAL sub-windows split each window's rows
         subs = sub_window_keys(stream, df)
-        keys = [exact_col(k) for k in [*stream.group_by, *subs]]
+        keys = [exact_col(k) for k in [*stream.group_by, *subs, *join_row_keys(stream, df)]]
         extra = [
             (F.expr(sql) if _over_columns(sql, [*group, *stream.group_by, *subs]) else F.first(F.expr(sql))).alias(name)
             for name, sql in shaping
@@ -324,6 +326,14 @@ def sub_window_keys(stream: Stream, df: DataFrame) -> list[str]:
         return [SUB_WSTART]
     state = [w.over.column.strip("`")] if isinstance(w.over, StateTrigger) else []
     return [SUB_ID, SUB_WSTART, SUB_WEND, *[c for c in state if c in df.columns]]
+
+
+def join_row_keys(stream: Stream, df: DataFrame) -> list[str]:
+    """A WINDOW join's aggregates group each trigger row's matches: the row, and its columns, which
+    the query may select beside them."""
+    if not any(j.kind == "window" for j in stream.joins) or JOIN_ROW not in df.columns:
+        return []
+    return [JOIN_ROW, *[c for c in df.columns if (side := joined_column(c)) is not None and side[0] == 0]]
 
 
 def aggregated(stream: Stream) -> bool:

@@ -91,6 +91,7 @@ class Scope:
         self.used: set[int] = set()
         self.aliases: tuple[str, ...] = ()  # the query's FROM table or subquery: ``alias.col`` is ``col``
         self.join_sides: dict[str, int] = {}  # a join's aliases → side (``model.join_column``)
+        self.window_join = False  # a LEFT WINDOW JOIN: aggregates group each trigger row's matches
         self.sub_windows: SubWindows | None = None  # the query's INTERVAL: _wstart... are its sub-window's
         self.tz = "UTC"  # CQ_TIMEZONE: TODAY(), TO_ISO8601, TIMETRUNCATE by day
         self.durations = tdf.durations(cur.tokens)  # 1s, 10a: offset -> (end, microseconds)
@@ -151,7 +152,10 @@ class Scope:
             if isinstance(n, exp.Column) and n.table:
                 qualifier = n.table.lower()
                 if qualifier in self.join_sides:
-                    return exp.column(join_column(self.join_sides[qualifier], n.name))
+                    side = exp.column(join_column(self.join_sides[qualifier], n.name))
+                    if "start" in n.args["table"].meta:  # errors point at alias.col as written
+                        side.this.meta["start"] = n.args["table"].meta["start"]
+                    return side
                 if qualifier in (a.lower() for a in self.aliases):
                     n = exp.Column(this=n.this)
                 elif self.form == "new":

@@ -8,7 +8,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import Token
 
-from cq_engine.model import PLACEHOLDERS, KeyBound, SelectItem, StateTrigger
+from cq_engine.model import PLACEHOLDERS, KeyBound, SelectItem, StateTrigger, joined_column
 from cq_engine.parse.cursor import split_top
 from cq_engine.parse.fragments import Fragment, is_aggregate, to_spark, under_aggregate
 from cq_engine.parse.tdengine.query import Scope, plain_select
@@ -103,16 +103,24 @@ def _check_grouping(scope: Scope, frag: Fragment, nodes: list[exp.Expression]) -
     over = scope.sub_windows.over if scope.sub_windows is not None else None
     if isinstance(over, StateTrigger):  # a state window's rows share its state
         grouped.add(over.column.strip("`").lower())
+    aliases = {side: alias for alias, side in scope.join_sides.items()}
     for node in nodes:
         for col in node.find_all(exp.Column):
-            name = col.name.lower()
-            if not under_aggregate(col) and not name.startswith("__cq") and name not in grouped:
-                raise frag.error(
-                    col,
-                    f"column {col.name!r} is not inside an aggregate: the query is aggregated (one row per "
-                    f"window{' and group' if grouped else ''}), so select it through an aggregate such as "
-                    f"last({col.name}), or {'GROUP BY' if scope.form == 'new' else 'PARTITION BY'} it",
-                )
+            name, side = col.name.lower(), joined_column(col.name)
+            if under_aggregate(col) or name in grouped:
+                continue
+            if side is None and name.startswith("__cq"):  # an engine column (a placeholder's)
+                continue
+            if side is not None and side[0] == 0 and scope.window_join:  # one trigger row per aggregate
+                continue
+            shown = col.name if side is None else f"{aliases.get(side[0], '?')}.{side[1]}"
+            raise frag.error(
+                col,
+                f"column {shown!r} is not inside an aggregate: the query is aggregated (one row per "
+                f"{'trigger row' if scope.window_join else 'window'}{' and group' if grouped else ''}), so select "
+                f"it through an aggregate such as last({shown}), or "
+                f"{'GROUP BY' if scope.form == 'new' else 'PARTITION BY'} it",
+            )
 
 
 # A row's own timestamp as the sink time column: the column, or one of these aggregates of it.

@@ -30,7 +30,7 @@ from cq_engine.parse.tdengine.compose import (
     with_layers,
 )
 from cq_engine.parse.tdengine.interp import interp, interp_clauses
-from cq_engine.parse.tdengine.joins import has_join, join_conditions, parse_joins
+from cq_engine.parse.tdengine.joins import check_window_join, has_join, join_conditions, parse_joins
 from cq_engine.parse.tdengine.notify import notify_where, parse_notify, parse_old_notify
 from cq_engine.parse.tdengine.options import (
     old_stream_options,
@@ -225,10 +225,11 @@ def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_
     q: dict = {}
     saved = (
         scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows,
-        scope.series, scope.interp_mode, scope.interp_calls,
+        scope.series, scope.interp_mode, scope.interp_calls, scope.window_join,
     )  # fmt: skip
     scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides = (), False, [], (), {}
     scope.sub_windows, scope.series, scope.interp_mode, scope.interp_calls = None, [], False, []
+    scope.window_join = False
     sub = _from(cur, scope, clauses["FROM"], f, q)
     _query(scope, clauses, q, f, columns_tok, sink_time=layer == "top")
     if (composed or q.get("joins")) and scope.interpolated:
@@ -242,9 +243,11 @@ def _one_query(cur: Cursor, scope: Scope, tokens: list[Token], f: dict, columns_
         check_outer(cur, q, q["subquery"], outer)
     if q.get("joins"):
         check_qualified(cur, q, tokens)
+    if scope.window_join:
+        check_window_join(cur, clauses, q)
     (
         scope.group_by, scope.groups_rows, scope.interpolated, scope.aliases, scope.join_sides, scope.sub_windows,
-        scope.series, scope.interp_mode, scope.interp_calls,
+        scope.series, scope.interp_mode, scope.interp_calls, scope.window_join,
     ) = saved  # fmt: skip
     return q
 
@@ -262,6 +265,7 @@ def _from(cur: Cursor, scope: Scope, clause: tuple[Token, list[Token]], f: dict,
     if has_join(scope, toks):
         scope.used.add(toks[0].start)
         scope.join_sides, joined = parse_joins(scope, toks)
+        scope.window_join = any(j.kind == "window" for j in joined)
         q["joins"] = join_conditions(scope, joined)
         source, is_placeholder, tok = "trows", True, toks[0]
     else:
