@@ -26,6 +26,7 @@ BENCHMARKS = (
     "stream_catchup",
     "sliding_vs_groupby",
     "stream_series",
+    "stream_time_joins",
     "stream_range_join",
     "connect_vs_inprocess",
     "write_heavy",
