@@ -43,7 +43,7 @@ demo: setup
 	$(BIN)/cq demo
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 lint: setup
 	$(BIN)/ruff check .
