@@ -23,6 +23,7 @@ from sqlglot import exp
 
 from cq_engine.context import EngineContext
 from cq_engine.model import JOIN_ROW, Join, Stream, join_column
+from cq_engine.times import EARLIEST, LATEST
 
 _T, _SIDE, _K, _IDX, _RANK, _BUCKET = "__cq_jt", "__cq_jside", "__cq_jk", "__cq_jidx", "__cq_jrank", "__cq_jbucket"
 
@@ -47,7 +48,8 @@ def with_joins(ctx: EngineContext, stream: Stream, q: Stream, rows: DataFrame, *
         if j.kind in ("inner", "left") and _equates(j.on, trigger_time, theirs):
             read = time_range
         elif j.kind == "window" and time_range is not None and j.offsets is not None:
-            read = (time_range[0] + j.offsets[0], time_range[1] + j.offsets[1] + timedelta(microseconds=1))
+            start, end = time_range[0] + j.offsets[0], time_range[1] + j.offsets[1] + timedelta(microseconds=1)
+            read = (max(start, EARLIEST), min(end, LATEST))  # offsets up to 100 years stay in range
         table, _ = ctx.storage.read_range(ctx.spark, j.table, time_column=time_column, time_range=read)
         table = table.select(*[_col(c).alias(join_column(n, c)) for c in table.columns])
         if j.kind in ("inner", "left"):

@@ -109,7 +109,8 @@ def parse_joins(scope: Scope, toks: list[Token]) -> tuple[dict[str, int], list[J
         while i < len(toks) and not (depth == 0 and _starts_join(toks[i])):
             depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(toks[i].token_type, 0)
             i += 1
-        rest, limit, offsets = _limit(cur, kind, toks[start:i])
+        rest, limit = _limit(cur, kind, toks[start:i])
+        offsets = None
         if kind == "window":
             rest, offsets = _window_offset(cur, rest, table)
         if rest and rest[0].text.upper() != "ON":
@@ -121,7 +122,7 @@ def parse_joins(scope: Scope, toks: list[Token]) -> tuple[dict[str, int], list[J
         joined.append(Joined(table, kind, rest[1:], word, offsets, limit))
     windowed = next((j for j in joined if j.kind == "window"), None)
     if windowed is not None and len(joined) > 1:
-        raise cur.error_at(windowed.word, "a WINDOW join is the query's only join (TDengine joins one table so)")
+        raise cur.error_at(windowed.word, "a WINDOW join must be the query's only join, as in TDengine")
     return sides, joined
 
 
@@ -143,17 +144,17 @@ def _suffix(kind: str) -> str:
     return {"asof": " (or JLIMIT n)", "window": " or WINDOW_OFFSET(start, end)"}.get(kind, "")
 
 
-def _limit(cur, kind: str, rest: list[Token]) -> tuple[list[Token], int | None, None]:
+def _limit(cur, kind: str, rest: list[Token]) -> tuple[list[Token], int | None]:
     """``JLIMIT n`` at the end of an ASOF or WINDOW join (TDengine's range 0 to 1024; ASOF's default 1)."""
     at = next((k for k, t in enumerate(rest) if t.text.upper() == "JLIMIT"), None)
     if at is None:
-        return rest, (1 if kind == "asof" else None), None
+        return rest, (1 if kind == "asof" else None)
     if kind not in ("asof", "window"):
         raise cur.error_at(rest[at], "JLIMIT belongs to LEFT ASOF and LEFT WINDOW joins")
     value = rest[at + 1] if at + 1 < len(rest) else None
     if value is None or len(rest) != at + 2 or not value.text.isdigit() or int(value.text) > 1024:
         raise cur.error_at(value or rest[at], "JLIMIT takes an integer from 0 to 1024 and ends the join")
-    return rest[:at], int(value.text), None
+    return rest[:at], int(value.text)
 
 
 def _window_offset(cur, rest: list[Token], table: Token) -> tuple[list[Token], tuple[timedelta, timedelta]]:
