@@ -194,3 +194,21 @@ def fresh_sink(engine, table: str) -> None:
     version (idempotent writes), which would time nothing; the hand-written side overwrites a whole table."""
     if "://" not in engine.storage.uri(table):
         remove_tree(Path(engine.storage.uri(table)))
+
+
+def same_rows(engine_uri: str, hand_uri: str, *, exact: list[str], rounded: list[str]) -> int:
+    """Both Delta tables hold the same rows (``rounded`` columns to 6 places); their count. Raises if
+    they differ or are empty."""
+    from deltalake import DeltaTable
+
+    def rows(uri):
+        t = DeltaTable(uri).to_pyarrow_table(columns=[*exact, *rounded])
+        return sorted(
+            (*[r[c] for c in exact], *[None if r[c] is None else round(r[c], 6) for c in rounded])
+            for r in t.to_pylist()
+        )
+
+    a, b = rows(engine_uri), rows(hand_uri)
+    if a != b or not a:
+        raise RuntimeError(f"the stream run and the hand-written job wrote different rows ({len(a)} vs {len(b)})")
+    return len(a)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from . import T0, Context, Outcome, make_engine, spread, verdict
+from . import T0, Context, Outcome, make_engine, same_rows, spread, verdict
 from .stream_catchup import METERS, _measure, append_backlog, catchup_work
 
 NAME = "stream_series"
@@ -57,22 +57,6 @@ def hand_series(spark, source_uri: str, out_uri: str, lo, hi) -> int:
     return table.num_rows
 
 
-def _check_same(engine_uri: str, hand_uri: str) -> int:
-    from deltalake import DeltaTable
-
-    def rows(uri):
-        t = DeltaTable(uri).to_pyarrow_table(columns=["tbname", "ts", "d", "cs", "ma"])
-        return sorted(
-            (r["tbname"], r["ts"], *[None if r[c] is None else round(r[c], 6) for c in ("d", "cs", "ma")])
-            for r in t.to_pylist()
-        )
-
-    a, b = rows(engine_uri), rows(hand_uri)
-    if a != b or not a:
-        raise RuntimeError(f"the stream run and the hand-written job wrote different rows ({len(a)} vs {len(b)})")
-    return len(a)
-
-
 def run(ctx: Context) -> Outcome:
     from cq_engine.streams.sensor import evaluate_stream
 
@@ -101,7 +85,7 @@ def run(ctx: Context) -> Outcome:
         repeat=repeat,
         warmup=warmup,
     )
-    written = _check_same(engine.storage.uri("series_out"), out_uri)
+    written = same_rows(engine.storage.uri("series_out"), out_uri, exact=["tbname", "ts"], rounded=["d", "cs", "ma"])
     if last["stream"].rows_written != written:
         raise RuntimeError(f"the run wrote {last['stream'].rows_written} rows, the sink holds {written}")
     ratio = medians["stream"] / medians["hand"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from . import T0, Context, Outcome, make_engine, spread, verdict
+from . import T0, Context, Outcome, make_engine, same_rows, spread, verdict
 from .stream_catchup import METERS, _measure, append_backlog, catchup_work
 
 NAME = "stream_time_joins"
@@ -78,22 +78,6 @@ def hand_window_join(spark, meters_uri: str, caps_uri: str, out_uri: str, lo, hi
     return table.num_rows
 
 
-def _check_same(engine_uri: str, hand_uri: str) -> int:
-    from deltalake import DeltaTable
-
-    def rows(uri):
-        t = DeltaTable(uri).to_pyarrow_table(columns=["tbname", "ts", "current", "n", "a"])
-        return sorted(
-            (r["tbname"], r["ts"], r["current"], r["n"], None if r["a"] is None else round(r["a"], 6))
-            for r in t.to_pylist()
-        )
-
-    a, b = rows(engine_uri), rows(hand_uri)
-    if a != b or not a:
-        raise RuntimeError(f"the stream run and the hand-written job wrote different rows ({len(a)} vs {len(b)})")
-    return len(a)
-
-
 def run(ctx: Context) -> Outcome:
     from cq_engine.streams.sensor import evaluate_stream
 
@@ -119,7 +103,7 @@ def run(ctx: Context) -> Outcome:
         repeat=repeat,
         warmup=warmup,
     )
-    written = _check_same(uri("around_out"), uri("hand_out"))
+    written = same_rows(uri("around_out"), uri("hand_out"), exact=["tbname", "ts", "current", "n"], rounded=["a"])
     if last["stream"].rows_written != written:
         raise RuntimeError(f"the run wrote {last['stream'].rows_written} rows, the sink holds {written}")
     ratio = medians["stream"] / medians["hand"]
