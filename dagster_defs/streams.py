@@ -166,7 +166,7 @@ def build_streams_sensor(
     switches = {translator.get_sensor_name(s): s.name for s in streams}
     op, sensor_name = translator.get_streams_op_name(), translator.get_streams_sensor_name()
     tz = engine.settings.timezone
-    timing: dict = {}  # seconds per work in this process, so a call fits the budget
+    cost = r.CallCost()  # this process's calls so far, so a call fits the budget
 
     def evaluate(context: dg.SensorEvaluationContext):
         location = context.code_location_origin.location_name if context.code_location_origin else "local"
@@ -320,7 +320,7 @@ def build_streams_sensor(
         deadline = time.monotonic() + budget_seconds()
         started: set[str] = set()
         try:
-            for name, work, outcome in r.run_rounds(engine.ctx, by_name, pending, deadline=deadline, timing=timing):
+            for name, work, outcome in r.run_rounds(engine.ctx, by_name, pending, deadline=deadline, cost=cost):
                 s = states[name]
                 started.add(name)
                 if isinstance(outcome, Exception):

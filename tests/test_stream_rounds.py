@@ -128,3 +128,37 @@ def test_streams_an_unfinished_evaluation_was_computing_go_to_runs(tmp_path):
     assert r.unfinished(path, r.Cursor(seq=4)) == []  # a later cursor: it did
     r.clear_inflight(path)
     assert r.unfinished(path, cursor) == []
+
+
+def test_a_call_holds_as_many_works_as_its_fitted_cost_allows():
+    cost = r.CallCost()
+    assert cost.fitting(20, most=50) == 1  # the first call of a process pays the session's warm-up
+    cost.observe(1, 4.0)
+    assert cost.estimate() == (2.0, 2.0)  # one size seen: half of it taken as fixed
+    assert cost.fitting(20, most=50) == 9
+    cost.observe(9, 5.0)  # nine streams fused cost about one
+    fixed, each = cost.estimate()
+    assert (round(fixed, 3), round(each, 3)) == (3.875, 0.125)
+    assert cost.fitting(20, most=50) == 50 and cost.fitting(4.0, most=50) == 1
+    linear = r.CallCost()  # works that share nothing: the fit finds no fixed part
+    linear.observe(1, 2.0)
+    linear.observe(4, 8.0)
+    assert linear.estimate() == (0.0, 2.0) and linear.fitting(20, most=50) == 10
+    noisy = r.CallCost()  # a larger call that happened to be faster: the slope has a floor
+    noisy.observe(2, 6.0)
+    noisy.observe(8, 5.0)
+    assert noisy.estimate()[1] == pytest.approx(0.0625) and noisy.fitting(20, most=50) == 50
+    for _ in range(r.CallCost.KEEP):  # only recent calls count: a slower machine is seen at once
+        noisy.observe(1, 30.0)
+    assert noisy.fitting(20, most=50) == 1
+
+
+def test_under_load_calls_grow_to_every_stream_instead_of_one_each():
+    """A machine where a call costs 12 s plus 0.5 s per stream, ten streams, 20 s per evaluation:
+    fitted, the third call holds all ten (the cost per work of one-stream calls held them at one)."""
+    cost, sizes = r.CallCost(), []
+    for _ in range(4):
+        size = cost.fitting(20, most=10)
+        sizes.append(size)
+        cost.observe(size, 12 + 0.5 * size)
+    assert sizes == [1, 2, 10, 10]

@@ -199,6 +199,48 @@ def process_exiting() -> bool:
     return bool(getattr(threading, "_SHUTTING_DOWN", False)) or not threading.main_thread().is_alive()
 
 
+class CallCost:
+    """What a ``fused.run_works`` call of k stream works costs in this process, fitted over its
+    recent calls as ``fixed + k * each``. A call's streams share its Spark jobs (one aggregation
+    answers every stream of a shape), so most of a call's time is fixed: sizing calls by the time
+    per work of small calls (time / k) keeps them small under load, and small calls pay the fixed
+    part once per stream, which slows them further. Pure: the caller times the calls."""
+
+    KEEP = 12  # recent calls only: a machine's load changes
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, float]] = []
+
+    def observe(self, works: int, seconds: float) -> None:
+        """Record a call of ``works`` works that took ``seconds``."""
+        self.calls = [*self.calls, (max(1, works), max(0.0, seconds))][-self.KEEP :]
+
+    def estimate(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per work) of a call, or None before the first call. With calls of
+        one size only, half of their time is taken as fixed (a larger call then tells more)."""
+        if not self.calls:
+            return None
+        ks = [k for k, _ in self.calls]
+        ts = [t for _, t in self.calls]
+        mk, mt = sum(ks) / len(ks), sum(ts) / len(ts)
+        spread = sum((k - mk) ** 2 for k in ks)
+        if spread == 0:
+            return mt / 2, mt / (2 * mk)
+        each = sum((k - mk) * (t - mt) for k, t in self.calls) / spread
+        # Noise can make the slope tiny or negative: never below a tenth of the cheapest work seen.
+        each = max(each, min(t / k for k, t in self.calls) / 10, 1e-3)
+        return max(0.0, mt - each * mk), each
+
+    def fitting(self, seconds: float, *, most: int) -> int:
+        """How many works (1..``most``) one call is expected to finish in ``seconds``; 1 before the
+        first call (it pays the session's warm-up)."""
+        fit = self.estimate()
+        if fit is None:
+            return 1
+        fixed, each = fit
+        return max(1, min(most, int((seconds - fixed) / each)))
+
+
 def run_rounds(
     ctx,
     streams: dict[str, Stream],
@@ -206,21 +248,22 @@ def run_rounds(
     *,
     deadline: float | None = None,
     chunk: int = 50,
-    timing: dict | None = None,
+    cost: CallCost | None = None,
 ):
     """Execute ``pending`` (stream name -> its works, in order) in rounds — round r: each stream's
     r-th work, at most ``chunk`` streams per ``fused.run_works`` call — and yield ``(name, work,
     outcome)`` (a ``RunResult`` or the exception) as each finishes. A failing work stops its stream;
     past ``deadline`` (``time.monotonic()``) no new call starts, and what was not started stays in
     ``pending``. Once the process has begun to exit (``process_exiting``) nothing new starts, and a
-    work that failed meanwhile is not a failure: it stays in ``pending`` with those not started. With a deadline, each call holds as many requests as the time left allows at the
-    pace of the calls so far (at least one), so a slow machine overruns it by one work, not by a
-    round."""
+    work that failed meanwhile is not a failure: it stays in ``pending`` with those not started.
+    With a deadline, each call holds as many requests as ``cost`` (this process's calls so far)
+    expects to fit in the time left (at least one), so a slow machine overruns it by about one
+    call, not by a round."""
     import time
 
     from cq_engine.streams.fused import WorkRequest, run_works
 
-    timing = timing if timing is not None else {}
+    cost = cost if cost is not None else CallCost()
     while any(pending.values()):
         names = [n for n, ws in pending.items() if ws]
         while names:
@@ -231,14 +274,12 @@ def run_rounds(
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                pace = timing.get("pace")
-                size = max(1, min(chunk, int(left / pace))) if pace else 1
+                size = cost.fitting(left, most=chunk)
             batch, names = names[:size], names[size:]
             requests = [WorkRequest(streams[n], pending[n][0]) for n in batch]
             started = time.monotonic()
             outcomes = run_works(ctx, requests)
-            spent = (time.monotonic() - started) / len(requests)
-            timing["pace"] = spent if not timing.get("pace") else (timing["pace"] + spent) / 2
+            cost.observe(len(requests), time.monotonic() - started)
             exiting = process_exiting()
             for request, outcome in zip(requests, outcomes):
                 name = request.stream.name
