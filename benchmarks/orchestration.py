@@ -168,9 +168,32 @@ def score(entries, *, n: int, w0: datetime, w1: datetime) -> tuple[float, int, i
     # Due in the window: every definition's firing times in (w0, w1].
     due = n * sum(1 for k in range(int(w0.timestamp()) // EVERY + 1, int(w1.timestamp()) // EVERY + 1))
     done = sum(1 for e in ok if w0 < e.finished_at <= w1)
-    done_due = sum(1 for e in ok if w0 < e.fire_time <= w1 and e.finished_at <= w1 + timedelta(seconds=EVERY))
+    # Distinct firings: a firing recorded twice (exactly once broken) must not count twice (``doubled``).
+    done_due = len(
+        {
+            (e.definition, e.fire_time)
+            for e in ok
+            if w0 < e.fire_time <= w1 and e.finished_at <= w1 + timedelta(seconds=EVERY)
+        }
+    )
     worst = worst_lag(ok, names=[f"q{i:03d}" for i in range(n)], start=w0, end=w1)
     return (done_due / due if due else 0.0), done, due, worst, failed
+
+
+def doubled(entries) -> int:
+    """Work the ledger records as succeeded more than once: continuous-query firings by (definition,
+    fire time), stream works by (definition, kind, range, trigger versions read); 0 when every firing
+    and window is done exactly once (a recalculation redoes work on purpose: not counted)."""
+    seen: dict[tuple, int] = {}
+    for e in entries:
+        if e.status != "succeeded" or e.kind in ("recalculate", "ignored"):
+            continue
+        if e.kind == "firing":
+            key: tuple = (e.definition, e.kind, e.fire_time)
+        else:
+            key = (e.definition, e.kind, e.range_start, e.range_end, tuple(sorted(e.source_versions.items())))
+        seen[key] = seen.get(key, 0) + 1
+    return sum(1 for count in seen.values() if count > 1)
 
 
 def worst_lag(entries, *, names: list[str], start: datetime, end: datetime) -> float:

@@ -8,7 +8,8 @@ them, the Dagster daemon) running ``CQ_BENCH_SOAK_N`` continuous queries every 3
 Targets (the ratio is the worst of them, <= 1 when all hold): >= 99% of the window's due firings
 committed within a cadence, worst CQ lag <= 60 s; every stream window that closed 30 s before the
 window's end in its sink, freshness p95 <= 20 s; no failed run; no "cannot schedule new futures" in
-the stack's logs; each JVM's retained heap grown by at most 10%.
+the stack's logs; no firing or stream work recorded twice in the ledger; each JVM's retained heap
+grown by at most 10%.
 
 Reported: the memory (RSS) of every long-lived process of the stack at the start of the window and at
 its end, and the heap each JVM retains (the least of five readings of its heap in use right after a full GC,
@@ -137,6 +138,29 @@ def _live_heaps(memory: dict[int, tuple[str, int]], *, samples: int = 5, apart: 
     return out
 
 
+def _driver_classes(memory: dict[int, tuple[str, int]]) -> dict[str, int]:
+    """Bytes per class on the Connect driver's heap (``jcmd GC.class_histogram``, after a full GC):
+    what its growth is made of."""
+    out: dict[str, int] = {}
+    for pid, (label, _rss_mib) in memory.items():
+        if label == JVMS[0]:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                text = subprocess.run(
+                    ["jcmd", str(pid), "GC.class_histogram"], capture_output=True, text=True, timeout=120
+                ).stdout
+                for match in re.finditer(r"^\s*\d+:\s+\d+\s+(\d+)\s+(\S+)", text, re.MULTILINE):
+                    out[match.group(2)] = out.get(match.group(2), 0) + int(match.group(1))
+    return out
+
+
+def _grown(before: dict[str, int], after: dict[str, int], top: int = 8) -> str:
+    """The ``top`` classes that grew most, KiB before -> after."""
+    grown = sorted(after, key=lambda c: before.get(c, 0) - after[c])[:top]
+    return ", ".join(
+        f"{c} {before.get(c, 0) // 1024} -> {after[c] // 1024}" for c in grown if after[c] > before.get(c, 0)
+    )
+
+
 def _logs(cluster, names: list[str]) -> dict[str, tuple[int, int, int, int]]:
     """Per table (``_cq/...`` for state): JSON commits, checkpoint files, log bytes, data files."""
     import boto3
@@ -221,7 +245,7 @@ def run(ctx: Context) -> Outcome:
         state = [f"_cq/{n}" for n in feeder.storage.state_names()]
         w0 = datetime.now(UTC)
         mem0, logs0, pg0 = _memory(cluster.roots), _logs(cluster, state + names), _pg_size(cluster)
-        heap0 = _live_heaps(mem0)
+        heap0, classes0 = _live_heaps(mem0), _driver_classes(mem0)
         ctx.log(f"soaking {seconds}s from {w0:%H:%M:%S}")
         loads = [os.getloadavg()[0]]
         end = time.monotonic() + seconds
@@ -231,7 +255,7 @@ def run(ctx: Context) -> Outcome:
         w1 = datetime.now(UTC)
         state = [f"_cq/{n}" for n in feeder.storage.state_names()]
         mem1, logs1, pg1 = _memory(cluster.roots), _logs(cluster, state + names), _pg_size(cluster)
-        heap1 = _live_heaps(mem1)
+        heap1, classes1 = _live_heaps(mem1), _driver_classes(mem1)
         sinks = stream_scale.read_sinks(feeder.settings, streams)
         time.sleep(EVERY + 5)  # firings due in the window may finish up to a cadence after it
         entries = feeder.ledger.entries()
@@ -278,7 +302,15 @@ def run(ctx: Context) -> Outcome:
         os.environ.clear()
         os.environ.update(old_env)
     notes, line, ratio = _report(
-        measured, (mem0, heap0), (mem1, heap1), logs0, logs1, logs2, state + names, outcome, store=store
+        measured,
+        (mem0, heap0, classes0),
+        (mem1, heap1, classes1),
+        logs0,
+        logs1,
+        logs2,
+        state + names,
+        outcome,
+        store=store,
     )
     return Outcome(NAME, line, ratio=ratio, target=1.0, notes=notes)
 
@@ -312,6 +344,7 @@ def _window_figures(
     """The window's CQ and stream figures, load and PostgreSQL size: notes, and the figures."""
     pg0, pg1 = pg
     cq_share, done, due, lag, failed = orchestration.score(entries, n=n, w0=w0, w1=w1)
+    doubled = orchestration.doubled(entries)
     in_time = [e for e in entries if e.status == "succeeded" and e.finished_at <= w1]
     st_share, st_due, latencies, st_lag = stream_scale.score(
         names=streams, sinks=sinks, entries=in_time, commits=commits, w0=w0, w1=w1
@@ -327,6 +360,7 @@ def _window_figures(
         f"p50 {p50:.1f}s p95 {p95:.1f}s (target <= {STREAM_P95:.0f}s), worst lag {st_lag:.0f}s; "
         f"failed Dagster runs: {failed_runs} (target 0)",
         f"'{SHUTDOWN_ERROR}' in the stack's logs: {shutdown_errors} line(s) (target 0)",
+        f"ledger: {doubled} firing(s) or stream work(s) recorded as succeeded more than once (target 0)",
         f"PostgreSQL (dagster database): {pg0 / 2**20:.1f} MiB -> {pg1 / 2**20:.1f} MiB",
     ]
     figures = dict(
@@ -340,6 +374,7 @@ def _window_figures(
         p95=p95,
         failed_runs=failed_runs,
         shutdown_errors=shutdown_errors,
+        doubled=doubled,
         pg0=pg0,
         pg1=pg1,
         load=f"load {min(loads):.1f}-{max(loads):.1f}",
@@ -350,7 +385,7 @@ def _window_figures(
 def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str, *, store: str):
     notes, f = list(measured[0]), measured[1]
     w0, w1, pg0, pg1 = f["w0"], f["w1"], f["pg0"], f["pg1"]
-    (mem0, heap0), (mem1, heap1) = start, end
+    (mem0, heap0, classes0), (mem1, heap1, classes1) = start, end
     notes.append("RSS MiB at start -> end of the window (processes alive at both):")
     by_label: dict[str, list[tuple[int, int]]] = {}
     for pid, (label, rss) in sorted(mem0.items()):
@@ -367,6 +402,8 @@ def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str, 
             "JVM heap in use after a full GC, MiB, start -> end: "
             + ", ".join(f"{label} {a} -> {b}" for label, a, b in heaps)
         )
+    if classes0 and classes1:
+        notes.append(f"Connect driver, classes grown most (KiB): {_grown(classes0, classes1)}")
     notes.append("Delta log (JSON commits / checkpoints / log KiB / data files) at start -> end -> after cq maintain:")
     for name in tables:
         a, b, c = logs0.get(name, (0, 0, 0, 0)), logs1.get(name), logs2.get(name)
@@ -383,13 +420,14 @@ def _report(measured, start, end, logs0, logs1, logs2, tables, maintained: str, 
         f["p95"] / STREAM_P95,
         1.0 + f["failed_runs"],
         1.0 + f["shutdown_errors"],
+        1.0 + f["doubled"],
         (heap_growth - 1) / (HEAP_GROWTH - 1),
     )
     line = (
         f"{NAME}: {f['n']} CQs every {EVERY}s + {f['streams']} streams on the cluster topology (S3: {store}), "
         f"{(w1 - w0).total_seconds() / 60:.1f} min: CQs {f['cq_share']:.1%} committed, worst lag {f['lag']:.0f}s; "
         f"streams {f['st_share']:.1%} of windows, p95 {f['p95']:.1f}s; {f['failed_runs']} failed runs, "
-        f"{f['shutdown_errors']} '{SHUTDOWN_ERROR}' lines; "
+        f"{f['shutdown_errors']} '{SHUTDOWN_ERROR}' lines, {f['doubled']} recorded twice; "
         f"JVM live heap x{heap_growth:.2f}, largest RSS growth x{growth:.2f}; PostgreSQL {pg0 / 2**20:.0f} -> "
         f"{pg1 / 2**20:.0f} MiB; {f['load']}; {verdict(ratio, 1.0)}"
     )
