@@ -84,7 +84,7 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     assert [j.name for j in defs.jobs] == ["cq_firings_job", "cq_maintenance_job"]
     sensor = defs.resolve_sensor_def("cq_firings")
     # The switches are schedules that request nothing (a sensor each would be evaluated at every start).
-    assert [s.name for s in defs.sensors] == ["cq_firings"]
+    assert [s.name for s in defs.sensors] == ["cq_firings", "cq_health"]
     assert {s.name for s in defs.schedules} == {"b_ticks", "d_ticks", "broken_src_ticks", "cq_maintenance"}
     assert defs.resolve_schedule_def("b_ticks").cron_schedule == "0 0 1 1 *"
 
@@ -93,7 +93,7 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         result = sensor.evaluate_tick(ctx)
     (request,) = result.run_requests
     assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
-    # Their completeness checks too: never evaluated yet (CQ_COMPLETENESS_EVERY after that).
+    # Their completeness checks too: every batch run evaluates them (CQ_COMPLETENESS_EVERY=0s).
     assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == {
         ("b_out", "cq_completeness"),
         ("d_out", "cq_completeness"),
@@ -287,7 +287,7 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
         (request,) = sensor.evaluate_tick(ctx).run_requests
     assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
-    # Their completeness checks too: never evaluated yet (CQ_COMPLETENESS_EVERY after that).
+    # Their completeness checks too: every batch run evaluates them (CQ_COMPLETENESS_EVERY=0s).
     assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == {
         ("b_out", "cq_completeness"),
         ("d_out", "cq_completeness"),
