@@ -81,6 +81,7 @@ HIST_STREAM = "meter_hist"
 HISTORY_CHUNK_ROWS = 100
 BAD_STREAM = "meter_bad"  # over its own table; its test gives it a sink it cannot write, then removes it
 LL_STREAM = "meter_ll"  # the same over its own table, with LOW_LATENCY_CALC (computed in its sensor)
+UI_STREAM = "ui_stream"  # over the fed `sensors` table: always has windows for the UI test's stream page
 STREAM_SQL = (
     METERS
     + f"""
@@ -96,6 +97,8 @@ CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY
 CREATE STREAM {LL_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_ll PARTITION BY tbname
   OPTIONS(WATERMARK(1s) | LOW_LATENCY_CALC)
   INTO {LL_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE STREAM {UI_STREAM} INTERVAL(10s) SLIDING(10s) FROM sensors OPTIONS(WATERMARK(1s))
+  INTO {UI_STREAM}_out AS SELECT _twstart, count(*) AS n, max(temperature) AS t FROM %%trows;
 """
 )
 SLOW_SQL = """
