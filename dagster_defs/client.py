@@ -206,6 +206,7 @@ def launch_recalculate(
         return "run", launch_one(d, address=address, translator=translator, own_job=own, tags=tags)
     params = {
         "assetSelection": [{"path": translator.get_sink_asset_spec(d).key.path}],
+        "allPartitions": True,  # an unpartitioned asset: the backfill is the asset itself
         "tags": [{"key": k, "value": v} for k, v in tags.items()],
         "title": f"Recalculate {d.name} [{start}, {end or 'its latest firing'})",
         "description": f"cq recalculate {d.name} --from {start}" + (f" --to {end}" if end else ""),
