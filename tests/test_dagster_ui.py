@@ -141,11 +141,15 @@ def click_and_wait(driver, label: str, *texts: str, shot: str) -> str:
 def status_color(driver, asset: str) -> tuple[int, int, int] | None:
     """The RGB color of an asset's status text ("Materialized") in the catalog's list: red when a
     check of its latest materialization failed with severity ERROR, green otherwise."""
+    # From the element naming the asset up to the first ancestor holding a status: its row.
     script = """
-      const link = [...document.querySelectorAll('a')].find(a => a.innerText.trim() === arguments[0]);
-      for (let row = link; row; row = row.parentElement) {
-        const span = [...row.querySelectorAll('span')].find(s => s.innerText.trim() === 'Materialized');
-        if (span) return getComputedStyle(span).color;
+      const leaves = [...document.querySelectorAll('body *')].filter(
+        e => e.children.length === 0 && (e.textContent || '').trim() === arguments[0]);
+      for (const leaf of leaves) {
+        for (let row = leaf; row; row = row.parentElement) {
+          const span = [...row.querySelectorAll('span')].find(s => s.textContent.trim() === 'Materialized');
+          if (span) return getComputedStyle(span).color;
+        }
       }
       return null;"""
     color = driver.execute_script(script, asset)
