@@ -79,7 +79,7 @@ class CQTranslator:
         return dg.AssetSpec(
             key=self.get_asset_key(table),
             group_name="sources",
-            description=f"Delta table `{table}` (a source of continuous queries)",
+            description=f"Delta table {table}, a source of the definitions.",  # no markdown: lists show it raw
             metadata=health.source_metadata(self._settings(), table, decl),
             kinds={"delta"},
         )
