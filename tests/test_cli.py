@@ -355,7 +355,7 @@ def test_tick_reports_windows_dropped_by_true_for(tmp_path, monkeypatch, capsys,
     # Dagster's row count is the sink's (from its Delta log's statistics), the run's rows apart.
     sink_rows = pa.table(DeltaTable(str(tmp_path / "wh" / "s_out")).scan()).num_rows
     assert meta["dagster/row_count"].value == sink_rows and meta["cq/rows_written"].value == result.rows_written
-    assert {c.name for c in meta["dagster/column_schema"].schema.columns} == set(
+    assert {c.name for c in meta["dagster/column_schema"].columns} == set(
         pa.schema(DeltaTable(str(tmp_path / "wh" / "s_out")).schema().to_arrow()).names
     )
     (tmp_path / ".cq" / "ticks" / "s.json").write_text(plan.cursor.to_json())

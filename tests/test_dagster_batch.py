@@ -138,9 +138,8 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     # The completeness checks, at the run's start (before its firings: nothing ran yet) and without Spark.
     checks = _checks(result)
     assert checks == {k: (True, "ERROR", []) for k in ("b_out", "d_out", "x_out")}
-    checked = [e.timestamp for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    materialized = [e.timestamp for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
-    assert max(checked) <= min(materialized)
+    order = [e.event_type_value for e in result.all_events]
+    assert order.index("ASSET_MATERIALIZATION") > max(i for i, t in enumerate(order) if t == "ASSET_CHECK_EVALUATION")
     tags = instance.get_run_by_id(result.run_id).tags
     assert tags["cq/failed"] == "broken_src"
     # How far its rounds got (for the sensor): after its last round, everything up to its last firing.
@@ -199,10 +198,17 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     ]
     assert len(said) == len(firings["b"]), said
 
-    # A gap (b's 14:19:20 never ran, 14:19:40 did) fails b's check until a recalculation fills it.
+    # A gap (b's 14:19:20 never ran, 14:19:40 did) fails b's check, from the next run's start on,
+    # until a recalculation fills it.
     gap = job.execute_in_process(
         instance=instance,
         run_config={"ops": {"cq_firings": {"config": {"firings": {"b": ["2021-05-11T14:19:40+00:00"]}}}}},
+        asset_selection=[dg.AssetKey("b_out")],
+    )
+    assert gap.success and _checks(gap)["b_out"][0]  # at its start: the gap is not behind a firing yet
+    gap = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"b": ["2021-05-11T14:20:00+00:00"]}}}}},
         asset_selection=[dg.AssetKey("b_out")],
     )
     assert gap.success and _checks(gap) == {
