@@ -47,7 +47,7 @@ class Settings:
     # evaluate it per definition (0s: every run).
     freshness_grace: str = "30s"
     completeness_horizon: str = "1h"
-    completeness_every: str = "5m"
+    completeness_every: str = "0s"  # every batch run: each materialization shows its check
     # Housekeeping (docs/operations/housekeeping.md, `cq maintain`): ledger entries older than this are dropped
     # (each definition's newest run is kept); Delta log files (past the newest checkpoint) and data
     # files no longer in the table are deleted once older than theirs; when the Dagster schedule runs.

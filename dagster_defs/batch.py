@@ -124,6 +124,11 @@ def build_shared_asset(
             if unknown:
                 raise dg.Failure(f"no definition named {', '.join(unknown)} in this code location")
             retry = context.run.tags.get("cq/attempt", "0") != "0"
+            # The checks first, before the run's first firing or work: Dagster shows a sink's check as
+            # evaluated for every materialization of the run that evaluated it, so none of this run's
+            # shows "Not evaluated" or a planned check in progress. The run is requested before its
+            # firings are due: this costs no latency.
+            yield from checks.report()
             yield from checks.around(
                 lambda: run_many(context, engine, items, sink_keys=sink_keys, retry=retry, checks=checks, config=config)
             )
@@ -258,7 +263,6 @@ def build_batch_sensor(
             context.log.info(line)
         if not batch.firings:
             return dg.SensorResult(skip_reason="; ".join(skipped) or "no firing is due", cursor=batch.cursor)
-        count = sum(len(f) for f in batch.firings.values())
         config: dict = {"firings": {n: [iso(f) for f in fs] for n, fs in batch.firings.items()}}
         if batch.after:
             config["after"] = batch.after
@@ -269,7 +273,7 @@ def build_batch_sensor(
             asset_check_keys=[dg.AssetCheckKey(sink_keys[n], health.CHECK_NAME) for n in sorted(batch.checks)],
             tags={
                 "cq/batch": "true",
-                "cq/firings": f"{count} firing(s) of {len(batch.firings)} definition(s)",
+                **batch_summary(batch.firings),
                 "cq/attempt": str(batch.attempt),
                 "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
             },
@@ -284,8 +288,28 @@ def build_batch_sensor(
         default_status=default_status,
         description="Requests one run with every firing due across the location's continuous queries and PERIOD "
         "streams (BLOCKED: all, in order, each after the one before has committed; DISCARD: the latest). "
-        "Stop a definition's `<name>_ticks` sensor to leave it out.",
+        "A definition's on/off switch is its schedule `<name>_ticks` (`cq stop NAME` / `cq start NAME`): "
+        "while it is stopped, its firings are left out.",
     )
+
+
+def batch_summary(firings: dict) -> dict[str, str]:
+    """A batch's run tags a reader can use: how many firings of which definitions, over which fire times."""
+    count = sum(len(fs) for fs in firings.values())
+    times = sorted(f for fs in firings.values() for f in fs)
+    span = iso(times[0]) if times[0] == times[-1] else f"{iso(times[0])} .. {iso(times[-1])}"
+    return {
+        "cq/firings": f"{count} firing(s) of {len(firings)} definition(s)",
+        "cq/definitions": names_summary(firings),
+        "cq/fire_times": span,
+    }
+
+
+def names_summary(names, limit: int = 5) -> str:
+    """The first ``limit`` names, then how many more."""
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 def first_lines(lines: list[str], limit: int = SKIPPED_LINES) -> list[str]:
@@ -363,7 +387,8 @@ def build_switch_sensor(
         evaluation_fn=evaluate,
         minimum_interval_seconds=SWITCH_INTERVAL_SECONDS,
         default_status=default_status,
-        description=f"On/off switch of {definition.name}: while stopped, {via} leaves it out (`cq stop` / `cq start`).",
+        description=f"ON/OFF SWITCH of {definition.name}: Running means the {via} sensor computes it, Stopped "
+        "leaves it out (`cq stop` / `cq start`); its own daily evaluation requests nothing.",
     )
 
 
@@ -383,6 +408,7 @@ def build_switch(
         execution_timezone="UTC",
         execution_fn=evaluate,
         default_status=default_status,
-        description=f"On/off switch of {definition.name}: while stopped, {translator.get_batch_sensor_name()} "
-        "leaves its firings out (`cq stop` / `cq start`). Its yearly tick requests nothing.",
+        description=f"ON/OFF SWITCH of {definition.name}, not a schedule: Running means it fires (through "
+        f"the {translator.get_batch_sensor_name()} sensor), Stopped leaves its firings out (`cq stop` / `cq start`). "
+        "Dagster needs a cron for it; its once-a-year tick requests nothing.",
     )

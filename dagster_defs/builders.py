@@ -68,16 +68,17 @@ def materialization(
     definition: Definition,
     result: RunResult,
     *,
+    engine,
     ignored: tuple[str, ...] = (),
     asset_key: dg.AssetKey | None = None,
-    engine=None,
 ) -> dg.MaterializeResult:
-    """The run's ``cq/*`` metadata; ``cq/ignored``: rows the tick that requested it left out and
-    windows the run dropped (``RunResult.ignored``), and why. With ``engine``, also Dagster's table
-    metadata (``dagster/row_count``, ``dagster/column_schema``, ...: ``health.sink_metadata``)."""
+    """The run's ``cq/*`` metadata (``cq/rows_written``: the rows it wrote) and Dagster's table
+    metadata (``dagster/row_count``: the sink's rows, ``dagster/column_schema``, ...:
+    ``health.sink_metadata``); ``cq/ignored``: rows the tick that requested it left out and windows
+    the run dropped (``RunResult.ignored``), and why."""
     ignored = (*ignored, *result.ignored)
     extra = {"cq/ignored": dg.MetadataValue.json(list(ignored))} if ignored else {}
-    table = health.sink_metadata(engine, definition, result.rows_written) if engine is not None else {}
+    table = health.sink_metadata(engine, definition)
     return dg.MaterializeResult(
         asset_key=asset_key,
         metadata={

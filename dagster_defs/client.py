@@ -38,6 +38,8 @@ _SET_CURSOR = (
 _LAUNCH = """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
   ... on LaunchRunSuccess { run { runId } } ... on Error { message }
   ... on RunConfigValidationInvalid { errors { message } } } }"""
+_BACKFILL = """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) { __typename
+  ... on LaunchBackfillSuccess { backfillId } ... on Error { message } } }"""
 # A daemon tick that read the sensor's state just before a stop writes that state back, running
 # (a read-modify-write race of the sensor daemon, cf. dagster-io/dagster#7736): a stop is checked
 # again after this long, and repeated if the daemon undid it.
@@ -169,7 +171,9 @@ def stream_cursor(gql: GraphQL, d: Definition, selector: dict, translator: CQTra
     found = _check(gql(_SENSOR, s={**selector, "sensorName": sensor}), f"{d.name}: looking up sensor {sensor}")
     text = (found["sensorState"].get("typeSpecificData") or {}).get("lastCursor")
     streams = (json.loads(text) if text else {}).get("streams") or {}
-    return (streams.get(d.name) or {}).get("cursor")
+    cursor = (streams.get(d.name) or {}).get("cursor")
+    # Nested as an object (an older engine's cursor: a JSON string).
+    return json.dumps(cursor, separators=(",", ":")) if isinstance(cursor, dict) else cursor
 
 
 def shared_job(d: Definition, translator: CQTranslator) -> tuple[str, tuple[str, str]]:
@@ -183,19 +187,32 @@ def shared_job(d: Definition, translator: CQTranslator) -> tuple[str, tuple[str,
 
 def launch_recalculate(
     d: Definition, *, address: str, translator: CQTranslator, start: str, end: str | None = None
-) -> str:
-    """Launch a recalculation of ``d`` (its range in the run's tags); the run id. It runs in ``d``'s
-    own recalculate job where the location has one (a window-triggered stream, ``CQ_RUN_MODEL=
-    per_firing``), else in the shared job with ``d``'s sink alone selected."""
+) -> tuple[str, str]:
+    """Launch a recalculation of ``d`` (its range in the run's tags): ``("backfill", id)``, an asset
+    backfill of ``d``'s sink alone, which the UI lists under Backfills with its title and whose run
+    (Dagster's asset job, the sink selected) carries the tags; or ``("run", id)`` of ``d``'s own
+    recalculate job where the location has one (``CQ_RUN_MODEL=per_firing``)."""
     tags = {
         **translator.get_tags(d),
         "cq/recalculate": "true",
         "cq/recalculate_from": start,
         **({"cq/recalculate_to": end} if end else {}),
     }
-    return launch_one(
-        d, address=address, translator=translator, own_job=translator.get_recalculate_job_name(d), tags=tags
-    )
+    own = translator.get_recalculate_job_name(d)
+    shared, switch = shared_job(d, translator)
+    gql = GraphQL(address)
+    _, job, _, _ = gql.locate([("job", own), ("job", shared, switch)])
+    if job == own:
+        return "run", launch_one(d, address=address, translator=translator, own_job=own, tags=tags)
+    params = {
+        "assetSelection": [{"path": translator.get_sink_asset_spec(d).key.path}],
+        "allPartitions": True,  # an unpartitioned asset: the backfill is the asset itself
+        "tags": [{"key": k, "value": v} for k, v in tags.items()],
+        "title": f"Recalculate {d.name} [{start}, {end or 'its latest firing'})",
+        "description": f"cq recalculate {d.name} --from {start}" + (f" --to {end}" if end else ""),
+    }
+    outcome = _check(gql(_BACKFILL, p=params), f"{d.name}: launching a backfill of its sink")
+    return "backfill", outcome["backfillId"]
 
 
 def launch_one(d: Definition, *, address: str, translator: CQTranslator, own_job: str, tags: dict[str, str]) -> str:

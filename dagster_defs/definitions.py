@@ -19,8 +19,10 @@ from cq_engine.times import UTC
 
 from .batch import build_batch_asset, build_batch_sensor, build_switch, build_switch_sensor
 from .builders import build_asset, build_jobs, build_schedule, build_tick_sensor
+from .internals import InstigatorType
 from .maintenance import build_maintenance
 from .resource import CQEngineResource, cached_catalog, pyspark_resource
+from .sink_health import build_health_sensor
 from .streams import build_streams_asset, build_streams_sensor
 from .translator import CQTranslator, configured_translator
 from .triggers import build_trigger_sensor
@@ -136,6 +138,17 @@ def build_definitions(
                 )
             )
     in_batch |= {d.name for d in windowed}
+    if batched or windowed:
+        # Stopped and stale sinks marked in the catalog's list (their check fails saying why).
+        switch_kinds = {d.name: InstigatorType.SCHEDULE for d in batched} | {
+            d.name: InstigatorType.SENSOR for d in windowed
+        }
+        keys = {**(sink_keys if batched else {}), **(stream_keys if windowed else {})}
+        sensors.append(
+            build_health_sensor(
+                [*batched, *windowed], keys, switch_kinds, translator, engine, default_status=sensor_status
+            )
+        )
     for definition in definitions:
         if definition.name in in_batch:
             continue
@@ -213,8 +226,9 @@ def error_placeholder(error: ParseError, key: str | None = None) -> dg.AssetSpec
     the file's definitions in plain sentences (shown as text in lists, as markdown on the asset's page);
     ``cq/error`` repeats it as markdown."""
     what = "This definition file" if not error.names or error.kept else "A definition of this file"
-    fix = "Fix it and reload the code location (Deployment, Reload; `cq validate` checks it first)."
-    description = f"{what} failed to load: {error}\n\nMeanwhile {error.consequence()}. {fix}"
+    fix = "Fix it and reload the code location (Deployment, Reload; cq validate checks it first)."
+    # The error as an indented code block: no markdown in it (a name's `_` or `*`) is interpreted.
+    description = f"{what} failed to load:\n\n    {error}\n\nMeanwhile {error.consequence()}. {fix}"
     return dg.AssetSpec(
         key=dg.AssetKey(["cq_errors", key or error_key(error)]),
         group_name="cq_errors",

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from cq_engine.arrivals import arrived_later
 from cq_engine.config import Settings
-from cq_engine.health import firing_completeness, freshness_window, run_completeness
+from cq_engine.health import FreshnessWindow, firing_completeness, freshness_window, run_completeness
 from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, TableDecl
 from cq_engine.scheduling import batch_lead  # the batch sensor's lead: a firing may run that much early
 from cq_engine.storage.delta import DeltaRsStorage
@@ -40,11 +40,16 @@ def is_ticked(definition: Definition) -> bool:
 def freshness_policy(definition: Definition, settings: Settings) -> dg.FreshnessPolicy:
     """Fail when the sink's newest materialization is older than its cadence plus the grace (see
     ``cq_engine.health.freshness_window``); warn past the cadence alone when Dagster allows it."""
+    window = sink_freshness(definition, settings)
+    return dg.FreshnessPolicy.time_window(fail_window=window.fail, warn_window=window.warn)
+
+
+def sink_freshness(definition: Definition, settings: Settings) -> FreshnessWindow:
+    """How often the definition's sink should change, and when it is stale (``freshness_window``)."""
     lead = timedelta(0)
     if is_ticked(definition):
         lead = batch_lead(_every(definition), definition.timeout_policy)
-    window = freshness_window(definition, grace=settings.freshness_grace_delta, lead=lead)
-    return dg.FreshnessPolicy.time_window(fail_window=window.fail, warn_window=window.warn)
+    return freshness_window(definition, grace=settings.freshness_grace_delta, lead=lead)
 
 
 def _every(definition: Definition) -> timedelta:
@@ -66,10 +71,16 @@ def completeness_check_spec(definition: Definition, key: dg.AssetKey) -> dg.Asse
 
 
 def completeness_results(
-    engine, definitions: Iterable[Definition], keys: dict[str, dg.AssetKey], *, now: datetime | None = None
-) -> list[dg.AssetCheckResult]:
+    engine,
+    definitions: Iterable[Definition],
+    keys: dict[str, dg.AssetKey],
+    *,
+    now: datetime | None = None,
+    runless: bool = False,
+) -> list:
     """One ``cq_completeness`` result per definition, from one read of the ledger's recent entries
-    (delta-rs, no Spark). ``keys``: definition name -> its sink's asset key."""
+    (delta-rs, no Spark). ``keys``: definition name -> its sink's asset key. ``runless``: as
+    ``AssetCheckEvaluation`` events (a sensor reports them), else a run's ``AssetCheckResult``."""
     definitions = list(definitions)
     if not definitions:
         return []
@@ -100,20 +111,19 @@ def completeness_results(
         else:
             report = run_completeness(entries=mine, since=since)
         skipped_only = report.passed and report.count("skipped") > 0
-        results.append(
-            dg.AssetCheckResult(
-                asset_key=keys[d.name],
-                check_name=CHECK_NAME,
-                passed=report.passed and not skipped_only,
-                severity=dg.AssetCheckSeverity.WARN if skipped_only else dg.AssetCheckSeverity.ERROR,
-                description=report.description,
-                metadata={
-                    **{k: v for k, v in report.metadata().items() if k != "missing_ranges" and v is not None},
-                    "horizon": str(horizon),
-                    "missing_ranges": dg.MetadataValue.json(report.metadata()["missing_ranges"]),
-                },
-            )
+        result: dict = dict(
+            asset_key=keys[d.name],
+            check_name=CHECK_NAME,
+            passed=report.passed and not skipped_only,
+            severity=dg.AssetCheckSeverity.WARN if skipped_only else dg.AssetCheckSeverity.ERROR,
+            description=report.description,
+            metadata={
+                **{k: v for k, v in report.metadata().items() if k != "missing_ranges" and v is not None},
+                "horizon": str(horizon),
+                "missing_ranges": dg.MetadataValue.json(report.metadata()["missing_ranges"]),
+            },
         )
+        results.append(dg.AssetCheckEvaluation(**result) if runless else dg.AssetCheckResult(**result))
     return results
 
 
@@ -182,12 +192,19 @@ def table_identity(settings: Settings, table: str) -> dict:
     return {TABLE_NAME: table, URI: settings.table_uri(table)}
 
 
-def sink_metadata(engine, definition: Definition, rows_written: int) -> dict:
-    """A materialization's standard metadata: the rows the run wrote, the sink's name, location and
-    schema (its Delta schema through ``cq_engine.storage``, read once per process)."""
+def sink_metadata(engine, definition: Definition) -> dict:
+    """A materialization's standard metadata: the sink's name, location, rows (the table's, from its
+    Delta log's statistics: Dagster's ``dagster/row_count`` means the table's, the firing's are
+    ``cq/rows_written``) and schema (read once per process), all through ``cq_engine.storage``."""
     if not definition.sink:
-        return {ROW_COUNT: dg.MetadataValue.int(rows_written)}
-    out = {**table_identity(engine.settings, definition.sink), ROW_COUNT: dg.MetadataValue.int(rows_written)}
+        return {}
+    out = table_identity(engine.settings, definition.sink)
+    try:
+        rows = engine.storage.row_count(definition.sink)
+    except Exception:  # a sink not written yet has no rows to count; the next materialization has
+        rows = None
+    if rows is not None:
+        out[ROW_COUNT] = dg.MetadataValue.int(rows)
     uri = engine.settings.table_uri(definition.sink)
     if uri not in _SCHEMAS:
         try:

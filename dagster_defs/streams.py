@@ -38,7 +38,8 @@ from cq_engine.streams.sensor import TriggerLogs, evaluate_stream
 from cq_engine.streams.timing import StreamWork, work_range
 from cq_engine.times import UTC, iso
 
-from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, switch_states
+from . import health
+from .batch import MAX_RUNTIME_SECONDS, build_shared_asset, names_summary, switch_states
 from .batch_run import keyed_runs
 from .builders import IN_FLIGHT, materialization
 
@@ -48,6 +49,8 @@ ADOPT = "adopt"  # key of a switch cursor carrying a StreamCursor for the sensor
 LOCK_WAIT_SECONDS = 5  # an evaluation still running elsewhere (a hung work): skip rather than pile up
 
 
+CHECK_EVERY_SECONDS = 60.0  # a stream computed in the sensor: its completeness check at most this often
+_checked: dict[str, float] = {}  # stream -> when this process last reported its check (time.time())
 SAY_EVERY_SECONDS = 60.0  # a stream that cannot be planned (its table missing) is said this often
 _said: dict[tuple[str, str], float] = {}  # (stream, message) -> when it was last said, in this process
 
@@ -74,7 +77,7 @@ def computes_inline(engine: Engine) -> bool:
 
 
 def stream_materialization(
-    stream: Stream, result, work: StreamWork, sink_key, *, engine=None, **extra
+    stream: Stream, result, work: StreamWork, sink_key, *, engine, **extra
 ) -> dg.AssetMaterialization:
     metadata = dict(materialization(stream, result, ignored=work.ignored, engine=engine).metadata or {})
     return dg.AssetMaterialization(asset_key=sink_key, metadata={**metadata, **extra})
@@ -265,6 +268,7 @@ def build_streams_sensor(
         if to_sensor:
             r.mark_inflight(journal_path, base=cursor.seq, streams=list(to_sensor))
         done = _compute(context, states, to_sensor, to_run, fresh, events)
+        events += _checks(context, states, {n for n, _ in done}, now=now.timestamp())
         requests = _request(states, to_run, now=now)
         for line in notes:
             context.log.info(line)
@@ -338,15 +342,37 @@ def build_streams_sensor(
                     f"wrote {outcome.rows_written} rows"
                 )
                 event = stream_materialization(
-                    by_name[name], outcome, work, sink_keys[name], **{"cq/computed_in": "sensor"}
+                    by_name[name], outcome, work, sink_keys[name], engine=engine, **{"cq/computed_in": "sensor"}
                 )
                 events.append(event)
-                done.append((name, {k: _plain(v) for k, v in (event.metadata or {}).items()}))
+                # The journal keeps what JSON holds (an adopted event goes without the schema).
+                done.append(
+                    (name, {k: _plain(v) for k, v in (event.metadata or {}).items() if k != health.COLUMN_SCHEMA})
+                )
         finally:
             for name in set(to_sensor) - started:
                 if name in fresh:  # not reached: plan again next time, over more commits
                     states[name].cursor, states[name].backlog = fresh[name], []
         return done
+
+    def _checks(context, states, computed: set[str], *, now: float) -> list:
+        """The completeness checks of the streams this evaluation computed, runless: their first
+        since this process started or since a run of theirs, then at most every CHECK_EVERY_SECONDS.
+        Dagster shows a runless check as evaluated for every runless materialization of its sink, so
+        the sink's check keeps its result until a run materializes it (that run evaluates its own)."""
+        for name, s in states.items():
+            if s.key:
+                _checked.pop(name, None)
+        due = [by_name[n] for n in sorted(computed) if now - _checked.get(n, float("-inf")) >= CHECK_EVERY_SECONDS]
+        if not due:
+            return []
+        try:
+            results = health.completeness_results(engine, due, {d.name: sink_keys[d.name] for d in due}, runless=True)
+        except Exception as exc:  # the check must never hold the streams back
+            context.log.warning(f"{health.CHECK_NAME}: not evaluated for {', '.join(d.name for d in due)}: {exc}")
+            return []
+        _checked.update({d.name: now for d in due})
+        return results
 
     def _request(states, to_run, *, now: datetime) -> list[dg.RunRequest]:
         if not to_run:
@@ -363,6 +389,7 @@ def build_streams_sensor(
         tags = {
             "cq/stream_batch": "true",
             "cq/streams": f"{count} work(s) of {len(to_run)} stream(s)",
+            "cq/definitions": names_summary(to_run),
             "cq/attempt": str(attempt),
             "cq/work_kind": ",".join(sorted(kinds)),
             "dagster/max_runtime": str(MAX_RUNTIME_SECONDS),
@@ -388,7 +415,8 @@ def build_streams_sensor(
         default_status=default_status,
         description="Plans every window-triggered stream and eKuiper rule from its trigger table's new Delta "
         "commits, computes the closed windows through the Spark Connect server, and hands history, retries "
-        "and what it cannot compute to one run of its job. Stop a stream's `<name>_ticks` to leave it out.",
+        "and what it cannot compute to one run of its job. A stream's on/off switch is its sensor `<name>_ticks` "
+        "(`cq stop NAME` / `cq start NAME`).",
     )
 
 

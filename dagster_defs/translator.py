@@ -10,7 +10,7 @@ import dagster as dg
 
 from cq_engine.config import Settings
 from cq_engine.errors import CQError
-from cq_engine.model import Definition, TableDecl, statement_hash
+from cq_engine.model import ContinuousQuery, Definition, Stream, TableDecl, statement_hash
 
 from . import health
 
@@ -52,17 +52,22 @@ class CQTranslator:
         return f"{definition.name}_recalculate"
 
     def get_tags(self, definition: Definition) -> dict[str, str]:
-        return {
-            "cq/name": definition.name,
-            "cq/kind": definition.kind.replace(" ", "_"),
-            "cq/timeout_policy": definition.timeout_policy,
-        }
+        """Run and asset tags; ``cq/timeout_policy`` only where the dialect has one (IoTDB's
+        continuous queries): a stream's runs never overlap whatever it says."""
+        tags = {"cq/name": definition.name, "cq/kind": definition.kind.replace(" ", "_")}
+        if isinstance(definition, ContinuousQuery):
+            tags["cq/timeout_policy"] = definition.timeout_policy
+        return tags
 
     def get_code_version(self, definition: Definition) -> str:
         return statement_hash(definition)
 
     def get_description(self, definition: Definition) -> str:
-        return f"{definition.kind} `{definition.name}` ({definition.location})\n\n```sql\n{definition.sql}\n```"
+        """Markdown that also reads as plain text (the catalog's list shows it unrendered): a
+        sentence, then the statement as an indented code block."""
+        into = f"writes {definition.sink}" if definition.sink else "notifies only"
+        sql = "\n".join(f"    {line}" for line in definition.sql.strip().splitlines())
+        return f"{kind_label(definition)} {definition.name} ({definition.location}), {into}.\n\n{sql}\n"
 
     def get_freshness_policy(self, definition: Definition) -> dg.FreshnessPolicy | None:
         """Derived from the definition's schedule or windows and the grace (``dagster_defs.health``);
@@ -74,7 +79,7 @@ class CQTranslator:
         return dg.AssetSpec(
             key=self.get_asset_key(table),
             group_name="sources",
-            description=f"Delta table `{table}` (a source of continuous queries)",
+            description=f"Delta table {table}, a source of the definitions.",  # no markdown: lists show it raw
             metadata=health.source_metadata(self._settings(), table, decl),
             kinds={"delta"},
         )
@@ -127,6 +132,19 @@ class CQTranslator:
 
     def get_streams_sensor_name(self) -> str:
         return "cq_streams"
+
+    def get_health_sensor_name(self) -> str:
+        """The sensor that marks stopped and stale sinks (``dagster_defs.sink_health``)."""
+        return "cq_health"
+
+
+def kind_label(definition: Definition) -> str:
+    """What a definition is, in its dialect's words."""
+    if isinstance(definition, ContinuousQuery):
+        return "IoTDB continuous query"
+    if isinstance(definition, Stream) and definition.form == "ekuiper":
+        return "eKuiper rule"
+    return "TDengine stream"
 
 
 def configured_translator(spec: str | None = None) -> CQTranslator:

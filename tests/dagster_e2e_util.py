@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -80,6 +81,7 @@ HIST_STREAM = "meter_hist"
 HISTORY_CHUNK_ROWS = 100
 BAD_STREAM = "meter_bad"  # over its own table; its test gives it a sink it cannot write, then removes it
 LL_STREAM = "meter_ll"  # the same over its own table, with LOW_LATENCY_CALC (computed in its sensor)
+UI_STREAM = "ui_stream"  # over the fed `sensors` table: always has windows for the UI test's stream page
 STREAM_SQL = (
     METERS
     + f"""
@@ -95,6 +97,8 @@ CREATE STREAM {BAD_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_bad PARTITION BY
 CREATE STREAM {LL_STREAM} INTERVAL(5s) SLIDING(5s) FROM meters_ll PARTITION BY tbname
   OPTIONS(WATERMARK(1s) | LOW_LATENCY_CALC)
   INTO {LL_STREAM}_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE STREAM {UI_STREAM} INTERVAL(10s) SLIDING(10s) FROM sensors OPTIONS(WATERMARK(1s))
+  INTO {UI_STREAM}_out AS SELECT _twstart, count(*) AS n, max(temperature) AS t FROM %%trows;
 """
 )
 SLOW_SQL = """
@@ -292,6 +296,10 @@ class Stack:
             self.observed.setdefault(cq_name, set()).add(run["status"])
         return sorted(runs, key=lambda r: r["creationTime"])
 
+    def backfill_runs(self, cq_name: str, backfill: str) -> list[dict]:
+        """The runs of ``cq_name`` that backfill ``backfill`` launched (tag dagster/backfill)."""
+        return [r for r in self.runs(cq_name) if r["tags"].get("dagster/backfill") == backfill]
+
     def batch_runs(self) -> list[dict]:
         """Every run of the cq_firings jobs (both locations), oldest first, with ``firings``:
         definition -> its firing times in that run (from the run config)."""
@@ -470,14 +478,13 @@ class Stack:
     def stream_cursor(self, location: str, stream: str) -> tuple[str, int | None]:
         """The stream's switch (RUNNING / STOPPED) and the trigger-table version of its cursor in the
         shared ``cq_streams`` sensor (None before its first evaluation)."""
-        import json
-
         from cq_engine.streams.timing import StreamCursor
 
         status, _ = self.sensor_state(location, f"{stream}_ticks")
         _, shared = self.sensor_state(location, "cq_streams")
         state = ((json.loads(shared) if shared else {}).get("streams") or {}).get(stream) or {}
-        return status, StreamCursor.from_json(state["cursor"]).version if state.get("cursor") else None
+        cursor = state.get("cursor")  # nested in the sensor's cursor as an object
+        return status, StreamCursor.from_json(json.dumps(cursor)).version if cursor else None
 
     def run_log(self, run_id: str) -> str:
         """The messages of a run's event log (GraphQL), one a line."""

@@ -350,8 +350,14 @@ def test_tick_reports_windows_dropped_by_true_for(tmp_path, monkeypatch, capsys,
     (w,) = plan.works
     result = engine.run_stream("s", w)  # st=4 (0s) and st=5 (2s) closed and dropped, st=6 open
     assert result.ignored and "2 window(s) of 3 row(s) ignored" in result.ignored[0], result.ignored
-    meta = materialization(work, result).metadata
+    meta = materialization(work, result, engine=engine).metadata
     assert meta["cq/ignored"].data == list(result.ignored)
+    # Dagster's row count is the sink's (from its Delta log's statistics), the run's rows apart.
+    sink_rows = pa.table(DeltaTable(str(tmp_path / "wh" / "s_out")).scan()).num_rows
+    assert meta["dagster/row_count"].value == sink_rows and meta["cq/rows_written"].value == result.rows_written
+    assert {c.name for c in meta["dagster/column_schema"].columns} == set(
+        pa.schema(DeltaTable(str(tmp_path / "wh" / "s_out")).schema().to_arrow()).names
+    )
     (tmp_path / ".cq" / "ticks" / "s.json").write_text(plan.cursor.to_json())
     append((95, 6))  # nothing closes: nothing reported
     code, out, _ = cq(capsys, "tick", "s")

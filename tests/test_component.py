@@ -66,7 +66,7 @@ def test_a_defs_yaml_adds_the_definitions_assets_sensors_and_jobs(tmp_path, monk
     # The translator named in defs.yaml renames the per-definition switches: a continuous query's is a
     # schedule, a stream's a sensor (it holds the cursor `cq start --ignore-untreated` hands over).
     assert keys == {"per_minute_out", "meter_30s_out", "sensors", "meters"}
-    assert {s.name for s in defs.sensors} == {"cq_firings", "cq_streams", "meter_30s_switch"}
+    assert {s.name for s in defs.sensors} == {"cq_firings", "cq_streams", "cq_health", "meter_30s_switch"}
     assert {s.name for s in defs.schedules} == {"per_minute_switch", "cq_maintenance"}
     assert {"cq_firings_job", "cq_streams_job"} <= {j.name for j in defs.resolve_all_job_defs()}
     # The attributes reach the engine's resource (relative paths from the defs.yaml's folder) ...

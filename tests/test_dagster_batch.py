@@ -8,7 +8,7 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 from dagster._core.test_utils import create_run_for_test
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from test_scheduling import SQL, T0, _plan, make_project
 
 from cq_engine.config import Settings
@@ -84,7 +84,7 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     assert [j.name for j in defs.jobs] == ["cq_firings_job", "cq_maintenance_job"]
     sensor = defs.resolve_sensor_def("cq_firings")
     # The switches are schedules that request nothing (a sensor each would be evaluated at every start).
-    assert [s.name for s in defs.sensors] == ["cq_firings"]
+    assert [s.name for s in defs.sensors] == ["cq_firings", "cq_health"]
     assert {s.name for s in defs.schedules} == {"b_ticks", "d_ticks", "broken_src_ticks", "cq_maintenance"}
     assert defs.resolve_schedule_def("b_ticks").cron_schedule == "0 0 1 1 *"
 
@@ -93,7 +93,7 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         result = sensor.evaluate_tick(ctx)
     (request,) = result.run_requests
     assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
-    # Their completeness checks too: never evaluated yet (CQ_COMPLETENESS_EVERY after that).
+    # Their completeness checks too: every batch run evaluates them (CQ_COMPLETENESS_EVERY=0s).
     assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == {
         ("b_out", "cq_completeness"),
         ("d_out", "cq_completeness"),
@@ -124,21 +124,22 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         "b_out": ["2021-05-11T14:18:40+00:00", "2021-05-11T14:19:00+00:00"],
         "d_out": ["2021-05-11T14:19:00+00:00"],
     }
-    # Dagster's table metadata on each materialization: rows written, the sink's name, location, schema.
+    # Dagster's table metadata on each materialization: the sink's rows (its last materialization's
+    # count is the table's), the rows the firing wrote, the sink's name, location, schema.
     first = next(m for m in mats if m.asset_key == dg.AssetKey("b_out"))
-    assert first.metadata["dagster/row_count"].value == first.metadata["cq/rows_written"].value > 0
+    last = [m for m in mats if m.asset_key == dg.AssetKey("b_out")][-1]
+    assert first.metadata["dagster/row_count"].value >= first.metadata["cq/rows_written"].value > 0
+    b_rows = DeltaTable(settings.table_uri("b_out")).to_pyarrow_table().num_rows
+    assert last.metadata["dagster/row_count"].value == b_rows
     assert first.metadata["dagster/table_name"].value == "b_out"
     assert first.metadata["dagster/uri"].value == settings.table_uri("b_out")
     columns = {c.name: c.type for c in first.metadata["dagster/column_schema"].value.columns}
     assert columns["m"] == "double" and columns["device"] == "string" and "timestamp" in columns["time"]
-    # The completeness check, after the batch and without Spark: broken_src's firing failed.
+    # The completeness checks, at the run's start (before its firings: nothing ran yet) and without Spark.
     checks = _checks(result)
-    assert checks["b_out"] == (True, "ERROR", []) and checks["d_out"][0]
-    assert checks["x_out"] == (
-        False,
-        "ERROR",
-        [{"start": "2021-05-11T14:18:20+00:00", "end": "2021-05-11T14:18:40+00:00", "reason": "failed", "count": 1}],
-    )
+    assert checks == {k: (True, "ERROR", []) for k in ("b_out", "d_out", "x_out")}
+    order = [e.event_type_value for e in result.all_events]
+    assert order.index("ASSET_MATERIALIZATION") > max(i for i, t in enumerate(order) if t == "ASSET_CHECK_EVALUATION")
     tags = instance.get_run_by_id(result.run_id).tags
     assert tags["cq/failed"] == "broken_src"
     # How far its rounds got (for the sensor): after its last round, everything up to its last firing.
@@ -169,6 +170,19 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
         asset_selection=[dg.AssetKey("b_out")],
     )
     assert again.success and again.asset_materializations_for_node("cq_firings") == []
+    # The retry of broken_src's firing reports its check first: the failed firing, not redone yet.
+    retry = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"broken_src": firings["broken_src"]}}}}},
+        tags={"cq/attempt": "1"},
+        asset_selection=[dg.AssetKey("x_out")],
+        raise_on_error=False,
+    )
+    assert _checks(retry)["x_out"] == (
+        False,
+        "ERROR",
+        [{"start": "2021-05-11T14:18:20+00:00", "end": "2021-05-11T14:18:40+00:00", "reason": "failed", "count": 1}],
+    )
     assert len(Engine(settings=settings).ledger.entries("b")) == 2
     # Not a retry (a second run of the same firings: a lost cursor, a run failed while it ran): the
     # sink holds each firing's identity, so nothing is computed into it or recorded again.
@@ -184,10 +198,17 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     ]
     assert len(said) == len(firings["b"]), said
 
-    # A gap (b's 14:19:20 never ran, 14:19:40 did) fails b's check until a recalculation fills it.
+    # A gap (b's 14:19:20 never ran, 14:19:40 did) fails b's check, from the next run's start on,
+    # until a recalculation fills it.
     gap = job.execute_in_process(
         instance=instance,
         run_config={"ops": {"cq_firings": {"config": {"firings": {"b": ["2021-05-11T14:19:40+00:00"]}}}}},
+        asset_selection=[dg.AssetKey("b_out")],
+    )
+    assert gap.success and _checks(gap)["b_out"][0]  # at its start: the gap is not behind a firing yet
+    gap = job.execute_in_process(
+        instance=instance,
+        run_config={"ops": {"cq_firings": {"config": {"firings": {"b": ["2021-05-11T14:20:00+00:00"]}}}}},
         asset_selection=[dg.AssetKey("b_out")],
     )
     assert gap.success and _checks(gap) == {
@@ -287,7 +308,7 @@ def test_batch_sensor_requests_one_run_and_the_job_commits_each_firing(project, 
     with dg.build_sensor_context(instance=instance, cursor=None) as ctx:
         (request,) = sensor.evaluate_tick(ctx).run_requests
     assert {k.to_user_string() for k in request.asset_selection} == {"b_out", "d_out", "x_out"}
-    # Their completeness checks too: never evaluated yet (CQ_COMPLETENESS_EVERY after that).
+    # Their completeness checks too: every batch run evaluates them (CQ_COMPLETENESS_EVERY=0s).
     assert {(k.asset_key.to_user_string(), k.name) for k in request.asset_check_keys} == {
         ("b_out", "cq_completeness"),
         ("d_out", "cq_completeness"),

@@ -330,7 +330,7 @@ def test_streams_get_a_sensor_or_a_schedule_with_their_job(streams):
     assert shared.job_name == "cq_streams_job" and shared.minimum_interval_seconds == 1
     for name in ("s_int", "s_cnt", "s_hist", "s_first"):
         switch = defs.resolve_sensor_def(f"{name}_ticks")  # its on/off switch
-        assert "while stopped, cq_streams leaves it out" in switch.description
+        assert "ON/OFF SWITCH of" in switch.description and "Stopped leaves it out" in switch.description
         assert f"{name}_job" not in {j.name for j in defs.jobs}  # no per-stream job selecting out of the shared asset
     schedule = defs.resolve_schedule_def("s_per_schedule")
     assert schedule.job_name == "s_per_job" and schedule.cron_schedule == "* * * * *"

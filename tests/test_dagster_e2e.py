@@ -327,21 +327,26 @@ def test_cq_stop_start_and_recalculate_find_a_renamed_translators_objects(dagste
         ]
     )
     out, err = capsys.readouterr()
-    assert code == 0 and "recalculate run" in out, (out, err)
-    run_id = out.split("recalculate run ")[1].split()[0]
+    assert code == 0 and "recalculate backfill" in out, (out, err)
+    backfill = out.split("recalculate backfill ")[1].split()[0]
     stack.wait_until(
         "the recalculation",
-        lambda: [r for r in stack.runs("slow_discard") if r["runId"] == run_id and r["status"] == "SUCCESS"],
+        lambda: [r for r in stack.backfill_runs("slow_discard", backfill) if r["status"] == "SUCCESS"],
         WAIT,
     )
-    # No recalculate job of its own: the shared job with its sink alone selected.
-    (run,) = [r for r in stack.runs("slow_discard") if r["runId"] == run_id]
-    assert run["jobName"] == "cq_firings_job" and run["assetSelection"] == [{"path": ["discard_out"]}]
+    # No recalculate job of its own: a backfill of its sink alone.
+    (run,) = stack.backfill_runs("slow_discard", backfill)
+    assert run["assetSelection"] == [{"path": ["discard_out"]}] and run["tags"]["cq/recalculate"] == "true"
 
 
-def test_cq_recalculate_via_dagster_launches_the_shared_job_with_its_sink_alone(dagster_stack, monkeypatch, capsys):
-    """`cq recalculate --via-dagster` submits cq_firings_job with the definition's sink alone selected
-    (and the range in its tags) through the webserver's GraphQL API."""
+BACKFILL_QUERY = (
+    "query($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { title } } }"
+)
+
+
+def test_cq_recalculate_via_dagster_launches_a_backfill_of_its_sink_alone(dagster_stack, monkeypatch, capsys):
+    """`cq recalculate --via-dagster` launches an asset backfill of the definition's sink alone (titled
+    as a recalculation, the range in its tags) through the webserver's GraphQL API; its run recalculates."""
     from cq_engine.cli.main import main
 
     settings = dagster_stack.settings
@@ -367,11 +372,15 @@ def test_cq_recalculate_via_dagster_launches_the_shared_job_with_its_sink_alone(
         ]
     )
     out, err = capsys.readouterr()
-    assert code == 0 and "recalculate run" in out, (out, err)
-    run_id = out.split("recalculate run ")[1].split()[0]
+    assert code == 0 and "recalculate backfill" in out, (out, err)
+    backfill = out.split("recalculate backfill ")[1].split()[0]
+    title = dagster_stack.graphql(BACKFILL_QUERY, {"id": backfill})["partitionBackfillOrError"]["title"]
+    assert title == f"Recalculate fast [{start.isoformat()}, {end.isoformat()})", title
+    dagster_stack.wait_until("the backfill's run", lambda: dagster_stack.backfill_runs("fast", backfill), WAIT)
+    (run_id,) = [r["runId"] for r in dagster_stack.backfill_runs("fast", backfill)]
     run = dagster_stack.wait_run(run_id, WAIT)
     assert run["status"] == "SUCCESS" and run["tags"].get("cq/recalculate") == "true", (run["errors"], run)
-    assert run["jobName"] == "cq_firings_job" and run["assetSelection"] == [{"path": ["fast_out"]}]
+    assert run["assetSelection"] == [{"path": ["fast_out"]}]
     assert "cq/batch" not in run["tags"] and run["tags"]["cq/recalculate_from"] == start.isoformat()
     (mat,) = [m for m in dagster_stack.materializations("fast_out") if m["runId"] == run_id]
     assert mat["metadata"]["cq/kind"] == "recalculate"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster_e2e_util import MAIN_LOCATION, SLOW_LOCATION, TRANSLATOR
+from dagster_e2e_util import MAIN_LOCATION, SLOW_LOCATION, TRANSLATOR, UI_STREAM
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM, CHROMEDRIVER = "chromium", "chromedriver"
@@ -138,6 +138,24 @@ def click_and_wait(driver, label: str, *texts: str, shot: str) -> str:
     return text
 
 
+def status_color(driver, asset: str) -> tuple[int, int, int] | None:
+    """The RGB color of an asset's status text ("Materialized") in the catalog's list: red when a
+    check of its latest materialization failed with severity ERROR, green otherwise."""
+    # From the element naming the asset up to the first ancestor holding a status: its row.
+    script = """
+      const leaves = [...document.querySelectorAll('body *')].filter(
+        e => e.children.length === 0 && (e.textContent || '').trim() === arguments[0]);
+      for (const leaf of leaves) {
+        for (let row = leaf; row; row = row.parentElement) {
+          const span = [...row.querySelectorAll('span')].find(s => s.textContent.trim() === 'Materialized');
+          if (span) return getComputedStyle(span).color;
+        }
+      }
+      return null;"""
+    color = driver.execute_script(script, asset)
+    return tuple(int(v) for v in color[color.index("(") + 1 : color.index(")")].split(",")[:3]) if color else None
+
+
 def _cq(stack, monkeypatch, *args: str) -> None:
     """``cq <args> --dagster <webserver>`` as an operator runs it for the slow location."""
     from cq_engine.cli.main import main
@@ -222,6 +240,40 @@ def test_ui_shows_the_job_the_sensor_and_a_successful_run(dagster_stack, browser
     open_page(browser, f"{base}/assets/fast_out", "fast_out", "Materialize", shot="7_asset_fast_out")
 
 
+def test_ui_shows_a_sinks_row_count_schema_and_latest_check_result(dagster_stack, browser):
+    """A continuous query's and a stream's sink pages, and a check's tab: the table's row count, its
+    columns, the check's latest result (evaluated for the latest materialization, so never "Not
+    evaluated") and the freshness; the materializations carry the metadata behind them."""
+    stack, base = dagster_stack, dagster_stack.url
+    stack.fix_flaky_source()
+    for sink in ("fast_out", f"{UI_STREAM}_out"):
+        stack.wait_until(f"{sink}'s check passing", lambda s=sink: stack.health(s)["check"] == "SUCCEEDED", HEALTH_WAIT)
+        meta = stack.materializations(sink)[-1]["metadata"]
+        assert {"dagster/row_count", "dagster/column_schema", "cq/rows_written", "dagster/uri"} <= set(meta), meta
+    browser.get(base)
+    skip_dialogs(browser, wait=15)
+    for sink, column, shot in (
+        ("fast_out", "device", "11_cq_sink"),
+        (f"{UI_STREAM}_out", "_twstart", "12_stream_sink"),
+    ):
+        text = open_page(
+            browser,
+            f"{base}/assets/{sink}",
+            sink,
+            "Latest materialization",
+            "Latest check results",
+            "Row count",
+            "Columns",
+            column,
+            shot=shot,
+        )
+        assert "```" not in text, text[:1500]  # the description renders as markdown
+        checks = open_page(
+            browser, f"{base}/assets/{sink}?view=checks", "cq_completeness", "Passed", shot=f"{shot}_checks"
+        )
+        assert "Not evaluated" not in checks, checks[:1500]
+
+
 def test_ui_and_graphql_show_a_healthy_a_failing_and_a_stopped_sink(dagster_stack, browser, monkeypatch):
     """Freshness policies (evaluated by the daemon), the cq_completeness check and the table
     metadata: fast is healthy, flaky fails (its source lost a column), slow_discard is stopped. Last
@@ -261,6 +313,23 @@ def test_ui_and_graphql_show_a_healthy_a_failing_and_a_stopped_sink(dagster_stac
         assert (healthy["freshness"], healthy["check"]) == ("HEALTHY", "SUCCEEDED"), healthy
         open_page(
             browser, f"{base}/assets/discard_out", "discard_out", "Freshness", "Failed", shot="10_discard_out_stale"
+        )
+        # In the catalog's list: cq_health fails the stopped sink's check, which Dagster OSS shows by
+        # turning its status red (its asset health column is a Dagster+ feature).
+        stack.wait_until(
+            "discard_out's check failing as stopped",
+            lambda: (h := stack.health("discard_out"))["check"] == "FAILED" and "Stopped" in (h["description"] or ""),
+            HEALTH_WAIT,
+        )
+        open_page(browser, f"{base}/assets", "discard_out", "fast_out", "Materialized", shot="13_catalog")
+        red, green, _ = status_color(browser, "discard_out") or (0, 0, 0)
+        assert red > green + 60, (red, green)  # Dagster's red, not its green
+        open_page(
+            browser,
+            f"{base}/assets/discard_out?view=checks",
+            "cq_completeness",
+            "Stopped",
+            shot="14_discard_out_checks",
         )
     finally:
         _cq(stack, monkeypatch, "start", "slow_discard")

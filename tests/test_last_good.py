@@ -91,7 +91,7 @@ def test_the_code_location_keeps_the_switches_and_names_the_error(project):
     assert {"m_a_out", "m_b_out", "m_s_out"} <= keys and keys == old
     (spec,) = [a for a in defs.assets if isinstance(a, dg.AssetSpec) and a.key.path[0] == "cq_errors"]
     assert spec.key.path == ["cq_errors", "mine_sql_load_error"]
-    assert spec.description.startswith(f"This definition file failed to load: {project.sql_dir}/mine.sql:7:")
+    assert spec.description.startswith(f"This definition file failed to load:\n\n    {project.sql_dir}/mine.sql:7:")
     assert "m_a, m_b, m_s keep running at the file's last good version" in spec.description
     assert "```" not in spec.description and "**" not in spec.description  # reads the same rendered or not
     assert spec.metadata["cq/kept"] == "m_a, m_b, m_s"

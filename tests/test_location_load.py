@@ -26,8 +26,8 @@ def test_the_location_holds_no_job_per_continuous_query_and_serves_linearly_many
     # cq_firings_job, cq_streams_job, cq_maintenance_job and Dagster's implicit asset job, whatever the
     # number of definitions.
     assert (small.jobs, large.jobs) == (4, 4)
-    # cq_firings, cq_streams and a switch sensor per stream; a switch schedule per continuous query.
-    assert (small.sensors, large.sensors) == (2 + 2, 2 + 4)
+    # cq_firings, cq_streams, cq_health and a switch sensor per stream; a switch schedule per continuous query.
+    assert (small.sensors, large.sensors) == (3 + 2, 3 + 4)
     assert (small.schedules, large.schedules) == (N + 1, 2 * N + 1)  # and cq_maintenance
     assert (small.assets, large.assets) == (2 + N + 2, 2 + 2 * N + 4)
     # A job per definition over the shared multi-asset served every sink in each job's snapshot:

@@ -328,12 +328,13 @@ def _recalculate_via_dagster(args, settings: Settings) -> int:
         _time(args.end, settings, "--to")
     address = args.via_dagster if ":" in args.via_dagster else f"{args.via_dagster}:3000"
     try:
-        run_id = launch_recalculate(
+        kind, ident = launch_recalculate(
             d, address=address, translator=configured_translator(), start=args.start, end=args.end
         )
     except CQError as exc:
         raise CQError(f"--via-dagster {args.via_dagster}: {exc}") from None
-    print(f"{args.name}: recalculate run {run_id} launched on http://{address}/runs/{run_id}")
+    page = f"runs/b/{ident}" if kind == "backfill" else f"runs/{ident}"
+    print(f"{args.name}: recalculate {kind} {ident} launched on http://{address}/{page}")
     return 0
 
 

@@ -37,9 +37,10 @@ SETTING_DOCS: dict[str, str] = {
     "freshness policy fails; a definition's `-- cq: freshness_grace` comment overrides it",
     "completeness_horizon": "how far back the `cq_completeness` asset check compares the firings owed with the ledger",
     "completeness_every": "how often batch runs evaluate a continuous query's or PERIOD stream's "
-    "`cq_completeness` check: its first batch run after this long since the last evaluation does (up to "
-    "half of it earlier, fixed per definition, so that a thousand definitions' checks do not fall into one "
-    "run), and every retry of its failed firings; `0s`: every batch run",
+    "`cq_completeness` check, at the run's start: `0s` (the default) every batch run, so each "
+    "materialization shows the check's result; longer: its first batch run after this long (up to half of "
+    "it earlier, fixed per definition) and every retry of its failed firings, fewer events for a large "
+    "location, and the materializations of the runs in between show the check as not evaluated",
     "ledger_retention": "housekeeping (`cq maintain`, the `cq_maintenance` schedule) deletes ledger entries "
     "that finished longer ago than this, never less than `CQ_COMPLETENESS_HORIZON` and keeping each "
     "definition's newest run; at least `1h`",

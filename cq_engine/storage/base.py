@@ -88,6 +88,10 @@ class Storage(Protocol):
 
     def schema(self, table: str) -> pa.Schema: ...
 
+    def row_count(self, table: str) -> int | None:
+        """The table's rows from its Delta log's statistics (None: a file without them)."""
+        ...
+
     def version(self, table: str) -> int: ...
 
     def append(self, table: str, data: pa.Table, *, metadata: Mapping[str, str] | None = None) -> int:

@@ -162,6 +162,16 @@ class DeltaRsStorage(DeltaStateTables):
         with self._snapshot(table) as dt:
             return pa.schema(dt.schema().to_arrow())
 
+    def row_count(self, table: str) -> int | None:
+        """The table's rows from its log's per-file statistics (``numRecords``), no data read; None
+        when a file has none (written without statistics)."""
+        with self._snapshot(table) as dt:
+            actions = log.arrow_table(dt.get_add_actions(flatten=True))
+        if "num_records" not in actions.column_names:
+            return 0 if actions.num_rows == 0 else None
+        counts = actions.column("num_records").to_pylist()
+        return None if any(n is None for n in counts) else sum(counts)
+
     def version(self, table: str) -> int:
         # Probed by commit file names from the last checkpoint: opening the table would list its log.
         found = self.latest_version(table)

@@ -36,7 +36,27 @@ class StreamState:
     adopted: str = ""  # id of the cursor last taken from its switch (`cq start --ignore-untreated`)
 
     def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0, "", [])}
+        """Its fields, the JSON ones (cursor, backlog) nested as objects rather than escaped strings,
+        so the sensor's cursor reads as one JSON document in the UI."""
+        out = {k: v for k, v in self.__dict__.items() if v not in (None, 0, 0.0, "", [])}
+        if "cursor" in out:
+            out["cursor"] = json.loads(out["cursor"])
+        if "backlog" in out:
+            out["backlog"] = [json.loads(w) for w in out["backlog"]]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> StreamState:
+        """``to_json``'s inverse; a cursor of an older engine holds them as strings."""
+        data = dict(data)
+        if isinstance(data.get("cursor"), dict):
+            data["cursor"] = _compact(data["cursor"])
+        data["backlog"] = [w if isinstance(w, str) else _compact(w) for w in data.get("backlog") or []]
+        return cls(**data)
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 @dataclass
@@ -63,7 +83,7 @@ def load_cursor(text: str | None, *, sensor: str = "cq_streams") -> Cursor:
         raise CQError(f"{sensor}: cursor version {version!r} is not {CURSOR_VERSION}; reset the sensor's cursor")
     return Cursor(
         seq=int(data.get("seq", 0)),
-        streams={n: StreamState(**s) for n, s in (data.get("streams") or {}).items()},
+        streams={n: StreamState.from_json(s) for n, s in (data.get("streams") or {}).items()},
     )
 
 
