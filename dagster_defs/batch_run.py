@@ -47,7 +47,9 @@ def run_batch(
     batch: the run it follows and the range end it waits for) starts once that run has committed
     it; if that run ends without, it is left out (run tag ``cq/left_out``) and the sensor retries it.
     A definition ``stopped`` names is left out from its next firing on (the same tag: the sensor
-    requests those firings again once it is started)."""
+    requests those firings again once it is started), and so is one whose Spark Connect server went
+    away and did not answer again in time (``execute_rounds``: a server that does answer again
+    carries the run on, without a failure)."""
     done: dict[tuple[str, datetime], LedgerEntry] = {}
     if retry:  # a retried batch: what already succeeded is not redone
         done = {
@@ -100,7 +102,7 @@ def run_batch(
                     if problem:
                         context.log.warning(f"could not record the batch's progress: {problem}")
                 continue
-            left[d.name] = 0 if outcome in ("failed", "stopped") else left[d.name] - 1
+            left[d.name] = 0 if outcome in ("failed", "stopped", "handed_back") else left[d.name] - 1
             if left[d.name] == 0:
                 finished.append(d.name)
             if outcome == "stopped":
@@ -108,6 +110,12 @@ def run_batch(
                 context.log.warning(
                     f"{d.name}: stopped: its firings from {iso(fire)} are left out of this run; the sensor "
                     "requests them again once it is started"
+                )
+                continue
+            if outcome == "handed_back":  # not a failure: the sensor requests them once Spark answers
+                left_out.append(d.name)
+                context.log.warning(
+                    f"{d.name}: firings from {iso(fire)} handed back: {value}; the sensor requests them again"
                 )
                 continue
             if outcome == "left_out":

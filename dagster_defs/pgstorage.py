@@ -99,7 +99,7 @@ class PatientRunStorage(_Patient, PostgresRunStorage):
         return patient_connection(self._engine)
 
     @classmethod
-    def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
+    def from_config_value(cls, inst_data, config_value):
         return _from_config(cls, inst_data, config_value)
 
 
@@ -108,7 +108,7 @@ class PatientEventLogStorage(_Patient, PostgresEventLogStorage):
         return patient_connection(self._engine)
 
     @classmethod
-    def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
+    def from_config_value(cls, inst_data, config_value):
         return _from_config(cls, inst_data, config_value)
 
 
@@ -117,7 +117,7 @@ class PatientScheduleStorage(_Patient, PostgresScheduleStorage):
         return patient_connection(self._engine)
 
     @classmethod
-    def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
+    def from_config_value(cls, inst_data, config_value):
         return _from_config(cls, inst_data, config_value)
 
 
@@ -145,7 +145,7 @@ class PatientPostgresStorage(DagsterPostgresStorage):
         super(DagsterPostgresStorage, self).__init__()
 
     @classmethod
-    def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
+    def from_config_value(cls, inst_data, config_value):
         return _from_config(cls, inst_data, config_value)
 
     def _data(self, name: str) -> ConfigurableClassData | None:
