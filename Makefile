@@ -100,7 +100,7 @@ cluster-test: cluster-setup
 # Connect server, PostgreSQL and the object store each fail once while runs are in flight (13-19 min
 # at a load average of 5-13; 32 min at 13-31 with CQ_CHAOS_EVERY=60, a 60 s cadence).
 chaos-test: cluster-setup
-	$(BIN)/python -m pytest -q -s -m cluster tests/test_chaos.py
+	$(BIN)/python -m pytest -q -s -m cluster tests/test_recovery.py tests/test_chaos.py
 
 bench: setup
 	$(BIN)/python -m benchmarks

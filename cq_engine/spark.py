@@ -593,14 +593,15 @@ def connect_session(url: str):
 
 # pyspark's Connect client retries a lost server for at least 10 minutes (15 retries, back-off x4 up to
 # 60 s), which holds a run (or the cq_streams sensor, past Dagster's 60 s time-out) that long on a dead
-# server; and a restarted server of ours has a new token, so waiting for it is futile. About a minute
-# of retries (0.5, 1, 2, 4, 8, then 15 s) covers a blip; past it the call fails, the run fails cleanly
-# and its sensor requests its work again (docs/operations/guarantees.md).
-CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 8, 500, 15_000
+# server. A client of ours retries for about 12 s (0.5, 1, 2, 4, then 5 s), which covers a blip; past it
+# the call fails and the rounds ask ``recovery.SparkRecovery``, which waits for the server itself,
+# polling twice a second: a restarted server is used within a second of answering, not at the end of
+# a back-off of up to a minute (docs/operations/guarantees.md).
+CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 5, 500, 5_000
 
 
 def bound_retries(session) -> None:
-    """Bound the Connect client's retries of ``session`` to about a minute (``CONNECT_RETRIES`` with a
+    """Bound the Connect client's retries of ``session`` to about 12 s (``CONNECT_RETRIES`` with a
     doubling back-off); a no-op for a classic session."""
     if not type(session).__module__.startswith("pyspark.sql.connect"):
         return  # a classic session's ``client`` property raises

@@ -111,7 +111,7 @@ class CQPySparkResource(PySparkResource):
             if self.in_process_notice and context.log is not None:
                 context.log.warning(f"this run starts an in-process Spark session: {self.in_process_notice}")
             super().setup_for_execution(context)
-        bound_retries(self.spark_session)  # a lost Connect server fails the run in about a minute
+        bound_retries(self.spark_session)  # a lost Connect server fails a call in about 12 s: the rounds recover it
         # A run worker opens its own session; a process that already had one (a test, an in-process
         # job) goes on using it after the run.
         self._opened_session = self.spark_session is not before
