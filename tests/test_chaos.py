@@ -405,8 +405,15 @@ def _why(instance, run_id: str) -> str:
     return " ".join(failures[-1].split())[:400] if failures else "(no error event)"
 
 
+_SOURCES: dict[int, pa.Table] = {}
+
+
 def _source(feeder, version: int) -> pa.Table:
-    return DeltaTable(feeder.settings.table_uri("sensors"), version=version).to_pyarrow_table()
+    """The source at ``version``, read once: the definitions' entries share versions (a round's firings
+    read the same one, a PERIOD tick the one its predecessor read too)."""
+    if version not in _SOURCES:
+        _SOURCES[version] = DeltaTable(feeder.settings.table_uri("sensors"), version=version).to_pyarrow_table()
+    return _SOURCES[version]
 
 
 def _between(table: pa.Table, lo: datetime, hi: datetime) -> pa.Table:
