@@ -406,13 +406,21 @@ def _why(instance, run_id: str) -> str:
 
 
 _SOURCES: dict[int, pa.Table] = {}
+_FILES: dict[str, pa.Table] = {}
 
 
 def _source(feeder, version: int) -> pa.Table:
-    """The source at ``version``, read once: the definitions' entries share versions (a round's firings
-    read the same one, a PERIOD tick the one its predecessor read too)."""
+    """The source at ``version``. The feed only appends, one file per commit, so a version is the files
+    of the one before plus its own: each file is read once (the checks ask for hundreds of versions of a
+    table of hundreds of files, and each read of a version read every file again), each version once."""
     if version not in _SOURCES:
-        _SOURCES[version] = DeltaTable(feeder.settings.table_uri("sensors"), version=version).to_pyarrow_table()
+        dataset = DeltaTable(feeder.settings.table_uri("sensors"), version=version).to_pyarrow_dataset()
+        parts = []
+        for fragment in dataset.get_fragments():
+            if fragment.path not in _FILES:
+                _FILES[fragment.path] = fragment.to_table(schema=dataset.schema)
+            parts.append(_FILES[fragment.path])
+        _SOURCES[version] = pa.concat_tables(parts) if parts else dataset.schema.empty_table()
     return _SOURCES[version]
 
 
