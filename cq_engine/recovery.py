@@ -9,8 +9,10 @@ failure is the work's own and stands; if not, the session is dropped, and once a
 (waiting at most ``wait`` seconds) a new session runs the failed work again. A server that does not come
 back in time leaves the work to be handed back (the sensor requests it again once the server answers).
 
-The classification is a probe of the session, not a reading of the error: a firing that fails on its
-own, on a server that answers, is never run twice here.
+The session is taken for lost when a probe gets no answer, or when the error says the connection
+was lost (``lost_connection``: the server was unreachable past the client's retries, or refused the
+session as another server's) even if the server, back by then, answers the probe. A firing that fails
+on its own, on a server that answers, is never run twice here; at most ``MAX_RECOVERIES`` per run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,31 @@ ANSWERS, RECOVERED, AWAY = "answers", "recovered", "away"
 RECONNECT_SECONDS = 180.0  # a run waits this long for its Connect server to answer again
 PROBE_SECONDS = 10.0  # a session that does not run `SELECT 1` within this is taken for lost
 MAX_RECOVERIES = 5  # per run: a server that keeps going away fails the work after this many
+
+
+# What a Connect call that lost its server raises, in its message or its causes': the server was
+# unreachable past the client's retries, or a restarted server does not know the session.
+_LOST = (
+    "StatusCode.UNAVAILABLE",
+    "RETRIES_EXCEEDED",
+    "INVALID_HANDLE.SESSION_CHANGED",
+    "INVALID_HANDLE.SESSION_NOT_FOUND",
+    "INVALID_HANDLE.OPERATION_NOT_FOUND",
+    "StatusCode.UNAUTHENTICATED",
+)
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Does ``exc`` (or one of its causes) say the Connect server was lost, not that the work failed?"""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = f"{type(current).__name__}: {current}"
+        if type(current).__name__ == "RetriesExceeded" or any(marker in text for marker in _LOST):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def is_connect(session) -> bool:
@@ -75,14 +102,25 @@ class SparkRecovery:
     def __init__(self, ctx, *, wait: float = RECONNECT_SECONDS, limit: int = MAX_RECOVERIES):
         self.ctx, self.wait, self.left = ctx, wait, limit
 
-    def __call__(self) -> str:
+    def __call__(self, errors=()) -> str:
+        """``errors``: the round's failures."""
         session = self.ctx.spark_session
-        if not is_connect(session) or session_answers(session):
+        if not is_connect(session):
             return ANSWERS
-        self.ctx.drop_spark()  # never reused: an old session is refused by a restarted server
-        if self.left <= 0:
-            return AWAY
+        lost = any(lost_connection(e) for e in errors)
+        if self.left <= 0 or not lost:
+            if session_answers(session):
+                return ANSWERS  # the failures are the works' own (or the server keeps going away)
+            if self.left <= 0:
+                self.ctx.drop_spark()
+                return AWAY
         self.left -= 1
+        if lost and session_answers(session):
+            # The server was away and is back, and this session is still good on it (it had made no
+            # call before the server went away): the work runs again on it.
+            log.warning("the Spark Connect server answers again: the failed work runs again")
+            return RECOVERED
+        self.ctx.drop_spark()  # never reused: an old session is refused by a restarted server
         deadline = time.monotonic() + self.wait
         while True:
             if spark_reachable(self.ctx.settings):

@@ -30,7 +30,7 @@ from dagster_postgres import (
     PostgresRunStorage,
     PostgresScheduleStorage,
 )
-from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
+from dagster_postgres.utils import DagsterPostgresException, get_token_provider_from_config, pg_url_from_config
 
 from .internals import ConfigurableClassData
 
@@ -78,14 +78,24 @@ def await_database(postgres_url: str, *, outage: float = OUTAGE_SECONDS) -> None
 
 
 class _Patient:
-    """Waits for the database before Dagster's constructor reads the storage's tables."""
+    """Waits for the database before Dagster's constructor reads the storage's tables, and again if it
+    went away in between (the constructor's own retries last six seconds)."""
 
     def __init__(self, postgres_url: str, *args, **kwargs):
-        await_database(postgres_url)
-        super().__init__(postgres_url, *args, **kwargs)  # type: ignore[call-arg]
+        deadline = time.monotonic() + OUTAGE_SECONDS
+        while True:
+            await_database(postgres_url, outage=max(0.0, deadline - time.monotonic()))
+            try:
+                super().__init__(postgres_url, *args, **kwargs)  # type: ignore[call-arg]
+                return
+            except (*_REFUSED, DagsterPostgresException):
+                if time.monotonic() >= deadline:
+                    raise
 
 
+@classmethod  # type: ignore[misc]
 def _from_config(cls, inst_data, config_value):
+    """Each class's ``from_config_value``: dagster-postgres' names its own class, not ``cls``."""
     return cls(
         inst_data=inst_data,
         postgres_url=pg_url_from_config(config_value),
@@ -95,30 +105,24 @@ def _from_config(cls, inst_data, config_value):
 
 
 class PatientRunStorage(_Patient, PostgresRunStorage):
+    from_config_value = _from_config
+
     def connect(self):
         return patient_connection(self._engine)
 
-    @classmethod
-    def from_config_value(cls, inst_data, config_value):
-        return _from_config(cls, inst_data, config_value)
-
 
 class PatientEventLogStorage(_Patient, PostgresEventLogStorage):
+    from_config_value = _from_config
+
     def _connect(self):
         return patient_connection(self._engine)
 
-    @classmethod
-    def from_config_value(cls, inst_data, config_value):
-        return _from_config(cls, inst_data, config_value)
-
 
 class PatientScheduleStorage(_Patient, PostgresScheduleStorage):
+    from_config_value = _from_config
+
     def connect(self, run_id: str | None = None):
         return patient_connection(self._engine)
-
-    @classmethod
-    def from_config_value(cls, inst_data, config_value):
-        return _from_config(cls, inst_data, config_value)
 
 
 class PatientPostgresStorage(DagsterPostgresStorage):
@@ -144,9 +148,7 @@ class PatientPostgresStorage(DagsterPostgresStorage):
         )
         super(DagsterPostgresStorage, self).__init__()
 
-    @classmethod
-    def from_config_value(cls, inst_data, config_value):
-        return _from_config(cls, inst_data, config_value)
+    from_config_value = _from_config
 
     def _data(self, name: str) -> ConfigurableClassData | None:
         return ConfigurableClassData(__name__, name, self.inst_data.config_yaml) if self.inst_data else None

@@ -90,7 +90,7 @@ def execute_rounds(
     gate: Gate | None = None,
     stopped: Stopped | None = None,
     progress: Callable[[datetime, float], None] | None = None,
-    recover: Callable[[], str] | None = None,
+    recover: Callable[[list[BaseException]], str] | None = None,
 ) -> None:
     """Every definition's firings in rounds, in time order (a round: each definition's next firing,
     those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
@@ -166,8 +166,9 @@ def execute_rounds(
                 outcomes = run_firings(engine.ctx, queries, on_outcome=partial(_heard, _Holding(out, held)))
                 failed |= {f.cq.name for f, o in zip(queries, outcomes) if _failed(o)}
             if failed:
-                how = recover()
-                for kind, d, fire, value in _drain(held):
+                failures = _drain(held)
+                how = recover([value for *_, value in failures if isinstance(value, BaseException)])
+                for kind, d, fire, value in failures:
                     if how == RECOVERED:  # its session was lost, a new one answers: again, next round
                         pending[d.name].insert(0, fire)
                     elif how == AWAY:

@@ -254,8 +254,9 @@ def run_rounds(
             timing["pace"] = spent if not timing.get("pace") else (timing["pace"] + spent) / 2
             exiting = process_exiting()
             how = None
-            if recover is not None and not exiting and any(isinstance(o, Exception) for o in outcomes):
-                how = recover()
+            errors = [o for o in outcomes if isinstance(o, Exception)]
+            if recover is not None and not exiting and errors:
+                how = recover(errors)
             for request, outcome in zip(requests, outcomes):
                 name = request.stream.name
                 if isinstance(outcome, Exception) and (exiting or how in (RECOVERED, AWAY)):
