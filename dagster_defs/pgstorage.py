@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any, cast
 
 import sqlalchemy
 from dagster_postgres import (
@@ -86,14 +87,13 @@ class _Patient:
         while True:
             await_database(postgres_url, outage=max(0.0, deadline - time.monotonic()))
             try:
-                super().__init__(postgres_url, *args, **kwargs)  # type: ignore[call-arg]
+                cast(Any, super()).__init__(postgres_url, *args, **kwargs)  # the storage class after this one
                 return
             except (*_REFUSED, DagsterPostgresException):
                 if time.monotonic() >= deadline:
                     raise
 
 
-@classmethod  # type: ignore[misc]
 def _from_config(cls, inst_data, config_value):
     """Each class's ``from_config_value``: dagster-postgres' names its own class, not ``cls``."""
     return cls(
@@ -105,21 +105,21 @@ def _from_config(cls, inst_data, config_value):
 
 
 class PatientRunStorage(_Patient, PostgresRunStorage):
-    from_config_value = _from_config
+    from_config_value = classmethod(_from_config)
 
     def connect(self):
         return patient_connection(self._engine)
 
 
 class PatientEventLogStorage(_Patient, PostgresEventLogStorage):
-    from_config_value = _from_config
+    from_config_value = classmethod(_from_config)
 
     def _connect(self):
         return patient_connection(self._engine)
 
 
 class PatientScheduleStorage(_Patient, PostgresScheduleStorage):
-    from_config_value = _from_config
+    from_config_value = classmethod(_from_config)
 
     def connect(self, run_id: str | None = None):
         return patient_connection(self._engine)
@@ -148,7 +148,7 @@ class PatientPostgresStorage(DagsterPostgresStorage):
         )
         super(DagsterPostgresStorage, self).__init__()
 
-    from_config_value = _from_config
+    from_config_value = classmethod(_from_config)
 
     def _data(self, name: str) -> ConfigurableClassData | None:
         return ConfigurableClassData(__name__, name, self.inst_data.config_yaml) if self.inst_data else None
