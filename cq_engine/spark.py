@@ -356,6 +356,24 @@ def server_status(settings: Settings) -> ServerStatus:
     )
 
 
+def server_expected(settings: Settings) -> bool:
+    """Was our server started under ``settings.home`` and not stopped, though it does not run now? Its
+    pid file names a dead process: it crashed or was killed, and whoever started it (``cq dev``'s
+    supervisor, the Deployment's service manager) is expected to start it again, with the same token."""
+    pid = _read_pid(settings)
+    return pid is not None and not server_status(settings).running
+
+
+def await_server(settings: Settings, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for our server to run (pid alive, port open); True once it does."""
+    deadline = time.monotonic() + timeout
+    while not server_status(settings).running:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def start_server(settings: Settings, *, timeout: float = 180) -> ServerStatus:
     """Start (or find) the local Spark Connect server and wait until it accepts connections."""
     status = server_status(settings)
@@ -408,7 +426,11 @@ def _launch(settings: Settings) -> None:
     state = _state_dir(settings)
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # pid, logs and the token: this user's only
-    token = secrets.token_urlsafe(32)  # a new one per server: a stopped server's token is worthless
+    # A server started again after a crash (its pid file names a dead process, the token is still
+    # there) keeps its predecessor's token, so the clients that read it (a run, the stream sensor) are
+    # accepted by the new server and carry on; `cq spark stop` removes it, so a start after a clean stop
+    # makes a new one. Either way it never leaves the 0600 file and the server's environment.
+    token = server_token(settings) or secrets.token_urlsafe(32)
     write_atomic(_token_file(settings), token + "\n", mode=0o600)
     # Later commands without CQ_SPARK_PORT find the server here (load_settings); removed on stop.
     write_atomic(recorded_port_file(settings.home), f"{settings.spark_port}\n")
@@ -471,6 +493,7 @@ def stop_server(settings: Settings, *, timeout: float = 30) -> bool:
         stopped = True
     _pid_file(settings).unlink(missing_ok=True)
     recorded_port_file(settings.home).unlink(missing_ok=True)
+    _token_file(settings).unlink(missing_ok=True)  # retired: the next start makes a new one
     deadline = time.monotonic() + 5  # the kernel may take a moment to release the port
     while stopped and _port_open(settings.spark_port) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -570,14 +593,15 @@ def connect_session(url: str):
 
 # pyspark's Connect client retries a lost server for at least 10 minutes (15 retries, back-off x4 up to
 # 60 s), which holds a run (or the cq_streams sensor, past Dagster's 60 s time-out) that long on a dead
-# server; and a restarted server of ours has a new token, so waiting for it is futile. About a minute
-# of retries (0.5, 1, 2, 4, 8, then 15 s) covers a blip; past it the call fails, the run fails cleanly
-# and its sensor requests its work again (docs/operations/guarantees.md).
-CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 8, 500, 15_000
+# server. A client of ours retries for about 12 s (0.5, 1, 2, 4, then 5 s), which covers a blip; past it
+# the call fails and the rounds ask ``recovery.SparkRecovery``, which waits for the server itself,
+# polling twice a second: a restarted server is used within a second of answering, not at the end of
+# a back-off of up to a minute (docs/operations/guarantees.md).
+CONNECT_RETRIES, CONNECT_BACKOFF_MS, CONNECT_MAX_BACKOFF_MS = 5, 500, 5_000
 
 
 def bound_retries(session) -> None:
-    """Bound the Connect client's retries of ``session`` to about a minute (``CONNECT_RETRIES`` with a
+    """Bound the Connect client's retries of ``session`` to about 12 s (``CONNECT_RETRIES`` with a
     doubling back-off); a no-op for a classic session."""
     if not type(session).__module__.startswith("pyspark.sql.connect"):
         return  # a classic session's ``client`` property raises

@@ -33,7 +33,9 @@ from functools import partial
 import dagster as dg
 from dagster_pyspark import PySparkResource
 
+from cq_engine.config import Settings
 from cq_engine.model import Definition
+from cq_engine.recovery import server_coming_back
 from cq_engine.resample.rounds import Stopped
 from cq_engine.scheduling import batch_horizon, batch_lead
 from cq_engine.scheduling.batch import (
@@ -179,8 +181,10 @@ def build_batch_sensor(
     default_status: dg.DefaultSensorStatus,
     interval: int,
     check_every: timedelta = timedelta(0),
+    settings: Settings | None = None,
 ) -> dg.SensorDefinition:
-    """The sensor that requests the batches (see the module docstring); ``ticks_for(d)`` the ticks."""
+    """The sensor that requests the batches (see the module docstring); ``ticks_for(d)`` the ticks;
+    ``settings`` locate the Spark Connect server a failed run's retry waits for."""
     switches = {translator.get_sensor_name(d): d.name for d in definitions}
     names = [d.name for d in definitions]
     op = translator.get_batch_op_name()
@@ -248,6 +252,7 @@ def build_batch_sensor(
             check_every=check_every,
             horizon=horizon,
             caught_up=frozenset(caught_up),
+            ready=not server_coming_back(settings) if settings is not None else True,
         )
         # A window's batch is asked for early (the far lead) only when every definition keeping up
         # can join it; while some are still committing the firing before their last, only what the

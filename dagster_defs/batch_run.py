@@ -4,11 +4,13 @@ definition follows, leaves out a definition stopped meanwhile, and tags how far 
 what the runs say of themselves (``keyed_runs``), which the sensor and the rounds both read."""
 
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
+from typing import Any
 
 import dagster as dg
 
@@ -47,7 +49,9 @@ def run_batch(
     batch: the run it follows and the range end it waits for) starts once that run has committed
     it; if that run ends without, it is left out (run tag ``cq/left_out``) and the sensor retries it.
     A definition ``stopped`` names is left out from its next firing on (the same tag: the sensor
-    requests those firings again once it is started)."""
+    requests those firings again once it is started), and so is one whose Spark Connect server went
+    away and did not answer again in time (``execute_rounds``: a server that does answer again
+    carries the run on, without a failure)."""
     done: dict[tuple[str, datetime], LedgerEntry] = {}
     if retry:  # a retried batch: what already succeeded is not redone
         done = {
@@ -75,12 +79,19 @@ def run_batch(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
         gate = partial(_followed, context.instance, sink_keys)
 
+        tagging, asking = Advisory(), Advisory()
+
         def progress(before: datetime, seconds: float) -> None:
             # How far the rounds got, tagged by the rounds' thread as soon as the round has committed:
             # the sensor may request a definition's next window then (its follower waits for the
             # events itself). When, by this thread once it has yielded the round's materializations.
             tags = {DONE_BEFORE_TAG: iso(before), ROUND_SECONDS_TAG: f"{seconds:.1f}"}
-            out.put(("progress", None, before, _tag_run(context, tags)))
+            problem = tagging(partial(_tag_run, context, tags), "the run storage did not answer within a second")
+            out.put(("progress", None, before, problem))
+
+        if stopped is not None:
+            asked = stopped
+            stopped = lambda names: asking(partial(asked, names), set())
 
         future = pool.submit(
             execute_rounds, engine, times, done, out, after=after, gate=gate, stopped=stopped, progress=progress
@@ -100,7 +111,7 @@ def run_batch(
                     if problem:
                         context.log.warning(f"could not record the batch's progress: {problem}")
                 continue
-            left[d.name] = 0 if outcome in ("failed", "stopped") else left[d.name] - 1
+            left[d.name] = 0 if outcome in ("failed", "stopped", "handed_back") else left[d.name] - 1
             if left[d.name] == 0:
                 finished.append(d.name)
             if outcome == "stopped":
@@ -108,6 +119,12 @@ def run_batch(
                 context.log.warning(
                     f"{d.name}: stopped: its firings from {iso(fire)} are left out of this run; the sensor "
                     "requests them again once it is started"
+                )
+                continue
+            if outcome == "handed_back":  # not a failure: the sensor requests them once Spark answers
+                left_out.append(d.name)
+                context.log.warning(
+                    f"{d.name}: firings from {iso(fire)} handed back: {value}; the sensor requests them again"
                 )
                 continue
             if outcome == "left_out":
@@ -160,6 +177,35 @@ def run_batch(
             description=f"{len(failures)} firing(s) failed (their definitions are retried from "
             f"there; the others are committed): " + "; ".join(failures)
         )
+
+
+class Advisory:
+    """Calls the rounds make to the run storage for advice only (progress tags, which switches were
+    stopped), bounded: one at a time, in a thread of its own, waited for ``wait`` seconds; a call that
+    has not returned by then gives ``default`` and finishes in the background, and a call made while
+    one is still out gives ``default`` at once. While PostgreSQL is away (the storage waits for it,
+    ``dagster_defs.pgstorage``) the rounds go on committing firings instead of waiting with it."""
+
+    def __init__(self, wait: float = 1.0):
+        self.wait = wait
+        self.busy = threading.Lock()
+
+    def __call__(self, fn: Callable[[], Any], default: Any) -> Any:
+        if not self.busy.acquire(blocking=False):
+            return default
+        result: list = []
+
+        def call() -> None:
+            try:
+                result.append(fn())
+            finally:
+                self.busy.release()
+
+        threading.Thread(target=call, name="cq-advisory", daemon=True).start()
+        deadline = time.monotonic() + self.wait
+        while not result and time.monotonic() < deadline and self.busy.locked():
+            time.sleep(0.01)
+        return result[0] if result else default
 
 
 def _tag_run(context, tags: dict[str, str]) -> str | None:

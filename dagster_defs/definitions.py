@@ -101,6 +101,7 @@ def build_definitions(
                 default_status=sensor_status,
                 interval=batch_interval(batched, ticks),
                 check_every=settings.completeness_every_delta,
+                settings=settings,
             )
         )
         # No jobs of their own (a run of cq_firings_job with one sink selected is one definition's):

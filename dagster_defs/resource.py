@@ -11,14 +11,18 @@ from cq_engine.config import Settings, load_settings
 from cq_engine.engine import Engine
 from cq_engine.model import Catalog
 from cq_engine.parse import sql_files
+from cq_engine.recovery import RECONNECT_SECONDS
 from cq_engine.spark import (
     BASE_CONF,
+    await_server,
     bound_retries,
     client_url,
     default_connect_session,
     drop_inherited_mode,
+    get_session,
     in_process_notice,
     release_session,
+    server_expected,
     server_status,
 )
 
@@ -84,6 +88,10 @@ class CQPySparkResource(PySparkResource):
     in-process session only because the engine's local Spark Connect server was not running."""
 
     in_process_notice: str = Field(default="", description="Why this run's session is in-process (empty: chosen).")
+    server_home: str = Field(
+        default="", description="CQ_HOME of a Connect server that crashed and is expected back (empty: none)."
+    )
+    server_port: int = Field(default=0, description="That server's port.")
     _opened_session: bool = PrivateAttr(default=False)
 
     @classmethod
@@ -91,18 +99,35 @@ class CQPySparkResource(PySparkResource):
         return False
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        if self.in_process_notice and context.log is not None:
-            context.log.warning(f"this run starts an in-process Spark session: {self.in_process_notice}")
         # A run is a child of the code server, whose cq_streams sensor holds a Connect session: its
         # pyspark mode variables would make this run's classic builder demand a Connect URL
         # (CONNECT_URL_NOT_SET: every run failed while the Connect server was down).
         drop_inherited_mode()
         before = default_connect_session()
-        super().setup_for_execution(context)
-        bound_retries(self.spark_session)  # a lost Connect server fails the run in about a minute
+        if self.server_home and self._await_server(context):
+            # Its crashed server is back (same token): the run uses it, not a JVM of its own.
+            self._spark_session = get_session(self._server_settings())  # type: ignore[assignment]
+        else:
+            if self.in_process_notice and context.log is not None:
+                context.log.warning(f"this run starts an in-process Spark session: {self.in_process_notice}")
+            super().setup_for_execution(context)
+        bound_retries(self.spark_session)  # a lost Connect server fails a call in about 12 s: the rounds recover it
         # A run worker opens its own session; a process that already had one (a test, an in-process
         # job) goes on using it after the run.
         self._opened_session = self.spark_session is not before
+
+    def _server_settings(self) -> Settings:
+        return Settings(**{**load_settings().__dict__, "home": self.server_home, "spark_port": self.server_port})
+
+    def _await_server(self, context: dg.InitResourceContext) -> bool:
+        """Wait (at most ``RECONNECT_SECONDS``) for the crashed server to run again; True once it does."""
+        settings = self._server_settings()
+        if context.log is not None:
+            context.log.info(
+                f"the Spark Connect server on port {self.server_port} is starting again: "
+                f"this run waits for it (at most {RECONNECT_SECONDS:.0f} s)"
+            )
+        return await_server(settings, RECONNECT_SECONDS)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._opened_session:
@@ -115,12 +140,19 @@ def pyspark_resource(settings: Settings) -> CQPySparkResource:
     conf: dict[str, str] = dict(BASE_CONF)
     remote: str | None = settings.spark_remote
     notice = ""
+    expected = False
     if remote is None and settings.spark_master is None:
         status = server_status(settings)
         remote = client_url(settings) if status.running else None
         notice = "" if status.running else in_process_notice(settings)
+        expected = not status.running and server_expected(settings)
     if remote:
         conf = {"spark.remote": remote}
     else:
         conf["spark.master"] = settings.spark_master or "local[*]"
-    return CQPySparkResource(spark_config=conf, in_process_notice=notice)
+    return CQPySparkResource(
+        spark_config=conf,
+        in_process_notice=notice,
+        server_home=settings.home if expected else "",
+        server_port=settings.spark_port if expected else 0,
+    )

@@ -31,6 +31,7 @@ from cq_engine.engine import Engine
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
 from cq_engine.notify.outbox import gate, paused_by_notify
+from cq_engine.recovery import SparkRecovery, server_coming_back
 from cq_engine.scheduling import env_seconds
 from cq_engine.spark import server_status
 from cq_engine.streams import rounds as r
@@ -108,7 +109,8 @@ def exclusive(path) -> Iterator[bool]:
 # -- the run ----------------------------------------------------------------------------------------
 def run_streams(context, engine: Engine, works: dict[str, list[str]], *, sink_keys: dict, retry: bool) -> Iterator:
     """Execute each stream's works in order (rounds, ``rounds.run_rounds``); a failing work stops its
-    stream but not the others. One materialization per committed work; at the end a failure naming
+    stream but not the others; a lost Spark Connect session is opened again (``SparkRecovery``), and
+    the streams whose server did not answer again in time are handed back (run tag ``cq/left_out``). One materialization per committed work; at the end a failure naming
     the streams that failed (run tag ``cq/failed``). A retried run skips works the ledger holds."""
     streams = {n: engine.stream(n) for n in works}
     pending = {n: [StreamWork.from_json(w) for w in ws] for n, ws in works.items()}
@@ -122,13 +124,20 @@ def run_streams(context, engine: Engine, works: dict[str, list[str]], *, sink_ke
                 context.log.info(f"{name}: {len(ws) - len(kept)} work(s) already done (ledger); skipped")
             pending[name] = kept
     failures: list[str] = []
-    for name, work, outcome in r.run_rounds(engine.ctx, streams, pending):
+    for name, work, outcome in r.run_rounds(engine.ctx, streams, pending, recover=SparkRecovery(engine.ctx)):
         if isinstance(outcome, Exception):
             failures.append(name)
             context.log.error(f"{name}: {work.kind} v{work.version} failed: {outcome}")
             continue
         context.log.info(f"{name}: {work.kind} v{work.version} committed: {outcome.rows_written} rows")
         yield stream_materialization(streams[name], outcome, work, sink_keys[name], engine=engine)
+    handed = sorted(n for n, ws in pending.items() if ws)
+    if handed:  # its Spark Connect server did not answer again in time: not a failure of the streams
+        context.log.warning(
+            f"{len(handed)} stream(s) handed back (their Spark Connect server did not answer again in time; "
+            f"the sensor requests their works once it does): {', '.join(handed)}"
+        )
+        context.instance.add_run_tags(context.run_id, {"cq/left_out": ",".join(handed)})
     if failures:
         context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failures))})
         raise dg.Failure(
@@ -208,6 +217,7 @@ def build_streams_sensor(
         own = context.instance.get_run_records(dg.RunsFilter(tags={"cq/name": list(by_name)}, statuses=IN_FLIGHT))
         busy = {rec.dagster_run.tags["cq/name"] for rec in own if "cq/stream_batch" not in rec.dagster_run.tags}
         inline = computes_inline(engine)
+        coming_back = not inline and server_coming_back(engine.settings)
         logs = TriggerLogs(engine.ctx.storage)  # one snapshot of each trigger table for every stream
         to_run: dict[str, list[str]] = {}
         to_sensor: dict[str, list[StreamWork]] = {}
@@ -221,7 +231,12 @@ def build_streams_sensor(
                 continue
             _take_switch_cursor(s, switch_cursor, context, name)
             how = r.settle(
-                s, now=now.timestamp(), status=status.get(s.key or ""), failed=failed.get(s.key or ""), name=name
+                s,
+                now=now.timestamp(),
+                status=status.get(s.key or ""),
+                failed=failed.get(s.key or ""),
+                name=name,
+                ready=not coming_back,
             )
             if how == "held" or (name in busy and how == "free"):
                 continue
@@ -261,6 +276,9 @@ def build_streams_sensor(
             if not s.backlog:
                 continue
             works = [StreamWork.from_json(w) for w in s.backlog]
+            if coming_back and r.destination(s, works, inline=True) == r.SENSOR:
+                quiet.append(f"{name}: waits for the Spark Connect server, which is starting again")
+                continue
             if r.destination(s, works, inline=inline) == r.RUN:
                 to_run[name] = list(s.backlog)
             else:
@@ -324,7 +342,11 @@ def build_streams_sensor(
         deadline = time.monotonic() + budget_seconds()
         started: set[str] = set()
         try:
-            for name, work, outcome in r.run_rounds(engine.ctx, by_name, pending, deadline=deadline, cost=cost):
+            # A lost session is opened again at once if the server answers, else the works wait in the
+            # sensor for the next evaluation (not a run's in-process JVM while the server restarts).
+            recover = SparkRecovery(engine.ctx, wait=0)
+            rounds = r.run_rounds(engine.ctx, by_name, pending, deadline=deadline, cost=cost, recover=recover)
+            for name, work, outcome in rounds:
                 s = states[name]
                 started.add(name)
                 if isinstance(outcome, Exception):

@@ -21,6 +21,7 @@ SPARK_FILES = {
     "test_ekuiper_rules.py",
     "test_fused.py",
     "test_plan.py",
+    "test_recovery.py",
     "test_runner.py",
     "test_seed_cq.py",
     "test_spark_runtime.py",

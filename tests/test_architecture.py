@@ -142,7 +142,7 @@ LAYERS = [
         "health",
         "arrivals",
     ),
-    ("spark", "context"),
+    ("spark", "context", "recovery"),
     ("resample", "streams", "notify", "triggers", "ingest", "housekeeping"),
     ("engine",),
     ("cli",),

@@ -333,7 +333,11 @@ class Cluster:
         text = self.local(self.blocks[4][1])
         conf = yaml.safe_load(text)
         assert conf.pop("storage") == {
-            "postgres": {"postgres_url": f"postgresql+psycopg2://postgres:postgres@127.0.0.1:{self.pg_port}/dagster"}
+            "custom": {
+                "module": "dagster_defs.pgstorage",
+                "class": "PatientPostgresStorage",
+                "config": {"postgres_url": f"postgresql+psycopg2://postgres:postgres@127.0.0.1:{self.pg_port}/dagster"},
+            }
         }
         assert conf == yaml.safe_load(DEV_DAGSTER_YAML)  # the page's dagster.yaml is `cq dev`'s plus storage
         home = Path(self.env["DAGSTER_HOME"])

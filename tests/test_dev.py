@@ -271,7 +271,7 @@ def _server_killed_while_firings_run(tmp_path: Path, settings: Settings, proc: s
         return [e for e in ledger.entries("hum_5s") if e.kind == "firing" and e.status == "succeeded"]
 
     # The firings due during the outage are committed, through the new server (the run that lost the
-    # old one failed; its retry started after the restart). BLOCKED runs them in order, after the
+    # old one waits for it and runs them on a new session). BLOCKED runs them in order, after the
     # backlog the restart of cq dev left: minutes on a loaded machine.
     wait_for(
         lambda: any(e.fire_time > killed + timedelta(seconds=5) for e in firings()),

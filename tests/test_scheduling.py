@@ -59,6 +59,7 @@ def _plan(
     horizon=None,
     horizon_lead=None,
     caught_up=frozenset(),
+    ready=True,
 ):
     defs = [catalog.definition(n) for n in names]
     ticks = {d.name: ticks_of(d, timezone="UTC") for d in defs}
@@ -78,6 +79,7 @@ def _plan(
         horizon=horizon,
         horizon_lead=horizon_lead,
         caught_up=frozenset(caught_up),
+        ready=ready,
     )
 
 
@@ -149,17 +151,22 @@ def test_another_run_of_the_definition_in_flight_holds_it(project):
     assert resumed.firings == {"b": [_s(20), _s(40)], "d": [_s(40)]}
 
 
-def test_a_failed_run_retries_its_definitions_from_their_first_firing_after_a_back_off(project):
+def test_a_failed_run_retries_its_definitions_from_their_first_firing_once_spark_answers(project):
     _, catalog = project
     first = _plan(catalog, now=_s(5))
     both = _plan(catalog, cursor=first.cursor, now=_s(25), status={first.run_key: "SUCCESS"})
     assert both.firings == {"b": [_s(20)], "d": [_s(20)]}
     failed = {both.run_key: "FAILURE"}
-    assert _plan(catalog, cursor=both.cursor, now=_s(26), status=failed).firings == {}  # back-off
+    # Held while its Connect server is starting again, retried the moment it answers (no back-off).
+    assert _plan(catalog, cursor=both.cursor, now=_s(45), status=failed, ready=False).firings == {}
     retry = _plan(catalog, cursor=both.cursor, now=_s(45), status=failed)
     # BLOCKED: the failed firing again, then what is due since; DISCARD: the latest only.
     assert retry.firings == {"b": [_s(20), _s(40)], "d": [_s(40)]} and retry.attempt == 1
     assert load_cursor(retry.cursor)["b"].attempt == 1
+    # A second failure waits 5 s: a definition that fails on its own is not retried in a loop.
+    again = {retry.run_key: "FAILURE"}
+    assert _plan(catalog, cursor=retry.cursor, now=_s(46), status=again).firings == {}
+    assert _plan(catalog, cursor=retry.cursor, now=_s(51), status=again).attempt == 2
     ok = _plan(catalog, cursor=retry.cursor, now=_s(65), status={retry.run_key: "SUCCESS"})
     assert ok.firings == {"b": [_s(60)], "d": [_s(60)]} and ok.attempt == 0
 

@@ -27,7 +27,7 @@ def test_cursor_round_trips_and_rejects_other_versions():
         r.load_cursor("{")
 
 
-def test_settle_holds_in_flight_clears_success_and_retries_failures_after_a_back_off():
+def test_settle_holds_in_flight_clears_success_and_retries_failures_once_spark_answers():
     s = r.StreamState(backlog=["w"], key="k", since=100.0)
     assert r.settle(s, now=101, status="STARTED", failed=None, name="a") == "held"
     assert r.settle(s, now=101, status=None, failed=None, name="a") == "held"  # requested, not created yet
@@ -36,14 +36,20 @@ def test_settle_holds_in_flight_clears_success_and_retries_failures_after_a_back
     # Failed in a run whose cq/failed tag names another stream: its works committed.
     s = r.StreamState(backlog=["w"], key="k", since=100.0)
     assert r.settle(s, now=101, status="FAILURE", failed={"b"}, name="a") == "free" and s.backlog == []
-    # Failed itself: held for the back-off (5 s, then 10 s), then retried with its backlog.
+    # Handed back by a run that succeeded (cq/left_out names it): a retry, not done.
     s = r.StreamState(backlog=["w"], key="k", since=100.0)
-    assert r.settle(s, now=103, status="FAILURE", failed={"a"}, name="a") == "held"
-    assert r.settle(s, now=106, status="FAILURE", failed={"a"}, name="a") == "retry"
+    assert r.settle(s, now=101, status="SUCCESS", failed={"a"}, name="a") == "retry" and s.backlog == ["w"]
+    # Failed itself: held while Spark does not answer, retried the moment it does; a second failure
+    # waits 5 s, a third 10 s.
+    s = r.StreamState(backlog=["w"], key="k", since=100.0)
+    assert r.settle(s, now=130, status="FAILURE", failed={"a"}, name="a", ready=False) == "held"
+    assert r.settle(s, now=130, status="FAILURE", failed={"a"}, name="a") == "retry"
     assert (s.key, s.backlog, s.attempt) == (None, ["w"], 1)
     s.key, s.since = "k2", 200.0
-    assert r.settle(s, now=206, status="FAILURE", failed=None, name="a") == "held"  # 10 s now
-    assert r.settle(s, now=211, status="FAILURE", failed=None, name="a") == "retry" and s.attempt == 2
+    assert r.settle(s, now=203, status="FAILURE", failed=None, name="a") == "held"  # 5 s now
+    assert r.settle(s, now=206, status="FAILURE", failed=None, name="a") == "retry" and s.attempt == 2
+    s.key, s.since = "k3", 300.0
+    assert r.settle(s, now=306, status="FAILURE", failed=None, name="a") == "held"  # 10 s then
     # A run that never appeared is requested again after LOST_AFTER.
     s = r.StreamState(backlog=["w"], key="k", since=0.0)
     assert r.settle(s, now=r.LOST_AFTER_SECONDS + 1, status=None, failed=None, name="a") == "retry"

@@ -16,6 +16,7 @@ from functools import partial
 
 from cq_engine.errors import AlreadyCommitted, CQError
 from cq_engine.model import ContinuousQuery, Definition
+from cq_engine.recovery import AWAY, RECOVERED, SparkRecovery
 from cq_engine.resample.fused import FiringRequest, run_firings
 from cq_engine.resample.run import write_identity
 from cq_engine.times import UTC
@@ -89,6 +90,7 @@ def execute_rounds(
     gate: Gate | None = None,
     stopped: Stopped | None = None,
     progress: Callable[[datetime, float], None] | None = None,
+    recover: Callable[[list[BaseException]], str] | None = None,
 ) -> None:
     """Every definition's firings in rounds, in time order (a round: each definition's next firing,
     those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
@@ -98,7 +100,13 @@ def execute_rounds(
     committed it (True), or is left out if that run ended without (False; None: not yet). A
     definition ``stopped`` names (its switch was stopped) is left out from its next firing on. After
     each round, ``progress(t, seconds)``: every firing before ``t`` is done (committed or failed; after
-    the last round, ``t`` is just after the run's last firing), and the round took ``seconds``."""
+    the last round, ``t`` is just after the run's last firing), and the round took ``seconds``.
+
+    A round with failures asks ``recover`` (default: ``recovery.SparkRecovery`` on the engine's
+    context) whether the Spark session was lost: if a new one answers, the failed firings run again
+    in the next round and their failures are not reported; if no server answered in time, their
+    definitions are handed back (``("handed_back", d, fire, reason)``: the sensor requests them
+    again); otherwise the failures stand."""
     pending = {n: list(fs) for n, fs in firings.items()}
     end = max((f for fs in firings.values() for f in fs), default=datetime.now(UTC)) + timedelta(microseconds=1)
     told: datetime | None = None
@@ -107,6 +115,8 @@ def execute_rounds(
     first = min((fs[0] for fs in pending.values() if fs), default=None)
     if first is not None:
         warm_sinks(engine, list(pending), until=first)
+    if recover is None:
+        recover = SparkRecovery(engine.ctx)
     with ThreadPoolExecutor(max_workers=batch_threads(), thread_name_prefix="cq-batch") as pool:
         while pending:
             if waiting and gate is not None:
@@ -140,6 +150,8 @@ def execute_rounds(
             began = time.monotonic()
             queries: list[FiringRequest] = []
             periods = []
+            # A round's failures are held back until it is known whether the session was lost.
+            held: queue.Queue = queue.Queue()
             for name, fire in due.items():
                 d = engine.definition(name)
                 if (name, fire) in done:
@@ -147,12 +159,24 @@ def execute_rounds(
                 elif isinstance(d, ContinuousQuery):
                     queries.append(FiringRequest(cq=d, fire_time=fire))
                 else:
-                    periods.append(pool.submit(_period, engine, d, fire, out))
+                    periods.append(pool.submit(_period, engine, d, fire, _Holding(out, held)))
             failed = {d.name for d, ok in (f.result() for f in periods) if not ok}
 
             if queries:
-                outcomes = run_firings(engine.ctx, queries, on_outcome=partial(_heard, out))
+                outcomes = run_firings(engine.ctx, queries, on_outcome=partial(_heard, _Holding(out, held)))
                 failed |= {f.cq.name for f, o in zip(queries, outcomes) if _failed(o)}
+            if failed:
+                failures = _drain(held)
+                how = recover([value for *_, value in failures if isinstance(value, BaseException)])
+                for kind, d, fire, value in failures:
+                    if how == RECOVERED:  # its session was lost, a new one answers: again, next round
+                        pending[d.name].insert(0, fire)
+                    elif how == AWAY:
+                        out.put(("handed_back", d, fire, "its Spark Connect server did not answer again in time"))
+                    else:
+                        out.put((kind, d, fire, value))
+                if how == RECOVERED:
+                    failed = set()
             # A failed firing stops its definition (BLOCKED order); the sensor retries it from there.
             pending = {n: fs for n, fs in pending.items() if fs and n not in failed}
             if progress is not None:
@@ -164,17 +188,34 @@ def execute_rounds(
                     progress(before, time.monotonic() - began)
 
 
+class _Holding:
+    """The round's outcome queue: failures go to ``held`` (``recover`` decides), the rest to ``out``."""
+
+    def __init__(self, out: queue.Queue, held: queue.Queue):
+        self.out, self.held = out, held
+
+    def put(self, item: tuple) -> None:
+        (self.held if item[0] == "failed" else self.out).put(item)
+
+
+def _drain(q: queue.Queue) -> list[tuple]:
+    items = []
+    while not q.empty():
+        items.append(q.get_nowait())
+    return items
+
+
 def _failed(outcome) -> bool:
     return isinstance(outcome, Exception) and not isinstance(outcome, AlreadyCommitted)
 
 
-def _heard(out: queue.Queue, f: FiringRequest, outcome) -> None:
+def _heard(out, f: FiringRequest, outcome) -> None:
     # A firing another run committed (its sink holds it) is skipped, as one the ledger holds is.
     kind = "skipped" if isinstance(outcome, AlreadyCommitted) else "failed" if _failed(outcome) else "ok"
     out.put((kind, f.cq, f.fire_time, outcome))
 
 
-def _period(engine, d: Definition, fire: datetime, out: queue.Queue) -> tuple[Definition, bool]:
+def _period(engine, d: Definition, fire: datetime, out) -> tuple[Definition, bool]:
     try:
         out.put(("ok", d, fire, engine.run_period(d.name, fire)))
         return d, True

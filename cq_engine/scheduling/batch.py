@@ -24,7 +24,10 @@ MAX_FIRINGS_PER_DEFINITION = 100  # per batch; a longer backlog continues in the
 # three periods late (a cold start) into runs of 333-500 that queued for the two slots.
 MAX_FIRINGS_PER_RUN = 5000
 LOST_AFTER = timedelta(minutes=5)  # a requested run that never appeared is requested again
-RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
+# Seconds before the attempt after a failed one: the first retry as soon as Spark answers (``plan_batch``'s
+# ``ready``), a second failure 5 s later, and so on (then every 60 s): a fault of the deployment is
+# retried the moment it ends, a definition that fails on its own is not retried in a loop.
+RETRY_BACKOFF = (0, 5, 10, 30, 60)
 # The run statuses in which a run still holds its firings (Dagster's names; the adapter checks they
 # are its in-flight statuses).
 RUNNING = frozenset({"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"})
@@ -162,6 +165,7 @@ def plan_batch(
     horizon: dict[str, timedelta] | None = None,
     horizon_lead: dict[str, timedelta] | None = None,
     caught_up: frozenset[str] = frozenset(),
+    ready: bool = True,
 ) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
@@ -169,7 +173,9 @@ def plan_batch(
     with another run of theirs in flight (their own job, a recalculation); ``paused``: definitions
     whose switch is stopped; ``finished``: definitions whose every firing in their still-running run
     is committed (a long catch-up of another definition in that run does not hold them);
-    ``prev_done``: definitions whose firings in their ``prev`` run are committed; ``lead``:
+    ``prev_done``: definitions whose firings in their ``prev`` run are committed; ``ready``: whether
+    Spark answers now (False: a crashed Connect server is starting again), without which no failed
+    run is retried; ``lead``:
     per definition, how long before a firing is due it may be requested (the run waits for it);
     ``check_every``: a definition's completeness check is evaluated by its first run after that long
     (and by every retry), not by every run: each evaluation is two events in Dagster's event log, which
@@ -234,8 +240,8 @@ def plan_batch(
                     in_flight = True
                 else:
                     s.key, s.first, s.attempt = None, None, 0
-            elif age < RETRY_BACKOFF[min(s.attempt, len(RETRY_BACKOFF) - 1)]:
-                in_flight = True  # failed (or lost): held for a back-off, then retried from `first`
+            elif not ready or age < RETRY_BACKOFF[min(s.attempt, len(RETRY_BACKOFF) - 1)]:
+                in_flight = True  # failed (or lost): held until Spark answers and a back-off, then retried from `first`
             else:
                 s.key, s.attempt, retry = None, s.attempt + 1, True
         if d.name in paused:

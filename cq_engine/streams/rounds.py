@@ -15,12 +15,16 @@ from pathlib import Path
 
 from cq_engine.errors import CQError
 from cq_engine.model import Stream
+from cq_engine.recovery import AWAY, RECOVERED
 from cq_engine.statefile import read_json_state, write_atomic
 from cq_engine.streams.timing import StreamWork, work_range
 
 CURSOR_VERSION = 1
 LOST_AFTER_SECONDS = 300  # a requested run that never appeared is requested again
-RETRY_BACKOFF = (5, 10, 30, 60)  # seconds before the attempt after a failed one (then every 60 s)
+# Seconds before the attempt after a failed one: the first retry as soon as the sensor finds Spark
+# answering (``settle``'s ``ready``), a second failure 5 s later, and so on (then every 60 s): a fault of
+# the deployment is retried the moment it ends, a work that fails on its own is not retried in a loop.
+RETRY_BACKOFF = (0, 5, 10, 30, 60)
 RUNNING = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"}
 SENSOR, RUN = "sensor", "run"
 
@@ -87,20 +91,25 @@ def load_cursor(text: str | None, *, sensor: str = "cq_streams") -> Cursor:
     )
 
 
-def settle(state: StreamState, *, now: float, status: str | None, failed: set[str] | None, name: str) -> str:
+def settle(
+    state: StreamState, *, now: float, status: str | None, failed: set[str] | None, name: str, ready: bool = True
+) -> str:
     """Bring ``state``'s run up to date: ``status`` of its run (None: not created yet), ``failed``
-    the streams its ``cq/failed`` tag names (None: the tag is absent). Returns ``free`` (nothing in
-    flight: plan or compute), ``held`` (its run is in flight, or it failed and waits for its back-off)
-    or ``retry`` (its backlog goes to a run again, one more attempt)."""
+    the streams its ``cq/failed`` or ``cq/left_out`` tag names (None: neither tag). Returns ``free``
+    (nothing in flight: plan or compute), ``held`` (its run is in flight, or it failed and waits for
+    Spark to answer, ``ready``, and its back-off) or ``retry`` (its backlog goes to a run again, one
+    more attempt). A run that succeeded but handed a stream back (``cq/left_out``) is a retry of it."""
     if not state.key:
         return "free"
     age = now - state.since
     if status in RUNNING or (status is None and age < LOST_AFTER_SECONDS):
         return "held"
-    if status == "SUCCESS" or (status == "FAILURE" and failed is not None and name not in failed):
+    if (status in ("SUCCESS", "FAILURE") and failed is not None and name not in failed) or (
+        status == "SUCCESS" and failed is None
+    ):
         state.key, state.backlog, state.attempt, state.since = None, [], 0, 0.0
         return "free"
-    if age < RETRY_BACKOFF[min(state.attempt, len(RETRY_BACKOFF) - 1)]:
+    if not ready or age < RETRY_BACKOFF[min(state.attempt, len(RETRY_BACKOFF) - 1)]:
         return "held"
     state.key, state.attempt = None, state.attempt + 1
     return "retry"
@@ -269,6 +278,7 @@ def run_rounds(
     deadline: float | None = None,
     chunk: int = 50,
     cost: CallCost | None = None,
+    recover=None,
 ):
     """Execute ``pending`` (stream name -> its works, in order) in rounds — round r: each stream's
     r-th work, at most ``chunk`` streams per ``fused.run_works`` call — and yield ``(name, work,
@@ -278,7 +288,10 @@ def run_rounds(
     work that failed meanwhile is not a failure: it stays in ``pending`` with those not started.
     With a deadline, each call holds as many requests as ``cost`` (this process's calls so far)
     expects to fit in the time left (at least one), so a slow machine overruns it by about one
-    call, not by a round."""
+    call, not by a round. A call with failures asks ``recover`` (``recovery.SparkRecovery``) whether
+    the Spark session was lost: ``RECOVERED``, the failed works stay in ``pending`` and run again on
+    the new session; ``AWAY``, they stay in ``pending`` and nothing more starts (the caller hands them
+    back); otherwise the failures are yielded."""
     import time
 
     from cq_engine.streams.fused import WorkRequest, run_works
@@ -299,13 +312,20 @@ def run_rounds(
             requests = [WorkRequest(streams[n], pending[n][0]) for n in batch]
             started = time.monotonic()
             outcomes = run_works(ctx, requests)
-            cost.observe(len(requests), time.monotonic() - started)
+            errors = [o for o in outcomes if isinstance(o, Exception)]
+            if not errors:  # a call that failed (a server gone) says nothing of what a call costs
+                cost.observe(len(requests), time.monotonic() - started)
             exiting = process_exiting()
+            how = None
+            if recover is not None and not exiting and errors:
+                how = recover(errors)
             for request, outcome in zip(requests, outcomes):
                 name = request.stream.name
-                if isinstance(outcome, Exception) and exiting:
-                    continue  # the pools of a process that exits refuse work: not this work's failure
+                if isinstance(outcome, Exception) and (exiting or how in (RECOVERED, AWAY)):
+                    # The pools of a process that exits refuse work, and a lost session is not the
+                    # work's failure either: it stays pending, computed again or handed back.
+                    continue
                 pending[name] = [] if isinstance(outcome, Exception) else pending[name][1:]
                 yield name, request.work, outcome
-            if exiting:
+            if exiting or how == AWAY:
                 return
