@@ -36,12 +36,15 @@ UI_FILES = {"test_dagster_ui.py"}
 
 
 def pytest_collection_modifyitems(config, items):
+    # Every test of a module using the Dagster stack, those without the fixture too: a module's tests
+    # may share module state (test_dagster_e2e's untreated-windows test reads what its flow test found).
+    stacked = {item.path.name for item in items if "dagster_stack" in item.fixturenames}
     for item in items:
         name = item.path.name
         # `make test` runs on two xdist workers (--dist loadgroup): a file's tests stay on one worker, so
         # its module fixtures (a Bench, a Connect server) are built once; the modules sharing the Dagster
         # stack (the ``dagster_stack`` fixture) form one group, so one worker starts it once.
-        item.add_marker(pytest.mark.xdist_group("dagster_stack" if "dagster_stack" in item.fixturenames else name))
+        item.add_marker(pytest.mark.xdist_group("dagster_stack" if name in stacked else name))
         if name in UI_FILES:
             item.add_marker(pytest.mark.ui)
         if name in DAGSTER_E2E_FILES or name in UI_FILES:
