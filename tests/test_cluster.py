@@ -302,10 +302,23 @@ class Cluster:
         setup = "\n".join(line for line in script.splitlines() if line.startswith(("SPARK_HOME=", "export ")))
         for cls, i in ((MASTER, 1), (WORKER, 1), (WORKER, 2)):
             stop = f'{setup}\n"$SPARK_HOME/sbin/spark-daemon.sh" stop {cls} {i}'
-            self.stops.append(lambda s=stop: subprocess.run(["bash", "-c", s], env=self.env, capture_output=True))
+            self.stops.append(lambda s=stop, c=cls, n=i: self._stop_daemon(s, c, n))
         self._run(["bash", "-e", "-o", "pipefail", "-c", script])
         _wait("two Spark workers", lambda: self.master_state()["aliveworkers"] == 2, 300, self.logs)
         self.roots += [int(p.read_text()) for p in self.logs.glob("spark-*.pid")]
+
+    def _stop_daemon(self, stop: str, cls: str, i: int) -> None:
+        """``spark-daemon.sh stop`` sends SIGTERM and removes the pid file at once; a JVM still alive 15 s
+        later (seen after the chaos test: a master and workers outliving the test) is killed."""
+        pid_file = next(self.logs.glob(f"spark-*-{cls}-{i}.pid"), None)
+        pid = int(pid_file.read_text()) if pid_file else None
+        subprocess.run(["bash", "-c", stop], env=self.env, capture_output=True)
+        deadline = time.monotonic() + 15
+        while pid is not None and Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if pid is not None and Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
 
     def master_state(self) -> dict:
         return requests.get(f"http://127.0.0.1:{self.master_ui}/json/", timeout=5).json()
