@@ -9,7 +9,10 @@ daemon while, one at a time and each while a run is in flight:
 - PostgreSQL is stopped (``pg_ctl stop -m fast``) for a minute, then started;
 - the object store stops answering for a minute: a TCP proxy in front of moto's server (every process
   of the deployment talks to the proxy) holds new connections unanswered and stalls the open ones,
-  then lets them through again.
+  then lets them through again;
+- the Dagster daemon is SIGKILLed, and started again 20 s later (its cursors are in PostgreSQL);
+- the code location's server process is SIGKILLed, and started again 20 s later (the runs it started,
+  its children, carry on).
 
 The feed writes straight to the store (not through the proxy), so windows keep coming due during every
 fault. After each fault the stack must recover on its own (every definition has committed work due
@@ -65,7 +68,9 @@ CREATE STREAM n_period PERIOD(30s) FROM sensors INTO n_period AS SELECT _tlocalt
 CREATE STREAM w_stream INTERVAL(30s) SLIDING(30s) FROM sensors OPTIONS(WATERMARK(2s))
   INTO w_stream AS SELECT _twstart, avg(temperature) AS t, count(*) AS n FROM %%trows;
 """.replace("30s", f"{EVERY.seconds}s")
-FAULT_SECONDS = {"worker": 30, "connect": 20, "postgres": 60, "object store": 60}
+FAULT_SECONDS = {"worker": 30, "connect": 20, "postgres": 60, "object store": 60, "daemon": 20, "code server": 20}
+# CQ_CHAOS_FAULTS=daemon,code server runs only those (in this order), e.g. to look at one fault again.
+FAULTS = [f.strip() for f in os.environ.get("CQ_CHAOS_FAULTS", ",".join(FAULT_SECONDS)).split(",") if f.strip()]
 ARTIFACTS = Path(__file__).parent / "artifacts" / "chaos"
 # Recovered: every definition has committed work due at most one cadence before the fault ended, and
 # one cadence has passed since it ended, measured from the ledger's commit times, not by polling. So
@@ -321,16 +326,23 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
             f.load = _load()
             print(f.line(), flush=True)
 
-        worker = cluster.worker_pid(1)
-        fault("worker", lambda: os.kill(worker, signal.SIGKILL), lambda: cluster.start_worker(1))
-        connect = cluster.connect_pid()
-        fault("connect", lambda: os.kill(connect, signal.SIGKILL), cluster.restart_connect)
-        fault(
-            "postgres",
-            lambda: subprocess.run(cluster.pg_stop, capture_output=True, check=True),
-            lambda: cluster._run(cluster.pg_start),
-        )
-        fault("object store", cluster.proxy.stall, cluster.proxy.resume)
+        breaks_and_mends = {
+            "worker": (lambda: os.kill(cluster.worker_pid(1), signal.SIGKILL), lambda: cluster.start_worker(1)),
+            "connect": (lambda: os.kill(cluster.connect_pid(), signal.SIGKILL), cluster.restart_connect),
+            "postgres": (
+                lambda: subprocess.run(cluster.pg_stop, capture_output=True, check=True),
+                lambda: cluster._run(cluster.pg_start),
+            ),
+            "object store": (cluster.proxy.stall, cluster.proxy.resume),
+            # Its cursors are in PostgreSQL; a supervisor (systemd, Kubernetes) starts it again.
+            "daemon": (lambda: os.kill(cluster.daemon.pid, signal.SIGKILL), cluster.start_daemon),
+            # The server process only, as the OOM killer would: the runs it started are its children.
+            "code server": (lambda: os.kill(cluster.code_server.pid, signal.SIGKILL), cluster.start_code_server),
+        }
+        unknown = set(FAULTS) - set(breaks_and_mends)
+        assert not unknown, f"CQ_CHAOS_FAULTS: no fault {sorted(unknown)} (there are {list(breaks_and_mends)})"
+        for name in FAULTS:
+            fault(name, *breaks_and_mends[name])
 
         # Nothing stays queued or started: the runs in flight now finish (or fail) on their own.
         def settled() -> bool:

@@ -216,7 +216,7 @@ class Cluster:
         return text
 
     def _spawn(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen:
-        with open(self.logs / f"{name}.log", "w") as log:
+        with open(self.logs / f"{name}.log", "a") as log:  # a restarted process appends
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.root,
@@ -356,20 +356,28 @@ class Cluster:
         home = Path(self.env["DAGSTER_HOME"])
         home.mkdir(parents=True)
         (home / "dagster.yaml").write_text(text)
-        serve, daemon = self.local(self.blocks[5][1]).strip().splitlines()
         workspace = yaml.safe_load(self.local(self.blocks[6][1]))
         assert workspace == {
             "load_from": [{"grpc_server": {"host": "127.0.0.1", "port": self.code_port, "location_name": "cq"}}]
         }, workspace
         (self.root / "workspace.yaml").write_text(yaml.safe_dump(workspace))
+        self.start_code_server()
+        self.start_daemon()
+
+    def _dagster_commands(self) -> tuple[list[str], list[str]]:
+        """The page's two commands: the code location's server and the daemon."""
+        serve, daemon = (shlex.split(line) for line in self.local(self.blocks[5][1]).strip().splitlines())
+        assert serve[:3] == ["dagster", "code-server", "start"], serve
+        assert daemon == ["dagster-daemon", "run", "-w", "workspace.yaml"], daemon
+        return [str(BIN / "dagster"), *serve[1:]], [str(BIN / daemon[0]), *daemon[1:]]
+
+    def start_code_server(self) -> None:
         # No CQ_SPARK_REMOTE: with the server's CQ_HOME and port, runs find it and its token there.
-        words = shlex.split(serve)
-        assert words[:3] == ["dagster", "code-server", "start"], words
-        self.code_server = self._spawn("code-server", [str(BIN / "dagster"), *words[1:]])
+        self.code_server = self._spawn("code-server", self._dagster_commands()[0])
         _wait("the code server", lambda: port_open(self.code_port), 300, self.logs)
-        words = shlex.split(daemon)
-        assert words == ["dagster-daemon", "run", "-w", "workspace.yaml"], words
-        self._spawn("daemon", [str(BIN / words[0]), *words[1:]])
+
+    def start_daemon(self) -> None:
+        self.daemon = self._spawn("daemon", self._dagster_commands()[1])
 
     def stop(self) -> None:
         while self.stops:
