@@ -12,7 +12,10 @@ daemon while, one at a time and each while a run is in flight:
   then lets them through again;
 - the Dagster daemon is SIGKILLed, and started again 20 s later (its cursors are in PostgreSQL);
 - the code location's server process is SIGKILLed, and started again 20 s later (the runs it started,
-  its children, carry on).
+  its children, carry on);
+- overload: busy loops of its own hold the load at 8 or more for three minutes, while a stream with
+  FILL_HISTORY is added and the code server restarted to load it (its history chunk computed under
+  the load); its recovery is printed, not limited: what fell behind is caught up after it.
 
 The feed writes straight to the store (not through the proxy), so windows keep coming due during every
 fault. After each fault the stack must recover on its own (every definition has committed work due
@@ -35,6 +38,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,7 +72,23 @@ CREATE STREAM n_period PERIOD(30s) FROM sensors INTO n_period AS SELECT _tlocalt
 CREATE STREAM w_stream INTERVAL(30s) SLIDING(30s) FROM sensors OPTIONS(WATERMARK(2s))
   INTO w_stream AS SELECT _twstart, avg(temperature) AS t, count(*) AS n FROM %%trows;
 """.replace("30s", f"{EVERY.seconds}s")
-FAULT_SECONDS = {"worker": 30, "connect": 20, "postgres": 60, "object store": 60, "daemon": 20, "code server": 20}
+FAULT_SECONDS = {
+    "worker": 30,
+    "connect": 20,
+    "postgres": 60,
+    "object store": 60,
+    "daemon": 20,
+    "code server": 20,
+    "overload": 180,
+}
+# Overload: busy loops of the test's own (a load of 8 or more on 2 cores beside the stack) while a
+# stream with FILL_HISTORY is created, so its history chunk and every firing, tick and window are
+# computed under it; the code location's server is restarted to load it, as the docs tell a user to.
+OVERLOAD_HOGS = 4 * (os.cpu_count() or 2)
+HISTORY_SQL = """\
+CREATE STREAM h_hist INTERVAL(30s) SLIDING(30s) FROM sensors OPTIONS(WATERMARK(2s) | FILL_HISTORY)
+  INTO h_hist AS SELECT _twstart, avg(temperature) AS t, count(*) AS n FROM %%trows;
+""".replace("30s", f"{EVERY.seconds}s")
 # CQ_CHAOS_FAULTS=daemon,code server runs only those (in this order), e.g. to look at one fault again.
 FAULTS = [f.strip() for f in os.environ.get("CQ_CHAOS_FAULTS", ",".join(FAULT_SECONDS)).split(",") if f.strip()]
 ARTIFACTS = Path(__file__).parent / "artifacts" / "chaos"
@@ -200,6 +220,29 @@ class ChaosCluster(Cluster):
         self._run(["bash", "-e", "-c", self.local(self.blocks[2][1])])
 
 
+class Overload:
+    """``OVERLOAD_HOGS`` busy loops beside the stack, and a new FILL_HISTORY stream loaded under them."""
+
+    def __init__(self) -> None:
+        self.hogs: list[subprocess.Popen] = []
+
+    def start(self, cluster: ChaosCluster, names: list[str]) -> None:
+        hog = [sys.executable, "-c", "while True: pass"]
+        self.hogs = [subprocess.Popen(hog, start_new_session=True) for _ in range(OVERLOAD_HOGS)]
+        (cluster.root / "sql" / "history.sql").write_text(HISTORY_SQL)
+        # Reloaded as the docs say: the code location's server restarted (SIGTERM, then started again).
+        cluster.code_server.terminate()
+        cluster.code_server.wait(timeout=120)
+        cluster.start_code_server()
+        names.append("h_hist")
+
+    def stop(self) -> None:
+        for hog in self.hogs:
+            hog.kill()
+            hog.wait()
+        self.hogs = []
+
+
 @dataclass
 class Fault:
     name: str
@@ -265,6 +308,7 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
     (tmp_path / "sql").mkdir()
     (tmp_path / "sql" / "chaos.sql").write_text(DEFINITIONS)
     cluster = ChaosCluster(tmp_path)
+    overload = Overload()
     stop_feed, old = threading.Event(), dict(os.environ)
     faults: list[Fault] = []
     try:
@@ -284,7 +328,7 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
         start = datetime.now(UTC).replace(microsecond=0)
         threading.Thread(target=_feed, args=(feeder.storage, stop_feed, start), daemon=True).start()
         cluster.start_dagster()
-        names = ("t_cq", "n_period", "w_stream")
+        names = ["t_cq", "n_period", "w_stream"]
 
         def ledger(name: str) -> list:
             return [e for e in feeder.ledger.entries(name) if e.kind != "ignored"]
@@ -338,6 +382,7 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
             "daemon": (lambda: os.kill(cluster.daemon.pid, signal.SIGKILL), cluster.start_daemon),
             # The server process only, as the OOM killer would: the runs it started are its children.
             "code server": (lambda: os.kill(cluster.code_server.pid, signal.SIGKILL), cluster.start_code_server),
+            "overload": (lambda: overload.start(cluster, names), overload.stop),
         }
         unknown = set(FAULTS) - set(breaks_and_mends)
         assert not unknown, f"CQ_CHAOS_FAULTS: no fault {sorted(unknown)} (there are {list(breaks_and_mends)})"
@@ -359,7 +404,13 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
         _report(faults, instance, feeder, names)
         _check_exactly_once(feeder, names)
         # What a user sees (issue 43): every fault recovered within the limit, no run shown failed.
-        slow = [f"{f.name}: {f.recovery:.0f}s" for f in faults if f.recovery > RECOVERY_LIMIT.total_seconds()]
+        # Overload is not timed against the limit: minutes of work fell behind under it and are caught up
+        # after it (printed); it must end with every firing, tick and window exactly once.
+        slow = [
+            f"{f.name}: {f.recovery:.0f}s"
+            for f in faults
+            if f.recovery > RECOVERY_LIMIT.total_seconds() and f.name != "overload"
+        ]
         assert not slow, f"recovered later than {RECOVERY_LIMIT.total_seconds():.0f}s after the fault: {slow}"
         failed = [r for f in faults for r in f.failed_runs] + _failed_runs(
             instance, since=None, until=faults[0].started
@@ -367,6 +418,7 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
         assert not failed, f"runs shown failed: {failed}"
     finally:
         stop_feed.set()
+        overload.stop()
         cluster.stop()
         os.environ.clear()
         os.environ.update(old)
@@ -497,7 +549,7 @@ def _check_exactly_once(feeder, names) -> None:
                 assert by_tick.get(e.fire_time, 0) == expected, (name, e.fire_time, after, until)
         else:
             starts = [r["_twstart"] for r in sink]
-            assert len(starts) == len(set(starts)), "w_stream: a window is in the sink twice"
+            assert len(starts) == len(set(starts)), f"{name}: a window is in the sink twice"
             # Without FILL_HISTORY the rows up to the creation's last one are history (the ledger's
             # ignored entry ends just past it): a window open at creation counts only the later rows,
             # and holds no row when none came (docs/dialects/tdengine.md).
@@ -517,7 +569,7 @@ def _check_exactly_once(feeder, names) -> None:
                         avg = sum(temps) / len(temps) if temps else None
                         assert got[0]["t"] == (avg if avg is None else pytest.approx(avg)), (name, t)
                     t += EVERY
-            assert len(computed) == len(set(computed)), "w_stream: a window was computed by two succeeded runs"
+            assert len(computed) == len(set(computed)), f"{name}: a window was computed by two succeeded runs"
             computed.sort()
             gaps = [(a, b) for a, b in itertools.pairwise(computed) if b - a != EVERY]
-            assert not gaps, f"w_stream: windows missing between {gaps}"
+            assert not gaps, f"{name}: windows missing between {gaps}"
