@@ -37,6 +37,8 @@ DAGSTER_YAML = """\
 # default launcher has none) and ends runs past their dagster/max_runtime tag (a hung worker), so the
 # sensor retries their firings. Latency: the queue is read every second (Dagster's default is 5 s)
 # by several threads, and sensors are evaluated in parallel, so one slow sensor delays no other.
+# A run dequeued while its code location's server is away (restarted, reloading) goes back to the
+# queue and is tried every 5 s for 3 minutes instead of failing at once (Dagster's default).
 # The freshness daemon evaluates every sink's freshness policy (on by default; stated so it stays on).
 run_coordinator:
   module: dagster._core.run_coordinator
@@ -45,6 +47,8 @@ run_coordinator:
     dequeue_interval_seconds: 1
     dequeue_use_threads: true
     dequeue_num_workers: 4
+    max_user_code_failure_retries: 36
+    user_code_failure_retry_delay: 5
 sensors:
   use_threads: true
   num_workers: 4
