@@ -20,8 +20,16 @@ from pathlib import Path
 
 from dagster import DagsterEventType, DagsterRun, DefaultRunLauncher
 
-from .internals import GRPC_INFO_TAG, CheckRunHealthResult, WorkerStatus
+from .internals import (
+    GRPC_INFO_TAG,
+    CheckRunHealthResult,
+    DagsterLaunchFailedError,
+    DagsterUserCodeUnreachableError,
+    WorkerStatus,
+)
 
+# What a code server answers a run's launch with between SIGTERM and its exit (dagster._grpc.server).
+SHUTTING_DOWN = "after telling it to shut down"
 WORKER_STARTED = "Started process for run (pid: "  # the engine event the worker writes first (dagster._grpc.impl)
 START_SLACK = 5.0  # seconds: /proc's boot time is whole seconds, and the worker writes its event after it started
 
@@ -30,6 +38,18 @@ class CQRunLauncher(DefaultRunLauncher):
     """DefaultRunLauncher whose workers run monitoring checks: the pid of the run's "Started process for
     run" engine event must still be a live process that started before that event (a pid reused by a
     later process is not the worker)."""
+
+    def launch_run(self, context) -> None:
+        """Launch through the code server; one that is shutting down (restarted, as the docs tell a user
+        to after changing ``CQ_SQL_DIR``) refuses the launch, and Dagster would fail the run. Reported
+        as unreachable instead, the queue puts the run back and tries again (``dagster.yaml``'s
+        ``max_user_code_failure_retries``), so it runs on the new server."""
+        try:
+            super().launch_run(context)
+        except DagsterLaunchFailedError as exc:
+            if SHUTTING_DOWN not in str(exc):
+                raise
+            raise DagsterUserCodeUnreachableError(f"the code server is shutting down: {exc}") from exc
 
     @property
     def supports_check_run_worker_health(self) -> bool:
