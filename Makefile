@@ -31,7 +31,7 @@ $(BIN)/cq: pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17+ is required (Spark 4): install e.g. openjdk-17-jre-headless" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,airflow]"
 	@touch $@
 
 setup: $(BIN)/cq jars

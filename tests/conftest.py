@@ -75,6 +75,35 @@ def dagster_stack(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory):
+    """Airflow's configuration for this test process: AIRFLOW_HOME in a temporary directory (never
+    ~/airflow), no examples, the DAG folder ``airflow_dags/dags``, a SQLite metadata DB there (created
+    by ``airflow db migrate`` only for tests that ask for ``airflow_db``). Set before Airflow is
+    imported: it reads its configuration once per process."""
+    home = tmp_path_factory.mktemp("airflow_home")
+    dags = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "airflow_dags", "dags")
+    env = {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_FOLDER": dags,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+    }
+    os.environ.update(env)
+    return home
+
+
+@pytest.fixture(scope="session")
+def airflow_db(airflow_home):
+    """Airflow's metadata DB (SQLite under ``airflow_home``), migrated by Airflow's own CLI."""
+    import subprocess
+    import sys
+
+    airflow = os.path.join(os.path.dirname(sys.executable), "airflow")
+    subprocess.run([airflow, "db", "migrate"], check=True, capture_output=True, env=os.environ.copy())
+    return airflow_home
+
+
+@pytest.fixture(scope="session")
 def spark():
     """One real in-process Spark session shared by the whole test run."""
     from cq_engine.spark import local_session

@@ -8,6 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "cq_engine"
 ADAPTER = PACKAGE.parent / "dagster_defs"
+AIRFLOW_ADAPTER = PACKAGE.parent / "airflow_dags"
 
 
 def _modules(*packages: Path) -> dict[str, Path]:
@@ -22,8 +23,8 @@ def _modules(*packages: Path) -> dict[str, Path]:
 
 
 MODULES = _modules(PACKAGE)
-EVERY_MODULE = _modules(PACKAGE, ADAPTER)  # the adapter too: no circle in it either
-OURS = ("cq_engine", "dagster_defs")
+EVERY_MODULE = _modules(PACKAGE, ADAPTER, AIRFLOW_ADAPTER)  # the adapters too: no circle in them either
+OURS = ("cq_engine", "dagster_defs", "airflow_dags")
 
 
 def _resolve(name: str, modules: dict[str, Path] = EVERY_MODULE) -> str:
@@ -191,6 +192,21 @@ def test_the_core_does_not_import_the_dagster_adapter():
         m for m, ext in EXTERNAL.items() if ext & {"dagster", "dagster_defs", "dagster_graphql"} and not _in(m, "cli")
     )
     assert not users, users
+
+
+def test_the_core_does_not_import_the_airflow_adapter():
+    users = sorted(m for m, ext in EXTERNAL.items() if ext & {"airflow", "airflow_dags"})
+    assert not users, users
+
+
+def test_the_adapters_do_not_import_each_other():
+    crossing = sorted(
+        f"{m} imports {d}"
+        for m, deps in WHOLE.items()
+        for d in deps
+        if {m.split(".")[0], d.split(".")[0]} == {"dagster_defs", "airflow_dags"}
+    )
+    assert not crossing, crossing
 
 
 def test_deltalake_only_in_storage():

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from cq_engine.durations import format_duration
 from cq_engine.errors import CQError
-from cq_engine.model import ContinuousQuery, PeriodTrigger, Stream
+from cq_engine.model import ContinuousQuery, PeriodTrigger, Resample, Stream
 from cq_engine.resample import timing
 from cq_engine.schedule.cron import CronPlan, period_cron, period_ticks, resample_cron
 from cq_engine.times import EPOCH, UTC, iso, parse_time
@@ -21,14 +21,15 @@ TimeRange = tuple[datetime, datetime]
 
 @dataclass(frozen=True)
 class Ticks:
-    """Instants in ``[start, end)`` (``between``), the time range each one covers, and a cron plan
-    when one exists."""
+    """Instants in ``[start, end)`` (``between``), the time range each one covers, a cron plan when
+    one exists, and the first instant at or after a time when it is known directly (``first_from``)."""
 
     every: timedelta
     description: str
     between: Callable[[datetime, datetime], list[datetime]]
     range_of: Callable[[datetime], TimeRange]
     cron: Callable[[datetime], CronPlan | None]
+    first_from: Callable[[datetime], datetime] | None = None
 
     def is_tick(self, t: datetime) -> bool:
         return bool(self.between(t, t + _US))
@@ -44,6 +45,15 @@ class Ticks:
                 return found[-1]
         return None
 
+    def next(self, at: datetime) -> datetime | None:
+        """The first tick at or after ``at`` (None if none comes): ``first_from`` when the schedule
+        knows it directly, else looked for in the next two periods and a day (a PERIOD's ticks start
+        again at each local midnight, or every period past a day)."""
+        if self.first_from is not None:
+            return self.first_from(at)
+        found = self.between(at, at + max(self.every, timedelta(days=1)) * 2 + timedelta(hours=1))
+        return found[0] if found else None
+
     def due(self, *, cursor: datetime | None, now: datetime) -> list[datetime]:
         """Ticks after ``cursor`` up to ``now``; without a cursor only the latest one."""
         latest = self.latest(now)
@@ -57,16 +67,26 @@ class Ticks:
 def ticks_of(definition: ContinuousQuery | Stream, *, timezone: str, created: datetime = EPOCH) -> Ticks:
     """The ticks of a continuous query (RESAMPLE) or a PERIOD stream (created: its creation time)."""
     if isinstance(definition, ContinuousQuery):
-        r = definition.resample
-        return Ticks(
-            every=r.every,
-            description=f"every {format_duration(r.every)} from {iso(r.boundary)}",
-            between=lambda a, b: timing.firing_times_between(r, start=a, end=b),
-            range_of=lambda t: timing.time_range(r, t),
-            cron=lambda now: resample_cron(every=r.every, boundary=r.boundary, timezone=timezone, verify_from=now),
-        )
+        return resample_ticks(definition.resample, timezone=timezone)
     trig = definition.trigger
     assert isinstance(trig, PeriodTrigger)
+    return period_ticks_of(trig, timezone=timezone, created=created)
+
+
+def resample_ticks(r: Resample, *, timezone: str) -> Ticks:
+    """The firings of a RESAMPLE clause (``timezone``: where its cron plan is expressed)."""
+    return Ticks(
+        every=r.every,
+        description=f"every {format_duration(r.every)} from {iso(r.boundary)}",
+        between=lambda a, b: timing.firing_times_between(r, start=a, end=b),
+        range_of=lambda t: timing.time_range(r, t),
+        cron=lambda now: resample_cron(every=r.every, boundary=r.boundary, timezone=timezone, verify_from=now),
+        first_from=lambda t: timing.first_firing(r, deployed_at=t),
+    )
+
+
+def period_ticks_of(trig: PeriodTrigger, *, timezone: str, created: datetime = EPOCH) -> Ticks:
+    """The ticks of ``PERIOD(period, offset)`` in ``timezone``, from ``created`` on."""
 
     def between(a: datetime, b: datetime) -> list[datetime]:
         return period_ticks(

@@ -1,0 +1,114 @@
+"""``build_dags``: every continuous query and PERIOD stream of ``CQ_SQL_DIR`` as a DAG of one task.
+
+Runs when Airflow parses the DAG file, so it imports no Spark, Dagster or Delta code and writes
+nothing but the catalog's last good versions (``cq_engine.lastgood``, as the Dagster location does).
+A ``.sql`` file that fails to load becomes Airflow's import error of the DAG file (through one
+stand-in DAG whose validation fails with every ``file:line:col`` message); the other DAGs load."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pendulum
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG
+
+from cq_engine.catalog import settings_catalog
+from cq_engine.config import Settings, load_settings
+from cq_engine.errors import CQError, ParseError
+from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, Stream
+
+from .assets import table_asset
+from .tasks import run_firing
+from .timetable import CQTimetable
+
+ERROR_DAG_ID = "cq_load_errors"
+_DAY = timedelta(days=1)
+# Each firing is an idempotent replace of its range: a retry after a lost Spark connection is safe.
+RETRY_ARGS = {"retries": 3, "retry_delay": timedelta(seconds=2), "retry_exponential_backoff": 2.0}
+
+
+class SqlLoadError(Exception):
+    """One or more ``.sql`` files of ``CQ_SQL_DIR`` did not load (one ``file:line:col: message`` a line)."""
+
+
+class LoadErrorDag(DAG):
+    """Stands in for the definitions that did not load: Airflow validates each DAG of a file before it
+    keeps it, and records a failing one as the file's import error without dropping the others."""
+
+    def validate(self) -> None:
+        raise SqlLoadError(self.description)
+
+
+def build_dags(*, settings: Settings | None = None) -> dict[str, DAG]:
+    """DAG id -> DAG for every continuous query and PERIOD stream; a stand-in ``cq_load_errors`` when
+    a file (or the directory) failed to load."""
+    settings = settings or load_settings()
+    errors: list[str] = []
+    dags: dict[str, DAG] = {}
+    try:
+        catalog = settings_catalog(settings)
+    except CQError as exc:  # the sql directory itself is unusable
+        errors.append(str(exc))
+    else:
+        errors += [f"{e}; {e.consequence()}" for e in catalog.errors]
+        for definition in catalog.definitions:
+            try:
+                dag = build_dag(definition, settings=settings)
+            except CQError as exc:
+                errors.append(str(exc))
+            else:
+                if dag is not None:
+                    dags[dag.dag_id] = dag
+    if errors:
+        dags[ERROR_DAG_ID] = LoadErrorDag(dag_id=ERROR_DAG_ID, schedule=None, description="\n".join(errors))
+    return dags
+
+
+def build_dag(definition: Definition, *, settings: Settings) -> DAG | None:
+    """The definition's DAG, or None for a window-triggered stream (not scheduled by time)."""
+    timetable = timetable_of(definition, timezone=settings.timezone)
+    if timetable is None:
+        return None
+    blocked = definition.timeout_policy == "BLOCKED"
+    sources = sorted({t for t in (definition.source, getattr(definition, "trigger_table", None)) if t})
+    with DAG(
+        dag_id=definition.name,
+        schedule=timetable,
+        # Only a bound: the first run is the first firing at or after the DAG is first scheduled.
+        start_date=pendulum.instance(datetime(1970, 1, 1, tzinfo=UTC)).in_timezone(settings.timezone),
+        # BLOCKED: every firing, one at a time, in order, none before the one before it succeeded;
+        # DISCARD: one at a time, what came due meanwhile skipped (CQTimetable without catchup).
+        catchup=blocked,
+        max_active_runs=1,
+        default_args={**RETRY_ARGS, "depends_on_past": blocked},
+        description=f"{definition.kind} {definition.name}: {timetable.description}, {definition.timeout_policy}",
+        doc_md=f"`{definition.location}`\n\n```sql\n{definition.sql}\n```",
+        tags=["cq-engine", definition.kind],
+    ) as dag:
+        PythonOperator(
+            task_id="fire",
+            python_callable=run_firing,
+            op_kwargs={"name": definition.name, "lag_us": timetable.lag // timedelta(microseconds=1)},
+            inlets=[table_asset(t, settings=settings) for t in sources],
+            outlets=[table_asset(definition.sink, settings=settings)] if definition.sink else [],
+        )
+    return dag
+
+
+def timetable_of(definition: Definition, *, timezone: str) -> CQTimetable | None:
+    if isinstance(definition, ContinuousQuery):
+        return CQTimetable.for_resample(definition.resample, timezone=timezone)
+    assert isinstance(definition, Stream)
+    trigger = definition.trigger
+    if not isinstance(trigger, PeriodTrigger):
+        return None
+    if trigger.period >= _DAY:
+        raise ParseError(
+            "a PERIOD of a day or more is anchored at the stream's creation, which only the engine's "
+            "state records: not scheduled under Airflow",
+            file=definition.location.file,
+            line=definition.location.line,
+            col=definition.location.col,
+        )
+    return CQTimetable.for_period(trigger, timezone=timezone)

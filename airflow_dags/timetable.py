@@ -1,0 +1,136 @@
+"""``CQTimetable``: a DAG run per firing of a continuous query (RESAMPLE EVERY, BOUNDARY, RANGE) or tick
+of a PERIOD stream, at the engine's firing time, its data interval the firing's range. The times come
+from ``cq_engine.schedule.ticks``; this module only maps them onto Airflow's timetable protocol."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pendulum
+from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction, Timetable
+
+from cq_engine.model import PeriodTrigger, Resample
+from cq_engine.schedule.ticks import Ticks, period_ticks_of, resample_ticks
+from cq_engine.times import iso, parse_time
+
+_US = timedelta(microseconds=1)
+
+
+def _us(value: timedelta) -> int:
+    return value // _US
+
+
+class CQTimetable(Timetable):
+    """The firings of one definition. ``spec`` is plain JSON (what the DAG's serialization stores):
+    ``kind`` ``resample`` (``every_us``, ``start_us``, ``end_us``, ``boundary``) or ``period``
+    (``period_us``, ``offset_us``), and ``timezone`` (CQ_TIMEZONE). Without ``catchup`` (DISCARD),
+    a firing that came due while the run before it was active is skipped: the next run is the first
+    firing at or after the moment Airflow asks, which it does once that run has ended."""
+
+    periodic = True
+    can_be_scheduled = True
+    run_ordering = ("logical_date",)
+
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = dict(spec)
+        self.ticks, self.lag = _ticks(self.spec)
+        self.description = self.ticks.description
+
+    @classmethod
+    def for_resample(cls, r: Resample, *, timezone: str) -> CQTimetable:
+        return cls(
+            {
+                "kind": "resample",
+                "every_us": _us(r.every),
+                "start_us": _us(r.start_offset),
+                "end_us": _us(r.end_offset),
+                "boundary": iso(r.boundary),
+                "timezone": timezone,
+            }
+        )
+
+    @classmethod
+    def for_period(cls, trigger: PeriodTrigger, *, timezone: str) -> CQTimetable:
+        spec = {"kind": "period", "period_us": _us(trigger.period), "offset_us": _us(trigger.offset)}
+        return cls({**spec, "timezone": timezone})
+
+    # -- Airflow's protocol ------------------------------------------------------------------------
+    @classmethod
+    def deserialize(cls, data: dict[str, Any]) -> Timetable:
+        return cls(data)
+
+    def serialize(self) -> dict[str, Any]:
+        return dict(self.spec)
+
+    @property
+    def summary(self) -> str:
+        return self.description
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CQTimetable) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.spec.items())))
+
+    def fire_time(self, interval: DataInterval) -> datetime:
+        """The firing whose range is ``interval``: its end plus the RANGE end offset."""
+        return as_utc(interval.end) + self.lag
+
+    def run_info(self, fire: datetime) -> DagRunInfo:
+        lo, hi = self.ticks.range_of(fire)
+        return DagRunInfo(
+            run_after=self._local(fire),
+            data_interval=DataInterval(self._local(lo), self._local(hi)),
+        )
+
+    def infer_manual_data_interval(self, *, run_after: pendulum.DateTime) -> DataInterval:
+        """A manual run computes the latest firing due at ``run_after``."""
+        fire = self.ticks.latest(as_utc(run_after))
+        if fire is None:
+            return DataInterval.exact(run_after)
+        return self.run_info(fire).data_interval  # type: ignore[return-value]
+
+    def next_dagrun_info(
+        self, *, last_automated_data_interval: DataInterval | None, restriction: TimeRestriction
+    ) -> DagRunInfo | None:
+        now = datetime.now(UTC)
+        earliest = as_utc(restriction.earliest) if restriction.earliest else None
+        if last_automated_data_interval is None:
+            # IoTDB: the first firing at or after deployment (BOUNDARY if that is later); earlier
+            # firings are a backfill's.
+            nxt = self.ticks.next(max(now, earliest) if earliest else now)
+        else:
+            nxt = self.ticks.next(self.fire_time(last_automated_data_interval) + _US)
+            if nxt is not None and not restriction.catchup and nxt < now:
+                nxt = self.ticks.next(now)
+        if nxt is not None and earliest is not None and nxt < earliest:
+            nxt = self.ticks.next(earliest)
+        if nxt is None or (restriction.latest is not None and nxt > as_utc(restriction.latest)):
+            return None
+        return self.run_info(nxt)
+
+    def _local(self, t: datetime) -> pendulum.DateTime:
+        return pendulum.instance(as_utc(t)).in_timezone(self.spec["timezone"])
+
+
+def as_utc(t: datetime) -> datetime:
+    """A plain ``datetime`` in UTC: Airflow hands pendulum's, whose arithmetic with the engine's
+    standard-library datetimes fails."""
+    t = t.astimezone(UTC)
+    return datetime(t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond, tzinfo=UTC)
+
+
+def _ticks(spec: dict[str, Any]) -> tuple[Ticks, timedelta]:
+    """The engine's ticks for ``spec`` and how long after its range's end a firing runs."""
+    tz = spec["timezone"]
+    if spec["kind"] == "resample":
+        r = Resample(
+            every=spec["every_us"] * _US,
+            start_offset=spec["start_us"] * _US,
+            end_offset=spec["end_us"] * _US,
+            boundary=parse_time(spec["boundary"], tz=UTC, bounded=False),
+        )
+        return resample_ticks(r, timezone=tz), r.end_offset
+    trigger = PeriodTrigger(period=spec["period_us"] * _US, offset=spec["offset_us"] * _US)
+    return period_ticks_of(trigger, timezone=tz), timedelta(0)
