@@ -1,7 +1,7 @@
-"""dagster_defs.launcher: the run-worker health check that run monitoring calls, on a real Dagster
-instance configured as `cq dev`'s dagster.yaml configures it, against real processes. The daemon's side
-(a worker dies unnoticed, run monitoring fails its run, the batch sensor retries its firings) is
-tests/test_dagster_e2e.py's."""
+"""dagster_defs.launcher: the run-worker health check that run monitoring calls, and a launch that a
+code server shutting down refuses, on a real Dagster instance configured as `cq dev`'s dagster.yaml
+configures it, against real processes. The daemon's side (a worker dies unnoticed, run monitoring fails
+its run, the batch sensor retries its firings) is tests/test_dagster_e2e.py's."""
 
 from __future__ import annotations
 
@@ -103,3 +103,64 @@ def test_remote_host(info, expected):
 
 def test_this_hosts_own_name_is_local():
     assert remote_host(json.dumps({"host": socket.gethostname(), "port": 4000})) is None
+
+
+JOBS = """\
+import time
+
+import dagster as dg
+
+
+@dg.op
+def wait():
+    time.sleep(60)
+
+
+@dg.job
+def slow():
+    wait()
+
+
+defs = dg.Definitions(jobs=[slow])
+"""
+
+
+def test_a_launch_refused_by_a_code_server_shutting_down_is_left_to_the_queue(instance, tmp_path):
+    """A code server told to shut down (SIGTERM, a restart) keeps serving its runs in flight and refuses
+    new ones; Dagster would fail such a run. CQRunLauncher raises the error the queue retries instead
+    (``max_user_code_failure_retries`` in ``cq dev``'s and the Deployment's dagster.yaml)."""
+    from dagster._core.launcher import LaunchRunContext
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import GrpcServerTarget
+    from dagster._grpc.server import GrpcServerProcess
+
+    from dagster_defs.internals import DagsterUserCodeUnreachableError
+
+    assert yaml.safe_load(DAGSTER_YAML)["run_coordinator"]["config"]["max_user_code_failure_retries"] > 0
+    (tmp_path / "jobs.py").write_text(JOBS)
+    origin = LoadableTargetOrigin(executable_path=sys.executable, python_file=str(tmp_path / "jobs.py"))
+    with GrpcServerProcess(
+        instance_ref=instance.get_ref(), loadable_target_origin=origin, wait_on_exit=False
+    ) as server:
+        target = GrpcServerTarget(host="localhost", port=server.port, socket=server.socket, location_name="jobs")
+        with WorkspaceProcessContext(instance, target) as workspace:
+            context = workspace.create_request_context()
+            location = context.get_code_location("jobs")
+            job = location.get_repository("__repository__").get_full_job("slow")
+
+            def new_run():
+                return create_run_for_test(
+                    instance,
+                    job_name="slow",
+                    remote_job_origin=job.get_remote_origin(),
+                    job_code_origin=job.get_python_origin(),
+                )
+
+            first = new_run()
+            instance.run_launcher.launch_run(LaunchRunContext(dagster_run=first, workspace=context))
+            server.create_client().shutdown_server()  # it waits for `first` before it exits
+            second = new_run()
+            with pytest.raises(DagsterUserCodeUnreachableError, match="the code server is shutting down"):
+                instance.run_launcher.launch_run(LaunchRunContext(dagster_run=second, workspace=context))
+            instance.run_launcher.terminate(first.run_id)
