@@ -37,7 +37,7 @@ UI_FILES = {"test_dagster_ui.py"}
 
 def pytest_collection_modifyitems(config, items):
     # Every test of a module using the Dagster stack, those without the fixture too: a module's tests
-    # may share module state (test_dagster_e2e's untreated-windows test reads what its flow test found).
+    # may share module state, and its other tests then wait on no second worker's stack.
     stacked = {item.path.name for item in items if "dagster_stack" in item.fixturenames}
     for item in items:
         name = item.path.name
