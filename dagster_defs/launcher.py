@@ -50,6 +50,15 @@ class CQRunLauncher(DefaultRunLauncher):
             if SHUTTING_DOWN not in str(exc):
                 raise
             raise DagsterUserCodeUnreachableError(f"the code server is shutting down: {exc}") from exc
+        except DagsterUserCodeUnreachableError as exc:
+            if refused(exc):
+                raise  # the server never took the run: the queue tries again
+            # A call that timed out (a server waiting for its database) may have started the run: launched
+            # again, it would run twice. Failed, its firings are requested again by the batch sensor.
+            raise DagsterLaunchFailedError(
+                f"the code server did not confirm the run's launch ({exc}); not launched again, as it may "
+                "have started it"
+            ) from exc
 
     @property
     def supports_check_run_worker_health(self) -> bool:
@@ -129,3 +138,13 @@ def process_start(pid: int) -> tuple[bool, float | None]:
         float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
     )
     return True, boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # stat's field 22: start, in clock ticks
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether an unreachable code server refused the call before taking it: the connection was refused
+    (gRPC ``UNAVAILABLE``) or the server is shutting down, not a call that timed out."""
+    cause = exc.__cause__
+    code = getattr(cause, "code", None)
+    if SHUTTING_DOWN in str(exc):
+        return True
+    return callable(code) and getattr(code(), "name", None) == "UNAVAILABLE"

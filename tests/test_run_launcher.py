@@ -163,4 +163,42 @@ def test_a_launch_refused_by_a_code_server_shutting_down_is_left_to_the_queue(in
             second = new_run()
             with pytest.raises(DagsterUserCodeUnreachableError, match="the code server is shutting down"):
                 instance.run_launcher.launch_run(LaunchRunContext(dagster_run=second, workspace=context))
-            instance.run_launcher.terminate(first.run_id)
+            # The first run ends before the instance goes (its worker writes to the instance's storage).
+            assert instance.run_launcher.terminate(first.run_id)
+            deadline = time.monotonic() + 120
+            while instance.get_run_by_id(first.run_id).status not in (
+                dg.DagsterRunStatus.CANCELED,
+                dg.DagsterRunStatus.SUCCESS,
+                dg.DagsterRunStatus.FAILURE,
+            ):
+                assert time.monotonic() < deadline, instance.get_run_by_id(first.run_id).status
+                time.sleep(0.5)
+
+
+def test_only_a_refused_launch_is_left_to_the_queue_not_one_that_timed_out():
+    """A server that refused the connection never took the run: the queue may try again. A call that
+    timed out may have started it (a server waiting for its database): launched again, it would run
+    twice, so CQRunLauncher fails it instead (real gRPC calls to a closed port and to a silent one)."""
+    from dagster._grpc.__generated__ import dagster_api_pb2
+    from dagster._grpc.client import DagsterGrpcClient
+
+    from dagster_defs.internals import DagsterUserCodeUnreachableError
+    from dagster_defs.launcher import refused
+
+    def error(port: int) -> DagsterUserCodeUnreachableError:
+        client = DagsterGrpcClient(host="127.0.0.1", port=port)
+        with pytest.raises(DagsterUserCodeUnreachableError) as caught:
+            client._query("Ping", dagster_api_pb2.PingRequest, timeout=2, echo="x")
+        return caught.value
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert refused(error(port))
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    try:
+        timed_out = error(silent.getsockname()[1])
+    finally:
+        silent.close()
+    assert "timed out" in str(timed_out) and not refused(timed_out)
