@@ -16,9 +16,10 @@ import ipaddress
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
-from dagster import DagsterEventType, DagsterRun, DefaultRunLauncher
+from dagster import DagsterEventType, DagsterRun, DagsterRunStatus, DefaultRunLauncher
 
 from .internals import (
     GRPC_INFO_TAG,
@@ -28,6 +29,8 @@ from .internals import (
     WorkerStatus,
 )
 
+# How long a launch whose call timed out waits for its worker to start before the run is failed.
+LAUNCH_CONFIRM_SECONDS = 30.0
 # What a code server answers a run's launch with between SIGTERM and its exit (dagster._grpc.server).
 SHUTTING_DOWN = "after telling it to shut down"
 WORKER_STARTED = "Started process for run (pid: "  # the engine event the worker writes first (dagster._grpc.impl)
@@ -54,11 +57,25 @@ class CQRunLauncher(DefaultRunLauncher):
             if refused(exc):
                 raise  # the server never took the run: the queue tries again
             # A call that timed out (a server waiting for its database) may have started the run: launched
-            # again, it would run twice. Failed, its firings are requested again by the batch sensor.
+            # again, it would run twice. Its worker starting says it did; otherwise it is failed, and its
+            # firings are requested again by the batch sensor (a worker starting later ignores a failed run).
+            if self._worker_started_within(context.dagster_run.run_id, LAUNCH_CONFIRM_SECONDS):
+                return
             raise DagsterLaunchFailedError(
                 f"the code server did not confirm the run's launch ({exc}); not launched again, as it may "
                 "have started it"
             ) from exc
+
+    def _worker_started_within(self, run_id: str, seconds: float) -> bool:
+        """Whether the run's worker has started it (the run left STARTING) within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            run = self._instance.get_run_by_id(run_id)
+            if run is None or run.status not in (DagsterRunStatus.STARTING, DagsterRunStatus.QUEUED):
+                return run is not None
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1.0)
 
     @property
     def supports_check_run_worker_health(self) -> bool:
