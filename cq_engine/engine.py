@@ -165,15 +165,15 @@ class Engine:
         with reported(stream.name, stream.location):
             return stream_run.run_work(self.ctx, stream, work)
 
-    def run_period(self, name: str, tick: datetime) -> RunResult:
-        """Execute a PERIOD stream's tick."""
+    def run_period(self, name: str, tick: datetime, *, once: bool = False) -> RunResult:
+        """Execute a PERIOD stream's tick (``once``: ``streams.run.run_period``'s)."""
         stream = self.stream(name)
         if not isinstance(stream.trigger, PeriodTrigger):
             raise CQError(f"{name!r} is not a PERIOD stream: its runs come from its sensor (`cq tick {name}`)")
         from cq_engine.streams import run as stream_run
 
         with reported(stream.name, stream.location):
-            return stream_run.run_period(self.ctx, stream, tick, ticks=self.ticks(name, now=tick))
+            return stream_run.run_period(self.ctx, stream, tick, ticks=self.ticks(name, now=tick), once=once)
 
     def ticks(self, name: str, *, now: datetime) -> Ticks:
         """The firing instants of a continuous query or a PERIOD stream; a PERIOD stream's are anchored

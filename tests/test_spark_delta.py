@@ -344,6 +344,26 @@ def test_a_firing_upserted_once_is_not_written_again_by_a_second_run(spark, tmp_
 
 
 @pytest.mark.parametrize("storage", UPSERT_PATHS)
+def test_a_range_replaced_once_is_not_written_again_by_a_second_run(spark, tmp_path, storage):
+    # A batch run's PERIOD tick (replace_where once): the same, for a replace, on every write path.
+    from cq_engine.storage.predicates import range_predicate
+
+    engine = _upsert_engine(spark, tmp_path, storage)
+    s = engine.storage
+    kwargs = dict(predicate=range_predicate("ts", (T0, T0 + 10 * M)), time_column="ts", app_id="test/period", once=True)
+    v = s.replace_where("per_minute_out", _cells([(0, "a", 1.0, 1)]), app_version=5, **kwargs)
+    again = _cells([(0, "a", 9.0, 9), (1, "b", 9.0, 9)])
+    for version in (5, 4):  # the same tick again, an earlier tick
+        data = spark.createDataFrame(again) if storage == "spark-frame" else again
+        with pytest.raises(AlreadyCommitted):
+            s.replace_where("per_minute_out", data, app_version=version, **kwargs)
+    assert s.version("per_minute_out") == v and sink(engine, "per_minute_out") == [(T0, "a", 1.0, 1)]
+    data = spark.createDataFrame(again) if storage == "spark-frame" else again
+    assert s.replace_where("per_minute_out", data, app_version=6, **kwargs) > v
+    assert sorted(sink(engine, "per_minute_out"), key=str) == [(T0, "a", 9.0, 9), (T0 + M, "b", 9.0, 9)]
+
+
+@pytest.mark.parametrize("storage", UPSERT_PATHS)
 def test_upsert_cells_overwrites_non_null_cells_adds_rows_and_deletes_nothing(spark, tmp_path, storage):
     # IoTDB's SELECT ... INTO: a non-NULL cell overwrites the point at its time and device, a NULL one
     # writes nothing, a new key is added, every other row stays (inside the range too).

@@ -1,7 +1,9 @@
 """Streams end to end: a .sql file → the sensor over Delta versions → one Spark job per run → the sink,
 asserted after every tick against reference computations over the table's rows."""
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import window_reference as ref
@@ -324,6 +326,72 @@ def test_period_stream_reads_the_rows_committed_since_the_previous_tick(tmp_path
     assert [r["n"] for r in b.sink("whole_out")] == [10]
     with pytest.raises(CQError, match="PERIOD stream: RECALCULATE applies to every other trigger type"):
         b.engine.recalculate("per", start=T0)
+
+
+@BOTH
+def test_a_period_tick_run_by_two_batch_runs_at_once_is_committed_and_recorded_once(tmp_path, spark):
+    """Two batch runs holding the same PERIOD tick (a launch that timed out and was retried, a lost
+    cursor): the sink's idempotent-write identity lets one commit it; the other skips it
+    (``AlreadyCommitted``) and records nothing, as a continuous query's firing is."""
+    import queue
+    import threading
+
+    from cq_engine.engine import Engine
+    from cq_engine.resample.rounds import execute_rounds
+
+    b = Bench(
+        tmp_path,
+        spark,
+        "CREATE STREAM whole PERIOD(1m) INTO whole_out AS SELECT _tlocaltime, count(*) AS n FROM meters;",
+    )
+    b.append([(s, "d1", 1.0) for s in range(4)])
+    runs = [b.engine, Engine(settings=b.settings, spark_session=spark)]  # two runs' engines
+
+    def batch(engine, tick, before_commit=None):
+        if before_commit is not None:  # both runs have computed the tick before either commits
+            real = engine.storage.replace_where
+            engine.storage.replace_where = lambda *a, **kw: (before_commit.wait(timeout=120), real(*a, **kw))[1]
+        out: queue.Queue = queue.Queue()
+        execute_rounds(engine, {"whole": [tick]}, {}, out)
+        return _drained(out)
+
+    def succeeded(tick):
+        return [e for e in runs[0].ledger.entries("whole") if e.fire_time == tick and e.status == "succeeded"]
+
+    # One after the other: the second run finds the tick in the sink and skips it.
+    assert batch(runs[0], NOW) == [("ok", "RunResult")]
+    assert batch(runs[1], NOW) == [("skipped", "AlreadyCommitted")]
+    assert len(succeeded(NOW)) == 1 and [r["n"] for r in b.sink("whole_out")] == [4]
+
+    # At the same time: both compute, both commit; exactly one commit lands.
+    b.append([(70, "d1", 1.0)])
+    barrier = threading.Barrier(2)
+    seen: list = []
+    threads = [threading.Thread(target=lambda e=e: seen.extend(batch(e, NOW + M, barrier))) for e in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(seen) == [("ok", "RunResult"), ("skipped", "AlreadyCommitted")], seen
+    assert len(succeeded(NOW + M)) == 1
+    assert sorted(r["n"] for r in b.sink("whole_out")) == [4, 5]
+    # One commit per tick in the sink's log (each carries the tick's application transaction).
+    log = Path(b.settings.table_uri("whole_out")) / "_delta_log"
+    ticks = [
+        json.loads(line)["txn"]["version"]
+        for f in sorted(log.glob("*.json"))
+        for line in f.read_text().splitlines()
+        if '"txn"' in line and "cq-engine/whole/period" in line
+    ]
+    assert sorted(ticks) == [us(NOW), us(NOW + M)], ticks
+
+
+def _drained(out) -> list[tuple[str, str]]:
+    items = []
+    while not out.empty():
+        kind, _d, _fire, value = out.get_nowait()
+        items.append((kind, type(value).__name__))
+    return items
 
 
 @BOTH

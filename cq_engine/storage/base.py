@@ -161,10 +161,13 @@ class Storage(Protocol):
         metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
         source_versions: Mapping[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """Atomically replace every row matching ``predicate`` (delta-rs SQL) by ``data`` (one commit
         carrying the application transaction); creates the table if missing; ``check`` sees the data
-        (cast to the table's schema) before it is written. Returns the new version."""
+        (cast to the table's schema) before it is written. Returns the new version. ``once``: as
+        ``upsert_cells``'s, the application transaction is the idempotent-write identity and a table
+        holding it (at ``app_version`` or later) raises ``AlreadyCommitted``."""
 
     def read_added(
         self,

@@ -485,6 +485,7 @@ class DeltaRsStorage(DeltaStateTables):
         metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
         source_versions: Mapping[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """Replace every row matching ``predicate`` (delta-rs SQL, e.g. from ``ranges_predicate`` or
         ``groups_predicate``) by ``data`` in one commit carrying the application transaction
@@ -497,7 +498,8 @@ class DeltaRsStorage(DeltaStateTables):
 
         A commit that conflicts with a concurrent writer is written again, up to ``MAX_ATTEMPTS``
         times with a jittered backoff (``storage.retry``); a ``RecordBatchReader`` is streamed once
-        and replayed from a local spill file."""
+        and replayed from a local spill file. ``once``: skipped with ``AlreadyCommitted`` where the
+        table holds ``(app_id, app_version)`` already (``Storage.replace_where``)."""
         return self._replace(
             table,
             data,
@@ -507,6 +509,8 @@ class DeltaRsStorage(DeltaStateTables):
             app_id=app_id,
             app_version=app_version,
             metadata=metadata,
+            txn=(app_id, app_version) if once else None,
+            once=once,
         )
 
     def upsert_cells(
@@ -610,19 +614,20 @@ class DeltaRsStorage(DeltaStateTables):
         app_version: int,
         metadata: Mapping[str, str] | None,
         txn: tuple[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """``replace_where`` with the predicate and check made from the stored time column's name.
         ``txn``: Delta's idempotent-write identity ``(txnAppId, txnVersion)`` as delta-spark records it:
         a write whose identity the table already holds at that version or later is skipped (the
-        table's version is returned), else the commit records it."""
+        table's version is returned; ``once``: ``AlreadyCommitted``), else the commit records it."""
         dt = self._open_or_create(table, lambda: data.schema, time_column=time_column)
         self._check_delta_rs_writes(table, dt)
         if self._already_written(table, dt, txn):
             if isinstance(data, pa.RecordBatchReader):
                 for _ in data:  # drained, so the caller counts the rows that identity wrote
                     pass
-            self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
-            return dt.version()  # this identity already committed these rows (delta-spark skips it too)
+            # This identity already committed these rows (delta-spark skips it too).
+            return self._skipped(table, dt, txn, once=once)
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
         commit_id, props = _commit_properties(app_id, app_version, txn, metadata)
@@ -659,9 +664,9 @@ class DeltaRsStorage(DeltaStateTables):
 
         txns = _txns(app_id, app_version, txn)
         if stream is None:
-            return self._commit(table, dt, write, commit_id=commit_id, txns=txns, txn=txn)
+            return self._commit(table, dt, write, commit_id=commit_id, txns=txns, txn=txn, once=once)
         with stream:
-            return self._commit(table, dt, write, commit_id=commit_id, txns=txns, txn=txn)
+            return self._commit(table, dt, write, commit_id=commit_id, txns=txns, txn=txn, once=once)
 
     def _check_delta_rs_writes(self, table: str, dt: DeltaTable) -> None:
         """A storage that also writes with Spark's connector refuses here a table delta-rs cannot write."""

@@ -265,9 +265,11 @@ class SparkDeltaStorage(DeltaRsStorage):
         metadata: Mapping[str, str] | None = None,
         check: Callable[[pa.RecordBatch | pa.Table], None] | None = None,
         source_versions: Mapping[str, int] | None = None,
+        once: bool = False,
     ) -> int:
         """Replace the rows matching ``predicate`` (``storage.predicates`` SQL) by ``data`` in one
-        commit; ``check`` sees Arrow data (cast to the table's schema) before it is written."""
+        commit; ``check`` sees Arrow data (cast to the table's schema) before it is written;
+        ``once`` as ``Storage.replace_where``'s."""
         return self._write(
             table,
             data,
@@ -279,6 +281,7 @@ class SparkDeltaStorage(DeltaRsStorage):
             metadata=metadata,
             source_versions=source_versions,
             outside=f"not matching the replaced rows' condition {predicate}",
+            once=once,
         )
 
     def _write(
@@ -294,9 +297,10 @@ class SparkDeltaStorage(DeltaRsStorage):
         metadata: Mapping[str, str] | None,
         source_versions: Mapping[str, int] | None,
         outside: str,
+        once: bool = False,
     ) -> int:
         arrow = not hasattr(data, "sparkSession")
-        txn = _txn(app_id, app_version, source_versions)
+        txn = (app_id, app_version) if once else _txn(app_id, app_version, source_versions)
         if arrow and self._driver_writes(table):
             # The rows are in this process already: shipping them to the JVM to write them there
             # only adds Spark jobs. delta-rs commits them with the same idempotent-write identity.
@@ -311,10 +315,13 @@ class SparkDeltaStorage(DeltaRsStorage):
                     app_version=app_version,
                     metadata=metadata,
                     txn=txn,
+                    once=once,
                 )
         if isinstance(data, pa.RecordBatchReader):
             data = data.read_all()
         dt = self._open_or_create(table, lambda: data.schema if arrow else arrow_schema(data), time_column=time_column)
+        if once and self._already_written(table, dt, txn):
+            return self._skipped(table, dt, txn, once=once)  # Delta would skip it: no Spark job
         column = self._time_field(table, dt, time_column)
         target = pa.schema(dt.schema().to_arrow())
         if arrow:
@@ -352,6 +359,10 @@ class SparkDeltaStorage(DeltaRsStorage):
                     raise
                 LOG.info("table %s: concurrent commit, retrying the write (%d)", table, attempt + 1)
                 time.sleep(0.05 * (attempt + 1))
+                if once:  # the winner may have written this identity: Delta would skip it
+                    dt.update_incremental()
+                    if self._already_written(table, dt, txn):
+                        return self._skipped(table, dt, txn, once=once)
         self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
         return self._committed_version(table, commit_id)
 

@@ -602,10 +602,12 @@ def _period_tick(stream: Stream, tick: datetime, ticks) -> tuple[datetime, datet
     return ticks.range_of(tick)[0], (after[0] if after else tick + trig.period)
 
 
-def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> RunResult:
+def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks, once: bool = False) -> RunResult:
     """One PERIOD tick (``ticks``: the stream's ``ticks.Ticks``): the subquery over ``%%trows`` (rows
     committed to the trigger table since the previous tick) or over its FROM table, written at the
-    tick's time."""
+    tick's time. ``once``: a tick whose sink holds it, or a later tick, already (committed by another
+    run at the same time) raises ``AlreadyCommitted`` and is recorded nowhere, as a continuous
+    query's firing in a batch run is; the ledger's check alone sees only the runs before."""
     prev_tick, next_tick = _period_tick(stream, tick, ticks)
     versions: dict[str, int] = {}
     paused = notify_outbox.gate(ctx, stream)
@@ -655,6 +657,7 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks) -> 
             ),
             app_version=micros(tick - EPOCH),
             kind="period",
+            once=once,
         )
         return _Outcome(written, version, (scanned[0], scanned[1]), result, lambda group, start: start == prev_tick)
 

@@ -44,9 +44,11 @@ def write_sink(
     gone: list[int],
     app_version: int,
     kind: str,
+    once: bool = False,
 ) -> tuple[int, int | None]:
     """Write the result rows that are due (closed, or open when ``open_ok``; FORCE_OUTPUT's rows),
-    replacing the rows ``ranges_of(sink time column)`` selects and the groups in ``gone``."""
+    replacing the rows ``ranges_of(sink time column)`` selects and the groups in ``gone``. ``once``:
+    a sink that holds this write's identity ``(kind, app_version)`` already raises ``AlreadyCommitted``."""
     if not writes(stream):
         return 0, None
     schema = _sink_schema(ctx, stream)
@@ -73,6 +75,7 @@ def write_sink(
         app_id=f"cq-engine/{stream.name}/{kind}",
         app_version=app_version,
         metadata={"cq.definition": stream.name, "cq.kind": kind},
+        once=once,
     )
     return data.num_rows, version
 
