@@ -502,3 +502,36 @@ def test_an_upsert_into_a_range_no_file_holds_is_a_replace_and_merges_where_rows
         (10.0002, 8.0),
         (10.0004, 3.0),
     ]
+
+
+# -- a state row appended once (append_state(once=...)) ---------------------------------------------
+def test_a_state_row_appended_once_is_appended_by_one_of_two_writers_even_at_the_same_moment(tmp_path, monkeypatch):
+    """Two runs of one PERIOD tick record its %%trows versions: the first append stands, the second
+    (after it, or racing it) appends nothing and says so, so both read the first's row."""
+    from cq_engine.storage import state
+
+    def row(until: int) -> pa.Table:
+        return pa.table({"tick": pa.array([5], pa.int64()), "until": pa.array([until], pa.int64())})
+
+    a, b = DeltaRsStorage(warehouse=str(tmp_path)), DeltaRsStorage(warehouse=str(tmp_path))
+    assert a.append_state("ticks", row(1), once=("t", 5)) is True
+    assert b.append_state("ticks", row(2), once=("t", 5)) is False  # after it
+    assert b.append_state("ticks", row(3), once=("t", 4)) is False  # an earlier one, after a later
+    assert b.append_state("ticks", row(4)) is True  # without once: always
+    assert sorted(b.read_state("ticks").column("until").to_pylist()) == [1, 4]
+
+    # At the same moment: both have checked the table before either commits.
+    barrier, real = threading.Barrier(2), state.write_deltalake
+    monkeypatch.setattr(state, "write_deltalake", lambda *args, **kw: (barrier.wait(timeout=60), real(*args, **kw))[1])
+    results: list[bool] = []
+    writers = [
+        threading.Thread(target=lambda s=s, u=u: results.append(s.append_state("ticks", row(u), once=("t", 6))))
+        for s, u in ((a, 10), (b, 20))
+    ]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(timeout=120)
+    assert sorted(results) == [False, True]
+    untils = sorted(a.read_state("ticks").column("until").to_pylist())
+    assert untils in ([1, 4, 10], [1, 4, 20]), untils

@@ -215,8 +215,10 @@ class Storage(Protocol):
     def read_state(self, name: str) -> pa.Table | None:
         """The state table ``name``, or None if it was never written."""
 
-    def append_state(self, name: str, data: pa.Table) -> None:
-        """Append to the state table ``name`` in one commit, creating it if missing."""
+    def append_state(self, name: str, data: pa.Table, *, once: tuple[str, int] | None = None) -> bool:
+        """Append to the state table ``name`` in one commit, creating it if missing; whether it appended
+        (``once``: an application transaction ``(app_id, version)``; a table that holds ``app_id`` at
+        ``version`` or later, even from a concurrent writer, is left alone)."""
 
     def overwrite_state(
         self, name: str, data: pa.Table, *, app_id: str | None = None, app_version: int | None = None

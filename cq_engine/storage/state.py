@@ -80,30 +80,49 @@ class DeltaStateTables:
         except TableNotFoundError:
             return None
 
-    def append_state(self, name: str, data: pa.Table) -> None:
-        """Append ``data`` to the state table ``name`` in one commit, creating it if missing."""
+    def append_state(self, name: str, data: pa.Table, *, once: tuple[str, int] | None = None) -> bool:
+        """Append ``data`` to the state table ``name`` in one commit, creating it if missing; whether it
+        appended. ``once``: an application transaction ``(app_id, version)`` the commit carries; a
+        table holding ``app_id`` at ``version`` or later already is left alone (another writer
+        appended these rows, also at the same moment: delta-rs refuses the second of two concurrent
+        commits carrying one app id, and the table is checked again after the conflict)."""
         uri = self.state_uri(name)
         dt = self._writable(uri)
+        props = (
+            None if once is None else CommitProperties(app_transactions=[Transaction(app_id=once[0], version=once[1])])
+        )
+        held = [False]
 
         def write(attempt: int) -> None:
+            nonlocal dt
             # Retried: e.g. two first writers racing to create the table; the loser appends on its next try.
+            if dt is None and attempt:
+                dt = self._writable(uri)
             if dt is None:
                 write_deltalake(
                     uri,
                     data,
                     mode="append",
                     configuration=NEW_TABLE_PROPERTIES,
+                    commit_properties=props,
                     post_commithook_properties=WRITER_HOOKS,
                     storage_options=self.storage_options,
                 )
                 return
             if attempt:
                 dt.update_incremental()
-            write_deltalake(dt, data, mode="append", post_commithook_properties=WRITER_HOOKS)
+            if once is not None:
+                version = dt.transaction_version(once[0])
+                if version is not None and version >= once[1]:
+                    held[0] = True
+                    return
+            write_deltalake(dt, data, mode="append", commit_properties=props, post_commithook_properties=WRITER_HOOKS)
 
         retry_conflicts(write)
         if dt is not None:
             self.open_tables.give(uri, dt, storage_options=self.storage_options)
+        if held[0]:
+            return False
         # Each append adds a small file and a read opens every live one: the append landing on a
         # multiple of STATE_COMPACT_EVERY compacts them (the ledger read by each run stays a few files).
         seen = self.__dict__.setdefault("_state_versions", {})
@@ -113,6 +132,7 @@ class DeltaStateTables:
             # Lost a race with a writer: the next multiple (or `cq maintain`) does it.
             with contextlib.suppress(DeltaError):
                 compact_files(DeltaTable(uri, storage_options=self.storage_options))
+        return True
 
     def replace_state_where(self, name: str, rows: Callable[[pa.Table], pa.Table], *, predicate: str) -> None:
         """Replace the rows of the state table ``name`` matching ``predicate`` (delta-rs SQL) by

@@ -675,27 +675,38 @@ def run_period(ctx: EngineContext, stream: Stream, tick: datetime, *, ticks, onc
 
 def _tick_versions(ctx: EngineContext, stream: Stream, tick: datetime) -> tuple[int, int]:
     """The trigger-table versions ``(after, until]`` whose rows are this tick's ``%%trows``; recorded
-    so a retried tick reads the same rows. The first tick only sets the baseline."""
+    so a retried tick reads the same rows. The first tick only sets the baseline. Recorded once even
+    by two runs of the tick at the same moment (the tick as the append's application transaction):
+    the second reads the first's, so the tick after reads on from the versions the sink was written
+    with, not from a loser's later ``until``."""
     name = state_name(stream, "ticks")
-    recorded = ctx.storage.read_state(name)
-    rows = recorded.to_pylist() if recorded is not None else []
-    for r in rows:
-        if r["tick"] == tick:
-            return r["after"], r["until"]
+
+    def recorded() -> tuple[list[dict], tuple[int, int] | None]:
+        table = ctx.storage.read_state(name)
+        rows = table.to_pylist() if table is not None else []
+        return rows, next(((r["after"], r["until"]) for r in rows if r["tick"] == tick), None)
+
+    rows, found = recorded()
+    if found is not None:
+        return found
     assert stream.trigger_table is not None  # %%trows reads the trigger table
     until = ctx.storage.version(stream.trigger_table)
     earlier = [r["until"] for r in rows if r["tick"] < tick]
     after = max(earlier) if earlier else until
-    ctx.storage.append_state(
-        name,
-        pa.table(
-            {
-                "tick": pa.array([tick], pa.timestamp("us", tz="UTC")),
-                "after": pa.array([after], pa.int64()),
-                "until": pa.array([until], pa.int64()),
-            }
-        ),
+    row = pa.table(
+        {
+            "tick": pa.array([tick], pa.timestamp("us", tz="UTC")),
+            "after": pa.array([after], pa.int64()),
+            "until": pa.array([until], pa.int64()),
+        }
     )
+    if ctx.storage.append_state(name, row, once=(f"cq-engine/{stream.name}/ticks", micros(tick - EPOCH))):
+        return after, until
+    rows, found = recorded()
+    if found is not None:  # another run recorded this tick meanwhile: its versions
+        return found
+    # A tick before the latest recorded one, run by hand (`cq tick NAME --at`): recorded as it is.
+    ctx.storage.append_state(name, row)
     return after, until
 
 
