@@ -39,6 +39,9 @@ NAME = "soak"
 SUBPROCESS = True
 REPO = Path(__file__).resolve().parent.parent
 CQ_SHARE, CQ_LAG, STREAM_SHARE, STREAM_P95, HEAP_GROWTH = 0.99, 60.0, 1.0, 20.0, 1.10
+# Minutes between the live-heap readings inside the window (CQ_BENCH_SOAK_HEAP_EVERY): a 2-hour soak
+# reads them at minutes 0, 30, 60, 90 and 120.
+HEAP_EVERY = 30
 # What a sensor's computation said when the code server it ran in was replaced under it.
 SHUTDOWN_ERROR = "cannot schedule new futures"
 
@@ -136,6 +139,28 @@ def _live_heaps(memory: dict[int, tuple[str, int]], *, samples: int = 5, apart: 
                 if used:
                     out[pid] = min(out.get(pid, 2**31), int(used.group(1)) // 1024)
     return out
+
+
+def _heaps_line(heaps: dict[int, int], memory: dict[int, tuple[str, int]]) -> str:
+    return ", ".join(f"{memory[p][0]} {mib}" for p, mib in sorted(heaps.items()) if p in memory) or "-"
+
+
+def _heap_readings(readings: list[tuple[int, dict[int, int]]], memory: dict[int, tuple[str, int]]) -> list[str]:
+    """The JVMs' live heaps at each reading (minute 0, every ``HEAP_EVERY`` minutes, the end) and the
+    growth after the first reading past minute 30: what goes on growing once the caches are warm."""
+    pids = [p for p in sorted(readings[0][1]) if all(p in heaps for _m, heaps in readings) and p in memory]
+    notes = [
+        "JVM heap in use after a full GC, MiB, at minute "
+        + "/".join(str(m) for m, _h in readings)
+        + ": "
+        + ", ".join(f"{memory[p][0]} " + "/".join(str(h[p]) for _m, h in readings) for p in pids)
+    ]
+    warm = next((h for m, h in readings if m >= 30), None)
+    if warm is not None and readings[-1][0] > 30 and warm is not readings[-1][1]:
+        end = readings[-1][1]
+        growth = max((end[p] / warm[p] for p in pids if warm.get(p, 0) >= 10), default=1.0)
+        notes.append(f"JVM live heap growth after minute 30: x{growth:.2f} (the largest of the JVMs)")
+    return notes
 
 
 def _driver_classes(memory: dict[int, tuple[str, int]]) -> dict[str, int]:
@@ -248,14 +273,22 @@ def run(ctx: Context) -> Outcome:
         heap0, classes0 = _live_heaps(mem0), _driver_classes(mem0)
         ctx.log(f"soaking {seconds}s from {w0:%H:%M:%S}")
         loads = [os.getloadavg()[0]]
-        end = time.monotonic() + seconds
+        began = time.monotonic()
+        end = began + seconds
+        every = int(os.environ.get("CQ_BENCH_SOAK_HEAP_EVERY", str(HEAP_EVERY)))
+        heaps_at, reading = [(0, heap0)], every
         while time.monotonic() < end:
             time.sleep(min(30, max(0, end - time.monotonic())))
             loads.append(os.getloadavg()[0])
+            if time.monotonic() - began >= reading * 60 and time.monotonic() < end - 60:
+                heaps_at.append((reading, _live_heaps(_memory(cluster.roots))))
+                ctx.log(f"minute {reading}: JVM heap after a full GC {_heaps_line(heaps_at[-1][1], mem0)}")
+                reading += every
         w1 = datetime.now(UTC)
         state = [f"_cq/{n}" for n in feeder.storage.state_names()]
         mem1, logs1, pg1 = _memory(cluster.roots), _logs(cluster, state + names), _pg_size(cluster)
         heap1, classes1 = _live_heaps(mem1), _driver_classes(mem1)
+        heaps_at.append((round((w1 - w0).total_seconds() / 60), heap1))
         sinks = stream_scale.read_sinks(feeder.settings, streams)
         time.sleep(EVERY + 5)  # firings due in the window may finish up to a cadence after it
         entries = feeder.ledger.entries()
@@ -277,6 +310,7 @@ def run(ctx: Context) -> Outcome:
             loads=loads,
             pg=(pg0, pg1),
         )
+        measured[0].extend(_heap_readings(heaps_at, mem0))
         for note in measured[0]:
             ctx.log(note)
         limit = int(os.environ.get("CQ_BENCH_SOAK_MAINTAIN_SECONDS", "900"))
