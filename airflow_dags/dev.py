@@ -1,0 +1,144 @@
+"""``make dev-airflow`` (``python -m airflow_dags.dev``): Airflow 3 on this machine over the project's
+``sql/`` (``CQ_SQL_DIR``): a local Spark Connect server for the tasks (``cq spark start``), then the
+scheduler (LocalExecutor), the DAG processor, the triggerer and the API server (UI and REST API) on
+127.0.0.1, ``AIRFLOW_HOME`` under ``CQ_HOME`` (``.cq/airflow``), the metadata DB SQLite there, or
+``--db`` / ``CQ_AIRFLOW_DB`` (a PostgreSQL URL). Prints the URL and the login; Ctrl-C stops every
+process it started. Each component logs to ``AIRFLOW_HOME/logs/<component>.log``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cq_engine.cli.devstop import stop_process_group
+
+from . import stack
+
+USER = "admin"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``dev`` starts: its environment, the component command lines, the login."""
+
+    home: Path
+    url: str
+    password: str
+    env: dict[str, str]
+    commands: dict[str, list[str]]
+
+
+def plan(*, environ: dict[str, str], port: int, db_url: str | None) -> Plan:
+    """The stack for the project the environment (``CQ_*``, cq.toml) describes; writes the login once."""
+    from cq_engine.config import load_settings
+
+    settings = load_settings()
+    home = Path(settings.home).resolve() / "airflow"
+    home.mkdir(parents=True, exist_ok=True)
+    db = db_url or environ.get("CQ_AIRFLOW_DB") or f"sqlite:///{home / 'airflow.db'}"
+    password = _password(home)
+    secret_file = home / "secret"
+    if not secret_file.exists():  # kept across restarts: the UI's sessions and tokens stay valid
+        secret_file.write_text(secrets.token_hex(16))
+        secret_file.chmod(0o600)
+    warehouse = settings.warehouse if "://" in settings.warehouse else str(Path(settings.warehouse).resolve())
+    env = {
+        **{k: v for k, v in environ.items() if not k.startswith("AIRFLOW")},
+        **stack.airflow_env(home=home, port=port, db_url=db, user=USER, secret=secret_file.read_text().strip()),
+        **stack.cq_env(
+            sql_dir=Path(settings.sql_dir).resolve(),
+            warehouse=warehouse,
+            home=Path(settings.home).resolve(),
+            timezone=settings.timezone,
+        ),
+    }
+    return Plan(
+        home=home, url=f"http://127.0.0.1:{port}", password=password, env=env, commands=stack.commands(port=port)
+    )
+
+
+def _password(home: Path) -> str:
+    """The admin's password: the one already in the password file, else a new one written there."""
+    import json
+
+    path = home / "passwords.json"
+    if path.exists():
+        known = json.loads(path.read_text() or "{}")
+        if known.get(USER):
+            return str(known[USER])
+    password = secrets.token_urlsafe(12)
+    stack.write_password(home=home, user=USER, password=password)
+    return password
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_dags.dev", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8080, help="the API server's (UI's) port, default 8080")
+    parser.add_argument("--db", metavar="URL", help="Airflow's metadata DB (default: CQ_AIRFLOW_DB, else SQLite)")
+    parser.add_argument("--no-spark-server", action="store_true", help="each task starts its own Spark")
+    args = parser.parse_args(argv)
+    try:
+        p = plan(environ=dict(os.environ), port=args.port, db_url=args.db)
+    except Exception as exc:  # a broken cq.toml or CQ_HOME: one line
+        print(f"dev-airflow: error: {exc}", file=sys.stderr)
+        return 1
+    logs = p.home / "logs"
+    logs.mkdir(exist_ok=True)
+    procs: dict[str, subprocess.Popen] = {}
+    cq = str(Path(sys.executable).parent / "cq")
+    spark_started = False
+    try:
+        print(
+            f"dev-airflow: migrating Airflow's metadata DB ({p.env['AIRFLOW__DATABASE__SQL_ALCHEMY_CONN']})", flush=True
+        )
+        out = subprocess.run(stack.migrate_command(), env=p.env, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"dev-airflow: error: airflow db migrate failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        if not args.no_spark_server:
+            subprocess.run([cq, "spark", "start"], env=p.env, check=True)
+            spark_started = True
+        for name, cmd in p.commands.items():
+            with open(logs / f"{name}.log", "a") as log:
+                procs[name] = subprocess.Popen(
+                    cmd,
+                    env=p.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        print(
+            f"dev-airflow: Airflow UI and API at {p.url} (login {USER} / {p.password}); "
+            f"DAGs from {p.env['CQ_SQL_DIR']}; logs in {logs}; Ctrl-C stops everything",
+            flush=True,
+        )
+        while True:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    print(
+                        f"dev-airflow: error: airflow {name} exited ({proc.returncode}); see {logs / name}.log",
+                        file=sys.stderr,
+                    )
+                    return 1
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("dev-airflow: stopping", flush=True)
+        return 0
+    finally:
+        for proc in procs.values():
+            stop_process_group(proc, first_signal=signal.SIGTERM, timeout=30)
+        if spark_started:
+            subprocess.run([cq, "spark", "stop"], env=p.env, capture_output=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
