@@ -90,6 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a broken cq.toml or CQ_HOME: one line
         print(f"dev-airflow: error: {exc}", file=sys.stderr)
         return 1
+    if _listening(args.port):
+        print(
+            f"dev-airflow: error: port {args.port} on 127.0.0.1 is taken: choose another with --port", file=sys.stderr
+        )
+        return 1
     logs = p.home / "logs"
     logs.mkdir(exist_ok=True)
     procs: dict[str, subprocess.Popen] = {}
@@ -104,8 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"dev-airflow: error: airflow db migrate failed:\n{out.stderr[-2000:]}", file=sys.stderr)
             return 1
         if not args.no_spark_server:
-            subprocess.run([cq, "spark", "start"], env=p.env, check=True)
-            spark_started = True
+            # A server already running for this CQ_HOME is used, and left running at the end.
+            status = subprocess.run([cq, "spark", "status"], env=p.env, capture_output=True, text=True)
+            if "running at" not in status.stdout:
+                started = subprocess.run([cq, "spark", "start"], env=p.env, capture_output=True, text=True)
+                if started.returncode != 0:
+                    print(f"dev-airflow: error: cq spark start failed: {started.stderr.strip()}", file=sys.stderr)
+                    return 1
+                spark_started = True
         for name, cmd in p.commands.items():
             with open(logs / f"{name}.log", "a") as log:
                 procs[name] = subprocess.Popen(
@@ -116,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
+        while not _listening(args.port) and all(proc.poll() is None for proc in procs.values()):
+            time.sleep(1)
         print(
             f"dev-airflow: Airflow UI and API at {p.url} (login {USER} / {p.password}); "
             f"DAGs from {p.env['CQ_SQL_DIR']}; logs in {logs}; Ctrl-C stops everything",
@@ -138,6 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_process_group(proc, first_signal=signal.SIGTERM, timeout=30)
         if spark_started:
             subprocess.run([cq, "spark", "stop"], env=p.env, capture_output=True)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 if __name__ == "__main__":

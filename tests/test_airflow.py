@@ -264,3 +264,21 @@ def test_via_airflow_rejects_bad_arguments_before_any_call(tmp_path):
             cwd=tmp_path,
         )
         assert out.returncode == 1 and out.stderr.startswith(message) and "Traceback" not in out.stderr, out
+
+
+def test_a_backfill_gets_the_firings_whose_range_starts_in_it(airflow_home):
+    """Airflow walks a backfill's [from, to] with both bounds (the scheduler never sets the upper one):
+    the runs are the firings whose range (the run's logical date onwards) starts in it, RANGE or not."""
+    from airflow.timetables.base import TimeRestriction
+
+    for name in ("ranged", "dropping"):
+        definition = definitions(CQS)[name]
+        ticks = ticks_of(definition, timezone="UTC")
+        lo, hi = T0 + timedelta(minutes=7, seconds=10), T0 + timedelta(minutes=20)
+        restriction = TimeRestriction(earliest=lo, latest=hi, catchup=True)
+        tt, infos, info = timetable(definition), [], None
+        while info := tt.next_dagrun_info_v2(last_dagrun_info=info, restriction=restriction):
+            infos.append(info)
+        want = [f for f in ticks.between(lo, hi + timedelta(minutes=10)) if lo <= ticks.range_of(f)[0] <= hi]
+        assert [i.run_after for i in infos] == want and len(want) > 5, name
+        assert [i.logical_date for i in infos] == [ticks.range_of(f)[0] for f in want]

@@ -71,6 +71,10 @@ class AirflowClient:
                 self._token = ""
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
+    def get(self, path: str) -> Any:
+        """``GET`` of an API path (``/api/v2/...``), the JSON answer."""
+        return self._request("GET", path)
+
     def dag(self, dag_id: str) -> dict:
         return self._request("GET", f"/api/v2/dags/{_quote(dag_id)}")
 
