@@ -2,7 +2,8 @@
 ``sql/`` (``CQ_SQL_DIR``): a local Spark Connect server for the tasks (``cq spark start``), then the
 scheduler (LocalExecutor), the DAG processor, the triggerer and the API server (UI and REST API) on
 127.0.0.1, ``AIRFLOW_HOME`` under ``CQ_HOME`` (``.cq/airflow``), the metadata DB SQLite there, or
-``--db`` / ``CQ_AIRFLOW_DB`` (a PostgreSQL URL). Prints the URL and the login; Ctrl-C stops every
+``--db`` / ``CQ_AIRFLOW_DB`` (a PostgreSQL URL), and ``cq dev``'s simulated feed of the declared
+tables it knows (``--feed-every``; 0: none). Prints the URL and the login; Ctrl-C stops every
 process it started. Each component logs to ``AIRFLOW_HOME/logs/<component>.log``."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080, help="the API server's (UI's) port, default 8080")
     parser.add_argument("--db", metavar="URL", help="Airflow's metadata DB (default: CQ_AIRFLOW_DB, else SQLite)")
     parser.add_argument("--no-spark-server", action="store_true", help="each task starts its own Spark")
+    parser.add_argument(
+        "--feed-every", type=float, default=5.0, metavar="SECONDS", help="the simulated feed's batches (0: no feed)"
+    )
     args = parser.parse_args(argv)
     try:
         p = plan(environ=dict(os.environ), port=args.port, db_url=args.db)
@@ -100,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     procs: dict[str, subprocess.Popen] = {}
     cq = str(Path(sys.executable).parent / "cq")
     spark_started = False
+    stop_feed = threading.Event()
+    # Ctrl-C, and a SIGTERM too, stop everything (a shell starting this in the background ignores SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         print(
             f"dev-airflow: migrating Airflow's metadata DB ({p.env['AIRFLOW__DATABASE__SQL_ALCHEMY_CONN']})", flush=True
@@ -117,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"dev-airflow: error: cq spark start failed: {started.stderr.strip()}", file=sys.stderr)
                     return 1
                 spark_started = True
+        fed = feed(every=args.feed_every, stop=stop_feed) if args.feed_every > 0 else []
         for name, cmd in p.commands.items():
             with open(logs / f"{name}.log", "a") as log:
                 procs[name] = subprocess.Popen(
@@ -131,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(1)
         print(
             f"dev-airflow: Airflow UI and API at {p.url} (login {USER} / {p.password}); "
-            f"DAGs from {p.env['CQ_SQL_DIR']}; logs in {logs}; Ctrl-C stops everything",
+            f"DAGs from {p.env['CQ_SQL_DIR']}; logs in {logs}; "
+            + (f"{', '.join(fed)} fed every {args.feed_every:g}s; " if fed else "")
+            + "Ctrl-C stops everything",
             flush=True,
         )
         while True:
@@ -146,11 +158,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dev-airflow: stopping", flush=True)
         return 0
+    except Exception as exc:  # the feed's tables, a trigger's module, Spark: one line, then stop all
+        print(f"dev-airflow: error: {exc}", file=sys.stderr)
+        return 1
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the stopping short
+        stop_feed.set()
         for proc in procs.values():
             stop_process_group(proc, first_signal=signal.SIGTERM, timeout=30)
         if spark_started:
             subprocess.run([cq, "spark", "stop"], env=p.env, capture_output=True)
+
+
+def feed(*, every: float, stop: threading.Event) -> list[str]:
+    """``cq dev``'s simulated feed: the declared tables it knows (sensors, meters...) created, filled
+    with the last minutes and appended to every ``every`` seconds until ``stop``; their names."""
+    from datetime import UTC, datetime, timedelta
+
+    from cq_engine.cli.dev import feed_forever, seed_start
+    from cq_engine.cli.feed import FEEDS, floor_time
+    from cq_engine.config import load_settings
+    from cq_engine.engine import Engine
+    from cq_engine.ingest import ingest
+
+    engine = Engine(settings=load_settings())
+    engine.ensure_tables()
+    now = floor_time(datetime.now(UTC), timedelta(seconds=5))
+    fed = [t.name for t in engine.catalog.tables if t.name in FEEDS]
+    for table in fed:
+        start = seed_start(engine, table, now=now, backfill=timedelta(minutes=10))
+        if start < now:
+            ingest(table=table, data=FEEDS[table](start=start, end=now), engine=engine, label="dev-airflow")
+        kwargs = {"every": every, "stop": stop, "table": table, "start": max(start, now), "label": "dev-airflow feed"}
+        threading.Thread(target=feed_forever, args=(engine,), kwargs=kwargs, daemon=True).start()
+    return fed
 
 
 def _listening(port: int) -> bool:

@@ -282,3 +282,19 @@ def test_a_backfill_gets_the_firings_whose_range_starts_in_it(airflow_home):
         want = [f for f in ticks.between(lo, hi + timedelta(minutes=10)) if lo <= ticks.range_of(f)[0] <= hi]
         assert [i.run_after for i in infos] == want and len(want) > 5, name
         assert [i.logical_date for i in infos] == [ticks.range_of(f)[0] for f in want]
+
+
+def test_dev_airflow_refuses_a_taken_port(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from airflow_dags.dev import main
+
+    monkeypatch.setenv("CQ_HOME", str(tmp_path / ".cq"))
+    monkeypatch.setenv("CQ_CONFIG", str(tmp_path / "none.toml"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"dev-airflow: error: port {port} on 127.0.0.1 is taken: choose another with --port\n"
