@@ -20,7 +20,6 @@ from typing import Any
 from cq_engine.errors import CQError
 from cq_engine.times import iso
 
-DEFAULT_URL = "http://localhost:8080"
 TIMEOUT = 30.0
 # Already-run firings are run again: a backfill is a recalculation (each firing an idempotent replace).
 REPROCESS = "completed"
