@@ -99,6 +99,8 @@ versitygw: .tools/bin/versitygw
 	@command -v go >/dev/null || { echo "make versitygw: needs the go command (https://go.dev/doc/install)" >&2; exit 1; }
 	GOBIN=$(CURDIR)/.tools/bin go install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 
+# The cluster test, then Airflow 3 (scheduler, DAG processor, triggerer, API server) over its PostgreSQL
+# running the adapter's DAGs, cq --via-airflow and a backfill (tests/test_airflow_stack.py, about 4 min).
 cluster-test: cluster-setup
 	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py tests/test_airflow_stack.py
 
