@@ -1,5 +1,6 @@
 # Two commands on a fresh machine (Python 3.11+ and Java 17+ required):
 #   make dev    set everything up, then run the main job: Dagster UI + daemon + Spark Connect + a sensor feed
+#   (make dev-airflow  the same sql/ under Airflow 3: its UI on http://127.0.0.1:8080)
 #   (make demo  the scripted, UI-less demo)
 #   make test   set everything up, then run the whole test suite
 #   make check  the quick loop: lint, format check, types, every test that needs no Spark (about a minute)
@@ -8,7 +9,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup jars dev demo test check lint format docs cluster-setup cluster-test chaos-test bench clean versitygw
+.PHONY: setup jars dev dev-airflow demo test check lint format docs cluster-setup cluster-test chaos-test bench clean versitygw
 
 # The JVM jars Spark loads from the local Maven repository, as cq_engine/jars.py names them: Delta's at
 # the installed delta-spark package's version (one pin in pyproject.toml), and hadoop-aws matching
@@ -38,6 +39,11 @@ setup: $(BIN)/cq jars
 
 dev: setup
 	$(BIN)/cq dev
+
+# The same sql/ under Airflow 3 (airflow_dags/dev.py): scheduler, DAG processor, triggerer and API server
+# (UI on http://127.0.0.1:8080, its login printed), AIRFLOW_HOME in .cq/airflow; Ctrl-C stops all.
+dev-airflow: setup
+	$(BIN)/python -m airflow_dags.dev
 
 demo: setup
 	$(BIN)/cq demo
@@ -93,8 +99,10 @@ versitygw: .tools/bin/versitygw
 	@command -v go >/dev/null || { echo "make versitygw: needs the go command (https://go.dev/doc/install)" >&2; exit 1; }
 	GOBIN=$(CURDIR)/.tools/bin go install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
 
+# The cluster test, then Airflow 3 (scheduler, DAG processor, triggerer, API server) over its PostgreSQL
+# running the adapter's DAGs, cq --via-airflow and a backfill (tests/test_airflow_stack.py, about 4 min).
 cluster-test: cluster-setup
-	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py
+	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py tests/test_airflow_stack.py
 
 # The same cluster under faults (docs/operations/guarantees.md, Faults on the deployed topology): the
 # runs that ride out a Connect server restart and a PostgreSQL outage (tests/test_recovery.py, about 5

@@ -96,7 +96,13 @@ class CQTimetable(Timetable):
     ) -> DagRunInfo | None:
         now = datetime.now(UTC)
         earliest = as_utc(restriction.earliest) if restriction.earliest else None
-        if last_automated_data_interval is None:
+        if last_automated_data_interval is None and earliest is not None and restriction.latest is not None:
+            # A backfill (or `cq recalculate --via-airflow`): Airflow walks [from, to] with both bounds
+            # set (the scheduler never: the DAGs have no end_date); the firings whose range starts in it.
+            nxt = self.ticks.next(earliest)
+            while nxt is not None and self.ticks.range_of(nxt)[0] < earliest:
+                nxt = self.ticks.next(nxt + _US)
+        elif last_automated_data_interval is None:
             # IoTDB: the first firing at or after deployment (BOUNDARY if that is later); earlier
             # firings are a backfill's.
             nxt = self.ticks.next(max(now, earliest) if earliest else now)
@@ -106,7 +112,8 @@ class CQTimetable(Timetable):
                 nxt = self.ticks.next(now)
         if nxt is not None and earliest is not None and nxt < earliest:
             nxt = self.ticks.next(earliest)
-        if nxt is None or (restriction.latest is not None and nxt > as_utc(restriction.latest)):
+        # Airflow bounds a run by its logical date, the start of its data interval.
+        if nxt is None or (restriction.latest is not None and self.ticks.range_of(nxt)[0] > as_utc(restriction.latest)):
             return None
         return self.run_info(nxt)
 

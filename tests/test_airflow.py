@@ -171,3 +171,130 @@ def test_parsing_imports_nothing_heavy(airflow_home, tmp_path, monkeypatch):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_dev_airflow_plan(tmp_path, monkeypatch):
+    """`make dev-airflow`'s stack: AIRFLOW_HOME under CQ_HOME, SQLite there (or the given PostgreSQL
+    with psycopg 3 for Airflow's async engine), every server on 127.0.0.1, a login kept across starts."""
+    import json
+
+    from airflow_dags.dev import USER, plan
+
+    monkeypatch.setenv("CQ_HOME", str(tmp_path / ".cq"))
+    monkeypatch.setenv("CQ_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("CQ_SQL_DIR", str(REPO / "sql"))
+    monkeypatch.delenv("CQ_AIRFLOW_DB", raising=False)
+    p = plan(environ={"PATH": "/bin", "AIRFLOW_HOME": "/elsewhere"}, port=8123, db_url=None)
+    home = tmp_path / ".cq" / "airflow"
+    assert p.home == home and p.url == "http://127.0.0.1:8123"
+    env = p.env
+    assert env["AIRFLOW_HOME"] == str(home) and env["PATH"] == "/bin"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{home / 'airflow.db'}"
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC" not in env
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(REPO / "airflow_dags" / "dags")
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8123/execution/"
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == env["AIRFLOW__API__SECRET_KEY"]
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == f"{USER}:admin"
+    assert json.loads((home / "passwords.json").read_text()) == {USER: p.password}
+    assert env["CQ_SQL_DIR"] == str(REPO / "sql") and env["CQ_HOME"] == str(tmp_path / ".cq")
+    assert {name: cmd[1:] for name, cmd in p.commands.items()} == {
+        "api-server": ["api-server", "--host", "127.0.0.1", "--port", "8123"],
+        "dag-processor": ["dag-processor"],
+        "scheduler": ["scheduler", "--skip-serve-logs"],
+        "triggerer": ["triggerer", "--skip-serve-logs"],
+    }
+    again = plan(environ={}, port=8123, db_url="postgresql+psycopg2://u@127.0.0.1:5432/airflow")
+    assert again.password == p.password and again.env["AIRFLOW__API__SECRET_KEY"] == env["AIRFLOW__API__SECRET_KEY"]
+    assert again.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] == "postgresql+psycopg://u@127.0.0.1:5432/airflow"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pause", "temperature_1m"],
+        ["resume", "temperature_1m"],
+        ["recalculate", "temperature_1m", "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T01:00:00Z"],
+    ],
+)
+def test_via_airflow_unreachable_is_one_clear_line(args, tmp_path):
+    """A closed port: `cq: error:` naming the URL and the DAG, exit 1, no traceback (no Airflow needed)."""
+    import os
+
+    from netutil import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {**os.environ, "CQ_NO_AGENT": "1", "CQ_SQL_DIR": str(REPO / "sql"), "CQ_CONFIG": str(tmp_path / "no.toml")}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "cq"), *args, "--via-airflow", url],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 1 and out.stdout == "", out
+    assert out.stderr.startswith(f"cq: error: --via-airflow {url}: DAG 'temperature_1m': API server unreachable (")
+    assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_via_airflow_rejects_bad_arguments_before_any_call(tmp_path):
+    import os
+
+    env = {**os.environ, "CQ_NO_AGENT": "1", "CQ_SQL_DIR": str(REPO / "sql"), "CQ_CONFIG": str(tmp_path / "no.toml")}
+    cq = str(Path(sys.executable).parent / "cq")
+    for args, message in [
+        (["--to", "soon"], "cq: error: --to: 'soon' is not a time"),
+        (["--to", "2025-01-01T00:00:00Z"], "cq: error: --from 2026-01-01T00:00:00Z is not before --to"),
+        (["--via-dagster", "localhost:9"], "cq: error: --via-dagster and --via-airflow: choose one"),
+    ]:
+        out = subprocess.run(
+            [
+                cq,
+                "recalculate",
+                "temperature_1m",
+                "--from",
+                "2026-01-01T00:00:00Z",
+                "--via-airflow",
+                "http://127.0.0.1:9",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert out.returncode == 1 and out.stderr.startswith(message) and "Traceback" not in out.stderr, out
+
+
+def test_a_backfill_gets_the_firings_whose_range_starts_in_it(airflow_home):
+    """Airflow walks a backfill's [from, to] with both bounds (the scheduler never sets the upper one):
+    the runs are the firings whose range (the run's logical date onwards) starts in it, RANGE or not."""
+    from airflow.timetables.base import TimeRestriction
+
+    for name in ("ranged", "dropping"):
+        definition = definitions(CQS)[name]
+        ticks = ticks_of(definition, timezone="UTC")
+        lo, hi = T0 + timedelta(minutes=7, seconds=10), T0 + timedelta(minutes=20)
+        restriction = TimeRestriction(earliest=lo, latest=hi, catchup=True)
+        tt, infos, info = timetable(definition), [], None
+        while info := tt.next_dagrun_info_v2(last_dagrun_info=info, restriction=restriction):
+            infos.append(info)
+        want = [f for f in ticks.between(lo, hi + timedelta(minutes=10)) if lo <= ticks.range_of(f)[0] <= hi]
+        assert [i.run_after for i in infos] == want and len(want) > 5, name
+        assert [i.logical_date for i in infos] == [ticks.range_of(f)[0] for f in want]
+
+
+def test_dev_airflow_refuses_a_taken_port(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from airflow_dags.dev import main
+
+    monkeypatch.setenv("CQ_HOME", str(tmp_path / ".cq"))
+    monkeypatch.setenv("CQ_CONFIG", str(tmp_path / "none.toml"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"dev-airflow: error: port {port} on 127.0.0.1 is taken: choose another with --port\n"

@@ -238,6 +238,36 @@ def test_iotdb_upsert_over_spark_connect(server, tmp_path):
     assert result == [[0, "a", 1.0, 1], [1, "a", 2.0, 20], [2, "b", 3.0, 3]]
 
 
+EMPTY_SOURCE_OVER_CONNECT = r"""
+import json, sys
+from datetime import UTC, datetime
+from pathlib import Path
+from cq_engine.config import Settings
+from cq_engine.spark import get_session
+from test_runner import make_engine
+
+SQL = '''
+CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, humidity DOUBLE);
+CREATE CQ h RESAMPLE EVERY 10s RANGE 30s BEGIN
+  SELECT avg(humidity) AS humidity_avg INTO h_out FROM sensors GROUP BY (10s), device FILL(PREVIOUS)
+END;
+'''
+spark = get_session(Settings(home=sys.argv[1], spark_port=int(sys.argv[2])))
+assert type(spark).__module__.startswith("pyspark.sql.connect")
+engine = make_engine(Path(sys.argv[3]), spark, SQL)
+engine.ensure_tables()
+r = engine.run_firing("h", datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC))
+print(json.dumps({"rows": r.rows_written}))
+"""
+
+
+def test_a_firing_over_an_empty_source_over_spark_connect(server, tmp_path):
+    """A grouped firing before the source has any row (no group known yet), through Spark Connect:
+    no rows, no error (the groups frame cannot come from an empty Arrow table there)."""
+    settings, _ = server
+    assert over_connect(EMPTY_SOURCE_OVER_CONNECT, settings, tmp_path) == {"rows": 0}
+
+
 ROUNDS_WHILE_EXITING = r'''
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor

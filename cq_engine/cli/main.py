@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="launch the definition's recalculate job on a Dagster webserver instead",
     )
+    sp.add_argument(
+        "--via-airflow",
+        nargs="?",
+        const="http://localhost:8080",
+        metavar="URL",
+        help="create a backfill of the definition's DAG on an Airflow API server instead (credentials: "
+        "CQ_AIRFLOW_TOKEN, or CQ_AIRFLOW_USER and CQ_AIRFLOW_PASSWORD)",
+    )
     cmd("show", _show, "list definitions with their last firing")
     sp = cmd(
         "maintain",
@@ -305,8 +313,12 @@ def _run(args, settings: Settings) -> int:
 
 
 def _recalculate(args, settings: Settings) -> int:
+    if args.via_dagster and args.via_airflow:
+        raise CQError("--via-dagster and --via-airflow: choose one")
     if args.via_dagster:
         return _recalculate_via_dagster(args, settings)
+    if args.via_airflow:
+        return _recalculate_via_airflow(args, settings)
     engine = open_engine(settings)
     start = _time(args.start, settings, "--from")
     end = _time(args.end, settings, "--to") if args.end else None
@@ -335,6 +347,23 @@ def _recalculate_via_dagster(args, settings: Settings) -> int:
         raise CQError(f"--via-dagster {args.via_dagster}: {exc}") from None
     page = f"runs/b/{ident}" if kind == "backfill" else f"runs/{ident}"
     print(f"{args.name}: recalculate {kind} {ident} launched on http://{address}/{page}")
+    return 0
+
+
+def _recalculate_via_airflow(args, settings: Settings) -> int:
+    from cq_engine.cli.viaairflow import backfill
+
+    start = _time(args.start, settings, "--from")
+    # Airflow takes the runs whose data interval starts in [from, to] and has ended: [T1, T2) is to = T2 - 1 µs.
+    end = _time(args.end, settings, "--to") - timedelta(microseconds=1) if args.end else datetime.now(UTC)
+    if end < start:
+        raise CQError(f"--from {args.start} is not before --to {args.end}")
+    b = backfill(args.via_airflow, args.name, start=start, end=end)
+    print(
+        f"{args.name}: backfill {b.get('id')} created on {args.via_airflow} over the runs whose range starts in "
+        f"[{b.get('from_date')}, {b.get('to_date')}] (reprocess {b.get('reprocess_behavior')}, "
+        f"{b.get('max_active_runs')} at a time)"
+    )
     return 0
 
 

@@ -36,6 +36,14 @@ def register(cmd) -> None:
                 help="skip the data written while stopped instead of processing it as history",
             )
         sp.add_argument("--dagster", default="localhost:3000", metavar="HOST:PORT")
+        sp.add_argument(
+            "--via-airflow",
+            nargs="?",
+            const="http://localhost:8080",
+            metavar="URL",
+            help=f"{'unpause' if verb == 'start' else 'pause'} the definition's DAG on an Airflow API server "
+            "instead (credentials: CQ_AIRFLOW_TOKEN, or CQ_AIRFLOW_USER and CQ_AIRFLOW_PASSWORD)",
+        )
     sp = cmd("drop", _drop, "what dropping a file-defined definition means (its outputs stay)")
     sp.add_argument("name", type=name_arg)
     sp = cmd(
@@ -135,6 +143,8 @@ def _tick_one(engine, d: Definition, *, settings: Settings, now: datetime, exact
 
 
 def _control(args, settings: Settings) -> int:
+    if args.via_airflow:
+        return _control_via_airflow(args)
     from dagster_defs.client import control, windowed
     from dagster_defs.translator import configured_translator
 
@@ -158,6 +168,18 @@ def _control(args, settings: Settings) -> int:
     )
     state = "running" if args.verb == "start" else "stopped"
     print(f"{d.name}: {kind} {name} in {location} {state}{extra}")
+    return 0
+
+
+def _control_via_airflow(args) -> int:
+    """Airflow has no stream cursor: stop/pause pause the DAG, start/resume unpause it."""
+    from cq_engine.cli.viaairflow import pause
+
+    if getattr(args, "ignore_untreated", False):
+        raise CQError("--ignore-untreated applies to window-triggered streams, which have no Airflow DAG")
+    dag = pause(args.via_airflow, args.name, paused=args.verb == "stop")
+    state = "paused" if dag.get("is_paused") else "unpaused"
+    print(f"{args.name}: DAG {dag.get('dag_id', args.name)} on {args.via_airflow} {state}")
     return 0
 
 

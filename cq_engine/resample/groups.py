@@ -52,7 +52,11 @@ class GroupSource:
         """The groups as a Spark frame (None without group columns)."""
         if not self.keys:
             return None
-        if isinstance(self.groups, pa.Table):
+        if isinstance(self.groups, pa.Table) and self.groups.num_rows == 0:
+            # No group yet (an empty source): Spark Connect cannot infer a schema from an empty Arrow
+            # table (CANNOT_INFER_EMPTY_SCHEMA), so the source's own group columns, no rows.
+            frame = self.data.select(*[F.col(k) for k in self.keys]).limit(0)
+        elif isinstance(self.groups, pa.Table):
             frame = spark.createDataFrame(self.groups.select(self.keys))  # a local relation: no Spark job
         elif self.groups is None:
             frame = self.data.select(*[F.col(k) for k in self.keys]).distinct()
