@@ -122,7 +122,7 @@ def probed_versions(names: list[str]) -> set[int]:
     return {int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()}
 
 
-def test_watcher_reports_each_new_version_reading_only_the_log_after_it(tmp_path, monkeypatch):
+def test_watcher_reports_each_new_version_reading_only_the_log_after_it(airflow_home, tmp_path, monkeypatch):
     from airflow_dags.watch import DeltaCommitTrigger
     from cq_engine.storage import log
 
@@ -157,7 +157,7 @@ def test_watcher_reports_each_new_version_reading_only_the_log_after_it(tmp_path
     assert reads == []
 
 
-def test_watcher_without_a_reported_version_reports_the_current_one_then_new_ones(tmp_path):
+def test_watcher_without_a_reported_version_reports_the_current_one_then_new_ones(airflow_home, tmp_path):
     from airflow_dags.watch import DeltaCommitTrigger
 
     uri = str(tmp_path / "later")

@@ -1,0 +1,144 @@
+"""A window-triggered stream's DAG under Airflow (``dag.test()``: Airflow's scheduler loop in this
+process, its metadata DB on SQLite) run on the events of its trigger table's watcher, over a real
+Delta table, the windows computed by real Spark: the sink against a pure-Python reference, and each
+window's run in the ledger once however often a run is repeated or resumed."""
+
+import asyncio
+
+import pytest
+import window_reference as ref
+from streams_util import METERS, T0, Bench, reference, sink_summary, us
+
+pytestmark = pytest.mark.spark
+
+SQL = """
+CREATE STREAM s_int INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
+  INTO s_int_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+"""
+MINUTE = 60_000_000
+
+
+def expected(bench: Bench, until_seconds: int) -> list[tuple]:
+    """The closed windows at watermark ``until_seconds`` after T0, per meter, by the reference."""
+    until = us(T0) + until_seconds * 1_000_000
+    return reference(bench.rows(), ref.interval_windows, interval=MINUTE, sliding=MINUTE, offset=0, until=until)
+
+
+def watched(dag):
+    """The watcher of the asset the DAG is scheduled on (as the DAG file built it)."""
+    (asset,) = dag.timetable.asset_condition.objects
+    (watcher,) = asset.watchers
+    return watcher.trigger
+
+
+def next_event(trigger, *, after: int | None) -> dict:
+    """The watcher's first event when started after version ``after`` (as restarted from its state)."""
+    from airflow_dags.watch import DeltaCommitTrigger
+
+    again = DeltaCommitTrigger(**{**trigger.serialize()[1], "after_version": after, "poll_seconds": 0.05})
+
+    async def first() -> dict:
+        events = again.run()
+        try:
+            event = await asyncio.wait_for(events.__anext__(), timeout=30)
+        finally:
+            await events.aclose()
+        return event.payload
+
+    return asyncio.run(first())
+
+
+def run_dag(dag) -> dict:
+    """One DAG run (as an asset event starts it); its task's XCom, checked against the sink's asset event."""
+    from airflow.models.asset import AssetEvent
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    run = dag.test(logical_date=None)
+    assert str(run.state) == "success"
+    with create_session() as session:
+        query = XComModel.get_many(run_id=run.run_id, dag_ids=dag.dag_id, task_ids="tick", key="return_value")
+        (xcom,) = session.scalars(query).all()
+        result = XComModel.deserialize_value(xcom)
+        (event,) = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run.run_id)).all()
+        assert event.asset.name == "s_int_out" and event.extra == result
+    return result
+
+
+def ledger_runs(bench: Bench) -> list[tuple]:
+    entries = [e for e in bench.engine.ledger.entries("s_int") if e.status == "succeeded" and e.kind != "ignored"]
+    return sorted((e.kind, e.range_start, e.range_end, e.source_versions.get("meters")) for e in entries)
+
+
+def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, airflow_db, tmp_path, monkeypatch):
+    from deltalake import DeltaTable
+
+    # Airflow is imported once its configuration (airflow_db) is in place.
+    from airflow_dags import stream_tasks
+    from airflow_dags.dags import build_dags
+
+    b = Bench(tmp_path, spark, SQL)
+    for var, value in {
+        "CQ_SQL_DIR": b.settings.sql_dir,
+        "CQ_WAREHOUSE": b.settings.warehouse,
+        "CQ_HOME": b.settings.home,
+        "CQ_CONFIG": tmp_path / "none.toml",
+    }.items():
+        monkeypatch.setenv(var, str(value))
+    assert (tmp_path / "sql" / "s.sql").read_text().startswith(METERS)
+    dag = build_dags()["s_int"]
+    trigger = watched(dag)
+
+    # The watcher's first start reports the table as it is: the first run creates the cursor.
+    assert next_event(trigger, after=None)["version"] == 0
+    first = run_dag(dag)
+    assert (first["works"], first["trigger_version"], first["sink_version"]) == ([], 0, None)
+
+    b.append([(s, d, float(s % 7)) for s in range(0, 55, 5) for d in ("d1", "d2")])
+    b.append([(s, d, float(s % 5)) for s in range(60, 155, 5) for d in ("d1", "d2")])
+    assert next_event(trigger, after=0) == {"table": "meters", "uri": trigger.uri, "version": 2, "previous": 0}
+    second = run_dag(dag)
+    assert sink_summary(b.sink("s_int_out")) == expected(b, 140) and len(expected(b, 140)) == 4
+    assert second["trigger_version"] == 2 and second["rows_written"] == 4
+    assert second["sink_version"] == DeltaTable(b.settings.table_uri("s_int_out")).version()
+
+    # A late row into the closed window [0, 1m) of d1, and rows that close [2m, 3m).
+    b.append([(32, "d1", 100.0)])
+    b.append([(s, d, 1.5) for s in range(160, 220, 5) for d in ("d1", "d2")])
+    assert next_event(trigger, after=2)["version"] == 4
+    third = run_dag(dag)
+    assert sink_summary(b.sink("s_int_out")) == expected(b, 205) and len(expected(b, 205)) == 6
+    assert next(r for r in b.sink("s_int_out") if r["tbname"] == "d1" and r["_twstart"] == T0)["n"] == 12
+    assert third["trigger_version"] == 4 and third["works"]
+
+    # The same event again (a repeated run): nothing is planned, nothing recorded.
+    runs = ledger_runs(b)
+    assert len(runs) == len(set(runs)) >= 2
+    again = run_dag(dag)
+    assert (again["works"], again["skipped"], again["trigger_version"]) == ([], 0, 4)
+    assert ledger_runs(b) == runs
+
+    # A run that dies after its works committed, before it saved the cursor: the next run resumes
+    # the plan it recorded, finds its works in the ledger and computes nothing again.
+    b.append([(s, d, 2.5) for s in range(220, 280, 5) for d in ("d1", "d2")])
+    real_write = stream_tasks.write_atomic
+
+    def dying(path, text, **kw):
+        if path.name == "s_int.json":
+            raise KeyboardInterrupt("worker killed")
+        return real_write(path, text, **kw)
+
+    monkeypatch.setattr(stream_tasks, "write_atomic", dying)
+    with pytest.raises(KeyboardInterrupt):
+        stream_tasks.tick_stream(b.engine, b.engine.stream("s_int"), now=T0)
+    monkeypatch.setattr(stream_tasks, "write_atomic", real_write)
+    committed = ledger_runs(b)
+    assert len(committed) == len(runs) + 1
+    resumed = run_dag(dag)
+    assert resumed["resumed"] and resumed["skipped"] == 1 and resumed["works"] == []
+    assert resumed["trigger_version"] == 5
+    assert ledger_runs(b) == committed and len(committed) == len(set(committed))
+    assert sink_summary(b.sink("s_int_out")) == expected(b, 265)
+    assert not (tmp_path / ".cq" / "ticks" / "s_int.plan.json").exists()
+    assert run_dag(dag)["works"] == []  # and the cursor it saved plans nothing again
