@@ -1,7 +1,8 @@
-"""A window-triggered stream's DAG under Airflow (``dag.test()``: Airflow's scheduler loop in this
-process, its metadata DB on SQLite) run on the events of its trigger table's watcher, over a real
-Delta table, the windows computed by real Spark: the sink against a pure-Python reference, and each
-window's run in the ledger once however often a run is repeated or resumed."""
+"""Window-triggered streams' DAGs under Airflow (``dag.test()``: Airflow's scheduler loop in this
+process, its metadata DB on SQLite) run on the events of their trigger table's watcher (one asset for
+the INTERVAL and the SESSION stream of ``meters``), over a real Delta table, the windows computed by
+real Spark: the sinks against a pure-Python reference, and each window's run in the ledger once
+however often a run is repeated or resumed."""
 
 import asyncio
 
@@ -14,14 +15,22 @@ pytestmark = pytest.mark.spark
 SQL = """
 CREATE STREAM s_int INTERVAL(1m) SLIDING(1m) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
   INTO s_int_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
+CREATE STREAM s_sess SESSION(ts, 9s) FROM meters PARTITION BY tbname OPTIONS(WATERMARK(10s))
+  INTO s_sess_out AS SELECT _twstart, count(*) AS n, avg(current) AS c FROM %%trows;
 """
 MINUTE = 60_000_000
 
 
 def expected(bench: Bench, until_seconds: int) -> list[tuple]:
-    """The closed windows at watermark ``until_seconds`` after T0, per meter, by the reference."""
+    """The closed INTERVAL windows at watermark ``until_seconds`` after T0, per meter, by the reference."""
     until = us(T0) + until_seconds * 1_000_000
     return reference(bench.rows(), ref.interval_windows, interval=MINUTE, sliding=MINUTE, offset=0, until=until)
+
+
+def sessions(bench: Bench, until_seconds: int) -> list[tuple]:
+    """The closed sessions (gap 9 s) at watermark ``until_seconds`` after T0, per meter."""
+    until = us(T0) + until_seconds * 1_000_000
+    return reference(bench.rows(), ref.session_windows, gap=9_000_000, until=until)
 
 
 def watched(dag):
@@ -48,7 +57,7 @@ def next_event(trigger, *, after: int | None) -> dict:
     return asyncio.run(first())
 
 
-def run_dag(dag) -> dict:
+def run_dag(dag, sink: str = "s_int_out") -> dict:
     """One DAG run (as an asset event starts it); its task's XCom, checked against the sink's asset event."""
     from airflow.models.asset import AssetEvent
     from airflow.models.xcom import XComModel
@@ -62,12 +71,12 @@ def run_dag(dag) -> dict:
         (xcom,) = session.scalars(query).all()
         result = XComModel.deserialize_value(xcom)
         (event,) = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run.run_id)).all()
-        assert event.asset.name == "s_int_out" and event.extra == result
+        assert event.asset.name == sink and event.extra == result
     return result
 
 
-def ledger_runs(bench: Bench) -> list[tuple]:
-    entries = [e for e in bench.engine.ledger.entries("s_int") if e.status == "succeeded" and e.kind != "ignored"]
+def ledger_runs(bench: Bench, name: str = "s_int") -> list[tuple]:
+    entries = [e for e in bench.engine.ledger.entries(name) if e.status == "succeeded" and e.kind != "ignored"]
     return sorted((e.kind, e.range_start, e.range_end, e.source_versions.get("meters")) for e in entries)
 
 
@@ -87,13 +96,16 @@ def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, 
     }.items():
         monkeypatch.setenv(var, str(value))
     assert (tmp_path / "sql" / "s.sql").read_text().startswith(METERS)
-    dag = build_dags()["s_int"]
+    dags = build_dags()
+    dag, sess = dags["s_int"], dags["s_sess"]
     trigger = watched(dag)
+    assert watched(sess).serialize() == trigger.serialize()  # one watcher for the table's streams
 
     # The watcher's first start reports the table as it is: the first run creates the cursor.
     assert next_event(trigger, after=None)["version"] == 0
     first = run_dag(dag)
     assert (first["works"], first["trigger_version"], first["sink_version"]) == ([], 0, None)
+    assert run_dag(sess, "s_sess_out")["works"] == []
 
     b.append([(s, d, float(s % 7)) for s in range(0, 55, 5) for d in ("d1", "d2")])
     b.append([(s, d, float(s % 5)) for s in range(60, 155, 5) for d in ("d1", "d2")])
@@ -102,6 +114,8 @@ def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, 
     assert sink_summary(b.sink("s_int_out")) == expected(b, 140) and len(expected(b, 140)) == 4
     assert second["trigger_version"] == 2 and second["rows_written"] == 4
     assert second["sink_version"] == DeltaTable(b.settings.table_uri("s_int_out")).version()
+    run_dag(sess, "s_sess_out")
+    assert sink_summary(b.sink("s_sess_out")) == sessions(b, 140) and len(sessions(b, 140)) == 2
 
     # A late row into the closed window [0, 1m) of d1, and rows that close [2m, 3m).
     b.append([(32, "d1", 100.0)])
@@ -111,13 +125,17 @@ def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, 
     assert sink_summary(b.sink("s_int_out")) == expected(b, 205) and len(expected(b, 205)) == 6
     assert next(r for r in b.sink("s_int_out") if r["tbname"] == "d1" and r["_twstart"] == T0)["n"] == 12
     assert third["trigger_version"] == 4 and third["works"]
+    run_dag(sess, "s_sess_out")  # the late row into the closed session [0s, 50s] of d1 recomputes it
+    assert sink_summary(b.sink("s_sess_out")) == sessions(b, 205) and len(sessions(b, 205)) == 4
+    assert next(r for r in b.sink("s_sess_out") if r["tbname"] == "d1" and r["_twstart"] == T0)["n"] == 12
 
     # The same event again (a repeated run): nothing is planned, nothing recorded.
-    runs = ledger_runs(b)
-    assert len(runs) == len(set(runs)) >= 2
+    runs, session_runs = ledger_runs(b), ledger_runs(b, "s_sess")
+    assert len(runs) == len(set(runs)) >= 2 and len(session_runs) == len(set(session_runs)) >= 2
     again = run_dag(dag)
     assert (again["works"], again["skipped"], again["trigger_version"]) == ([], 0, 4)
-    assert ledger_runs(b) == runs
+    assert run_dag(sess, "s_sess_out")["works"] == []
+    assert ledger_runs(b) == runs and ledger_runs(b, "s_sess") == session_runs
 
     # A run that dies after its works committed, before it saved the cursor: the next run resumes
     # the plan it recorded, finds its works in the ledger and computes nothing again.
