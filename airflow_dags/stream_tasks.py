@@ -9,7 +9,8 @@ does it, and the runs it requests, each window computed once.
   cursor it came from. A run that failed, or a process killed, after some works committed resumes
   that plan (not a new one over newer commits): works the ledger holds as succeeded (same kind,
   range and trigger version, ``rounds.done_works``) are skipped, the others run, then the cursor is
-  saved and the plan removed. A plan whose base is not the current cursor any more is dropped.
+  saved and the plan removed. A plan whose base is not the current cursor any more (or made for
+  another version of the statement) is dropped.
 - Evaluations of one stream hold a lock on the cursor (a second run waits, then plans from the
   cursor the first saved: nothing twice); the DAG runs one at a time (``max_active_runs=1``) anyway.
 Spark and the engine are imported when the task runs, not when Airflow parses the DAG file."""
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -32,6 +34,8 @@ from cq_engine.times import iso
 if TYPE_CHECKING:
     from cq_engine.engine import Engine
     from cq_engine.model import Stream
+
+LOG = logging.getLogger(__name__)
 
 
 def run_stream_tick(*, name: str, outlet_events: Any = None, **_: Any) -> dict:
@@ -74,8 +78,9 @@ def tick_stream(engine: Engine, stream: Stream, *, now: datetime) -> dict:
     ``trigger_version`` (the version planned up to), ``reason``, ``works`` (per work run: ``kind``,
     ``range_start``, ``range_end``, ``version``, ``rows_written``, ``sink_version``), ``skipped``
     (works the ledger already held), ``rows_written``, ``sink_version`` (the last, or None),
-    ``resumed`` and ``seconds``."""
+    ``ignored`` (what the plan and the runs left out, and why), ``resumed`` and ``seconds``."""
     from cq_engine.cli.streams import cursor_path
+    from cq_engine.model import statement_hash
     from cq_engine.notify.outbox import gate
     from cq_engine.streams.rounds import done_works, work_identity
     from cq_engine.streams.sensor import evaluate_stream
@@ -90,6 +95,7 @@ def tick_stream(engine: Engine, stream: Stream, *, now: datetime) -> dict:
         "skipped": 0,
         "rows_written": 0,
         "sink_version": None,
+        "ignored": [],
         "resumed": False,
     }
     paused = gate(engine.ctx, stream)
@@ -108,24 +114,45 @@ def tick_stream(engine: Engine, stream: Stream, *, now: datetime) -> dict:
                     "to start the stream over"
                 ) from None
         pending = read_json_state(pending_path, what="stream plan")
-        if pending is not None and pending.get("base") == cursor:
+        if (
+            pending is not None
+            and pending.get("base") == cursor
+            and StreamCursor.from_json(str(pending["cursor"])).definition == statement_hash(stream)
+        ):
             works = [StreamWork.from_json(w) for w in pending["works"]]
             new_cursor, reason = str(pending["cursor"]), f"resumed: {pending['reason']}"
             summary["resumed"] = True
         else:
             plan = evaluate_stream(engine.ctx, stream, cursor=cursor, now=now)
             works, new_cursor, reason = list(plan.works), plan.cursor.to_json(), plan.reason
+            summary["ignored"] += [item.text for item in plan.ignored]
             if works:  # kept until the cursor is saved: a failed run resumes this plan
                 record = {"base": cursor, "cursor": new_cursor, "reason": reason, "works": [w.to_json() for w in works]}
                 write_atomic(pending_path, json.dumps(record))
         summary["trigger_version"] = StreamCursor.from_json(new_cursor).version
+        LOG.info("%s: %s", stream.name, reason)
         done = done_works(engine.ledger.entries(stream.name), stream) if summary["resumed"] else set()
         tz = engine.settings.timezone
         for work in works:
             if work_identity(stream, work, tz) in done:
+                LOG.info(
+                    "%s: %s run at version %s already committed (ledger): skipped", stream.name, work.kind, work.version
+                )
                 summary["skipped"] += 1
                 continue
             r = engine.run_stream(stream.name, work)
+            LOG.info(
+                "%s: %s run over [%s, %s) at version %s: %s rows -> %s v%s",
+                stream.name,
+                work.kind,
+                iso(r.time_range[0]),
+                iso(r.time_range[1]),
+                work.version,
+                r.rows_written,
+                stream.sink,
+                r.sink_version,
+            )
+            summary["ignored"] += list(r.ignored)
             summary["works"].append(
                 {
                     "kind": work.kind,
