@@ -5,6 +5,8 @@ real Spark: the sinks against a pure-Python reference, and each window's run in 
 however often a run is repeated or resumed."""
 
 import asyncio
+import importlib
+from pathlib import Path
 
 import pytest
 import window_reference as ref
@@ -40,21 +42,38 @@ def watched(dag):
     return watcher.trigger
 
 
-def next_event(trigger, *, after: int | None) -> dict:
-    """The watcher's first event when started after version ``after`` (as restarted from its state)."""
-    from airflow_dags.watch import DeltaCommitTrigger
+def fire(table: str, uri: str, *, after: int | None) -> tuple[dict, list[str]]:
+    """What Airflow's triggerer does with the table asset's watcher, once: the trigger rebuilt from
+    the classpath and keyword arguments Airflow registered for the asset (started after version
+    ``after``, as restarted from its stored state), run until its first event, and the event submitted
+    (``Trigger.submit_event``: the asset event and the DAG runs it queues). The event's payload and the
+    DAGs it queued (taken off the queue: ``dag.test`` runs them)."""
+    from airflow.models.asset import AssetDagRunQueue, AssetModel
+    from airflow.models.trigger import Trigger
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete, select
 
-    again = DeltaCommitTrigger(**{**trigger.serialize()[1], "after_version": after, "poll_seconds": 0.05})
+    with create_session() as session:
+        asset = session.scalars(select(AssetModel).where(AssetModel.name == table, AssetModel.uri == uri)).one()
+        (watcher,) = asset.watchers
+        assert watcher.name == f"{table}_commits"
+        trigger_id, classpath, kwargs = watcher.trigger.id, watcher.trigger.classpath, watcher.trigger.kwargs
+    module, _, name = classpath.rpartition(".")  # what the triggerer imports
+    trigger = getattr(importlib.import_module(module), name)(**{**kwargs, "after_version": after, "poll_seconds": 0.05})
 
-    async def first() -> dict:
-        events = again.run()
+    async def first():
+        events = trigger.run()
         try:
-            event = await asyncio.wait_for(events.__anext__(), timeout=30)
+            return await asyncio.wait_for(events.__anext__(), timeout=30)
         finally:
             await events.aclose()
-        return event.payload
 
-    return asyncio.run(first())
+    event = asyncio.run(first())
+    Trigger.submit_event(trigger_id, event)
+    with create_session() as session:
+        queued = sorted(q.target_dag_id for q in session.scalars(select(AssetDagRunQueue)))
+        session.execute(delete(AssetDagRunQueue))
+    return event.payload, queued
 
 
 def run_dag(dag, sink: str = "s_int_out") -> dict:
@@ -95,21 +114,28 @@ def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, 
         "CQ_CONFIG": tmp_path / "none.toml",
     }.items():
         monkeypatch.setenv(var, str(value))
+    # Active DAGs, as once deployed: Airflow registers an asset's watchers only for unpaused DAGs.
+    monkeypatch.setenv("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False")
     assert (tmp_path / "sql" / "s.sql").read_text().startswith(METERS)
     dags = build_dags()
     dag, sess = dags["s_int"], dags["s_sess"]
-    trigger = watched(dag)
-    assert watched(sess).serialize() == trigger.serialize()  # one watcher for the table's streams
+    assert watched(sess).serialize() == watched(dag).serialize()  # one watcher for the table's streams
 
-    # The watcher's first start reports the table as it is: the first run creates the cursor.
-    assert next_event(trigger, after=None)["version"] == 0
+    # Deployed: the DAG file synced to the metadata DB (by a first run, which creates the cursor), and
+    # with it the asset's watcher. Its first start reports the table as it is: both streams' DAGs run.
+    assert run_dag(dag)["works"] == []
+    asset_uri = Path(b.settings.table_uri("meters")).resolve().as_uri()
+    payload, queued = fire("meters", asset_uri, after=None)
+    assert (payload["version"], queued) == (0, ["s_int", "s_sess"])
     first = run_dag(dag)
     assert (first["works"], first["trigger_version"], first["sink_version"]) == ([], 0, None)
     assert run_dag(sess, "s_sess_out")["works"] == []
 
     b.append([(s, d, float(s % 7)) for s in range(0, 55, 5) for d in ("d1", "d2")])
     b.append([(s, d, float(s % 5)) for s in range(60, 155, 5) for d in ("d1", "d2")])
-    assert next_event(trigger, after=0) == {"table": "meters", "uri": trigger.uri, "version": 2, "previous": 0}
+    payload, queued = fire("meters", asset_uri, after=0)
+    uri = str((tmp_path / "wh" / "meters").resolve())
+    assert (payload, queued) == ({"table": "meters", "uri": uri, "version": 2, "previous": 0}, ["s_int", "s_sess"])
     second = run_dag(dag)
     assert sink_summary(b.sink("s_int_out")) == expected(b, 140) and len(expected(b, 140)) == 4
     assert second["trigger_version"] == 2 and second["rows_written"] == 4
@@ -120,7 +146,7 @@ def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, 
     # A late row into the closed window [0, 1m) of d1, and rows that close [2m, 3m).
     b.append([(32, "d1", 100.0)])
     b.append([(s, d, 1.5) for s in range(160, 220, 5) for d in ("d1", "d2")])
-    assert next_event(trigger, after=2)["version"] == 4
+    assert fire("meters", asset_uri, after=2)[0]["version"] == 4
     third = run_dag(dag)
     assert sink_summary(b.sink("s_int_out")) == expected(b, 205) and len(expected(b, 205)) == 6
     assert next(r for r in b.sink("s_int_out") if r["tbname"] == "d1" and r["_twstart"] == T0)["n"] == 12
