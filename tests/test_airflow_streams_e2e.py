@@ -2,7 +2,8 @@
 process, its metadata DB on SQLite) run on the events of their trigger table's watcher (one asset for
 the INTERVAL and the SESSION stream of ``meters``), over a real Delta table, the windows computed by
 real Spark: the sinks against a pure-Python reference, and each window's run in the ledger once
-however often a run is repeated or resumed."""
+however often a run is repeated or resumed. And the watcher in ``airflow triggerer`` itself (no
+Spark, but minutes of the quick loop's budget: the module is marked ``spark`` with the slow tests)."""
 
 import asyncio
 import importlib
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import window_reference as ref
+from conftest import sql_project
 from streams_util import METERS, T0, Bench, reference, sink_summary, us
 
 pytestmark = pytest.mark.spark
@@ -186,3 +188,93 @@ def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, 
     assert sink_summary(b.sink("s_int_out")) == expected(b, 265)
     assert not (tmp_path / ".cq" / "ticks" / "s_int.plan.json").exists()
     assert run_dag(dag)["works"] == []  # and the cursor it saved plans nothing again
+
+
+# -- the watcher in Airflow's own triggerer ---------------------------------------------------------
+READINGS = """
+CREATE TABLE readings (ts TIMESTAMP, current DOUBLE) TAGS (device STRING);
+CREATE STREAM r_int INTERVAL(1m) SLIDING(1m) FROM readings PARTITION BY device
+  INTO r_int_out AS SELECT _twstart, count(*) AS n FROM %%trows;
+"""
+
+
+def append_reading(uri: str) -> None:
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    ts = pa.array([datetime(2026, 1, 1, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
+    write_deltalake(uri, pa.table({"ts": ts, "current": [1.0], "device": ["d1"]}), mode="append")
+
+
+def watcher_events(name: str, count: int, *, within: float = 90) -> list[dict]:
+    """The payloads of the asset's first ``count`` watcher events, waiting for them up to ``within`` s."""
+    import time
+
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    deadline = time.monotonic() + within
+    while True:
+        with create_session() as session:
+            query = select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            events = session.scalars(query.where(AssetModel.name == name).order_by(AssetEvent.id)).all()
+            payloads = [e.extra["payload"] for e in events if e.extra.get("from_trigger")]
+        if len(payloads) >= count or time.monotonic() > deadline:
+            return payloads
+        time.sleep(0.5)
+
+
+def test_watcher_runs_in_airflows_triggerer_and_resumes_after_a_restart(airflow_db, tmp_path, monkeypatch):
+    """No Spark: the DAG file synced by Airflow's CLI, the watcher run by ``airflow triggerer``."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from airflow.models.asset import AssetDagRunQueue
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    settings = sql_project(tmp_path, monkeypatch, {"r.sql": READINGS})
+    uri = settings.table_uri("readings")
+    append_reading(uri)  # version 0
+    airflow = os.path.join(os.path.dirname(sys.executable), "airflow")
+    env = {**os.environ, "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"}
+    subprocess.run([airflow, "dags", "reserialize"], check=True, capture_output=True, env=env)
+
+    def triggerer() -> subprocess.Popen:
+        log = open(tmp_path / "triggerer.log", "a")  # noqa: SIM115 (closed with the process)
+        return subprocess.Popen(
+            [airflow, "triggerer", "--skip-serve-logs"], env=env, stdout=log, stderr=log, start_new_session=True
+        )
+
+    def stop(process: subprocess.Popen) -> None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    process = triggerer()
+    try:
+        # Its first start reports the table as it is, then each new version.
+        assert watcher_events("readings", 1) == [{"table": "readings", "uri": uri, "version": 0, "previous": -1}]
+        append_reading(uri)
+        assert watcher_events("readings", 2)[1] == {"table": "readings", "uri": uri, "version": 1, "previous": 0}
+    finally:
+        stop(process)
+    append_reading(uri)
+    append_reading(uri)  # versions 2 and 3, while no triggerer runs
+    process = triggerer()
+    try:
+        # Restarted, it resumes from the version it stored: what was committed meanwhile is one event.
+        events = watcher_events("readings", 3)
+        assert events[2:] == [{"table": "readings", "uri": uri, "version": 3, "previous": 1}]
+    finally:
+        stop(process)
+    with create_session() as session:
+        assert "r_int" in {q.target_dag_id for q in session.scalars(select(AssetDagRunQueue))}
