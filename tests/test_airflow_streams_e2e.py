@@ -96,6 +96,15 @@ def run_dag(dag, sink: str = "s_int_out") -> dict:
     return result
 
 
+def unpause(*dag_ids: str) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id.in_(dag_ids)).values(is_paused=False))
+
+
 def ledger_runs(bench: Bench, name: str = "s_int") -> list[tuple]:
     entries = [e for e in bench.engine.ledger.entries(name) if e.status == "succeeded" and e.kind != "ignored"]
     return sorted((e.kind, e.range_start, e.range_end, e.source_versions.get("meters")) for e in entries)
@@ -116,16 +125,18 @@ def test_stream_dag_runs_on_watcher_events_and_computes_each_window_once(spark, 
         "CQ_CONFIG": tmp_path / "none.toml",
     }.items():
         monkeypatch.setenv(var, str(value))
-    # Active DAGs, as once deployed: Airflow registers an asset's watchers only for unpaused DAGs.
-    monkeypatch.setenv("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "False")
     assert (tmp_path / "sql" / "s.sql").read_text().startswith(METERS)
     dags = build_dags()
     dag, sess = dags["s_int"], dags["s_sess"]
     assert watched(sess).serialize() == watched(dag).serialize()  # one watcher for the table's streams
 
-    # Deployed: the DAG file synced to the metadata DB (by a first run, which creates the cursor), and
-    # with it the asset's watcher. Its first start reports the table as it is: both streams' DAGs run.
+    # Deployed: the DAG file synced to the metadata DB (by a first run, which creates the cursor), the
+    # DAGs unpaused, and with the next sync the asset's watcher registered (Airflow registers the
+    # watchers of assets that unpaused DAGs are scheduled on). Its first start reports the table as it
+    # is: both streams' DAGs are queued.
     assert run_dag(dag)["works"] == []
+    unpause("s_int", "s_sess")
+    assert run_dag(sess, "s_sess_out")["works"] == []
     asset_uri = Path(b.settings.table_uri("meters")).resolve().as_uri()
     payload, queued = fire("meters", asset_uri, after=None)
     assert (payload["version"], queued) == (0, ["s_int", "s_sess"])
