@@ -57,6 +57,7 @@ def run_stream_tick(*, name: str, outlet_events: Any = None, **_: Any) -> dict:
 
 
 def plan_path(cursor: Path) -> Path:
+    """Where the plan being run is kept, beside the cursor ``cursor``."""
     return cursor.with_name(f"{cursor.stem}.plan.json")
 
 

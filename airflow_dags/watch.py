@@ -71,7 +71,7 @@ class DeltaCommitTrigger(BaseEventTrigger):
 
         try:
             return await asyncio.to_thread(latest_version, self.uri, known=known if known >= 0 else None)
-        except OSError as exc:  # the store did not answer: said, and asked again at the next poll
+        except Exception as exc:  # a store that did not answer, a torn read: said, and asked again next poll
             self.log.warning("%s: cannot read the Delta log at %s: %s", self.table, self.uri, exc)
             return None
 
