@@ -1,4 +1,5 @@
-"""``build_dags``: every continuous query and PERIOD stream of ``CQ_SQL_DIR`` as a DAG of one task.
+"""``build_dags``: every continuous query, stream and eKuiper rule of ``CQ_SQL_DIR`` as a DAG of one
+task (window-triggered streams and rules: ``stream_dags``, scheduled on their trigger table's asset).
 
 Runs when Airflow parses the DAG file, so it imports no Spark, Dagster or Delta code and writes
 nothing but the catalog's last good versions (``cq_engine.lastgood``, as the Dagster location does).
@@ -19,6 +20,7 @@ from cq_engine.errors import CQError, ParseError
 from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, Stream
 
 from .assets import table_asset
+from .stream_dags import is_window_triggered, stream_dag
 from .tasks import run_firing
 from .timetable import CQTimetable
 
@@ -41,7 +43,7 @@ class LoadErrorDag(DAG):
 
 
 def build_dags(*, settings: Settings | None = None) -> dict[str, DAG]:
-    """DAG id -> DAG for every continuous query and PERIOD stream; a stand-in ``cq_load_errors`` when
+    """DAG id -> DAG for every definition; a stand-in ``cq_load_errors`` when
     a file (or the directory) failed to load."""
     settings = settings or load_settings()
     errors: list[str] = []
@@ -66,7 +68,9 @@ def build_dags(*, settings: Settings | None = None) -> dict[str, DAG]:
 
 
 def build_dag(definition: Definition, *, settings: Settings) -> DAG | None:
-    """The definition's DAG, or None for a window-triggered stream (not scheduled by time)."""
+    """The definition's DAG: by its timetable, or (a window-triggered stream) on its trigger table."""
+    if is_window_triggered(definition):
+        return stream_dag(definition, settings=settings, retry_args=RETRY_ARGS)  # type: ignore[arg-type]
     timetable = timetable_of(definition, timezone=settings.timezone)
     if timetable is None:
         return None

@@ -172,11 +172,14 @@ def _control(args, settings: Settings) -> int:
 
 
 def _control_via_airflow(args) -> int:
-    """Airflow has no stream cursor: stop/pause pause the DAG, start/resume unpause it."""
+    """stop/pause pause the DAG, start/resume unpause it (a stream DAG's cursor is `cq tick`'s file)."""
     from cq_engine.cli.viaairflow import pause
 
     if getattr(args, "ignore_untreated", False):
-        raise CQError("--ignore-untreated applies to window-triggered streams, which have no Airflow DAG")
+        raise CQError(
+            "--ignore-untreated is not available with --via-airflow: a stream DAG's cursor is `cq tick`'s file "
+            "under the workers' CQ_HOME, which the API server cannot reach"
+        )
     dag = pause(args.via_airflow, args.name, paused=args.verb == "stop")
     state = "paused" if dag.get("is_paused") else "unpaused"
     print(f"{args.name}: DAG {dag.get('dag_id', args.name)} on {args.via_airflow} {state}")
