@@ -27,8 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cq_engine.errors import CQError
-from cq_engine.statefile import read_json_state, read_state, write_atomic
+from cq_engine.statefile import read_json_state, write_atomic
 from cq_engine.times import iso
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def tick_stream(engine: Engine, stream: Stream, *, now: datetime) -> dict:
     ``range_start``, ``range_end``, ``version``, ``rows_written``, ``sink_version``), ``skipped``
     (works the ledger already held), ``rows_written``, ``sink_version`` (the last, or None),
     ``ignored`` (what the plan and the runs left out, and why), ``resumed`` and ``seconds``."""
-    from cq_engine.cli.streams import cursor_path
+    from cq_engine.cli.streams import cursor_path, read_cursor
     from cq_engine.model import statement_hash
     from cq_engine.notify.outbox import gate
     from cq_engine.streams.rounds import done_works, work_identity
@@ -105,15 +104,7 @@ def tick_stream(engine: Engine, stream: Stream, *, now: datetime) -> dict:
     path = cursor_path(engine.settings, stream.name)
     pending_path = plan_path(path)
     with locked(path):
-        cursor = read_state(path, what="stream cursor")
-        if cursor is not None:
-            try:
-                StreamCursor.from_json(cursor)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise CQError(
-                    f"{path}: unreadable stream cursor ({type(exc).__name__}: {exc}); delete the file "
-                    "to start the stream over"
-                ) from None
+        cursor = read_cursor(path)
         pending = read_json_state(pending_path, what="stream plan")
         if (
             pending is not None

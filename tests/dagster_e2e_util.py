@@ -34,7 +34,7 @@ from pathlib import Path
 
 import requests
 from netutil import free_port, port_open
-from procutil import command_line, live_pids
+from procutil import command_line, live_pids, spawn_logged
 from streams_util import METERS
 
 from cq_engine import spark as cq_spark
@@ -551,16 +551,7 @@ class Stack:
     # -- lifecycle -----------------------------------------------------------------------------
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
         # Own session: teardown signals the whole group (code servers and run workers included).
-        with open(self.logs / f"{name}.log", "w") as log:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=self.root,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = spawn_logged(cmd, log=self.logs / f"{name}.log", cwd=self.root, env=env, append=False)
         self.procs[name] = proc
         return proc
 

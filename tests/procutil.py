@@ -1,8 +1,10 @@
-"""Finding the processes a test started, by their environment (they may run in sessions of their own)."""
+"""The processes a test starts (each in a session of its own, its output in a log file) and finding them
+again by their environment."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -34,3 +36,18 @@ def alive(pid: int) -> bool:
 def command_line(pid: int) -> str:
     """A process's command line, its arguments joined by spaces (``OSError`` once it has exited)."""
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def spawn_logged(cmd: list[str], *, log: Path, cwd: Path, env: dict[str, str], append: bool = True) -> subprocess.Popen:
+    """Start ``cmd`` with stdout and stderr in ``log`` (appended: a restarted process adds to it) and no
+    stdin, in its own session, so a teardown signals its whole group (its children included)."""
+    with open(log, "a" if append else "w") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )

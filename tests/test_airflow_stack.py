@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from netutil import free_port, port_open
+from procutil import spawn_logged
 
 from airflow_dags import stack as af
 from cq_engine.catalog import load_catalog
@@ -96,16 +97,7 @@ class Stack:
         )
 
     def spawn(self, name: str, cmd: list[str]) -> None:
-        with open(self.logs / f"{name}.log", "a") as log:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=self.root,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = spawn_logged(cmd, log=self.logs / f"{name}.log", cwd=self.root, env=self.env)
         self.stops.append(lambda: stop_process_group(proc, first_signal=15, timeout=60))
 
     def run(

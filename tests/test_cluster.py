@@ -38,6 +38,7 @@ import requests
 import yaml
 from deltalake import DeltaTable
 from netutil import free_port, port_open
+from procutil import spawn_logged
 
 import cq_engine
 from cq_engine import jars
@@ -216,16 +217,7 @@ class Cluster:
         return text
 
     def _spawn(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen:
-        with open(self.logs / f"{name}.log", "a") as log:  # a restarted process appends
-            proc = subprocess.Popen(
-                cmd,
-                cwd=self.root,
-                env={**self.env, **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = spawn_logged(cmd, log=self.logs / f"{name}.log", cwd=self.root, env={**self.env, **env})
         from cq_engine.cli.dev import stop_process_group
 
         self.stops.append(lambda: stop_process_group(proc, first_signal=15))

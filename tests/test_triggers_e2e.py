@@ -20,6 +20,7 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 from dagster._core.scheduler.instigation import InstigatorType
+from procutil import spawn_logged
 
 from cq_engine.cli.dev import dagster_env, stop_process_group, write_dagster_home
 from cq_engine.config import Settings
@@ -53,18 +54,13 @@ class Daemon:
 
     def start(self) -> None:
         self.starts += 1
-        # The daemon holds its own copy of the descriptor: ours can close once it started.
-        with open(self.root / f"daemon{self.starts}.log", "w") as log:
-            self.proc = subprocess.Popen(
-                [str(BIN / "dagster-daemon"), "run", "-w", str(self.workspace)],
-                cwd=self.root,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        log.close()
+        self.proc = spawn_logged(
+            [str(BIN / "dagster-daemon"), "run", "-w", str(self.workspace)],
+            log=self.root / f"daemon{self.starts}.log",
+            cwd=self.root,
+            env=self.env,
+            append=False,
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

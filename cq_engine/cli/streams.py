@@ -62,6 +62,22 @@ def cursor_path(settings: Settings, name: str) -> Path:
     return Path(settings.home) / "ticks" / f"{name}.json"
 
 
+def read_cursor(path: Path) -> str | None:
+    """The stream cursor stored at ``path`` (``cursor_path``), checked readable; None if there is none."""
+    from cq_engine.streams.timing import StreamCursor
+
+    cursor = read_state(path, what="stream cursor")
+    if cursor is not None:
+        try:
+            StreamCursor.from_json(cursor)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CQError(
+                f"{path}: unreadable stream cursor ({type(exc).__name__}: {exc}); delete the file "
+                "to start the stream over"
+            ) from None
+    return cursor
+
+
 def _tick(args, settings: Settings) -> int:
     """Tick each NAME (or ``--all``) in order with one engine (one Spark session); a definition that
     fails is reported as ``cq: error:`` and the others still tick; exit 1 if any failed."""
@@ -109,22 +125,13 @@ def _tick_one(engine, d: Definition, *, settings: Settings, now: datetime, exact
         return
     from cq_engine.notify.outbox import gate
     from cq_engine.streams.sensor import evaluate_stream
-    from cq_engine.streams.timing import StreamCursor
 
     paused = gate(engine.ctx, d)
     if paused:  # ON_FAILURE PAUSE: the cursor stays until the pending notifications are delivered
         print(f"{d.name}: {paused}")
         return
     path = cursor_path(settings, d.name)
-    cursor = read_state(path, what="stream cursor")
-    if cursor is not None:
-        try:
-            StreamCursor.from_json(cursor)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CQError(
-                f"{path}: unreadable stream cursor ({type(exc).__name__}: {exc}); delete the file "
-                "to start the stream over"
-            ) from None
+    cursor = read_cursor(path)
     plan = evaluate_stream(engine.ctx, d, cursor=cursor, now=now)
     print(f"{d.name}: {plan.reason}")
     for item in plan.ignored:
