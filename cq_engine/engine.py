@@ -99,11 +99,12 @@ class Engine:
         return d
 
     # -- entry points --------------------------------------------------------------------------
-    def run_firing(self, name: str, fire_time: datetime) -> RunResult:
-        """Execute the firing of ``name`` scheduled at ``fire_time`` (must be one of its firing times)."""
+    def run_firing(self, name: str, fire_time: datetime, *, once: bool = False) -> RunResult:
+        """Execute the firing of ``name`` scheduled at ``fire_time`` (must be one of its firing times);
+        ``once``: ``AlreadyCommitted`` where its sink holds it already (``resample.run.run_firing``)."""
         cq = self.continuous_query(name)
         with reported(cq.name, cq.location):
-            return resample_run.run_firing(self.ctx, cq, fire_time)
+            return resample_run.run_firing(self.ctx, cq, fire_time, once=once)
 
     def recalculate(
         self,

@@ -71,3 +71,36 @@ def test_a_dag_run_computes_its_data_interval_into_the_sink(spark, airflow_db, t
     assert result["sink_version"] == DeltaTable(settings.table_uri("per_minute_out")).version()
     assert result["source_versions"] == {"sensors": DeltaTable(settings.table_uri("sensors")).version()}
     assert (result["range_start"], result["range_end"]) == (lo.isoformat(), hi.isoformat())
+
+
+def test_a_scheduled_runs_firing_is_committed_once_and_a_backfills_rewritten(spark, airflow_db, tmp_path, monkeypatch):
+    """The task retried after its commit (or a second scheduled run of the interval) finds the sink
+    holding the firing: nothing written or recorded again; a backfill's run rewrites it, as
+    `cq recalculate` does."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.types import DagRunType
+
+    from airflow_dags.tasks import run_firing
+
+    settings = sql_project(tmp_path, monkeypatch, {"defs.sql": SQL})
+    engine = Engine(settings=settings, spark_session=spark)
+    engine.ensure_tables()
+    engine.storage.append("sensors", sensor_rows(start=T0, end=T0 + timedelta(minutes=10)))
+    end = T0 + timedelta(minutes=5)  # the firing at 6m: [3m, 5m)
+    lag_us = 60_000_000  # RANGE 3m, 1m: the firing is a minute after its range's end
+
+    def fire(run_type: DagRunType) -> dict:
+        return run_firing(name="per_minute", lag_us=lag_us, data_interval_end=end, dag_run=DagRun(run_type=run_type))
+
+    first = fire(DagRunType.SCHEDULED)
+    assert first["already_committed"] is False and first["rows_written"] > 2
+    sink = DeltaTable(settings.table_uri("per_minute_out"))
+    again = fire(DagRunType.SCHEDULED)
+    assert again["already_committed"] is True and again["sink_version"] == first["sink_version"] == sink.version()
+    assert DeltaTable(settings.table_uri("per_minute_out")).version() == first["sink_version"]
+    assert [e.status for e in engine.ledger.entries("per_minute")] == ["succeeded"]
+
+    rewritten = fire(DagRunType.BACKFILL_JOB)
+    assert rewritten["already_committed"] is False and rewritten["sink_version"] == first["sink_version"] + 1
+    assert rewritten["rows_written"] == first["rows_written"]
+    assert [e.status for e in engine.ledger.entries("per_minute")] == ["succeeded", "succeeded"]
