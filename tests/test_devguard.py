@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,12 @@ def test_a_sigkilled_owner_takes_its_children_in_other_sessions_with_it(tmp_path
         child = int(owner.stdout.readline())
         assert alive(child)
         mark = f"{MARK}={stack_mark(home)}".encode()
-        assert mark in Path(f"/proc/{child}/environ").read_bytes().split(b"\0")  # inherited
+        # Inherited. Popen returns once the child's exec closed its close-on-exec pipe, a moment before
+        # the kernel sets up the new program's environment: until then /proc/<pid>/environ reads empty.
+        deadline = time.monotonic() + 30
+        while not (environ := Path(f"/proc/{child}/environ").read_bytes()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark in environ.split(b"\0")
         # While it runs, a second stack on the same CQ_HOME is refused, naming what runs.
         with pytest.raises(CQError, match=r"a cq dev stack still runs on CQ_HOME=.*\(\d+ process\(es\): pid \d+"):
             refuse_beside_running(home, tmp_path / "dagster")
