@@ -359,10 +359,8 @@ class SparkDeltaStorage(DeltaRsStorage):
                     raise
                 LOG.info("table %s: concurrent commit, retrying the write (%d)", table, attempt + 1)
                 time.sleep(0.05 * (attempt + 1))
-                if once:  # the winner may have written this identity: Delta would skip it
-                    dt.update_incremental()
-                    if self._already_written(table, dt, txn):
-                        return self._skipped(table, dt, txn, once=once)
+                if once and self._written_meanwhile(table, dt, txn):
+                    return self._skipped(table, dt, txn, once=once)
         self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
         return self._committed_version(table, commit_id)
 
@@ -453,12 +451,18 @@ class SparkDeltaStorage(DeltaRsStorage):
                     raise
                 LOG.info("table %s: concurrent commit, retrying the merge (%d)", table, attempt + 1)
                 time.sleep(0.05 * (attempt + 1))
-                if txn is not None:  # the winner may have written this identity: Delta would skip it
-                    dt.update_incremental()
-                    if self._already_written(table, dt, txn):
-                        return self._skipped(table, dt, txn, once=once)
+                if self._written_meanwhile(table, dt, txn):
+                    return self._skipped(table, dt, txn, once=once)
         self.open_tables.give(self.uri(table), dt, storage_options=self.storage_options)
         return self._committed_version(table, commit_id)
+
+    def _written_meanwhile(self, table: str, dt, txn: tuple[str, int] | None) -> bool:
+        """After a conflict: does the table, brought up to date, hold ``txn`` (the winner may have
+        written this identity, which Delta would skip)?"""
+        if txn is None:
+            return False
+        dt.update_incremental()
+        return self._already_written(table, dt, txn)
 
     def _commit_matches(self, commit: dict, commit_id: str) -> bool:
         return commit_id in str(commit.get("userMetadata", "")) or super()._commit_matches(commit, commit_id)
