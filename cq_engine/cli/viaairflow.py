@@ -47,16 +47,14 @@ class AirflowClient:
             with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
                 text = resp.read().decode()
         except urllib.error.HTTPError as exc:
-            raise _http_error(exc, f"{method} {self.url}{path}") from None
+            raise _http_error(exc, f"{method} {path}") from None  # the callers name the URL
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CQError(f"API server unreachable ({reason})") from None
         try:
             return json.loads(text) if text else None
         except ValueError:
-            raise CQError(
-                f"{method} {self.url}{path}: not a JSON answer (is {self.url} Airflow's API server?)"
-            ) from None
+            raise CQError(f"{method} {path}: not a JSON answer (is {self.url} Airflow's API server?)") from None
 
     def _auth(self) -> dict[str, str]:
         if self._token is None:
@@ -65,7 +63,7 @@ class AirflowClient:
                 answer = self._request("POST", "/auth/token", {"username": user, "password": password}, auth=False)
                 self._token = (answer or {}).get("access_token")
                 if not self._token:
-                    raise CQError(f"{self.url}/auth/token gave no access_token for user {user!r}")
+                    raise CQError(f"/auth/token gave no access_token for user {user!r}")
             else:
                 self._token = ""
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
