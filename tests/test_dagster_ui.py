@@ -118,6 +118,19 @@ def open_page(driver, url: str, *texts: str, shot: str) -> str:
     return text
 
 
+def open_page_settled(driver, url: str, *texts: str, shot: str, within: float = HEALTH_WAIT) -> str:
+    """``open_page``, loaded again until ``texts`` show or ``within`` seconds passed: for a state a batch
+    run in progress hides for a while (a check's latest execution shows "In Progress" until its run
+    ends, and on a busy machine a batch can run longer than one page's wait)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return open_page(driver, url, *texts, shot=shot)
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+
+
 def click_and_wait(driver, label: str, *texts: str, shot: str) -> str:
     """Click the visible element whose text is ``label``, then wait (bounded) for ``texts`` and save a
     screenshot; returns the visible text."""
@@ -270,7 +283,7 @@ def test_ui_shows_a_sinks_row_count_schema_and_latest_check_result(dagster_stack
             shot=shot,
         )
         assert "```" not in text, text[:1500]  # the description renders as markdown
-        checks = open_page(
+        checks = open_page_settled(
             browser, f"{base}/assets/{sink}?view=checks", "cq_completeness", "Passed", shot=f"{shot}_checks"
         )
         assert "Not evaluated" not in checks, checks[:1500]
