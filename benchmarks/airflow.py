@@ -251,7 +251,9 @@ def measure_airflow(ctx: Context, n: int, seconds: int) -> Figures:
     for r in runs:
         states[r["state"]] = states.get(r["state"], 0) + 1
     notes = [
-        f"runs due in the window: {len(runs)} ({', '.join(f'{v} {k}' for k, v in sorted(states.items()))}); "
+        # A DAG runs one firing at a time (max_active_runs=1): a backlog is runs not created yet, not queued.
+        f"runs created for firings due in the window: {len(runs)} "
+        f"({', '.join(f'{v} {k}' for k, v in sorted(states.items()))}); "
         f"fire time -> started {_spread(waited)}; started -> ended {_spread(ran)}",
         "sampled every 10 s: "
         + "; ".join(f"{k} mean {statistics.mean(v):.1f} max {max(v)}" for k, v in queue.items() if v)
