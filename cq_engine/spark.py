@@ -53,12 +53,19 @@ BASE_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     # The driver's status store keeps the latest 1,000 jobs, stages and SQL executions (their plans'
-    # text and metrics) and 100,000 tasks even with the UI off: a Connect server running fused batches
-    # every 30 s took over an hour to fill them, its live heap growing 152 -> 293 MiB in 30 minutes.
-    "spark.ui.retainedJobs": "100",
-    "spark.ui.retainedStages": "100",
-    "spark.ui.retainedTasks": "10000",
-    "spark.sql.ui.retainedExecutions": "100",
+    # text and metrics) and 100,000 tasks by default, even with the UI off: a Connect server running
+    # fused batches every 30 s took over an hour to fill them, its live heap 152 -> 293 MiB in 30 min.
+    # Nothing reads the finished ones (the UI is off; a Connect client's progress is of running jobs),
+    # so they are kept few: bounds that take half an hour of batches to reach read as a leak in the
+    # soak (the driver's live heap x1.16 over 30 minutes at 100, 100, 10,000 and 100).
+    "spark.ui.retainedJobs": "20",
+    "spark.ui.retainedStages": "20",
+    "spark.ui.retainedTasks": "1000",
+    "spark.sql.ui.retainedExecutions": "20",
+    # The Connect server's own listener keeps each finished statement with its plan's text (a fused
+    # batch's plan runs to hundreds of KiB) and each closed session: 200 of each by default.
+    "spark.sql.connect.ui.retainedStatements": "20",
+    "spark.sql.connect.ui.retainedSessions": "20",
     # What the executors hold for a finished query (broadcasts, shuffle files) is removed once the
     # driver's GC collects the query; a driver with a roomy heap collects rarely, and Spark's periodic
     # GC for it runs every 30 minutes: an executor's live heap grew 116 -> 343 MiB in a 30-minute soak.

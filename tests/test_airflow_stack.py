@@ -9,7 +9,16 @@ paused through ``cq pause --via-airflow`` for a while. Checked through Airflow's
 every run succeeded, its data interval is the engine's firing range, every firing is in the ledger
 once, the sinks equal pyarrow's computation at the source version each firing read, BLOCKED ran what it
 missed while paused and DISCARD did not; ``cq recalculate --via-airflow`` (a backfill) writes the rows
-``cq recalculate`` writes, and running it again changes nothing."""
+``cq recalculate`` writes, and running it again changes nothing.
+
+A TDengine INTERVAL stream and an eKuiper TUMBLINGWINDOW rule over the table ``readings`` (created
+empty by the fixture, fed only by their test, after the CQ test) run on its commits: the triggerer's
+watcher makes each new version an asset event, whose DAG runs the scheduler starts. Checked through
+the REST API (every run asset-triggered by the watcher's events and succeeded, each event up to a
+DAG's last run consumed by exactly one of its runs, the works their sink events report are the
+ledger's) and through the ledger and
+the sinks: every window closed at the last version computed by exactly one run, and in the sink once,
+as pyarrow computes it from the source version that run read."""
 
 from __future__ import annotations
 
@@ -38,11 +47,14 @@ from airflow_dags import stack as af
 from cq_engine.catalog import load_catalog
 from cq_engine.cli.devstop import stop_process_group
 from cq_engine.cli.feed import floor_time, sensor_rows
+from cq_engine.cli.streams import cursor_path, read_cursor
 from cq_engine.cli.viaairflow import AirflowClient
 from cq_engine.config import Settings
 from cq_engine.schedule.ticks import ticks_of
 from cq_engine.storage.delta import DeltaRsStorage
 from cq_engine.storage.ledger import Ledger
+from cq_engine.streams.timing import StreamCursor
+from cq_engine.times import iso
 
 pytestmark = pytest.mark.cluster
 
@@ -65,10 +77,29 @@ CREATE CQ discard_cq RESAMPLE EVERY 30s TIMEOUT POLICY DISCARD BEGIN
 END;
 
 CREATE STREAM n_period PERIOD(30s) FROM sensors INTO n_period_out AS SELECT _tlocaltime, count(*) AS n FROM %%trows;
+
+-- Window-triggered, on the commits of `readings`: the eKuiper declaration is the table's (the
+-- TDengine stream reads it too). The fixture creates it empty and only the streams' test feeds it,
+-- so both are created on an empty table (no row is history) and run while the CQ test is over.
+CREATE STREAM readings_events (device STRING, temperature FLOAT, humidity FLOAT, ts BIGINT)
+  WITH (DATASOURCE="readings", TIMESTAMP="ts");
+
+CREATE STREAM readings_10s TRIGGER WINDOW_CLOSE INTO readings_10s_out AS
+  SELECT _wstart AS ts, max(temperature) AS temperature_max, avg(temperature) AS temperature_avg,
+         count(temperature) AS samples
+  FROM readings PARTITION BY device INTERVAL(10s);
+
+CREATE RULE readings_rule INTO readings_rule_out AS
+  SELECT device, max(temperature) AS temperature_max, avg(temperature) AS temperature_avg,
+         count(temperature) AS samples
+  FROM readings_events GROUP BY device, TUMBLINGWINDOW(ss, 10);
 """
 CQS = ("blocked_cq", "discard_cq")
 DAGS = (*CQS, "n_period")
 SINKS = {"blocked_cq": "blocked_out", "discard_cq": "discard_out", "n_period": "n_period_out"}
+# The window-triggered DAGs: sink and its window-start column (the rule's sink is eKuiper's shape).
+STREAMS = {"readings_10s": ("readings_10s_out", "ts"), "readings_rule": ("readings_rule_out", "window_start")}
+WINDOW = timedelta(seconds=10)
 
 
 class Stack:
@@ -142,21 +173,25 @@ def wait_for(what: str, ready, *, timeout: float, stack: Stack, every: float = 3
     raise AssertionError(f"{what}: not within {timeout:.0f}s (last error: {last}){stack.tails()}")
 
 
-def feed(storage: DeltaRsStorage, stop: threading.Event, start: datetime) -> None:
+def feed(storage: DeltaRsStorage, stop: threading.Event, start: datetime, table: str = "sensors") -> None:
     """Append the readings up to now every few seconds (ts = reading time, never rewritten)."""
     while not stop.wait(3.0):
         end = floor_time(datetime.now(UTC), timedelta(seconds=1))
         if end > start:
-            storage.append("sensors", sensor_rows(start=start, end=end, every=timedelta(seconds=1)))
+            storage.append(table, sensor_rows(start=start, end=end, every=timedelta(seconds=1)))
             start = end
 
 
 @contextlib.contextmanager
-def running(root: Path, sql: str, dags: tuple[str, ...], *, feed_sensors: bool = True) -> Iterator[Stack]:
+def running(
+    root: Path, sql: str, dags: tuple[str, ...], *, feed_sensors: bool = True, empty_tables: tuple[str, ...] = ()
+) -> Iterator[Stack]:
     """The whole stack over ``sql`` (in ``root/sql``) until the end of the block: PostgreSQL, the Spark
     Connect server, Airflow's components; ready once the API server answers and every DAG of ``dags``
     is parsed. ``feed_sensors``: ``sensors`` gets 5 minutes of history, then the readings up to now
-    every few seconds (``Stack.stop_feed`` ends it). Also the ``airflow`` benchmark's stack."""
+    every few seconds (``Stack.stop_feed`` ends it). ``empty_tables``: declared tables created empty
+    before Airflow starts (a watcher's first event, version 0, then precedes any row). Also the
+    ``airflow`` benchmark's stack."""
     from test_cluster import PG_BIN, Cluster
 
     if not (PG_BIN / "initdb").is_file():
@@ -179,8 +214,11 @@ def running(root: Path, sql: str, dags: tuple[str, ...], *, feed_sensors: bool =
         s.env.update(af.airflow_env(home=home, port=s.port, db_url=db, user=USER, secret=secrets.token_hex(16)))
         af.write_password(home=home, user=USER, password=PASSWORD)
 
+        storage = DeltaRsStorage(warehouse=s.settings.warehouse)
+        for name in empty_tables:
+            table = load_catalog(s.settings.sql_dir).table(name)
+            assert table is not None and storage.create_table(table), name
         if feed_sensors:
-            storage = DeltaRsStorage(warehouse=s.settings.warehouse)
             now = floor_time(datetime.now(UTC), timedelta(seconds=1))
             storage.append(
                 "sensors", sensor_rows(start=now - timedelta(minutes=5), end=now, every=timedelta(seconds=1))
@@ -210,7 +248,8 @@ def stack(tmp_path_factory, request):
         pytest.fail(f"PostgreSQL is not installed ({PG_BIN}/initdb): run `make cluster-test`, which installs it")
     root = tmp_path_factory.mktemp("airflow_stack")
     failed_before = request.session.testsfailed
-    with running(root, SQL, DAGS) as s:
+    # `readings` empty, so the watcher's first event (version 0) creates the streams' cursors before any row.
+    with running(root, SQL, (*DAGS, *STREAMS), empty_tables=("readings",)) as s:
         try:
             yield s
         finally:
@@ -246,13 +285,13 @@ def fired(s: Stack, name: str) -> list[datetime]:
     return [e.fire_time for e in ledger(s).entries(name) if e.status == "succeeded" and e.kind in ("firing", "period")]
 
 
-_SOURCES: dict[int, pa.Table] = {}
+_SOURCES: dict[tuple[str, int], pa.Table] = {}
 
 
-def source_at(s: Stack, version: int) -> pa.Table:
-    if version not in _SOURCES:
-        _SOURCES[version] = DeltaTable(s.settings.table_uri("sensors"), version=version).to_pyarrow_table()
-    return _SOURCES[version]
+def source_at(s: Stack, version: int, table: str = "sensors") -> pa.Table:
+    if (table, version) not in _SOURCES:
+        _SOURCES[table, version] = DeltaTable(s.settings.table_uri(table), version=version).to_pyarrow_table()
+    return _SOURCES[table, version]
 
 
 def between(table: pa.Table, lo: datetime, hi: datetime) -> pa.Table:
@@ -275,18 +314,19 @@ def expected_window(source: pa.Table, lo: datetime, hi: datetime) -> list[tuple]
     return out
 
 
-def sink_rows(uri: str, lo: datetime, hi: datetime) -> list[tuple]:
+def sink_rows(uri: str, lo: datetime, hi: datetime, time_column: str = "ts") -> list[tuple]:
+    """The sink's rows with ``time_column`` in [lo, hi), shaped as ``expected_window``'s."""
     rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
     return sorted(
         (
-            r["ts"],
+            r[time_column],
             r["device"],
             r["temperature_max"],
             None if r["temperature_avg"] is None else round(r["temperature_avg"], 9),
             r["samples"],
         )
         for r in rows
-        if lo <= r["ts"] < hi
+        if lo <= r[time_column] < hi
     )
 
 
@@ -444,3 +484,117 @@ def test_firings_pause_resume_and_backfill(stack):
     for prev, e in itertools.pairwise(ticked):
         grew = len(source_at(s, e.source_versions["sensors"])) - len(source_at(s, prev.source_versions["sensors"]))
         assert by_tick.get(e.fire_time, 0) == grew, (e.fire_time, by_tick)
+
+
+def cursor(s: Stack, name: str) -> StreamCursor | None:
+    """The stream DAG's cursor (``cq tick``'s file under the workers' CQ_HOME), or None before its first run."""
+    text = read_cursor(cursor_path(s.settings, name))
+    return None if text is None else StreamCursor.from_json(text)
+
+
+def watcher_events(s: Stack, table: str) -> list[dict]:
+    """The asset events of ``table``'s watcher (not a task's outlet), oldest first."""
+    (asset,) = [a for a in api(s, f"/api/v2/assets?name_pattern={table}&limit=100")["assets"] if a["name"] == table]
+    events = api(s, f"/api/v2/assets/events?asset_id={asset['id']}&order_by=timestamp&limit=1000")["asset_events"]
+    return [e for e in events if (e["extra"] or {}).get("from_trigger")]
+
+
+def streams_settled(s: Stack, version: int) -> bool:
+    """Each stream's cursor at ``version``, and no run of their DAGs queued or running or waiting on a
+    queued asset event."""
+    if any((c := cursor(s, name)) is None or c.version != version for name in STREAMS):
+        return False
+    if any(api(s, f"/api/v2/dags/{name}/assets/queuedEvents")["queued_events"] for name in STREAMS):
+        return False
+    return not any(r["state"] in ("queued", "running") for name in STREAMS for r in runs(s, name))
+
+
+def window_starts(lo: datetime, hi: datetime) -> list[datetime]:
+    return [lo + i * WINDOW for i in range((hi - lo) // WINDOW)]
+
+
+def test_interval_stream_and_ekuiper_rule_run_on_the_tables_commits(stack):
+    """A TDengine INTERVAL stream and an eKuiper TUMBLINGWINDOW rule over ``readings``, scheduled on its
+    asset: the triggerer's watcher turns the feed's commits into asset events, which start their DAG
+    runs. Checked through the REST API (every run asset-triggered by the watcher's events of
+    ``readings``, succeeded; each event up to a DAG's last run consumed by one of its runs; the works the runs' sink events
+    report are the ledger's) and through the sinks and the ledger: every window closed at the last
+    version is computed by exactly one succeeded run, and the sink holds it once, as pyarrow computes
+    it from the source version that run read."""
+    s = stack
+    uri = s.settings.table_uri("readings")
+    # Created on the empty table (the watcher's first event, version 0): nothing is history.
+    for name in STREAMS:
+        wait_for(f"{name}'s first run", lambda n=name: succeeded(s, n) and cursor(s, n), timeout=400, stack=s)
+        created = cursor(s, name)
+        assert created is not None and (created.version, created.max_event) == (0, None), created
+    stop = threading.Event()
+    start = floor_time(datetime.now(UTC), timedelta(seconds=1))
+    feeder = threading.Thread(
+        target=feed, args=(DeltaRsStorage(warehouse=s.settings.warehouse), stop, start, "readings"), daemon=True
+    )
+    feeder.start()
+    try:
+        time.sleep(75)  # seven windows or so, a commit every 3 s
+    finally:
+        stop.set()
+        feeder.join(60)
+    version = DeltaTable(uri).version()
+    final = source_at(s, version, "readings")
+    assert version >= 10 and len(final) > 0
+    wait_for("the streams to reach the last commit", lambda: streams_settled(s, version), timeout=600, stack=s)
+    first = floor_time(pc.min(final["ts"]).as_py(), WINDOW)
+    latest = pc.max(final["ts"]).as_py()
+
+    # The watcher: one event per new latest version it saw, from the table's creation to the last.
+    events = watcher_events(s, "readings")
+    versions = [e["extra"]["payload"]["version"] for e in events]
+    assert versions[0] == 0 and versions[-1] == version and versions == sorted(set(versions)), versions
+    assert all(e["extra"]["payload"]["table"] == "readings" for e in events)
+
+    for name, (sink, time_column) in STREAMS.items():
+        # Airflow: every run asset-triggered, by events of `readings`' watcher, and succeeded.
+        all_runs = runs(s, name)
+        assert len(all_runs) >= 3 and all(r["state"] == "success" for r in all_runs), [
+            (r["dag_run_id"], r["state"]) for r in all_runs
+        ]
+        assert {r["run_type"] for r in all_runs} == {"asset_triggered"}, all_runs
+        # Each run consumed the watcher's events since the run before it (Airflow: those up to the
+        # first one queued for it, its run_after; later ones go to the next run, while this run's task
+        # reads the table's latest version anyway): every event up to the last run's, each once.
+        consumed = []
+        for r in all_runs:
+            upstream = api(s, f"/api/v2/dags/{name}/dagRuns/{r['dag_run_id']}/upstreamAssetEvents")["asset_events"]
+            assert upstream and {e["name"] for e in upstream} == {"readings"}, (r, upstream)
+            consumed += [e["id"] for e in upstream]
+        last = max(t(r["run_after"]) for r in all_runs)
+        assert sorted(consumed) == sorted(e["id"] for e in events if t(e["timestamp"]) <= last), (consumed, events)
+
+        # The ledger: each closed window computed by exactly one succeeded run, none left out.
+        entries = [e for e in ledger(s).entries(name) if e.status == "succeeded"]
+        assert entries and {e.kind for e in entries} == {"realtime"}, entries
+        windows = [w for e in entries for w in window_starts(e.range_start, e.range_end)]
+        assert len(windows) == len(set(windows)), f"{name}: a window computed twice: {sorted(windows)}"
+        done = cursor(s, name)
+        assert done is not None and done.closed_until == latest, (done, latest)
+        assert sorted(windows) == window_starts(first, floor_time(latest, WINDOW)), (sorted(windows), first, latest)
+
+        # The runs' results (each sink asset event's extra, the task's XCom) report the ledger's works.
+        outlet = api(s, f"/api/v2/assets/events?source_dag_id={name}&limit=1000")["asset_events"]
+        reported = sorted((w["range_start"], w["range_end"], w["version"]) for e in outlet for w in e["extra"]["works"])
+        assert reported == sorted(
+            (iso(e.range_start), iso(e.range_end), e.source_versions["readings"]) for e in entries
+        ), outlet
+        assert all(e["extra"]["stream"] == name and e["name"] == sink for e in outlet)
+
+        # The sink: each window once, as pyarrow computes it at the version its run read.
+        table_uri = s.settings.table_uri(sink)
+        want_all = []
+        for e in entries:
+            source = source_at(s, e.source_versions["readings"], "readings")
+            want = sorted(
+                r for w in window_starts(e.range_start, e.range_end) for r in expected_window(source, w, w + WINDOW)
+            )
+            assert sink_rows(table_uri, e.range_start, e.range_end, time_column) == want, (name, e)
+            want_all += want
+        assert len(DeltaTable(table_uri).to_pyarrow_table()) == len(want_all) > 0, name

@@ -167,6 +167,23 @@ def test_read_commits_appends_stats_and_paths(uri):
     assert (unknown.min_time, unknown.max_time, unknown.rows) == (None, None, 2)
 
 
+def test_read_commits_reads_one_after_another_once_no_thread_pool_takes_work(uri, monkeypatch):
+    """A process that has begun to exit refuses new thread-pool work: the commits are still read."""
+    DeltaTable.create(uri, rows([]).schema)
+    for k in range(3):
+        append(uri, [T0 + k * M])
+    pooled = read_commits(uri, after=0, until=3, time_column="ts")
+
+    class Refusing:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(log, "ThreadPoolExecutor", Refusing)
+    alone = read_commits(uri, after=0, until=3, time_column="ts")
+    assert [c.version for c in alone] == [1, 2, 3] and alone == pooled
+    assert log.transactions(uri, after=0, until=3) == {}
+
+
 def test_read_commits_delete_update_compact_checkpoint(uri, monkeypatch):
     for i in range(4):  # v0..v3: one file per minute, 6 rows each
         append(uri, [T0 + i * M + k * 10 * S for k in range(6)], values=[float(10 * i + k) for k in range(6)])

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import unquote, urlparse
@@ -22,6 +23,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 _LOG = "_delta_log"
+# Commit files read at once: on an object store each read is a round trip or two (pyarrow's S3
+# reader asks for the size first), and a sensor evaluation waited for them one after another.
+READ_THREADS = 8
 
 
 def arrow_table(stream) -> pa.Table:
@@ -159,6 +163,19 @@ def _read(fs: pafs.FileSystem, path: str) -> bytes | None:
         raise
 
 
+def _read_all(fs: pafs.FileSystem, paths: list[str]) -> list[bytes | None]:
+    """``_read`` of each of ``paths``, up to ``READ_THREADS`` at once (pyarrow releases the GIL while
+    it waits on the store); one after another in a process that has begun to exit, where a thread
+    pool takes no new work."""
+    if len(paths) < 2:
+        return [_read(fs, p) for p in paths]
+    try:
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(paths)), thread_name_prefix="cq-log") as pool:
+            return list(pool.map(lambda p: _read(fs, p), paths))
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        return [_read(fs, p) for p in paths]
+
+
 # -- latest version ------------------------------------------------------------------------------
 
 
@@ -256,11 +273,11 @@ def transactions(
     of them is gone (a log cleaned up past it)."""
     fs, root = _filesystem(_normalize(uri), storage_options)
     found: dict[str, int] = {}
-    for version in range(after + 1, until + 1):
-        raw = _read(fs, f"{root}/{_LOG}/{_json_name(version)}")
-        if raw is None:
-            return None
-        for line in raw.splitlines():
+    raws = _read_all(fs, [f"{root}/{_LOG}/{_json_name(v)}" for v in range(after + 1, until + 1)])
+    if any(raw is None for raw in raws):
+        return None
+    for raw in raws:
+        for line in (raw or b"").splitlines():
             if line.startswith(_TXN):
                 txn = json.loads(line)["txn"]
                 app, v = txn.get("appId"), txn.get("version")
@@ -295,12 +312,11 @@ def read_commits(
     table = _normalize(uri)
     fs, root = _filesystem(table, storage_options)
     log = f"{root}/{_LOG}"
-    raw_commits = []
-    for version in range(max(after, -1) + 1, until + 1):
-        raw = _read(fs, f"{log}/{_json_name(version)}")
-        if raw is None:
-            return [_snapshot_diff(table, fs, log, after, until, time_column, storage_options)]
-        raw_commits.append((version, raw))
+    versions = range(max(after, -1) + 1, until + 1)
+    raws = _read_all(fs, [f"{log}/{_json_name(v)}" for v in versions])
+    if any(raw is None for raw in raws):
+        return [_snapshot_diff(table, fs, log, after, until, time_column, storage_options)]
+    raw_commits = [(v, raw) for v, raw in zip(versions, raws) if raw is not None]
 
     column = time_column.lower()
     parsed = []

@@ -336,14 +336,16 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
         df, scan = _read(ctx, table, time_column, read_range, work.version, reads, late)
         if since is not None:  # history without FILL_HISTORY (``timing.plan_tick``)
             df = df.filter(F.col(time_column) >= instant(since))
+        rows = with_neighbours(stream, prepare(stream, df), time_column)  # TWA's points around windows
         windows = assign_windows(
-            with_neighbours(stream, prepare(stream, df), time_column),  # TWA's points around windows
+            rows,
             stream.trigger,
             time_column=time_column,
             keys=list(stream.partition_by),
             close_until=work.close_until or _FAR,
             timezone=tz,
             row_stats=row_stats_needed(stream),
+            columns=_row_columns(stream, rows, (scan, bool(late))),
         )
         windows = with_row_time(stream, windows.filter(_in_ranges(WSTART, work.windows)), time_column)
         windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
@@ -382,6 +384,31 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
 
     read = (table, time_column, read_range, work.version, since, late) if read_range else None
     return Planned(stream, work, build, finish, read, windows, keep)
+
+
+# (stream, read shape) -> the columns of its prepared trigger rows: they depend on the definition and
+# the trigger table's columns, not on the versions or ranges read. A sensor evaluation asked a Connect
+# server for them (a schema request, a round trip) for every work of every stream.
+_ROW_COLUMNS: dict[tuple, list[str]] = {}
+_ROW_COLUMNS_KEPT = 512
+
+
+def _row_columns(stream: Stream, rows: DataFrame, shape: tuple) -> list[str]:
+    """``rows.columns``, asked of Spark once per ``stream`` and ``shape`` (its first item the read's
+    ``Scan``, whose ``columns`` the Delta log gave; without them, every time)."""
+    scan, *rest = shape
+    if not scan.columns:
+        return list(rows.columns)
+    key = (stream, scan.table, scan.columns, *rest)
+    try:
+        found = _ROW_COLUMNS.get(key)
+    except TypeError:  # a definition holding something unhashable: asked every time
+        return list(rows.columns)
+    if found is None:
+        if len(_ROW_COLUMNS) >= _ROW_COLUMNS_KEPT:
+            _ROW_COLUMNS.clear()
+        found = _ROW_COLUMNS[key] = list(rows.columns)
+    return found
 
 
 def _written_ranges(stream: Stream, work: st.StreamWork, tz: str) -> list[tuple[datetime, datetime]]:
@@ -436,14 +463,16 @@ def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, r
     )
     base = reads.get(state) if reads is not None else None
     if base is None:
+        marks = frontier_table(frontier, gids, saved_fields) if frontier else None
         base = _windowed_rows(
             ctx,
             stream,
             prepare(stream, df),
             time_column=time_column,
-            marks=frontier_table(frontier, gids, saved_fields) if frontier else None,
+            marks=marks,
             origin=origin,
             close_until=work.close_until or lo,
+            shape=(scan, bool(late), marks is not None),
         )
         if reads is not None:
             reads[state] = base
@@ -542,9 +571,10 @@ def _windowed_rows(
     marks: pa.Table | None,
     origin: datetime,
     close_until: datetime,
+    shape: tuple,
 ) -> DataFrame:
     """The trigger rows from each group's frontier (``marks``, None: none saved) on, segmented into
-    windows (``assign_windows``)."""
+    windows (``assign_windows``); ``shape`` as ``_row_columns``'."""
     keys = list(stream.partition_by)
     if marks is not None:
         marks = marks.drop_columns([GROUP]).rename_columns([f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
@@ -570,6 +600,7 @@ def _windowed_rows(
         count_phase_column=phase,
         session_start_column=resumed_at,
         mark_short=getattr(stream.trigger, "true_for", None) is not None,
+        columns=_row_columns(stream, df, shape),
     )
 
 

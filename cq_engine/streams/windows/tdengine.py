@@ -95,6 +95,7 @@ def assign_windows(
     session_start_column: str | None = None,
     row_stats: bool = True,
     mark_short: bool = False,
+    columns: list[str] | None = None,
 ) -> DataFrame:
     """One row per (input row, window containing it): all input columns, then ``WSTART``, ``WEND``,
     ``WLAST`` (timestamps), ``WROWS`` (long), ``WCLOSED`` (boolean), then the extras of STATE
@@ -117,12 +118,15 @@ def assign_windows(
     projection (tumbling), and a caller aggregates the window's ``max``/``count`` instead.
 
     ``mark_short`` (STATE and EVENT windows with TRUE_FOR): keep the windows TRUE_FOR drops, with a
-    last boolean column ``SHORT`` true on their rows."""
+    last boolean column ``SHORT`` true on their rows.
+
+    ``columns``: ``df``'s column names when the caller knows them (else asked of Spark: a round trip
+    to a Connect server)."""
     if close_until.tzinfo is None or close_until.utcoffset() is None:
         raise ValueError("close_until must be timezone-aware")
     until = micros(close_until.astimezone(UTC) - EPOCH)
     keys = list(keys)
-    inputs = list(df.columns)
+    inputs = list(df.columns) if columns is None else list(columns)
     rows = df.withColumn(T_US, F.unix_micros(exact_col(time_column))).filter(F.col(T_US).isNotNull())
     extras: list[str] = []
     stats = [WLAST, WROWS]
