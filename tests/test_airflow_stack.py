@@ -184,14 +184,20 @@ def feed(storage: DeltaRsStorage, stop: threading.Event, start: datetime, table:
 
 @contextlib.contextmanager
 def running(
-    root: Path, sql: str, dags: tuple[str, ...], *, feed_sensors: bool = True, empty_tables: tuple[str, ...] = ()
+    root: Path,
+    sql: str,
+    dags: tuple[str, ...],
+    *,
+    feed_sensors: bool = True,
+    empty_tables: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """The whole stack over ``sql`` (in ``root/sql``) until the end of the block: PostgreSQL, the Spark
     Connect server, Airflow's components; ready once the API server answers and every DAG of ``dags``
     is parsed. ``feed_sensors``: ``sensors`` gets 5 minutes of history, then the readings up to now
     every few seconds (``Stack.stop_feed`` ends it). ``empty_tables``: declared tables created empty
-    before Airflow starts (a watcher's first event, version 0, then precedes any row). Also the
-    ``airflow`` benchmark's stack."""
+    before Airflow starts (a watcher's first event, version 0, then precedes any row). ``env``: more
+    environment for every process (``CQ_AIRFLOW_FORM``). Also the ``airflow`` benchmark's stack."""
     from test_cluster import PG_BIN, Cluster
 
     if not (PG_BIN / "initdb").is_file():
@@ -199,6 +205,7 @@ def running(
     (root / "sql").mkdir(parents=True, exist_ok=True)
     (root / "sql" / "defs.sql").write_text(sql)
     s = Stack(root)
+    s.env.update(env or {})
     pg = Cluster(root / "pg")
     try:
         pg.start_postgres()
