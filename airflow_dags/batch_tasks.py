@@ -88,6 +88,9 @@ def run_window(
         len(paused),
     )
 
+    if plan.firings:
+        _ = engine.spark  # the session opened within the lead, before the window's first firing is due
+
     out: queue.Queue = queue.Queue()
     error: list[BaseException] = []
 

@@ -284,3 +284,16 @@ def test_the_batched_form_has_cq_firings_and_each_definitions_dag_unscheduled(ai
     dags = build_dags()
     assert "cq_load_errors" in dags and "CQ_AIRFLOW_FORM='fused'" in dags["cq_load_errors"].description
     assert dags["blocked"].timetable.scheduled  # the per-definition form meanwhile
+
+
+def test_a_definition_is_stopped_while_its_own_dag_is_paused():
+    from airflow_dags.batch_tasks import switches_off
+
+    dags = {"on": SimpleNamespace(is_paused=False), "off": SimpleNamespace(is_paused=True)}
+
+    def get_dag(dag_id):
+        if dag_id not in dags:
+            raise LookupError(f"The Dag with dag_id: `{dag_id}` was not found")  # not parsed yet: it fires
+        return dags[dag_id]
+
+    assert switches_off(["on", "off", "new"], get_dag) == {"off"}
