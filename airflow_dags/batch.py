@@ -26,11 +26,10 @@ from cq_engine.errors import CQError
 from cq_engine.scheduling import batch_lead, env_seconds
 from cq_engine.scheduling.windows import firings_per_minute, window_cadence
 
-from .batch_tasks import run_window
+from .batch_tasks import SINKS_ALIAS, run_window
 from .timetable import CQTimetable, WindowTimetable
 
 BATCH_DAG_ID = "cq_firings"
-SINKS_ALIAS = "cq_firings_sinks"  # each committed firing is an asset event of its sink, through this alias
 FORMS = ("per_definition", "batched", "auto")
 # `auto`: the batched form above this many firings a minute across the definitions. The per-definition
 # form's ceiling on the two-core machine was about 60 firings a minute (the `airflow` benchmark, 100

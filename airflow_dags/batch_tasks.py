@@ -14,6 +14,7 @@ from typing import Any
 from cq_engine.times import iso
 
 log = logging.getLogger(__name__)
+SINKS_ALIAS = "cq_firings_sinks"  # each committed firing is an asset event of its sink, through this alias
 
 
 def switches_off(names: list[str], get_dag: Any) -> set[str]:
@@ -123,7 +124,6 @@ def run_window(
                 from airflow.sdk import AssetAlias
 
                 from .assets import table_asset
-                from .batch import SINKS_ALIAS
 
                 outlet_events[AssetAlias(SINKS_ALIAS)].add(table_asset(d.sink, settings=settings), extra=record)
         elif outcome == "skipped" and isinstance(value, AlreadyCommitted):

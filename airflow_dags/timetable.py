@@ -6,6 +6,7 @@ Airflow's timetable protocol."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -236,7 +237,7 @@ class WindowTimetable(Timetable):
         return pendulum.instance(as_utc(t)).in_timezone(self.spec["timezone"])
 
 
-def ticked_definitions(definitions: list[Definition]) -> list[Definition]:
+def ticked_definitions(definitions: Iterable[Definition]) -> list[Definition]:
     """The continuous queries and PERIOD streams: the definitions that fire on a timetable (one DAG
     each, or together in ``cq_firings``); the others run on their trigger table (``stream_dags``)."""
     return [d for d in definitions if isinstance(d, ContinuousQuery) or isinstance(d.trigger, PeriodTrigger)]
