@@ -20,17 +20,19 @@ pytestmark = pytest.mark.spark
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 M = timedelta(minutes=1)
 SQL = """
-CREATE TABLE IF NOT EXISTS sensors (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
+CREATE TABLE IF NOT EXISTS plant (ts TIMESTAMP, device STRING, temperature DOUBLE, humidity DOUBLE);
 CREATE CQ blocked_cq RESAMPLE EVERY 1m BEGIN
-  SELECT max_value(temperature) AS tmax, count(temperature) AS n INTO blocked_out FROM sensors GROUP BY (1m), device
+  SELECT max_value(temperature) AS tmax, count(temperature) AS n INTO blocked_out FROM plant GROUP BY (1m), device
 END;
 CREATE CQ discard_cq RESAMPLE EVERY 1m TIMEOUT POLICY DISCARD BEGIN
-  SELECT max_value(temperature) AS tmax, count(temperature) AS n INTO discard_out FROM sensors GROUP BY (1m), device
+  SELECT max_value(temperature) AS tmax, count(temperature) AS n INTO discard_out FROM plant GROUP BY (1m), device
 END;
-CREATE STREAM n_period PERIOD(1m) FROM sensors INTO n_period_out AS SELECT _tlocaltime, count(*) AS n FROM %%trows;
+CREATE STREAM n_period PERIOD(1m) FROM plant INTO n_period_out AS SELECT _tlocaltime, count(*) AS n FROM %%trows;
 """
 NAMES = ("blocked_cq", "discard_cq", "n_period")
 SINKS = {"blocked_cq": "blocked_out", "discard_cq": "discard_out", "n_period": "n_period_out"}
+# Its own table name: the session's Airflow DB keeps one asset per name, and `sensors` is another
+# test's asset at another location (a task whose inlet clashes with it fails as inactive).
 
 
 def per_minute(source: pa.Table, lo: datetime, hi: datetime) -> list[tuple]:
@@ -90,8 +92,8 @@ def test_each_windows_due_firings_fused_once_blocked_discard_and_stopped(spark, 
     monkeypatch.setenv("AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION", "True")  # Airflow's default
     engine = Engine(settings=settings, spark_session=spark)
     engine.ensure_tables()
-    engine.storage.append("sensors", sensor_rows(start=T0, end=T0 + 12 * M))
-    source = DeltaTable(settings.table_uri("sensors")).to_pyarrow_table()  # the continuous queries' rows
+    engine.storage.append("plant", sensor_rows(start=T0, end=T0 + 12 * M))
+    source = DeltaTable(settings.table_uri("plant")).to_pyarrow_table()  # the continuous queries' rows
 
     dags = build_dags()
     dag = dags[BATCH_DAG_ID]
@@ -114,7 +116,7 @@ def test_each_windows_due_firings_fused_once_blocked_discard_and_stopped(spark, 
     assert events == sorted(((SINKS[f["name"]], f) for f in result["firings"]), key=str)
     # Rows committed since: the PERIOD stream's next tick reads them (their times are past every
     # continuous query's ranges here).
-    engine.storage.append("sensors", sensor_rows(start=T0 + 12 * M, end=T0 + 13 * M))
+    engine.storage.append("plant", sensor_rows(start=T0 + 12 * M, end=T0 + 13 * M))
 
     # Three windows later: BLOCKED runs the three it missed in order, DISCARD only the latest.
     result, events = run_window(dag, 9)
