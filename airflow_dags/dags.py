@@ -1,5 +1,7 @@
 """``build_dags``: every continuous query, stream and eKuiper rule of ``CQ_SQL_DIR`` as a DAG of one
-task (window-triggered streams and rules: ``stream_dags``, scheduled on their trigger table's asset).
+task (window-triggered streams and rules: ``stream_dags``, scheduled on their trigger table's asset);
+in the batched form (``CQ_AIRFLOW_FORM``, ``batch``) the continuous queries and PERIOD streams fire
+in the one DAG ``cq_firings``, their own DAGs unscheduled.
 
 Runs when Airflow parses the DAG file, so it imports no Spark, Dagster or Delta code and writes
 nothing but the catalog's last good versions (``cq_engine.lastgood``, as the Dagster location does).
@@ -16,16 +18,16 @@ from airflow.sdk import DAG
 
 from cq_engine.catalog import settings_catalog
 from cq_engine.config import Settings, load_settings
-from cq_engine.errors import CQError, ParseError
-from cq_engine.model import ContinuousQuery, Definition, PeriodTrigger, Stream
+from cq_engine.errors import CQError
+from cq_engine.model import Definition
 
 from .assets import table_asset
+from .batch import BATCH_DAG_ID, airflow_form, batch_dag, batch_timetable
 from .stream_dags import is_window_triggered, stream_dag
 from .tasks import run_firing
-from .timetable import CQTimetable
+from .timetable import CQTimetable, ticked_definitions, timetable_of
 
 ERROR_DAG_ID = "cq_load_errors"
-_DAY = timedelta(days=1)
 # Each firing is an idempotent replace of its range: a retry after a lost Spark connection is safe.
 RETRY_ARGS = {"retries": 3, "retry_delay": timedelta(seconds=2), "retry_exponential_backoff": 2.0}
 
@@ -54,9 +56,32 @@ def build_dags(*, settings: Settings | None = None) -> dict[str, DAG]:
         errors.append(str(exc))
     else:
         errors += [f"{e}; {e.consequence()}" for e in catalog.errors]
-        for definition in catalog.definitions:
+        timetables: dict[str, CQTimetable] = {}
+        for definition in ticked_definitions(catalog.definitions):
             try:
-                dag = build_dag(definition, settings=settings)
+                timetable = timetable_of(definition, timezone=settings.timezone)
+            except CQError as exc:
+                errors.append(str(exc))
+            else:
+                if timetable is not None:
+                    timetables[definition.name] = timetable
+        try:
+            batched = bool(timetables) and airflow_form(list(timetables.values())) == "batched"
+            if batched:
+                if BATCH_DAG_ID in {d.name for d in catalog.definitions}:
+                    raise CQError(f"a definition named {BATCH_DAG_ID!r} would be the batched form's DAG: rename it")
+                window = batch_timetable(list(timetables.values()), timezone=settings.timezone)
+                dags[BATCH_DAG_ID] = batch_dag(list(timetables), window, settings=settings, retry_args=RETRY_ARGS)
+        except CQError as exc:
+            errors.append(str(exc))
+            batched = False
+        for definition in catalog.definitions:
+            if definition.name not in timetables and not is_window_triggered(definition):
+                continue  # no DAG (a PERIOD of a day or more: its error is above)
+            try:
+                dag = build_dag(
+                    definition, settings=settings, timetable=timetables.get(definition.name), batched=batched
+                )
             except CQError as exc:
                 errors.append(str(exc))
             else:
@@ -67,13 +92,19 @@ def build_dags(*, settings: Settings | None = None) -> dict[str, DAG]:
     return dags
 
 
-def build_dag(definition: Definition, *, settings: Settings) -> DAG | None:
-    """The definition's DAG: by its timetable, or (a window-triggered stream) on its trigger table."""
+def build_dag(
+    definition: Definition, *, settings: Settings, timetable: CQTimetable | None = None, batched: bool = False
+) -> DAG | None:
+    """The definition's DAG: by its timetable, or (a window-triggered stream) on its trigger table.
+    ``batched`` (the batched form, ``airflow_dags.batch``): it fires in ``cq_firings``, and its own
+    DAG keeps the timetable unscheduled, for backfills and manual runs, and as its switch."""
     if is_window_triggered(definition):
         return stream_dag(definition, settings=settings, retry_args=RETRY_ARGS)  # type: ignore[arg-type]
-    timetable = timetable_of(definition, timezone=settings.timezone)
+    timetable = timetable or timetable_of(definition, timezone=settings.timezone)
     if timetable is None:
         return None
+    if batched:
+        timetable = timetable.unscheduled()
     blocked = definition.timeout_policy == "BLOCKED"
     sources = sorted({t for t in (definition.source, getattr(definition, "trigger_table", None)) if t})
     with DAG(
@@ -88,7 +119,7 @@ def build_dag(definition: Definition, *, settings: Settings) -> DAG | None:
         default_args={**RETRY_ARGS, "depends_on_past": blocked},
         description=f"{definition.kind} {definition.name}: {timetable.description}, {definition.timeout_policy}",
         doc_md=f"`{definition.location}`\n\n```sql\n{definition.sql}\n```",
-        tags=["cq-engine", definition.kind],
+        tags=["cq-engine", definition.kind, *(["batched"] if batched else [])],
     ) as dag:
         PythonOperator(
             task_id="fire",
@@ -98,21 +129,3 @@ def build_dag(definition: Definition, *, settings: Settings) -> DAG | None:
             outlets=[table_asset(definition.sink, settings=settings)] if definition.sink else [],
         )
     return dag
-
-
-def timetable_of(definition: Definition, *, timezone: str) -> CQTimetable | None:
-    if isinstance(definition, ContinuousQuery):
-        return CQTimetable.for_resample(definition.resample, timezone=timezone)
-    assert isinstance(definition, Stream)
-    trigger = definition.trigger
-    if not isinstance(trigger, PeriodTrigger):
-        return None
-    if trigger.period >= _DAY:
-        raise ParseError(
-            "a PERIOD of a day or more is anchored at the stream's creation, which only the engine's "
-            "state records: not scheduled under Airflow",
-            file=definition.location.file,
-            line=definition.location.line,
-            col=definition.location.col,
-        )
-    return CQTimetable.for_period(trigger, timezone=timezone)

@@ -40,9 +40,10 @@ BENCHMARKS = (
     "stream_scale",
     "mixed",
     "soak",
+    "airflow",
 )
 # Run only when named with --only (long; not part of `make bench`).
-ON_REQUEST = ("soak",)
+ON_REQUEST = ("soak", "airflow")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -111,6 +112,7 @@ class Stack:
         self.url = f"http://127.0.0.1:{self.port}"
         self.settings = Settings(sql_dir=str(root / "sql"), warehouse=str(root / "wh"), home=str(root / ".cq"))
         self.stops: list = []
+        self.procs: dict[str, subprocess.Popen] = {}
         self.stop_feed = threading.Event()
         self.client = AirflowClient(self.url, env={"CQ_AIRFLOW_USER": USER, "CQ_AIRFLOW_PASSWORD": PASSWORD})
         self.env = {
@@ -128,7 +130,7 @@ class Stack:
         )
 
     def spawn(self, name: str, cmd: list[str]) -> None:
-        proc = spawn_logged(cmd, log=self.logs / f"{name}.log", cwd=self.root, env=self.env)
+        proc = self.procs[name] = spawn_logged(cmd, log=self.logs / f"{name}.log", cwd=self.root, env=self.env)
         self.stops.append(lambda: stop_process_group(proc, first_signal=15, timeout=60))
 
     def run(
@@ -180,18 +182,31 @@ def feed(storage: DeltaRsStorage, stop: threading.Event, start: datetime, table:
             start = end
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, request):
+@contextlib.contextmanager
+def running(
+    root: Path,
+    sql: str,
+    dags: tuple[str, ...],
+    *,
+    feed_sensors: bool = True,
+    empty_tables: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """The whole stack over ``sql`` (in ``root/sql``) until the end of the block: PostgreSQL, the Spark
+    Connect server, Airflow's components; ready once the API server answers and every DAG of ``dags``
+    is parsed. ``feed_sensors``: ``sensors`` gets 5 minutes of history, then the readings up to now
+    every few seconds (``Stack.stop_feed`` ends it). ``empty_tables``: declared tables created empty
+    before Airflow starts (a watcher's first event, version 0, then precedes any row). ``env``: more
+    environment for every process (``CQ_AIRFLOW_FORM``). Also the ``airflow`` benchmark's stack."""
     from test_cluster import PG_BIN, Cluster
 
     if not (PG_BIN / "initdb").is_file():
-        pytest.fail(f"PostgreSQL is not installed ({PG_BIN}/initdb): run `make cluster-test`, which installs it")
-    root = tmp_path_factory.mktemp("airflow_stack")
-    (root / "sql").mkdir()
-    (root / "sql" / "defs.sql").write_text(SQL)
+        raise RuntimeError(f"PostgreSQL is not installed ({PG_BIN}/initdb): run `make cluster-setup`")
+    (root / "sql").mkdir(parents=True, exist_ok=True)
+    (root / "sql" / "defs.sql").write_text(sql)
     s = Stack(root)
+    s.env.update(env or {})
     pg = Cluster(root / "pg")
-    failed_before = request.session.testsfailed
     try:
         pg.start_postgres()
         s.stops.append(pg.stop)
@@ -207,13 +222,16 @@ def stack(tmp_path_factory, request):
         af.write_password(home=home, user=USER, password=PASSWORD)
 
         storage = DeltaRsStorage(warehouse=s.settings.warehouse)
-        # Empty, so the watcher's first event (version 0) creates the streams' cursors before any row.
-        readings = load_catalog(s.settings.sql_dir).table("readings")
-        assert readings is not None and storage.create_table(readings)
-        now = floor_time(datetime.now(UTC), timedelta(seconds=1))
-        storage.append("sensors", sensor_rows(start=now - timedelta(minutes=5), end=now, every=timedelta(seconds=1)))
-        feeder = threading.Thread(target=feed, args=(storage, s.stop_feed, now), daemon=True)
-        s.stops.append(lambda: (s.stop_feed.set(), feeder.join(30)))
+        for name in empty_tables:
+            table = load_catalog(s.settings.sql_dir).table(name)
+            assert table is not None and storage.create_table(table), name
+        if feed_sensors:
+            now = floor_time(datetime.now(UTC), timedelta(seconds=1))
+            storage.append(
+                "sensors", sensor_rows(start=now - timedelta(minutes=5), end=now, every=timedelta(seconds=1))
+            )
+            feeder = threading.Thread(target=feed, args=(storage, s.stop_feed, now), daemon=True)
+            s.stops.append(lambda: (s.stop_feed.set(), feeder.join(30)))
 
         s.run([str(BIN / "cq"), "spark", "start"])
         s.stops.append(lambda: s.run([str(BIN / "cq"), "spark", "stop"], check=False, timeout=120))
@@ -221,13 +239,29 @@ def stack(tmp_path_factory, request):
         for name, cmd in af.commands(port=s.port).items():
             s.spawn(name, cmd)
         wait_for("the API server", lambda: port_open(s.port), timeout=300, stack=s)
-        wait_for("the DAGs", lambda: all(dag(s, d) for d in (*DAGS, *STREAMS)), timeout=300, stack=s)
-        feeder.start()
+        wait_for(f"the {len(dags)} DAGs", lambda: all(dag(s, d) for d in dags), timeout=300, stack=s)
+        if feed_sensors:
+            feeder.start()
         yield s
     finally:
-        if request.session.testsfailed > failed_before:
-            print(f"\nAirflow stack logs ({s.logs}):{s.tails(80)}", file=sys.__stderr__)
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, request):
+    from test_cluster import PG_BIN
+
+    if not (PG_BIN / "initdb").is_file():
+        pytest.fail(f"PostgreSQL is not installed ({PG_BIN}/initdb): run `make cluster-test`, which installs it")
+    root = tmp_path_factory.mktemp("airflow_stack")
+    failed_before = request.session.testsfailed
+    # `readings` empty, so the watcher's first event (version 0) creates the streams' cursors before any row.
+    with running(root, SQL, (*DAGS, *STREAMS), empty_tables=("readings",)) as s:
+        try:
+            yield s
+        finally:
+            if request.session.testsfailed > failed_before:
+                print(f"\nAirflow stack logs ({s.logs}):{s.tails(80)}", file=sys.__stderr__)
 
 
 def api(s: Stack, path: str) -> dict:

@@ -91,6 +91,7 @@ def execute_rounds(
     stopped: Stopped | None = None,
     progress: Callable[[datetime, float], None] | None = None,
     recover: Callable[[list[BaseException]], str] | None = None,
+    discard: frozenset[str] = frozenset(),
 ) -> None:
     """Every definition's firings in rounds, in time order (a round: each definition's next firing,
     those due within ``ROUND_GATHER`` of the earliest, run once the newest is due), each result (or
@@ -106,7 +107,13 @@ def execute_rounds(
     context) whether the Spark session was lost: if a new one answers, the failed firings run again
     in the next round and their failures are not reported; if no server answered in time, their
     definitions are handed back (``("handed_back", d, fire, reason)``: the sensor requests them
-    again); otherwise the failures stand."""
+    again); otherwise the failures stand.
+
+    ``discard``: DISCARD definitions whose later firings are in ``firings`` too (a window run holds
+    several): a round that starts once such a definition's next firing is due already runs only the
+    latest due one, the earlier ones put on ``out`` as ``("discarded", d, fire, None)`` (IoTDB's
+    DISCARD: a firing that came due while the one before ran is skipped). The Dagster batch sensor
+    gives a DISCARD definition one firing per run and decides this when it requests."""
     pending = {n: list(fs) for n, fs in firings.items()}
     end = max((f for fs in firings.values() for f in fs), default=datetime.now(UTC)) + timedelta(microseconds=1)
     told: datetime | None = None
@@ -143,6 +150,13 @@ def execute_rounds(
                     ready.pop(name, None)
                 if not ready:
                     continue
+                soonest = min(fs[0] for fs in ready.values())
+            if discard:
+                now = datetime.now(UTC)
+                for name in discard & ready.keys():
+                    fs = ready[name]
+                    while len(fs) > 1 and fs[1] <= now:
+                        out.put(("discarded", engine.definition(name), fs.pop(0), None))
                 soonest = min(fs[0] for fs in ready.values())
             cutoff = max(soonest, datetime.now(UTC)) + ROUND_GATHER
             due = {n: fs.pop(0) for n, fs in ready.items() if fs[0] <= cutoff}

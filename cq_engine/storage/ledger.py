@@ -244,6 +244,17 @@ class Ledger:
         found = [e for e in self.entries(definition) if e.status != "ignored"]
         return found[-1] if found else None
 
+    def last_fired(self) -> dict[str, datetime]:
+        """Per definition, the fire time of its latest succeeded firing or PERIOD tick (what a window
+        run plans from, ``scheduling.windows``): grouped in Arrow, no row a Python object."""
+        data = self.to_arrow()
+        mask = pc.and_(
+            pc.equal(data["status"], "succeeded"),
+            pc.and_(pc.is_in(data["kind"], pa.array(["firing", "period"])), pc.is_valid(data["fire_time"])),
+        )
+        latest = data.filter(mask).group_by("definition").aggregate([("fire_time", "max")])
+        return dict(zip(latest["definition"].to_pylist(), latest["fire_time_max"].to_pylist(), strict=True))
+
     def last_by_definition(self) -> dict[str, LedgerEntry]:
         """The most recently started run of every definition in the ledger."""
         return {e.definition: e for e in self.entries() if e.status != "ignored"}
