@@ -11,6 +11,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import Any
 
+from airflow_dags.tasks import firing_summary
 from cq_engine.times import iso
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def run_window(
         outcome, d, fire, value = item
         record: dict = {"name": d.name, "fire_time": iso(fire), "outcome": outcome}
         if outcome == "ok":
-            record.update(_summary(d, fire, value))
+            record.update(firing_summary(d, value))
             log.info(
                 "%s: firing %s committed (%s rows, %s v%s)",
                 d.name,
@@ -172,18 +173,3 @@ def _scheduled(definition: Any, timezone: str) -> bool:
         return timetable_of(definition, timezone=timezone) is not None
     except CQError:
         return False
-
-
-def _summary(d: Any, fire: datetime, result: Any) -> dict:
-    """A committed firing as the per-definition task reports it (``tasks.run_firing``)."""
-    return {
-        "range_start": iso(result.time_range[0]),
-        "range_end": iso(result.time_range[1]),
-        "sink": d.sink,
-        "sink_version": result.sink_version,
-        "rows_written": result.rows_written,
-        "source_versions": dict(result.source_versions),
-        "files_read": result.files_read,
-        "seconds": round(result.seconds, 3),
-        "already_committed": False,
-    }

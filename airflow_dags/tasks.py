@@ -45,8 +45,14 @@ def run_firing(
             settings=settings,
             outlet_events=outlet_events,
         )
-    summary = {
-        "fire_time": iso(fire),
+    summary = {"fire_time": iso(fire), **firing_summary(definition, result)}
+    return _reported(summary, definition=definition, settings=settings, outlet_events=outlet_events)
+
+
+def firing_summary(definition: Any, result: Any) -> dict:
+    """A committed firing as a task reports it (XCom and the sink's asset event): its range, the sink's
+    version and rows, the source versions it read."""
+    return {
         "range_start": iso(result.time_range[0]),
         "range_end": iso(result.time_range[1]),
         "sink": definition.sink,
@@ -57,7 +63,6 @@ def run_firing(
         "seconds": round(result.seconds, 3),
         "already_committed": False,
     }
-    return _reported(summary, definition=definition, settings=settings, outlet_events=outlet_events)
 
 
 def _reported(summary: dict, *, definition: Any, settings: Any, outlet_events: Any) -> dict:

@@ -28,7 +28,31 @@ def _us(value: timedelta) -> int:
     return value // _US
 
 
-class CQTimetable(Timetable):
+class _SpecTimetable(Timetable):
+    """A timetable whose whole state is ``spec``, plain JSON (what the DAG's serialization stores)."""
+
+    spec: dict[str, Any]
+    description: str
+
+    @classmethod
+    def deserialize(cls, data: dict[str, Any]) -> Timetable:
+        return cls(data)  # type: ignore[call-arg]
+
+    def serialize(self) -> dict[str, Any]:
+        return dict(self.spec)
+
+    @property
+    def summary(self) -> str:
+        return self.description
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.spec == self.spec  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.spec.items())))
+
+
+class CQTimetable(_SpecTimetable):
     """The firings of one definition. ``spec`` is plain JSON (what the DAG's serialization stores):
     ``kind`` ``resample`` (``every_us``, ``start_us``, ``end_us``, ``boundary``) or ``period``
     (``period_us``, ``offset_us``), and ``timezone`` (CQ_TIMEZONE). Without ``catchup`` (DISCARD),
@@ -72,23 +96,6 @@ class CQTimetable(Timetable):
         return CQTimetable({**self.spec, "scheduled": False})
 
     # -- Airflow's protocol ------------------------------------------------------------------------
-    @classmethod
-    def deserialize(cls, data: dict[str, Any]) -> Timetable:
-        return cls(data)
-
-    def serialize(self) -> dict[str, Any]:
-        return dict(self.spec)
-
-    @property
-    def summary(self) -> str:
-        return self.description
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CQTimetable) and other.spec == self.spec
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self.spec.items())))
-
     def fire_time(self, interval: DataInterval) -> datetime:
         """The firing whose range is ``interval``: its end plus the RANGE end offset."""
         return as_utc(interval.end) + self.lag
@@ -161,7 +168,7 @@ def _ticks(spec: dict[str, Any]) -> tuple[Ticks, timedelta]:
     return period_ticks_of(trigger, timezone=tz), timedelta(0)
 
 
-class WindowTimetable(Timetable):
+class WindowTimetable(_SpecTimetable):
     """The batched form's DAG ``cq_firings`` (``airflow_dags.batch``): one run per aligned window of
     fire times ``[W, W + cadence)`` (multiples of the cadence since the Unix epoch, UTC), created
     ``lead`` before ``W`` so that its worker has started, parsed and opened Spark by the time the
@@ -188,23 +195,6 @@ class WindowTimetable(Timetable):
     @classmethod
     def of(cls, *, cadence: timedelta, lead: timedelta, timezone: str) -> WindowTimetable:
         return cls({"cadence_us": _us(cadence), "lead_us": _us(lead), "timezone": timezone})
-
-    @classmethod
-    def deserialize(cls, data: dict[str, Any]) -> Timetable:
-        return cls(data)
-
-    def serialize(self) -> dict[str, Any]:
-        return dict(self.spec)
-
-    @property
-    def summary(self) -> str:
-        return self.description
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, WindowTimetable) and other.spec == self.spec
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self.spec.items())))
 
     def window(self, interval: DataInterval) -> tuple[datetime, datetime]:
         """The fire times ``[start, end)`` a run of data interval ``interval`` owns."""
