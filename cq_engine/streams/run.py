@@ -35,6 +35,7 @@ from cq_engine.model import (
 )
 from cq_engine.notify import outbox as notify_outbox
 from cq_engine.resample.run import SINGLE_PARTITION_BYTES
+from cq_engine.storage.base import Scan
 from cq_engine.storage.delta import groups_predicate, ranges_predicate, storable_schema
 from cq_engine.streams import timing as st
 from cq_engine.streams.bounds import with_neighbours, with_outside
@@ -345,7 +346,7 @@ def _plan_time_windows(ctx: EngineContext, stream: Stream, work: st.StreamWork, 
             close_until=work.close_until or _FAR,
             timezone=tz,
             row_stats=row_stats_needed(stream),
-            columns=_row_columns(stream, rows, (scan, bool(late))),
+            columns=_row_columns(stream, rows, scan, bool(late)),
         )
         windows = with_row_time(stream, windows.filter(_in_ranges(WSTART, work.windows)), time_column)
         windows = with_placeholders(stream, windows, tick=work.tick, tz=tz)
@@ -393,13 +394,12 @@ _ROW_COLUMNS: dict[tuple, list[str]] = {}
 _ROW_COLUMNS_KEPT = 512
 
 
-def _row_columns(stream: Stream, rows: DataFrame, shape: tuple) -> list[str]:
-    """``rows.columns``, asked of Spark once per ``stream`` and ``shape`` (its first item the read's
-    ``Scan``, whose ``columns`` the Delta log gave; without them, every time)."""
-    scan, *rest = shape
+def _row_columns(stream: Stream, rows: DataFrame, scan: Scan, *variant: bool) -> list[str]:
+    """``rows.columns``, asked of Spark once per ``stream``, trigger table columns (``scan.columns``,
+    from the Delta log; without them, every time) and ``variant`` (what else shaped ``rows``)."""
     if not scan.columns:
         return list(rows.columns)
-    key = (stream, scan.table, scan.columns, *rest)
+    key = (stream, scan.table, scan.columns, *variant)
     try:
         found = _ROW_COLUMNS.get(key)
     except TypeError:  # a definition holding something unhashable: asked every time
@@ -472,7 +472,8 @@ def _plan_data_shaped(ctx: EngineContext, stream: Stream, work: st.StreamWork, r
             marks=marks,
             origin=origin,
             close_until=work.close_until or lo,
-            shape=(scan, bool(late), marks is not None),
+            scan=scan,
+            late=bool(late),
         )
         if reads is not None:
             reads[state] = base
@@ -571,10 +572,11 @@ def _windowed_rows(
     marks: pa.Table | None,
     origin: datetime,
     close_until: datetime,
-    shape: tuple,
+    scan: Scan,
+    late: bool,
 ) -> DataFrame:
-    """The trigger rows from each group's frontier (``marks``, None: none saved) on, segmented into
-    windows (``assign_windows``); ``shape`` as ``_row_columns``'."""
+    """The trigger rows (``df``, read as ``scan``, without late rows if ``late``) from each group's
+    frontier (``marks``, None: none saved) on, segmented into windows (``assign_windows``)."""
     keys = list(stream.partition_by)
     if marks is not None:
         marks = marks.drop_columns([GROUP]).rename_columns([f"__cq_k{i}" for i in range(len(keys))] + [RESUME])
@@ -600,7 +602,7 @@ def _windowed_rows(
         count_phase_column=phase,
         session_start_column=resumed_at,
         mark_short=getattr(stream.trigger, "true_for", None) is not None,
-        columns=_row_columns(stream, df, shape),
+        columns=_row_columns(stream, df, scan, late, marks is not None),
     )
 
 
