@@ -103,7 +103,7 @@ versitygw: .tools/bin/versitygw
 # The cluster test, then Airflow 3 (scheduler, DAG processor, triggerer, API server) over its PostgreSQL
 # running the adapter's DAGs, cq --via-airflow and a backfill (tests/test_airflow_stack.py, about 4 min).
 cluster-test: cluster-setup
-	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py tests/test_airflow_stack.py
+	$(BIN)/python -m pytest -q -m cluster tests/test_s3_commits.py tests/test_cluster.py tests/test_airflow_stack.py tests/test_airflow_batched_stack.py
 
 # The same cluster under faults (docs/operations/guarantees.md, Faults on the deployed topology): the
 # runs that ride out a Connect server restart and a PostgreSQL outage (tests/test_recovery.py, about 5

@@ -46,7 +46,16 @@ class CQRunLauncher(DefaultRunLauncher):
         """Launch through the code server; one that is shutting down (restarted, as the docs tell a user
         to after changing ``CQ_SQL_DIR``) refuses the launch, and Dagster would fail the run. Reported
         as unreachable instead, the queue puts the run back and tries again (``dagster.yaml``'s
-        ``max_user_code_failure_retries``), so it runs on the new server."""
+        ``max_user_code_failure_retries``), so it runs on the new server.
+
+        A call that did not end in a refusal (it timed out, or the server died during it) may have
+        started the run: put back in the queue, it would run twice. So a worker taking the run within
+        ``LAUNCH_CONFIRM_SECONDS`` makes it launched. Otherwise a server that died during the call
+        (``went_away``) goes back to the queue too: a worker it started late finds the run queued and
+        ignores it (Dagster does, with run monitoring on). One that timed out is failed instead (a
+        server waiting for its database may start it much later); the batch sensor requests its
+        firings again, and a worker starting later ignores a failed run."""
+        since = time.time()
         try:
             super().launch_run(context)
         except DagsterLaunchFailedError as exc:
@@ -56,23 +65,30 @@ class CQRunLauncher(DefaultRunLauncher):
         except DagsterUserCodeUnreachableError as exc:
             if refused(exc):
                 raise  # the server never took the run: the queue tries again
-            # A call that timed out (a server waiting for its database) may have started the run: launched
-            # again, it would run twice. Its worker starting says it did; otherwise it is failed, and its
-            # firings are requested again by the batch sensor (a worker starting later ignores a failed run).
-            if self._worker_started_within(context.dagster_run.run_id, LAUNCH_CONFIRM_SECONDS):
+            if self._launch_taken(context.dagster_run.run_id, since=since - START_SLACK):
                 return
+            if went_away(exc):
+                raise DagsterUserCodeUnreachableError(
+                    f"the code server went away during the run's launch and no worker took the run within "
+                    f"{LAUNCH_CONFIRM_SECONDS:.0f}s; back to the queue ({exc})"
+                ) from exc
             raise DagsterLaunchFailedError(
                 f"the code server did not confirm the run's launch ({exc}); not launched again, as it may "
                 "have started it"
             ) from exc
 
-    def _worker_started_within(self, run_id: str, seconds: float) -> bool:
-        """Whether the run's worker has started it (the run left STARTING) within ``seconds``."""
-        deadline = time.monotonic() + seconds
+    def _launch_taken(self, run_id: str, *, since: float, seconds: float | None = None) -> bool:
+        """Whether a worker took the run within ``seconds`` (default ``LAUNCH_CONFIRM_SECONDS``): its
+        "Started process for run" event at or after ``since`` (epoch seconds; written as soon as the
+        worker has read the run), or the run left STARTING."""
+        deadline = time.monotonic() + (LAUNCH_CONFIRM_SECONDS if seconds is None else seconds)
         while True:
             run = self._instance.get_run_by_id(run_id)
             if run is None or run.status not in (DagsterRunStatus.STARTING, DagsterRunStatus.QUEUED):
                 return run is not None
+            started = self._worker_started(run_id)
+            if started is not None and started[1] >= since:
+                return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(1.0)
@@ -157,11 +173,29 @@ def process_start(pid: int) -> tuple[bool, float | None]:
     return True, boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # stat's field 22: start, in clock ticks
 
 
-def refused(exc: BaseException) -> bool:
-    """Whether an unreachable code server refused the call before taking it: the connection was refused
-    (gRPC ``UNAVAILABLE``) or the server is shutting down, not a call that timed out."""
+def _grpc_error(exc: BaseException) -> tuple[str | None, str]:
+    """The gRPC status code's name and the details of the call error behind ``exc`` (None, "" if none)."""
     cause = exc.__cause__
-    code = getattr(cause, "code", None)
+    code, details = getattr(cause, "code", None), getattr(cause, "details", None)
+    name = getattr(code(), "name", None) if callable(code) else None
+    return name, str(details() or "") if callable(details) else ""
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether an unreachable code server refused the call before taking it: the connection could not
+    be made (gRPC ``UNAVAILABLE``, "failed to connect") or the server is shutting down; not a call
+    that timed out, nor one whose server died during it (``went_away``)."""
     if SHUTTING_DOWN in str(exc):
         return True
-    return callable(code) and getattr(code(), "name", None) == "UNAVAILABLE"
+    return _grpc_error(exc)[0] == "UNAVAILABLE" and not went_away(exc)
+
+
+def went_away(exc: BaseException) -> bool:
+    """Whether the code server's connection broke during the call (gRPC ``UNAVAILABLE`` after it was
+    connected: "Socket closed", "Connection reset"), i.e. the server died (killed, out of memory) and
+    may or may not have started the run."""
+    code, details = _grpc_error(exc)
+    text = details.lower()
+    return code == "UNAVAILABLE" and (
+        "socket closed" in text or "stream removed" in text or "connection reset" in text or "broken pipe" in text
+    )

@@ -14,6 +14,7 @@ import pytest
 
 # Files whose tests start Spark (or a Connect server, or Dagster runs that do) without the ``spark`` fixture.
 SPARK_FILES = {
+    "test_airflow_batched_stack.py",
     "test_airflow_stack.py",
     "test_cli.py",
     "test_dagster_defs.py",

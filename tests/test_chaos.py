@@ -457,21 +457,23 @@ def _failed_runs(instance, *, since: datetime | None, until: datetime) -> list[s
 
 
 def _why(instance, run_id: str) -> str:
-    """The first error of a failed run, as its page in the UI shows it (a step's or a resource's
-    failure, else the run failure's message)."""
+    """Why a run failed, as its page in the UI shows it: the run failure's message, after every distinct
+    error of its events in order (a step's or a resource's failure, the queue's retries of its launch), so
+    an error the run recovered from is not mistaken for the cause."""
     from dagster import DagsterEventType
 
-    events = instance.all_logs(run_id)
-    for event in events:
+    said: list[str] = []
+    for event in instance.all_logs(run_id):
         data = event.dagster_event.event_specific_data if event.dagster_event else None
         error = getattr(data, "error", None)
-        if error is not None:
-            return " ".join(error.message.split())[:400]
-    # Failed from outside the run (run monitoring, the code server): the failure event's message.
-    failures = [
-        e.message for e in events if e.dagster_event and e.dagster_event.event_type == DagsterEventType.RUN_FAILURE
-    ]
-    return " ".join(failures[-1].split())[:400] if failures else "(no error event)"
+        failure = event.dagster_event and event.dagster_event.event_type == DagsterEventType.RUN_FAILURE
+        for text in ([event.message] if error is not None or failure else []) + (
+            [error.message] if error is not None else []
+        ):
+            text = " ".join(text.split())[:300]
+            if text and text not in said:
+                said.append(text)
+    return " | ".join(said) if said else "(no error event)"
 
 
 _SOURCES: dict[int, pa.Table] = {}

@@ -175,30 +175,77 @@ def test_a_launch_refused_by_a_code_server_shutting_down_is_left_to_the_queue(in
                 time.sleep(0.5)
 
 
-def test_only_a_refused_launch_is_left_to_the_queue_not_one_that_timed_out():
+# A gRPC server of the DagsterApi service whose Ping never answers (the process is killed mid-call).
+HANGING_SERVER = """
+import sys, time
+from concurrent import futures
+import grpc
+def hang(request, context):
+    time.sleep(120)
+handler = grpc.method_handlers_generic_handler("api.DagsterApi", {"Ping": grpc.unary_unary_rpc_method_handler(
+    hang, request_deserializer=lambda b: b, response_serializer=lambda b: b)})
+server = grpc.server(futures.ThreadPoolExecutor(2))
+server.add_generic_rpc_handlers((handler,))
+server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
+server.start()
+print("serving", flush=True)
+time.sleep(120)
+"""
+
+
+def test_only_a_refused_launch_is_left_to_the_queue_not_one_that_timed_out_or_whose_server_died():
     """A server that refused the connection never took the run: the queue may try again. A call that
-    timed out may have started it (a server waiting for its database): launched again, it would run
-    twice, so CQRunLauncher fails it instead (real gRPC calls to a closed port and to a silent one)."""
+    timed out may have started it (a server waiting for its database), and so may one whose server was
+    killed during it (the code server's process, SIGKILLed by the chaos test as the OOM killer would):
+    launched again at once, it could run twice, so CQRunLauncher first waits for a worker to take it
+    (real gRPC calls to a closed port, to a silent one and to a server killed mid-call)."""
+    import threading
+
     from dagster._grpc.__generated__ import dagster_api_pb2
     from dagster._grpc.client import DagsterGrpcClient
 
     from dagster_defs.internals import DagsterUserCodeUnreachableError
-    from dagster_defs.launcher import refused
+    from dagster_defs.launcher import refused, went_away
 
-    def error(port: int) -> DagsterUserCodeUnreachableError:
+    def error(port: int, timeout: float = 2) -> DagsterUserCodeUnreachableError:
         client = DagsterGrpcClient(host="127.0.0.1", port=port)
         with pytest.raises(DagsterUserCodeUnreachableError) as caught:
-            client._query("Ping", dagster_api_pb2.PingRequest, timeout=2, echo="x")
+            client._query("Ping", dagster_api_pb2.PingRequest, timeout=timeout, echo="x")
         return caught.value
 
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()
-    assert refused(error(port))
+    assert refused(error(port)) and not went_away(error(port))
     silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
     try:
         timed_out = error(silent.getsockname()[1])
     finally:
         silent.close()
-    assert "timed out" in str(timed_out) and not refused(timed_out)
+    assert "timed out" in str(timed_out) and not refused(timed_out) and not went_away(timed_out)
+    server = subprocess.Popen([sys.executable, "-c", HANGING_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "serving"
+        threading.Timer(2.0, server.kill).start()  # during the call
+        died = error(port, timeout=60)
+    finally:
+        server.kill()
+        server.wait()
+    assert went_away(died) and not refused(died), died.__cause__
+
+
+def test_a_launch_counts_as_taken_once_the_worker_recorded_its_process(instance):
+    """After a launch call that did not end in a refusal, the run is launched if a worker records its
+    process (its first engine event, as soon as it has read the run) or moves the run on; an event of
+    an earlier attempt does not count."""
+    launcher = instance.run_launcher
+    run = create_run_for_test(instance, job_name="cq_firings_job", status=dg.DagsterRunStatus.STARTING)
+    instance.report_engine_event("Started process for run (pid: 4242).", run, EngineEventData.in_process(4242))
+    later = time.time() + 1
+    assert not launcher._launch_taken(run.run_id, since=later, seconds=1.5)
+    time.sleep(max(0.0, later - time.time()) + 0.1)
+    instance.report_engine_event("Started process for run (pid: 4343).", run, EngineEventData.in_process(4343))
+    assert launcher._launch_taken(run.run_id, since=later, seconds=1.5)
+    moved = create_run_for_test(instance, job_name="cq_firings_job", status=dg.DagsterRunStatus.STARTED)
+    assert launcher._launch_taken(moved.run_id, since=time.time(), seconds=0)

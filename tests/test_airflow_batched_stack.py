@@ -1,0 +1,141 @@
+"""The Airflow adapter's batched form under a real Airflow 3 (``make cluster-test``; marker ``cluster``):
+``CQ_AIRFLOW_FORM=batched``, the stack of ``tests/test_airflow_stack.py`` (scheduler with the
+LocalExecutor, DAG processor, triggerer, API server, PostgreSQL, a warm Spark Connect server, a fed
+warehouse of Delta tables).
+
+Two continuous queries (BLOCKED, DISCARD) and a PERIOD stream fire through the one DAG ``cq_firings``
+for a few minutes; both queries are stopped for a while by pausing their own DAGs
+(``cq pause --via-airflow``). Checked through Airflow's REST API and the sinks: every ``cq_firings``
+run succeeded and its data interval is one aligned window; the definitions' own DAGs ran nothing on a
+schedule; every firing is in the ledger once, BLOCKED and the PERIOD stream without a gap, BLOCKED ran
+what came due while it was stopped, late and in order, DISCARD at most the latest of those; each
+committed firing is an asset event of its sink (through the alias ``cq_firings_sinks``) carrying the
+ledger's range and source versions; the sinks equal pyarrow's computation at the source version each
+firing read."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from test_airflow_stack import (
+    EVERY,
+    SQL,
+    dag,
+    expected_window,
+    fired,
+    ledger,
+    running,
+    runs,
+    sink_rows,
+    source_at,
+    t,
+    wait_for,
+)
+
+from cq_engine.catalog import load_catalog
+from cq_engine.schedule.ticks import ticks_of
+from cq_engine.times import iso
+
+pytestmark = pytest.mark.cluster
+
+BATCH = "cq_firings"
+CQS = ("blocked_cq", "discard_cq")
+NAMES = (*CQS, "n_period")
+SINKS = {"blocked_cq": "blocked_out", "discard_cq": "discard_out", "n_period": "n_period_out"}
+# The continuous queries and the PERIOD stream of the per-definition test, without its window streams.
+BATCHED_SQL = SQL.split("-- Window-triggered")[0]
+
+
+def window_runs(s, cutoff: datetime) -> list[dict]:
+    return [r for r in runs(s, BATCH) if t(r["run_after"]) <= cutoff]
+
+
+def settled(s, cutoff: datetime) -> bool:
+    return not any(r["state"] in ("queued", "running") for r in window_runs(s, cutoff))
+
+
+def test_the_batched_form_fires_every_definition_through_one_dag(tmp_path):
+    with running(tmp_path, BATCHED_SQL, (BATCH, *NAMES), env={"CQ_AIRFLOW_FORM": "batched"}) as s:
+        defs = {d.name: d for d in load_catalog(s.settings.sql_dir).definitions}
+        ticks = {name: ticks_of(defs[name], timezone="UTC") for name in NAMES}
+        assert dag(s, BATCH)["is_paused"] is False
+        for name in NAMES:
+            wait_for(f"{name}'s first firing", lambda n=name: fired(s, n), timeout=400, stack=s)
+
+        # Both queries stopped by pausing their DAGs: cq_firings leaves them out until they are on again.
+        for name in CQS:
+            out = s.cq("pause", name, "--via-airflow", s.url)
+            assert out.stdout.strip() == f"{name}: DAG {name} on {s.url} paused", out.stdout
+        paused_at = datetime.now(UTC)
+        time.sleep(75)
+        for name in CQS:
+            s.cq("resume", name, "--via-airflow", s.url)
+        resumed_at = datetime.now(UTC)
+        due = [f for f in ticks["blocked_cq"].between(paused_at, resumed_at) if paused_at < f < resumed_at]
+        assert len(due) >= 2, due
+        after = ticks["blocked_cq"].next(resumed_at + EVERY)
+        for name in NAMES:
+            wait_for(
+                f"{name} fired after resuming",
+                lambda n=name: any(f >= after for f in fired(s, n)),
+                timeout=400,
+                stack=s,
+            )
+        s.stop_feed.set()
+        cutoff = datetime.now(UTC)
+        wait_for("cq_firings' runs due so far to end", lambda: settled(s, cutoff), timeout=400, stack=s)
+
+        # Airflow: cq_firings' runs, one per aligned window, every one succeeded; the definitions' own
+        # DAGs (a backfill's, a manual run's, the switch) ran nothing on a schedule.
+        window = runs(s, BATCH)
+        done = window_runs(s, cutoff)
+        assert len(done) >= 6 and all(r["state"] == "success" for r in done), [
+            (r["dag_run_id"], r["state"]) for r in done
+        ]
+        for r in done:
+            lo, hi = t(r["data_interval_start"]), t(r["data_interval_end"])
+            assert hi - lo == EVERY and lo.timestamp() % EVERY.total_seconds() == 0, r
+            assert r["run_type"] == "scheduled", r
+        for name in NAMES:
+            assert not runs(s, name), f"{name}'s own DAG ran: {runs(s, name)}"
+
+        # The ledger: every firing once; BLOCKED and PERIOD without a gap; BLOCKED ran what came due
+        # while it was stopped, after it was on again and in order; DISCARD at most the latest of them.
+        entries = {name: ledger(s).entries(name) for name in NAMES}
+        for name in NAMES:
+            times = [e.fire_time for e in entries[name] if e.status == "succeeded" and e.kind in ("firing", "period")]
+            assert len(times) == len(set(times)), f"{name}: a firing succeeded twice"
+            gaps = [(a, b) for a, b in itertools.pairwise(sorted(times)) if b - a != EVERY]
+            if name == "discard_cq":
+                assert gaps and all(a < due[-1] and b > due[0] for a, b in gaps), gaps
+            else:
+                assert not gaps, f"{name}: firings missing between {gaps}"
+        blocked = fired(s, "blocked_cq")
+        assert [f for f in blocked if f in due] == due, (due, blocked)
+        started = {e.fire_time: e.started_at for e in entries["blocked_cq"]}
+        assert all(started[f] >= resumed_at - timedelta(seconds=5) for f in due), (due, started)
+        assert len([f for f in fired(s, "discard_cq") if f in due]) <= 1, due
+
+        # Each committed firing is an asset event of its sink, from cq_firings, with the ledger's record.
+        events = s.client.get(f"/api/v2/assets/events?source_dag_id={BATCH}&limit=1000")["asset_events"]
+        reported = sorted(
+            (e["extra"]["name"], e["extra"]["fire_time"], e["extra"]["range_start"], e["extra"]["range_end"])
+            for e in events
+        )
+        assert all(e["name"] == SINKS[e["extra"]["name"]] for e in events), events
+        succeeded = [e for n in NAMES for e in entries[n] if e.status == "succeeded" and e.kind in ("firing", "period")]
+        ran = {r["dag_run_id"] for r in window}
+        assert {e["source_run_id"] for e in events} <= ran, events
+        assert reported == sorted(
+            (e.definition, iso(e.fire_time), iso(e.range_start), iso(e.range_end)) for e in succeeded
+        ), (reported, succeeded)
+
+        # The sinks: each firing's rows as pyarrow computes them at the source version it read.
+        for name in CQS:
+            for e in entries[name]:
+                if e.status == "succeeded" and e.kind == "firing":
+                    want = expected_window(source_at(s, e.source_versions["sensors"]), e.range_start, e.range_end)
+                    assert sink_rows(s.settings.table_uri(SINKS[name]), e.range_start, e.range_end) == want, e
