@@ -37,6 +37,7 @@ from test_airflow_stack import (
 
 from cq_engine.catalog import load_catalog
 from cq_engine.schedule.ticks import ticks_of
+from cq_engine.scheduling import batch_lead
 from cq_engine.times import iso
 
 pytestmark = pytest.mark.cluster
@@ -95,9 +96,10 @@ def test_the_batched_form_fires_every_definition_through_one_dag(tmp_path):
         assert len(done) >= 6 and all(r["state"] == "success" for r in done), [
             (r["dag_run_id"], r["state"]) for r in done
         ]
+        lead = batch_lead(EVERY, "DISCARD")  # runs are created one lead before their window (the data interval)
         for r in done:
             lo, hi = t(r["data_interval_start"]), t(r["data_interval_end"])
-            assert hi - lo == EVERY and lo.timestamp() % EVERY.total_seconds() == 0, r
+            assert hi - lo == EVERY and (lo + lead).timestamp() % EVERY.total_seconds() == 0, (r, lead)
             assert r["run_type"] == "scheduled", r
         for name in NAMES:
             assert not runs(s, name), f"{name}'s own DAG ran: {runs(s, name)}"
