@@ -16,7 +16,6 @@ firing read."""
 from __future__ import annotations
 
 import itertools
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -27,6 +26,7 @@ from test_airflow_stack import (
     expected_window,
     fired,
     ledger,
+    pause_a_while,
     running,
     runs,
     sink_rows,
@@ -67,24 +67,7 @@ def test_the_batched_form_fires_every_definition_through_one_dag(tmp_path):
             wait_for(f"{name}'s first firing", lambda n=name: fired(s, n), timeout=400, stack=s)
 
         # Both queries stopped by pausing their DAGs: cq_firings leaves them out until they are on again.
-        for name in CQS:
-            out = s.cq("pause", name, "--via-airflow", s.url)
-            assert out.stdout.strip() == f"{name}: DAG {name} on {s.url} paused", out.stdout
-        paused_at = datetime.now(UTC)
-        time.sleep(75)
-        for name in CQS:
-            s.cq("resume", name, "--via-airflow", s.url)
-        resumed_at = datetime.now(UTC)
-        due = [f for f in ticks["blocked_cq"].between(paused_at, resumed_at) if paused_at < f < resumed_at]
-        assert len(due) >= 2, due
-        after = ticks["blocked_cq"].next(resumed_at + EVERY)
-        for name in NAMES:
-            wait_for(
-                f"{name} fired after resuming",
-                lambda n=name: any(f >= after for f in fired(s, n)),
-                timeout=400,
-                stack=s,
-            )
+        due, resumed_at = pause_a_while(s, ticks, wait=NAMES)
         s.stop_feed.set()
         cutoff = datetime.now(UTC)
         wait_for("cq_firings' runs due so far to end", lambda: settled(s, cutoff), timeout=400, stack=s)

@@ -380,15 +380,10 @@ def backfill(s: Stack, lo: datetime, hi: datetime) -> dict:
     return done
 
 
-def test_firings_pause_resume_and_backfill(stack):
-    s = stack
-    tz = "UTC"
-    defs = {d.name: d for d in load_catalog(s.settings.sql_dir).definitions}
-    ticks = {name: ticks_of(defs[name], timezone=tz) for name in DAGS}
-    for d in DAGS:
-        wait_for(f"{d}'s first successful run", lambda d=d: succeeded(s, d), timeout=400, stack=s)
-
-    # Both queries paused by the CLI; while paused, firings come due that only BLOCKED runs later.
+def pause_a_while(s: Stack, ticks: dict, *, wait: tuple[str, ...]) -> tuple[list[datetime], datetime]:
+    """Both continuous queries paused with ``cq pause --via-airflow`` for 75 s, then resumed with ``cq
+    resume``; then waits until each definition of ``wait`` fired a cadence after that. The firings of
+    ``blocked_cq`` that came due while paused (at least two), and when they were resumed."""
     for name in CQS:
         out = s.cq("pause", name, "--via-airflow", s.url)
         assert out.stdout.strip() == f"{name}: DAG {name} on {s.url} paused", out.stdout
@@ -403,10 +398,23 @@ def test_firings_pause_resume_and_backfill(stack):
     due = [f for f in ticks["blocked_cq"].between(paused_at, resumed_at) if paused_at < f < resumed_at]
     assert len(due) >= 2, due
     after = ticks["blocked_cq"].next(resumed_at + EVERY)
-    for name in DAGS:
+    for name in wait:
         wait_for(
             f"{name} fired after resuming", lambda n=name: any(f >= after for f in fired(s, n)), timeout=400, stack=s
         )
+    return due, resumed_at
+
+
+def test_firings_pause_resume_and_backfill(stack):
+    s = stack
+    tz = "UTC"
+    defs = {d.name: d for d in load_catalog(s.settings.sql_dir).definitions}
+    ticks = {name: ticks_of(defs[name], timezone=tz) for name in DAGS}
+    for d in DAGS:
+        wait_for(f"{d}'s first successful run", lambda d=d: succeeded(s, d), timeout=400, stack=s)
+
+    # Both queries paused by the CLI; while paused, firings come due that only BLOCKED runs later.
+    due, resumed_at = pause_a_while(s, ticks, wait=DAGS)
 
     # BLOCKED: every firing that came due while paused ran late, in order; DISCARD skipped them (Airflow
     # may create the one its last parse had already scheduled: at most one).

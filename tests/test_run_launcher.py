@@ -173,6 +173,13 @@ def test_a_launch_refused_by_a_code_server_shutting_down_is_left_to_the_queue(in
             ):
                 assert time.monotonic() < deadline, instance.get_run_by_id(first.run_id).status
                 time.sleep(0.5)
+            # The server exits once it has seen the worker gone; that check opens the instance, so it
+            # must still exist (gone, the check dies and the server would live on, never exiting).
+            try:
+                server.server_process.wait(timeout=120)
+            finally:
+                if server.server_process.poll() is None:
+                    server.server_process.kill()
 
 
 # A gRPC server of the DagsterApi service whose Ping never answers (the process is killed mid-call).
