@@ -100,6 +100,11 @@ ARTIFACTS = Path(__file__).parent / "artifacts" / "chaos"
 # back-offs or restarts. The figures against the target are printed per fault
 # (docs/operations/guarantees.md). RECOVERY_DEADLINE only ends the wait for a stack that does not recover.
 RECOVERY_LIMIT = 2 * EVERY
+# A restarted Connect server is a new Spark application: its executors are new JVMs that fetch the
+# engine's jars from it and its first jobs open every Delta table afresh, a cold start of 43-69 s after
+# it answers at load 5-9 (docs/operations/guarantees.md); a third cadence for it. It still fails a run
+# that waits out a back-off or a time-out (180 s) instead of reconnecting.
+RECOVERY_LIMITS = {"connect": 3 * EVERY}
 RECOVERY_DEADLINE = 600
 
 
@@ -409,9 +414,11 @@ def test_the_deployment_recovers_from_each_fault_on_its_own(tmp_path):
         slow = [
             f"{f.name}: {f.recovery:.0f}s"
             for f in faults
-            if f.recovery > RECOVERY_LIMIT.total_seconds() and f.name != "overload"
+            if f.recovery > RECOVERY_LIMITS.get(f.name, RECOVERY_LIMIT).total_seconds() and f.name != "overload"
         ]
-        assert not slow, f"recovered later than {RECOVERY_LIMIT.total_seconds():.0f}s after the fault: {slow}"
+        assert not slow, (
+            f"recovered later than the limit ({RECOVERY_LIMIT.total_seconds():.0f}s, connect {RECOVERY_LIMITS['connect'].total_seconds():.0f}s) after the fault: {slow}"
+        )
         failed = [r for f in faults for r in f.failed_runs] + _failed_runs(
             instance, since=None, until=faults[0].started
         )
