@@ -15,22 +15,22 @@ firing read."""
 
 from __future__ import annotations
 
-import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from test_airflow_stack import (
+    DAGS,
     EVERY,
+    SINKS,
     SQL,
+    cq_sinks_match_their_sources,
     dag,
-    expected_window,
     fired,
+    firings_once,
     ledger,
     pause_a_while,
     running,
     runs,
-    sink_rows,
-    source_at,
     t,
     wait_for,
 )
@@ -43,9 +43,7 @@ from cq_engine.times import iso
 pytestmark = pytest.mark.cluster
 
 BATCH = "cq_firings"
-CQS = ("blocked_cq", "discard_cq")
-NAMES = (*CQS, "n_period")
-SINKS = {"blocked_cq": "blocked_out", "discard_cq": "discard_out", "n_period": "n_period_out"}
+NAMES = DAGS  # here scheduled by cq_firings alone
 # The continuous queries and the PERIOD stream of the per-definition test, without its window streams.
 BATCHED_SQL = SQL.split("-- Window-triggered")[0]
 
@@ -90,19 +88,14 @@ def test_the_batched_form_fires_every_definition_through_one_dag(tmp_path):
         # The ledger: every firing once; BLOCKED and PERIOD without a gap; BLOCKED ran what came due
         # while it was stopped, after it was on again and in order; DISCARD at most the latest of them.
         entries = {name: ledger(s).entries(name) for name in NAMES}
-        for name in NAMES:
-            times = [e.fire_time for e in entries[name] if e.status == "succeeded" and e.kind in ("firing", "period")]
-            assert len(times) == len(set(times)), f"{name}: a firing succeeded twice"
-            gaps = [(a, b) for a, b in itertools.pairwise(sorted(times)) if b - a != EVERY]
-            if name == "discard_cq":
-                assert gaps and all(a < due[-1] and b > due[0] for a, b in gaps), gaps
-            else:
-                assert not gaps, f"{name}: firings missing between {gaps}"
+        succeeded = [e for name in NAMES for e in firings_once(name, entries[name], due)]
         blocked = fired(s, "blocked_cq")
         assert [f for f in blocked if f in due] == due, (due, blocked)
+        # The first of them may run on time: a window run planned before the pause (created one lead
+        # early) keeps its firings (docs/airflow.md, Known limits); the later ones waited.
         started = {e.fire_time: e.started_at for e in entries["blocked_cq"]}
-        assert all(started[f] >= resumed_at - timedelta(seconds=5) for f in due), (due, started)
-        assert len([f for f in fired(s, "discard_cq") if f in due]) <= 1, due
+        assert all(started[f] >= resumed_at - timedelta(seconds=5) for f in due[1:]), (due, started)
+        assert len([f for f in fired(s, "discard_cq") if f in due[1:]]) <= 1, due
 
         # Each committed firing is an asset event of its sink, from cq_firings, with the ledger's record.
         events = s.client.get(f"/api/v2/assets/events?source_dag_id={BATCH}&limit=1000")["asset_events"]
@@ -111,7 +104,6 @@ def test_the_batched_form_fires_every_definition_through_one_dag(tmp_path):
             for e in events
         )
         assert all(e["name"] == SINKS[e["extra"]["name"]] for e in events), events
-        succeeded = [e for n in NAMES for e in entries[n] if e.status == "succeeded" and e.kind in ("firing", "period")]
         ran = {r["dag_run_id"] for r in window}
         assert {e["source_run_id"] for e in events} <= ran, events
         assert reported == sorted(
@@ -119,8 +111,4 @@ def test_the_batched_form_fires_every_definition_through_one_dag(tmp_path):
         ), (reported, succeeded)
 
         # The sinks: each firing's rows as pyarrow computes them at the source version it read.
-        for name in CQS:
-            for e in entries[name]:
-                if e.status == "succeeded" and e.kind == "firing":
-                    want = expected_window(source_at(s, e.source_versions["sensors"]), e.range_start, e.range_end)
-                    assert sink_rows(s.settings.table_uri(SINKS[name]), e.range_start, e.range_end) == want, e
+        cq_sinks_match_their_sources(s)

@@ -296,9 +296,11 @@ _SOURCES: dict[tuple[str, int], pa.Table] = {}
 
 
 def source_at(s: Stack, version: int, table: str = "sensors") -> pa.Table:
-    if (table, version) not in _SOURCES:
-        _SOURCES[table, version] = DeltaTable(s.settings.table_uri(table), version=version).to_pyarrow_table()
-    return _SOURCES[table, version]
+    # Keyed by the table's URI: each stack (this module's, the batched test's) has a warehouse of its own.
+    uri = s.settings.table_uri(table)
+    if (uri, version) not in _SOURCES:
+        _SOURCES[uri, version] = DeltaTable(uri, version=version).to_pyarrow_table()
+    return _SOURCES[uri, version]
 
 
 def between(table: pa.Table, lo: datetime, hi: datetime) -> pa.Table:
@@ -405,6 +407,30 @@ def pause_a_while(s: Stack, ticks: dict, *, wait: tuple[str, ...]) -> tuple[list
     return due, resumed_at
 
 
+def firings_once(name: str, entries: list, due: list[datetime]) -> list:
+    """``name``'s succeeded firings and PERIOD ticks among ledger ``entries``, checked: each once;
+    without a gap, but for ``discard_cq``, whose gaps span the firings ``due`` while it was paused."""
+    done = [e for e in entries if e.status == "succeeded" and e.kind in ("firing", "period")]
+    times = [e.fire_time for e in done]
+    assert len(times) == len(set(times)), f"{name}: a firing succeeded twice"
+    gaps = [(a, b) for a, b in itertools.pairwise(sorted(times)) if b - a != EVERY]
+    if name == "discard_cq":
+        assert gaps and all(a < due[-1] and b > due[0] for a, b in gaps), gaps
+    else:
+        assert not gaps, f"{name}: firings missing between {gaps}"
+    return done
+
+
+def cq_sinks_match_their_sources(s: Stack) -> None:
+    """Each continuous query's firing (its latest succeeded run) has the sink rows pyarrow computes at
+    the source version it read."""
+    for name in CQS:
+        latest = {e.fire_time: e for e in ledger(s).entries(name) if e.status == "succeeded" and e.kind == "firing"}
+        for e in latest.values():
+            want = expected_window(source_at(s, e.source_versions["sensors"]), e.range_start, e.range_end)
+            assert sink_rows(s.settings.table_uri(SINKS[name]), e.range_start, e.range_end) == want, e
+
+
 def test_firings_pause_resume_and_backfill(stack):
     s = stack
     tz = "UTC"
@@ -469,25 +495,14 @@ def test_firings_pause_resume_and_backfill(stack):
 
     # The ledger before the backfill: every firing once; BLOCKED and PERIOD without a gap.
     for name in DAGS:
-        done_entries = [e for e in snapshot[name] if e.status == "succeeded" and e.kind in ("firing", "period")]
-        times = [e.fire_time for e in done_entries]
-        assert len(times) == len(set(times)), f"{name}: a firing succeeded twice"
+        done_entries = firings_once(name, snapshot[name], due)
         runs_by_fire = {t(r["run_after"]): r for r in runs(s, name)}  # every firing of the ledger is a run
         for e in done_entries:
             r = runs_by_fire[e.fire_time]
             assert (t(r["data_interval_start"]), t(r["data_interval_end"])) == (e.range_start, e.range_end), (r, e)
-        gaps = [(a, b) for a, b in itertools.pairwise(sorted(times)) if b - a != EVERY]
-        if name == "discard_cq":
-            assert gaps and all(a < due[-1] and b > due[0] for a, b in gaps), gaps
-        else:
-            assert not gaps, f"{name}: firings missing between {gaps}"
 
     # The sinks: each firing's rows (its latest run's) as pyarrow computes them at the version it read.
-    for name in CQS:
-        latest = {e.fire_time: e for e in ledger(s).entries(name) if e.status == "succeeded" and e.kind == "firing"}
-        for e in latest.values():
-            want = expected_window(source_at(s, e.source_versions["sensors"]), e.range_start, e.range_end)
-            assert sink_rows(s.settings.table_uri(SINKS[name]), e.range_start, e.range_end) == want, e
+    cq_sinks_match_their_sources(s)
     ticked = sorted(
         (e for e in ledger(s).entries("n_period") if e.status == "succeeded" and e.kind == "period"),
         key=lambda e: e.fire_time,

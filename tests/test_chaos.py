@@ -474,9 +474,8 @@ def _why(instance, run_id: str) -> str:
         data = event.dagster_event.event_specific_data if event.dagster_event else None
         error = getattr(data, "error", None)
         failure = event.dagster_event and event.dagster_event.event_type == DagsterEventType.RUN_FAILURE
-        for text in ([event.message] if error is not None or failure else []) + (
-            [error.message] if error is not None else []
-        ):
+        texts = [event.message, error.message] if error is not None else [event.message] if failure else []
+        for text in texts:
             text = " ".join(text.split())[:300]
             if text and text not in said:
                 said.append(text)
