@@ -393,6 +393,32 @@ class Stack:
     def ledger(self, name: str) -> list:
         return Engine(settings=self.settings).ledger.entries(name)
 
+    def ledger_twice(self, entries: list, key) -> str:
+        """What a test names when ``entries`` hold a ``key`` twice: each such entry's times and
+        versions (exact copies come from the ledger's table, different times from two computations)
+        and the ledger table's recent commits (a compaction's read version among them)."""
+        from deltalake import DeltaTable
+
+        seen: dict = {}
+        for e in entries:
+            seen.setdefault(key(e), []).append(e)
+        lines = []
+        for k, group in seen.items():
+            if len(group) > 1:
+                copies = len({(e.started_at, e.finished_at) for e in group}) == 1
+                lines.append(f"{k}: {len(group)} entries, {'exact copies' if copies else 'different runs'}:")
+                lines += [
+                    f"  started {e.started_at} finished {e.finished_at} sink v{e.sink_version} {e.source_versions}"
+                    for e in group
+                ]
+        uri = self.settings.state_uri("firings")
+        history = [
+            f"v{h.get('version')} {h.get('operation')} read v{h.get('readVersion')}"
+            for h in DeltaTable(uri).history(40)
+            if h.get("operation") != "WRITE"
+        ]
+        return "\n".join([*lines, "ledger table, its recent non-append commits: " + ", ".join(history)])
+
     def wait_for_firings(self, name: str, *, count: int, timeout: float, after: datetime | None = None) -> list:
         """Poll until the ledger holds ``count`` succeeded firings of ``name`` (after ``after``)."""
         deadline = time.monotonic() + timeout

@@ -122,7 +122,9 @@ def check_exactly_once(stack, name: str, sink: str | None = None) -> list[dateti
         if ends[: len(done)] == done or time.monotonic() > deadline:
             break
         time.sleep(2)
-    assert len(set(done)) == len(done), f"{name}: firings committed twice: {done}"
+    if len(set(done)) != len(done):
+        firings = [e for e in stack.ledger(name) if e.status == "succeeded" and e.kind == "firing"]
+        raise AssertionError(f"{name}: firings committed twice\n{stack.ledger_twice(firings, lambda e: e.fire_time)}")
     # Requested up to CQ_BATCH_LEAD early, a firing still executes at or after its time.
     early = [e for e in stack.ledger(name) if e.kind == "firing" and e.started_at < e.fire_time]
     assert not early, f"{name}: firings executed before they were due: {early}"
@@ -750,7 +752,9 @@ def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes
     assert stream_sink(settings, HIST_STREAM) == closed_windows(settings, watermark, table="hist_src")
     ledger = [e for e in stack.ledger(STREAM) if e.status == "succeeded"]
     keys = [(e.kind, e.range_start, e.range_end, tuple(e.source_versions.items())) for e in ledger]
-    assert len(keys) == len(set(keys)), "a stream work was recorded twice across the daemon restart"
+    assert len(keys) == len(set(keys)), "a stream work was recorded twice across the daemon restart\n" + (
+        stack.ledger_twice(ledger, lambda e: keys[ledger.index(e)])
+    )
 
 
 # -- a run worker that died unnoticed: run monitoring fails its run, its firings are retried once ------

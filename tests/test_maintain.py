@@ -106,12 +106,14 @@ def test_maintain_compacts_checkpoints_and_cleans_old_log_files_only(tmp_path):
     assert report.error is None and report.files_before == 30 and report.files_after == 1 and report.compacted == 30
     dt = DeltaTable(uri)
     assert _sorted(uri) == before  # the same rows
-    assert dt.version() == 31 and report.checkpoint == 31 and (log_dir / f"{31:020d}.checkpoint.parquet").exists()
+    # 31 the compaction's claim, 32 the compaction, 33 the claim's release (storage.maintain)
+    assert [h["operation"] for h in dt.history(3)] == ["WRITE", "OPTIMIZE", "WRITE"]
+    assert dt.version() == 33 and report.checkpoint == 33 and (log_dir / f"{33:020d}.checkpoint.parquet").exists()
     names = {p.name for p in log_dir.iterdir()}
     # Versions older than the retention go, up to the newest checkpoint before the cut-off (19), so
     # every version within the retention can still be rebuilt; newer ones stay.
     assert not any(f"{v:020d}.json" in names for v in range(19)), sorted(names)
-    assert all(f"{v:020d}.json" in names for v in range(19, 32)) and f"{19:020d}.checkpoint.parquet" in names
+    assert all(f"{v:020d}.json" in names for v in range(19, 34)) and f"{19:020d}.checkpoint.parquet" in names
     assert report.logs_removed == 19 and report.vacuumed == 0
     assert len(_sorted(uri, version=19)) == 20
     # Files out of the table for less than the file retention stay: a reader pinned at version 29 (a
@@ -121,7 +123,7 @@ def test_maintain_compacts_checkpoints_and_cleans_old_log_files_only(tmp_path):
     assert len(_sorted(uri, version=30)) == 30
 
     again = store.maintain("out", retention=Retention())  # idempotent: nothing left to do, no commit
-    assert DeltaTable(uri).version() == 31 and again.checkpoint is None and again.logs_removed == 0
+    assert DeltaTable(uri).version() == 33 and again.checkpoint is None and again.logs_removed == 0
     assert again.compacted == 0 and again.vacuumed == 0 and not again.properties_set
 
 
@@ -205,9 +207,10 @@ def test_state_appends_compact_the_table_every_n_versions(tmp_path, monkeypatch)
     for i in range(7):
         store.append_state("streams/s1/outbox", pa.table({"i": [i]}))
     dt = DeltaTable(store.state_uri("streams/s1/outbox"))
-    # versions 0-4 appends, 5 the compaction after the 6th append (version 5 % 5 == 0)... then one more
-    assert [h["operation"] for h in dt.history()][:2] == ["WRITE", "OPTIMIZE"]
-    assert len(dt.file_uris()) == 2
+    # versions 0-5 appends; the 6th (version 5 % 5 == 0) compacts: 6 its claim, 7 the compaction, 8 the
+    # claim's release; 9 the 7th append
+    assert [h["operation"] for h in dt.history()][:4] == ["WRITE", "WRITE", "OPTIMIZE", "WRITE"]
+    assert dt.version() == 9 and len(dt.file_uris()) == 2
     assert sorted(store.read_state("streams/s1/outbox")["i"].to_pylist()) == list(range(7))
     assert store.state_names() == ["streams/s1/outbox"]
 
@@ -232,8 +235,9 @@ def test_cq_maintain_reports_every_state_table_and_sink(tmp_path, monkeypatch, c
     assert main(["maintain"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out] == ["_cq/firings", "out"], out
-    # The sink's retention properties (CQ_LOG_RETENTION's 7 days differ from Delta's 30) are one commit.
-    assert "files 4 -> 1" in out[1] and "table properties set" in out[1] and "checkpoint v6" in out[1], out
+    # The sink's retention properties (CQ_LOG_RETENTION's 7 days differ from Delta's 30) are one commit,
+    # the compaction three (its claim, itself, the claim's release).
+    assert "files 4 -> 1" in out[1] and "table properties set" in out[1] and "checkpoint v8" in out[1], out
     assert len(DeltaTable(uri).file_uris()) == 1
     # The engine's state tables keep a day of log (read at their latest version only); sinks, CQ_LOG_RETENTION.
     ledger = DeltaTable(str(tmp_path / "wh" / "_cq" / "firings")).metadata().configuration

@@ -10,6 +10,18 @@ files with ``dataChange=false``: the engine's log readers (``storage.log``, sens
 skip such commits, and Delta's conflict rules make a compaction that raced a writer fail (it is then
 retried on the new snapshot) rather than bring back rows that writer removed.
 
+Compactions never run beside each other on one table: delta-rs 1.6.6 commits a compaction whose input
+files another compaction already replaced since its snapshot, so both stand and every row of those
+files is in the table twice (``tests/test_compaction.py`` shows it; Delta's rules make the second fail
+as a delete-delete conflict). They do race here: every writer of a state table compacts it when its
+append lands on a multiple of ``STATE_COMPACT_EVERY``, several processes append to the ledger, and
+``cq maintain`` runs beside them. So a compaction first claims the table (``claim_compaction``): an
+empty commit carrying the application transaction ``cq-engine/compaction``, whose version says until
+when the claim holds. Two claims from one snapshot conflict under Delta's own rules (the second commit
+carrying an app id a concurrent commit carried fails), a claimer that sees a live claim leaves the
+table alone, and the compaction reads a snapshot taken after its claim, so it sees every compaction
+claimed before. Releasing is a second empty commit; the claim of a process that died lapses.
+
 Safety of the deletes: a data file is deleted only once it has been out of the table for
 ``Retention.files`` (VACUUM; the engine reads pinned versions of planned work, so that must exceed the
 longest a planned work waits), a log file only once older than ``Retention.log`` and before the newest
@@ -22,11 +34,11 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pyarrow.fs as pafs
-from deltalake import DeltaTable, PostCommitHookProperties
-from deltalake.exceptions import DeltaError
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from cq_engine.storage import log
 from cq_engine.storage.retry import retry_conflicts
@@ -49,6 +61,11 @@ STATE_COMPACT_EVERY = 100
 # would otherwise list the whole log directory, stat'ing every file, after *each* commit (350 ms per
 # sink commit at 50,000 log files against 70 ms without); `maintain_table` cleans the log instead.
 WRITER_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+COMPACTION_APP_ID = "cq-engine/compaction"
+# Longer than any compaction the engine runs (a state table's takes seconds, a large sink's minutes): a
+# compaction still running after its lease could race the next one.
+COMPACTION_LEASE = timedelta(hours=1)
+TARGET_FILE_BYTES = 104_857_600  # delta-rs's default target size: smaller files are merged
 
 
 @dataclass(frozen=True)
@@ -163,7 +180,7 @@ def maintain_table(
         if compact is not None:
             report.compacted = compact(open_())
         else:  # a writer that removed a file this compaction read makes it fail: redone on the new snapshot
-            report.compacted = retry_conflicts(lambda _a: compact_files(open_()))
+            report.compacted = retry_conflicts(lambda _a: compact_files(uri, storage_options=storage_options))
     # VACUUM before the checkpoint: delta-rs's checkpoint drops the tombstones older than the file
     # retention, and the checkpoint then covers VACUUM's own commits.
     report.vacuumed = (vacuum or _vacuum(retention))(open_())
@@ -180,10 +197,61 @@ def maintain_table(
     return report
 
 
-def compact_files(dt: DeltaTable) -> int:
-    """delta-rs's compaction of the snapshot ``dt`` (no commit when there is nothing to merge); the
-    files it replaced. Raises ``CommitFailedError`` if a concurrent writer removed a file it read."""
-    return int(dt.optimize.compact().get("numFilesRemoved", 0))
+def compact_files(
+    uri: str,
+    *,
+    storage_options: Mapping[str, str] | None = None,
+    lease: timedelta = COMPACTION_LEASE,
+    now: datetime | None = None,
+) -> int:
+    """delta-rs's compaction of the table at ``uri``, claimed (module docstring); the files it
+    replaced. 0 and no commit when fewer than two files are small enough to merge or another
+    compaction holds the table. Raises ``CommitFailedError`` if a writer removed a file it read."""
+    dt = DeltaTable(uri, storage_options=dict(storage_options) if storage_options else None)
+    sizes = dt.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    if sum(1 for size in sizes if size < TARGET_FILE_BYTES) < 2:
+        return 0
+    held = claim_compaction(dt, now=now or datetime.now(UTC), lease=lease)
+    if held is None:
+        return 0
+    try:
+        dt.update_incremental()  # after the claim: every compaction claimed before it has committed
+        return int(dt.optimize.compact().get("numFilesRemoved", 0))
+    finally:
+        _commit_claim(dt, held - 1)  # even: that claim released
+
+
+def claim_compaction(dt: DeltaTable, *, now: datetime, lease: timedelta) -> int | None:
+    """Claim the table of ``dt`` for a compaction until ``now + lease``: the claim (an odd
+    ``cq-engine/compaction`` version), or None if a live claim holds it or a concurrent claim won."""
+    if compaction_claimed_until(dt, now=now) is not None:
+        return None
+    held = int((now + lease).timestamp() * 1000) * 2 + 1
+    try:
+        _commit_claim(dt, held)
+    except CommitFailedError:
+        return None
+    return held
+
+
+def compaction_claimed_until(dt: DeltaTable, *, now: datetime) -> datetime | None:
+    """Until when a compaction's claim in ``dt``'s snapshot holds the table; None if none holds it at ``now``."""
+    version = dt.transaction_version(COMPACTION_APP_ID)
+    if version is None or version % 2 == 0:  # never claimed, or released
+        return None
+    until = datetime.fromtimestamp(version // 2 / 1000, UTC)
+    return until if until > now else None
+
+
+def _commit_claim(dt: DeltaTable, version: int) -> None:
+    """An empty commit carrying ``cq-engine/compaction`` at ``version``."""
+    dt.create_write_transaction(
+        [],
+        mode="append",
+        schema=dt.schema(),
+        commit_properties=CommitProperties(app_transactions=[Transaction(app_id=COMPACTION_APP_ID, version=version)]),
+        post_commithook_properties=WRITER_HOOKS,
+    )
 
 
 def _vacuum(retention: Retention) -> Callable[[DeltaTable], int]:

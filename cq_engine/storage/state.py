@@ -131,7 +131,7 @@ class DeltaStateTables:
         if version and version % STATE_COMPACT_EVERY == 0:
             # Lost a race with a writer: the next multiple (or `cq maintain`) does it.
             with contextlib.suppress(DeltaError):
-                compact_files(DeltaTable(uri, storage_options=self.storage_options))
+                compact_files(uri, storage_options=self.storage_options)
         return True
 
     def replace_state_where(self, name: str, rows: Callable[[pa.Table], pa.Table], *, predicate: str) -> None:

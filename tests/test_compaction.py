@@ -1,0 +1,107 @@
+"""Compactions never run beside each other on one table (``storage.maintain.compact_files``): real
+Delta tables on disk, real processes racing. delta-rs alone commits a compaction from a stale snapshot
+over another one and doubles the rows (the first test shows it); the claim keeps every row once."""
+
+from __future__ import annotations
+
+import multiprocessing
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from cq_engine.storage import state as state_module
+from cq_engine.storage.delta import DeltaRsStorage
+from cq_engine.storage.maintain import claim_compaction, compact_files, compaction_claimed_until
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _ids(uri: str) -> list[int]:
+    return sorted(pa.RecordBatchReader.from_stream(DeltaTable(uri).scan()).read_all()["i"].to_pylist())
+
+
+def _table(uri: str, files: int) -> None:
+    for i in range(files):
+        write_deltalake(uri, pa.table({"i": [i]}), mode="append")
+
+
+def test_delta_rs_alone_commits_a_compaction_from_a_stale_snapshot_over_another(tmp_path):
+    # Why compact_files claims the table. If this fails after a deltalake upgrade, delta-rs refuses
+    # the second compaction itself (a delete-delete conflict) and the claim is merely redundant.
+    uri = str(tmp_path / "t")
+    _table(uri, 10)
+    first, second = DeltaTable(uri), DeltaTable(uri)  # two writers' snapshots of version 9
+    assert first.optimize.compact()["numFilesRemoved"] == 10
+    assert second.optimize.compact()["numFilesRemoved"] == 10  # committed over the first
+    assert _ids(uri) == sorted(list(range(10)) * 2)
+
+
+def test_a_live_claim_leaves_the_table_alone_and_a_lapsed_one_does_not(tmp_path):
+    uri = str(tmp_path / "t")
+    _table(uri, 10)
+    held = claim_compaction(DeltaTable(uri), now=T0, lease=timedelta(hours=1))  # a compactor that died
+    assert held is not None and held % 2 == 1
+    assert compaction_claimed_until(DeltaTable(uri), now=T0) == T0 + timedelta(hours=1)
+    version = DeltaTable(uri).version()
+    assert compact_files(uri, now=T0 + timedelta(minutes=59)) == 0
+    assert DeltaTable(uri).version() == version  # no commit
+    assert claim_compaction(DeltaTable(uri), now=T0 + timedelta(minutes=59), lease=timedelta(hours=1)) is None
+    # Lapsed: compacted, and the claim released.
+    assert compact_files(uri, now=T0 + timedelta(hours=1, seconds=1)) == 10
+    dt = DeltaTable(uri)
+    assert [h["operation"] for h in dt.history(3)] == ["WRITE", "OPTIMIZE", "WRITE"]
+    assert compaction_claimed_until(dt, now=T0) is None
+    assert _ids(uri) == list(range(10)) and len(dt.file_uris()) == 1
+    assert compact_files(uri) == 0 and DeltaTable(uri).version() == dt.version()  # one file: nothing to do
+
+
+def _compact_in_rounds(uri: str, worker: int, rounds: int, barrier) -> None:
+    for r in range(rounds):
+        write_deltalake(uri, pa.table({"i": [1000 * worker + r]}), mode="append")
+        barrier.wait()  # every worker compacts at the same moment, from the same few snapshots
+        compact_files(uri)
+
+
+def test_compactions_racing_in_several_processes_keep_every_row_once(tmp_path):
+    uri = str(tmp_path / "t")
+    _table(uri, 6)
+    workers, rounds = 3, 8
+    ctx = multiprocessing.get_context("spawn")  # delta-rs's runtime does not survive a fork
+    barrier = ctx.Barrier(workers)
+    procs = [ctx.Process(target=_compact_in_rounds, args=(uri, w, rounds, barrier)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0] * workers
+    expected = sorted([*range(6), *(1000 * w + r for w in range(workers) for r in range(rounds))])
+    assert _ids(uri) == expected
+    operations = [h["operation"] for h in DeltaTable(uri).history()]
+    assert operations.count("OPTIMIZE") >= 2, operations  # compactions did run, between the rounds' appends
+
+
+def _append_states(warehouse: str, worker: int, count: int, barrier) -> None:
+    state_module.STATE_COMPACT_EVERY = 4  # compact often: most appends race a compaction
+    store = DeltaRsStorage(warehouse=warehouse)
+    barrier.wait()
+    for k in range(count):
+        store.append_state("firings", pa.table({"i": [1000 * worker + k]}))
+
+
+def test_state_appends_of_several_processes_compacting_as_they_go_keep_every_row_once(tmp_path):
+    warehouse = str(tmp_path / "wh")
+    workers, count = 3, 30
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(workers)
+    procs = [ctx.Process(target=_append_states, args=(warehouse, w, count, barrier)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0] * workers
+    store = DeltaRsStorage(warehouse=warehouse)
+    assert sorted(store.read_state("firings")["i"].to_pylist()) == sorted(
+        1000 * w + k for w in range(workers) for k in range(count)
+    )
+    assert "OPTIMIZE" in [h["operation"] for h in DeltaTable(store.state_uri("firings")).history()]
