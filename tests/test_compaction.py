@@ -12,7 +12,12 @@ from deltalake import DeltaTable, write_deltalake
 
 from cq_engine.storage import state as state_module
 from cq_engine.storage.delta import DeltaRsStorage
-from cq_engine.storage.maintain import claim_compaction, compact_files, compaction_claimed_until
+from cq_engine.storage.maintain import (
+    claim_compaction,
+    compact_files,
+    compaction_claimed_until,
+    release_compaction,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -54,6 +59,25 @@ def test_a_live_claim_leaves_the_table_alone_and_a_lapsed_one_does_not(tmp_path)
     assert compaction_claimed_until(dt, now=T0) is None
     assert _ids(uri) == list(range(10)) and len(dt.file_uris()) == 1
     assert compact_files(uri) == 0 and DeltaTable(uri).version() == dt.version()  # one file: nothing to do
+
+
+def test_a_claim_is_released_after_a_metadata_change_and_only_by_its_holder(tmp_path):
+    # A commit changing the table's metadata (cq maintain setting retention properties, or a second
+    # writer creating the table) fails a concurrent commit's conflict check: the release is retried.
+    uri = str(tmp_path / "t")
+    _table(uri, 3)
+    dt = DeltaTable(uri)
+    held = claim_compaction(dt, now=datetime.now(UTC), lease=timedelta(hours=1))
+    assert held is not None
+    DeltaTable(uri).alter.set_table_properties({"delta.logRetentionDuration": "interval 2 days"})
+    release_compaction(dt, held)  # dt still holds the snapshot before the metadata change
+    assert compaction_claimed_until(DeltaTable(uri), now=datetime.now(UTC)) is None
+    # A lapsed claim another compactor took since is not released by its former holder.
+    later = claim_compaction(DeltaTable(uri), now=T0, lease=timedelta(hours=1))  # expired at once
+    newer = claim_compaction(DeltaTable(uri), now=datetime.now(UTC), lease=timedelta(hours=1))
+    assert later is not None and newer is not None
+    release_compaction(DeltaTable(uri), later)
+    assert DeltaTable(uri).transaction_version("cq-engine/compaction") == newer
 
 
 def _compact_in_rounds(uri: str, worker: int, rounds: int, barrier) -> None:
@@ -104,4 +128,5 @@ def test_state_appends_of_several_processes_compacting_as_they_go_keep_every_row
     assert sorted(store.read_state("firings")["i"].to_pylist()) == sorted(
         1000 * w + k for w in range(workers) for k in range(count)
     )
-    assert "OPTIMIZE" in [h["operation"] for h in DeltaTable(store.state_uri("firings")).history()]
+    operations = [h["operation"] for h in DeltaTable(store.state_uri("firings")).history()]
+    assert "OPTIMIZE" in operations, (len(operations), operations)  # compactions ran beside the appends

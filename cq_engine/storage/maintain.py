@@ -218,7 +218,7 @@ def compact_files(
         dt.update_incremental()  # after the claim: every compaction claimed before it has committed
         return int(dt.optimize.compact().get("numFilesRemoved", 0))
     finally:
-        _commit_claim(dt, held - 1)  # even: that claim released
+        release_compaction(dt, held)
 
 
 def claim_compaction(dt: DeltaTable, *, now: datetime, lease: timedelta) -> int | None:
@@ -232,6 +232,19 @@ def claim_compaction(dt: DeltaTable, *, now: datetime, lease: timedelta) -> int 
     except CommitFailedError:
         return None
     return held
+
+
+def release_compaction(dt: DeltaTable, held: int) -> None:
+    """Release the claim ``held`` unless it is no longer the table's, from the table's latest snapshot
+    and again after a conflict (a commit changing its metadata meanwhile fails the release), since a
+    claim left behind keeps every compaction away until it lapses."""
+
+    def release(_attempt: int) -> None:
+        dt.update_incremental()  # the claim in it, and any metadata change since
+        if dt.transaction_version(COMPACTION_APP_ID) == held:
+            _commit_claim(dt, held - 1)
+
+    retry_conflicts(release)
 
 
 def compaction_claimed_until(dt: DeltaTable, *, now: datetime) -> datetime | None:
