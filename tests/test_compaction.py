@@ -80,7 +80,21 @@ def test_a_claim_is_released_after_a_metadata_change_and_only_by_its_holder(tmp_
     assert DeltaTable(uri).transaction_version("cq-engine/compaction") == newer
 
 
-def _compact_in_rounds(uri: str, worker: int, rounds: int, barrier) -> None:
+def race(target, *args, workers: int = 3) -> None:
+    """``target(*args, worker, barrier)`` in ``workers`` processes at once (the barrier lines them up);
+    each must exit cleanly. Spawned: delta-rs's runtime does not survive a fork, and the children read
+    the parent's environment (e.g. the AWS variables of an S3 test)."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(workers)
+    procs = [ctx.Process(target=target, args=(*args, w, barrier)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+    assert [p.exitcode for p in procs] == [0] * workers
+
+
+def compact_in_rounds(uri: str, rounds: int, worker: int, barrier) -> None:
     for r in range(rounds):
         write_deltalake(uri, pa.table({"i": [1000 * worker + r]}), mode="append")
         barrier.wait()  # every worker compacts at the same moment, from the same few snapshots
@@ -91,21 +105,14 @@ def test_compactions_racing_in_several_processes_keep_every_row_once(tmp_path):
     uri = str(tmp_path / "t")
     _table(uri, 6)
     workers, rounds = 3, 8
-    ctx = multiprocessing.get_context("spawn")  # delta-rs's runtime does not survive a fork
-    barrier = ctx.Barrier(workers)
-    procs = [ctx.Process(target=_compact_in_rounds, args=(uri, w, rounds, barrier)) for w in range(workers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert [p.exitcode for p in procs] == [0] * workers
+    race(compact_in_rounds, uri, rounds, workers=workers)
     expected = sorted([*range(6), *(1000 * w + r for w in range(workers) for r in range(rounds))])
     assert _ids(uri) == expected
     operations = [h["operation"] for h in DeltaTable(uri).history()]
     assert operations.count("OPTIMIZE") >= 2, operations  # compactions did run, between the rounds' appends
 
 
-def _append_states(warehouse: str, worker: int, count: int, barrier) -> None:
+def _append_states(warehouse: str, count: int, worker: int, barrier) -> None:
     state_module.STATE_COMPACT_EVERY = 4  # compact often: most appends race a compaction
     store = DeltaRsStorage(warehouse=warehouse)
     barrier.wait()
@@ -116,14 +123,7 @@ def _append_states(warehouse: str, worker: int, count: int, barrier) -> None:
 def test_state_appends_of_several_processes_compacting_as_they_go_keep_every_row_once(tmp_path):
     warehouse = str(tmp_path / "wh")
     workers, count = 3, 30
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(workers)
-    procs = [ctx.Process(target=_append_states, args=(warehouse, w, count, barrier)) for w in range(workers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert [p.exitcode for p in procs] == [0] * workers
+    race(_append_states, warehouse, count, workers=workers)
     store = DeltaRsStorage(warehouse=warehouse)
     assert sorted(store.read_state("firings")["i"].to_pylist()) == sorted(
         1000 * w + k for w in range(workers) for k in range(count)

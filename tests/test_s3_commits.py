@@ -230,24 +230,15 @@ def test_s3a_reads_through_the_classic_stream_that_keeps_nothing_per_object(s3, 
 
 def test_compactions_racing_on_the_object_store_keep_every_row_once(s3):
     # storage.maintain's claim on S3: its empty commits are conditional PUTs like any other.
-    import multiprocessing
-
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
-    from test_compaction import _compact_in_rounds
+    from test_compaction import compact_in_rounds, race
 
     uri = f"s3://{BUCKET}/compacted"
     for i in range(6):
         write_deltalake(uri, pa.table({"i": [i]}), mode="append")
     workers, rounds = 3, 5
-    ctx = multiprocessing.get_context("spawn")  # the children read the AWS variables the fixture set
-    barrier = ctx.Barrier(workers)
-    procs = [ctx.Process(target=_compact_in_rounds, args=(uri, w, rounds, barrier)) for w in range(workers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(600)
-    assert [p.exitcode for p in procs] == [0] * workers
+    race(compact_in_rounds, uri, rounds, workers=workers)  # the children read the fixture's AWS variables
     data = pa.RecordBatchReader.from_stream(DeltaTable(uri).scan()).read_all()
     assert sorted(data["i"].to_pylist()) == sorted(
         [*range(6), *(1000 * w + r for w in range(workers) for r in range(rounds))]
