@@ -396,7 +396,7 @@ class Stack:
     def ledger_twice(self, entries: list, key) -> str:
         """What a test names when ``entries`` hold a ``key`` twice: each such entry's times and
         versions (exact copies come from the ledger's table, different times from two computations)
-        and the ledger table's recent commits (a compaction's read version among them)."""
+        and the ledger table's compactions (each with the version it read)."""
         from deltalake import DeltaTable
 
         seen: dict = {}
@@ -414,10 +414,10 @@ class Stack:
         uri = self.settings.state_uri("firings")
         history = [
             f"v{h.get('version')} {h.get('operation')} read v{h.get('readVersion')}"
-            for h in DeltaTable(uri).history(40)
+            for h in DeltaTable(uri).history(1000)
             if h.get("operation") != "WRITE"
         ]
-        return "\n".join([*lines, "ledger table, its recent non-append commits: " + ", ".join(history)])
+        return "\n".join([*lines, "ledger table, its commits other than appends: " + ", ".join(history)])
 
     def wait_for_firings(self, name: str, *, count: int, timeout: float, after: datetime | None = None) -> list:
         """Poll until the ledger holds ``count`` succeeded firings of ``name`` (after ``after``)."""
