@@ -751,9 +751,13 @@ def test_history_runs_beside_live_windows_and_a_daemon_killed_mid_round_computes
     watermark = int((HIST_T0 - STREAM_T0).total_seconds()) + len(seconds) - 2
     assert stream_sink(settings, HIST_STREAM) == closed_windows(settings, watermark, table="hist_src")
     ledger = [e for e in stack.ledger(STREAM) if e.status == "succeeded"]
-    keys = [(e.kind, e.range_start, e.range_end, tuple(e.source_versions.items())) for e in ledger]
+
+    def work(e) -> tuple:
+        return (e.kind, e.range_start, e.range_end, tuple(e.source_versions.items()))
+
+    keys = [work(e) for e in ledger]
     assert len(keys) == len(set(keys)), "a stream work was recorded twice across the daemon restart\n" + (
-        stack.ledger_twice(ledger, lambda e: keys[ledger.index(e)])
+        stack.ledger_twice(ledger, work)
     )
 
 

@@ -200,14 +200,14 @@ def maintain_table(
 def compact_files(
     uri: str,
     *,
-    storage_options: Mapping[str, str] | None = None,
+    storage_options: dict[str, str] | None = None,
     lease: timedelta = COMPACTION_LEASE,
     now: datetime | None = None,
 ) -> int:
     """delta-rs's compaction of the table at ``uri``, claimed (module docstring); the files it
     replaced. 0 and no commit when fewer than two files are small enough to merge or another
     compaction holds the table. Raises ``CommitFailedError`` if a writer removed a file it read."""
-    dt = DeltaTable(uri, storage_options=dict(storage_options) if storage_options else None)
+    dt = DeltaTable(uri, storage_options=storage_options)
     sizes = dt.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     if sum(1 for size in sizes if size < TARGET_FILE_BYTES) < 2:
         return 0
