@@ -262,7 +262,13 @@ def test_ui_shows_a_sinks_row_count_schema_and_latest_check_result(dagster_stack
     stack, base = dagster_stack, dagster_stack.url
     stack.fix_flaky_source()
     for sink in ("fast_out", f"{UI_STREAM}_out"):
-        stack.wait_until(f"{sink}'s check passing", lambda s=sink: stack.health(s)["check"] == "SUCCEEDED", HEALTH_WAIT)
+        # A run evaluates its sinks' checks when it starts, so a check may pass before the first
+        # materialization (this module run alone, on a fresh stack): wait for both.
+        stack.wait_until(
+            f"{sink}'s check passing and a materialization",
+            lambda s=sink: stack.health(s)["check"] == "SUCCEEDED" and stack.materializations(s),
+            HEALTH_WAIT,
+        )
         meta = stack.materializations(sink)[-1]["metadata"]
         assert {"dagster/row_count", "dagster/column_schema", "cq/rows_written", "dagster/uri"} <= set(meta), meta
     browser.get(base)
