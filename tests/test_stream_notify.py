@@ -3,6 +3,7 @@ WebSocket server (``ws_recorder.Recorder``); outages with ON_FAILURE PAUSE and D
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 
 import pytest
@@ -228,7 +229,7 @@ def test_pause_holds_the_stream_until_the_server_is_back_and_loses_nothing(tmp_p
     assert not notify_outbox.pending(b.engine, b.engine.stream("p"))
 
 
-def test_drop_loses_events_while_down_and_continues(tmp_path, spark, recorder):
+def test_drop_loses_events_while_down_and_continues(tmp_path, spark, recorder, caplog):
     b = _bench(
         tmp_path,
         spark,
@@ -241,14 +242,24 @@ def test_drop_loses_events_while_down_and_continues(tmp_path, spark, recorder):
     b.tick("d")
     recorder.wait_for(1)
     recorder.stop()
+    caplog.set_level(logging.INFO, logger="cq_engine.notify.outbox")
     _meters(b, range(70, 130, 10))
     b.tick("d")  # the second window's close is dropped
-    recorder.start()
     _meters(b, range(130, 190, 10))
+    b.tick("d")  # and the third's
+    recorder.start()
+    _meters(b, range(190, 250, 10))
     b.tick("d")
     recorder.wait_for(2)
-    assert [e["windowStart"] for e in recorder.events()] == [ms(T0), ms(T0 + 2 * M)]
-    assert len(b.sink("d_out")) == 3 and not notify_outbox.pending(b.engine, b.engine.stream("d"))
+    assert [e["windowStart"] for e in recorder.events()] == [ms(T0), ms(T0 + 3 * M)]
+    assert len(b.sink("d_out")) == 4 and not notify_outbox.pending(b.engine, b.engine.stream("d"))
+    # Said once while the receiver is away: a warning when dropping starts, then INFO.
+    said = [(r.levelname, r.getMessage().split(":")[1].strip()) for r in caplog.records if r.name.endswith("outbox")]
+    assert said == [
+        ("WARNING", "dropped 1 notification(s) (ON_FAILURE DROP)"),
+        ("INFO", "dropped 1 more notification(s) (ON_FAILURE DROP)"),
+        ("INFO", "notifications delivered again (1 sent)"),
+    ], said
 
 
 def test_history_is_notified_only_with_notify_history(tmp_path, spark, recorder):

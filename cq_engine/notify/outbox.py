@@ -105,10 +105,18 @@ def _record(ctx: EngineContext, stream: Stream, outbox: list[dict], events: list
     return rows
 
 
-def pending(ctx: EngineContext, stream: Stream, outbox: list[dict] | None = None) -> list[dict]:
-    """Events in the outbox (``outbox``: its rows, already read) not yet delivered (nor dropped), in order."""
-    done = {r["key"] for r in _read(ctx, stream, "delivered")}
+def pending(
+    ctx: EngineContext, stream: Stream, outbox: list[dict] | None = None, *, delivered: list[dict] | None = None
+) -> list[dict]:
+    """Events in the outbox (``outbox``: its rows, already read) not yet delivered (nor dropped), in
+    order (``delivered``: the delivery marks, already read)."""
+    done = {r["key"] for r in (_read(ctx, stream, "delivered") if delivered is None else delivered)}
     return [r for r in (_outbox(ctx, stream) if outbox is None else outbox) if r["key"] not in done]
+
+
+def _last_status(delivered: list[dict]) -> str | None:
+    """How the latest delivery attempt ended: ``sent``, ``dropped`` or None (none yet)."""
+    return max(delivered, key=lambda r: r["at"])["status"] if delivered else None
 
 
 def _mark(ctx: EngineContext, stream: Stream, keys: list[str], status: str) -> None:
@@ -123,9 +131,11 @@ def flush(ctx: EngineContext, stream: Stream, *, outbox: list[dict] | None = Non
     notify = stream.notify
     if notify is None:
         return None
-    rows = pending(ctx, stream, outbox)
+    delivered = _read(ctx, stream, "delivered")
+    rows = pending(ctx, stream, outbox, delivered=delivered)
     if not rows:
         return None
+    last = _last_status(delivered)
     events = [{**json.loads(r["event"]), "_key": r["key"]} for r in rows]  # the key makes messageIds unique
     keys = [r["key"] for r in rows]
     now_ms = epoch_ms(datetime.now(UTC))
@@ -140,9 +150,16 @@ def flush(ctx: EngineContext, stream: Stream, *, outbox: list[dict] | None = Non
                 exc,
             )
             return str(exc)
-        log.warning("%s: dropped %d notification(s) (ON_FAILURE DROP): %s", stream.name, len(rows), exc)
+        # Said once while a receiver stays away (a sample stream notifies a `cq listen` that may
+        # never run): a warning when dropping starts, then each further drop at INFO.
+        if last == "dropped":
+            log.info("%s: dropped %d more notification(s) (ON_FAILURE DROP): %s", stream.name, len(rows), exc)
+        else:
+            log.warning("%s: dropped %d notification(s) (ON_FAILURE DROP): %s", stream.name, len(rows), exc)
         _mark(ctx, stream, keys, "dropped")
         return None
+    if last == "dropped":
+        log.info("%s: notifications delivered again (%d sent)", stream.name, len(rows))
     _mark(ctx, stream, keys, "sent")
     return None
 
