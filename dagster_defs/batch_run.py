@@ -79,7 +79,7 @@ def run_batch(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cq-batch-rounds") as pool:
         gate = partial(_followed, context.instance, sink_keys)
 
-        tagging, asking = Advisory(), Advisory()
+        tagging, asking, leaving = Advisory(), Advisory(), Advisory()
 
         def progress(before: datetime, seconds: float) -> None:
             # How far the rounds got, tagged by the rounds' thread as soon as the round has committed:
@@ -114,21 +114,24 @@ def run_batch(
             left[d.name] = 0 if outcome in ("failed", "stopped", "handed_back") else left[d.name] - 1
             if left[d.name] == 0:
                 finished.append(d.name)
-            if outcome == "stopped":
+            if outcome in ("stopped", "handed_back", "left_out"):
+                # Tagged at once, not when the run ends (a batch under a horizon runs for minutes):
+                # the sensor requests the definition again as soon as this run no longer holds it.
+                # Advisory too: a tag that is not written now is written as the run ends.
                 left_out.append(d.name)
+                leaving(partial(_tag_run, context, {"cq/left_out": ",".join(sorted(set(left_out)))}), None)
+            if outcome == "stopped":
                 context.log.warning(
                     f"{d.name}: stopped: its firings from {iso(fire)} are left out of this run; the sensor "
                     "requests them again once it is started"
                 )
                 continue
             if outcome == "handed_back":  # not a failure: the sensor requests them once Spark answers
-                left_out.append(d.name)
                 context.log.warning(
                     f"{d.name}: firings from {iso(fire)} handed back: {value}; the sensor requests them again"
                 )
                 continue
             if outcome == "left_out":
-                left_out.append(d.name)
                 context.log.warning(
                     f"{d.name}: left out: run key {value[0]} ended without committing its firing ending "
                     f"{value[1]}, which this run's firings follow; the sensor retries them from there"
@@ -168,8 +171,8 @@ def run_batch(
         yield from on_done(finished)
     requested = sum(len(fs) for fs in firings.values())
     context.log.info(f"batch: {len(firings)} definition(s), {requested} firing(s) requested, {len(failures)} failed")
-    if left_out:
-        context.instance.add_run_tags(context.run_id, {"cq/left_out": ",".join(sorted(left_out))})
+    if left_out:  # again: a tag written during the run may have given up on a storage that was away
+        context.instance.add_run_tags(context.run_id, {"cq/left_out": ",".join(sorted(set(left_out)))})
     if failures:
         # Which definitions failed, for the sensor: it retries those only.
         context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failed_names))})
@@ -254,10 +257,13 @@ def _followed(instance, sink_keys: dict[str, dg.AssetKey], waiting: dict[str, li
     """Per pipelined definition (``waiting``: name -> [run key, range end]): True once that run's
     firing is in its sink's materializations, False if the run has ended without it, else None.
     The statuses are read first: a run that has ended has written all its materializations."""
-    status = keyed_runs(instance, {key for key, _ in waiting.values()}).status
+    runs = keyed_runs(instance, {key for key, _ in waiting.values()})
     latest = latest_commits(instance, {n: sink_keys[n] for n in waiting})
     return {
-        name: True if committed_through(latest.get(name), end) else (None if status.get(key) in RUNNING else False)
+        name: True
+        if committed_through(latest.get(name), end)
+        # A run still going that left the definition out (its tag) will not commit it either.
+        else (None if runs.status.get(key) in RUNNING and name not in runs.failed.get(key, ()) else False)
         for name, (key, end) in waiting.items()
     }
 

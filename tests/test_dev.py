@@ -112,6 +112,32 @@ def test_demo_appends_only_after_the_newest_reading(tmp_path, capsys):
     assert len(keys) == len(set(keys)), "a reading was appended twice"
 
 
+def test_a_process_counts_as_in_a_sqlite_transaction_only_while_it_writes(tmp_path):
+    """`cq dev`'s Ctrl-C freezes the daemon outside a SQLite write; the read locks every open WAL
+    connection holds do not count (counted, every Ctrl-C waited the whole 60 s budget)."""
+    import sqlite3
+
+    from cq_engine.cli.devstop import _holds_lock
+
+    db = str(tmp_path / "runs.db")
+    reader, writer = sqlite3.connect(db, isolation_level=None), sqlite3.connect(db, isolation_level=None)
+    try:
+        reader.execute("PRAGMA journal_mode=WAL")
+        reader.execute("CREATE TABLE t (x)")
+        reader.execute("SELECT count(*) FROM t").fetchall()
+        locks = Path("/proc/locks").read_text()
+        assert f" READ {os.getpid()} " in locks  # an open WAL connection holds read locks...
+        assert not _holds_lock(os.getpid())  # ...which are no transaction
+        writer.execute("BEGIN IMMEDIATE")
+        writer.execute("INSERT INTO t VALUES (1)")
+        assert _holds_lock(os.getpid())
+        writer.execute("COMMIT")
+        assert not _holds_lock(os.getpid())
+    finally:
+        reader.close()
+        writer.close()
+
+
 def test_the_terminal_gets_dagsters_warnings_and_errors_the_log_everything():
     from cq_engine.cli.dev import shown
 

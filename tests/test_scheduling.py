@@ -394,6 +394,61 @@ def test_a_definition_whose_run_failed_while_it_was_stopped_is_retried_when_it_i
     assert again.firings["b"] == [_s(20), _s(40), _s(60), _s(80)] and again.attempt == 1
 
 
+def test_a_definition_a_running_run_left_out_is_requested_again_without_waiting_for_that_run(project):
+    """A batch under a horizon runs for minutes; a definition it left out (its switch stopped, its
+    Spark server gone) is no longer in it: the run tags it at once (cq/left_out), and the sensor
+    requests its firings again as soon as it may run, while that run goes on with the others."""
+    _, catalog = project
+    horizon, early = {"b": timedelta(seconds=60)}, {"b": timedelta(seconds=30)}
+    first = _plan(catalog, now=_s(5), names=("b",))
+    k1 = first.run_key
+    kw = {"names": ("b",), "lead": {"b": timedelta(seconds=10)}, "horizon": horizon, "horizon_lead": early}
+    second = _plan(catalog, cursor=first.cursor, now=_s(12), status={k1: "STARTED"}, **kw)
+    k2 = second.run_key
+    assert second.firings == {"b": [_s(20), _s(40)]}
+    # b stopped; k2, still running, left it out: nothing while it is stopped.
+    left = {k2: {"b"}}
+    status = {k1: "SUCCESS", k2: "STARTED"}
+    stopped = _plan(catalog, cursor=second.cursor, now=_s(32), status=status, failed=left, paused={"b"}, **kw)
+    assert stopped.firings == {}
+    # Started again while k2 still runs: its firings from k2's first are requested now, not followed
+    # after k2 (which will never commit them).
+    again = _plan(catalog, cursor=stopped.cursor, now=_s(45), status=status, failed=left, caught_up={"b"}, **kw)
+    assert again.firings == {"b": [_s(20), _s(40)]} and again.after == {} and again.attempt == 1
+
+
+def test_a_follower_of_a_run_that_left_its_definition_out_is_not_followed_in_turn(project):
+    """Before the left-out tag is known the sensor may follow the run (k3 after k2). Once k2 has left
+    b out, k3 will too: b is retried from k2's first firing when k3 lets it go, and k3 is never
+    followed into the next window (which skipped k2's firings for good: a stopped and started query
+    under `cq dev` fired nothing again)."""
+    _, catalog = project
+    horizon, early = {"b": timedelta(seconds=60)}, {"b": timedelta(seconds=30)}
+    kw = {"names": ("b",), "lead": {"b": timedelta(seconds=10)}, "horizon": horizon, "horizon_lead": early}
+    first = _plan(catalog, now=_s(5), names=("b",))
+    k1 = first.run_key
+    second = _plan(catalog, cursor=first.cursor, now=_s(12), status={k1: "STARTED"}, **kw)
+    k2 = second.run_key
+    third = _plan(
+        catalog, cursor=second.cursor, now=_s(32), status={k1: "SUCCESS", k2: "STARTED"}, caught_up={"b"}, **kw
+    )
+    k3 = third.run_key
+    assert third.firings == {"b": [_s(60), _s(80), _s(100)]} and third.after == {"b": [k2, iso(_s(40))]}
+    # k2 ended having left b out; k3 runs (for others) and its rounds are caught up.
+    status = {k2: "SUCCESS", k3: "STARTED"}
+    held = _plan(catalog, cursor=third.cursor, now=_s(92), status=status, failed={k2: {"b"}}, caught_up={"b"}, **kw)
+    assert held.firings == {} and held.unready == frozenset()
+    state = load_cursor(held.cursor)["b"]
+    assert (state.key, state.first, state.redo) == (k3, iso(_s(20)), True)
+    # k3 left b out too (its tag): everything from k2's first, in order, as a retry.
+    failed = {k2: {"b"}, k3: {"b"}}
+    retry = _plan(catalog, cursor=held.cursor, now=_s(95), status=status, failed=failed, caught_up={"b"}, **kw)
+    assert (
+        retry.firings == {"b": [_s(20), _s(40), _s(60), _s(80), _s(100)]} and retry.after == {} and retry.attempt == 1
+    )
+    assert not load_cursor(retry.cursor)["b"].redo
+
+
 def test_a_pipelined_definition_whose_first_run_failed_is_retried_from_that_runs_firing(project):
     _, catalog = project
     first = _plan(catalog, now=_s(5), lead=LEAD)

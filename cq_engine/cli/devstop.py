@@ -46,11 +46,14 @@ def descendant(root: int, needle: str) -> int | None:
 
 
 def _holds_lock(pid: int) -> bool:
+    """Whether process ``pid`` holds a write lock (a SQLite write transaction). Its read locks do not
+    count: every open connection to a WAL database holds some for its whole life (the daemon always
+    does), and counted they made every Ctrl-C wait out ``freeze_daemon``'s whole budget."""
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return False
-    return any(len(f) > 4 and f[4] == str(pid) for f in (line.split() for line in lines))
+    return any(len(f) > 4 and f[3] == "WRITE" and f[4] == str(pid) for f in (line.split() for line in lines))
 
 
 def freeze_daemon(proc: subprocess.Popen, dagster_home: Path, *, budget: float = 60) -> int | None:

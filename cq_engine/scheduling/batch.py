@@ -53,6 +53,9 @@ class DefinitionState:
     prev_first: str | None = None
     prev_end: str | None = None
     prev_since: float = 0.0
+    # Its firings in `key` follow a run that ended (or left it out) without committing its own: `key`
+    # leaves them out too, so it is retried from `first` once `key` is done with it, never followed.
+    redo: bool = False
 
     def clear_prev(self) -> None:
         self.prev, self.prev_first, self.prev_end, self.prev_since = None, None, None, 0.0
@@ -169,7 +172,8 @@ def plan_batch(
 ) -> Batch:
     """The firings to request now. ``run_status``: run key -> Dagster status of the runs named in the
     cursor (missing: not created yet); ``failed``: run key -> the definitions whose firings failed in
-    that run (its ``cq/failed`` tag; a failed run without it failed as a whole); ``busy``: definitions
+    that run or that it left out (its ``cq/failed`` and ``cq/left_out`` tags; a failed run without them
+    failed as a whole; a running run that left a definition out no longer holds it); ``busy``: definitions
     with another run of theirs in flight (their own job, a recalculation); ``paused``: definitions
     whose switch is stopped; ``finished``: definitions whose every firing in their still-running run
     is committed (a long catch-up of another definition in that run does not hold them);
@@ -223,27 +227,27 @@ def plan_batch(
             status, age = run_status.get(s.prev), now.timestamp() - s.prev_since
             if d.name in finished or d.name in prev_done or _done_in(status, s.prev, d.name, failed):
                 s.clear_prev()
-            elif status in RUNNING or (status is None and age < LOST_AFTER.total_seconds()):
+            elif _holds(status, age, s.prev, d.name, failed):
                 in_flight = True
-            else:  # its firings failed in `prev`: `key` leaves them out, all retried from prev's first
-                s.first = s.prev_first
+            else:  # its firings failed in `prev` (or it left them out): `key` leaves them out, all retried from prev's first
+                s.first, s.redo = s.prev_first, True
                 s.clear_prev()
         if s.key:
             status, age = run_status.get(s.key), now.timestamp() - s.since
             if d.name in finished:
-                s.key, s.first, s.attempt = None, None, 0
+                s.key, s.first, s.attempt, s.redo = None, None, 0, False
                 s.clear_prev()
-            elif status in RUNNING or (status is None and age < LOST_AFTER.total_seconds()):
+            elif _holds(status, age, s.key, d.name, failed):
                 in_flight = True
             elif _done_in(status, s.key, d.name, failed):
                 if s.prev:  # its firings there followed `prev`'s, still unresolved: wait for it
                     in_flight = True
                 else:
-                    s.key, s.first, s.attempt = None, None, 0
+                    s.key, s.first, s.attempt, s.redo = None, None, 0, False
             elif not ready or age < RETRY_BACKOFF[min(s.attempt, len(RETRY_BACKOFF) - 1)]:
                 in_flight = True  # failed (or lost): held until Spark answers and a back-off, then retried from `first`
             else:
-                s.key, s.attempt, retry = None, s.attempt + 1, True
+                s.key, s.attempt, s.redo, retry = None, s.attempt + 1, False, True
         if d.name in paused:
             continue
         if not retry and not s.key and s.attempt and s.first and s.upto:
@@ -277,7 +281,14 @@ def plan_batch(
             # followed too, so its successor's start overlaps its last round: caught up run after run
             # instead, each start a gap, the stack stayed three periods late for good. A definition
             # slower than its period has no horizon (the sensor's `keeps_pace`).
-            one = bool(s.key and s.upto and not s.prev and not s.attempt and (s.first == s.upto or d.name in caught_up))
+            one = bool(
+                s.key
+                and s.upto
+                and not s.prev
+                and not s.attempt
+                and not s.redo
+                and (s.first == s.upto or d.name in caught_up)
+            )
             window: tuple[datetime, datetime] | None = None
             ahead: list[datetime] = []  # under a horizon: every firing after `upto` to its window's end
             if span > timedelta(0) and s.upto:
@@ -291,7 +302,7 @@ def plan_batch(
             if started and one:
                 end = iso(t.range_of(parse_time(s.upto or "", tz=UTC))[1])
                 follow = (s.key or "", s.first, end, s.since)
-            elif started and window and s.key and s.upto and not s.prev and not s.attempt:
+            elif started and window and s.key and s.upto and not s.prev and not s.attempt and not s.redo:
                 unready.add(d.name)
             if in_flight and not follow:
                 if due:
@@ -360,6 +371,16 @@ def window_of(t: datetime, span: timedelta) -> tuple[datetime, datetime]:
     seconds = span.total_seconds()
     start = datetime.fromtimestamp(math.floor(t.timestamp() / seconds) * seconds, UTC)
     return start, start + span
+
+
+def _holds(status: str | None, age: float, key: str, name: str, failed: dict[str, set[str]]) -> bool:
+    """Whether run ``key`` (of ``status``, requested ``age`` seconds ago) may still run firings of
+    ``name``: it is running and has not left it out (a stopped switch, a lost Spark server, a run it
+    followed without the commit: its ``cq/left_out`` tag, written as it happens), or it was requested
+    lately and is not created yet."""
+    if status in RUNNING:
+        return name not in failed.get(key, ())
+    return status is None and age < LOST_AFTER.total_seconds()
 
 
 def _done_in(status: str | None, key: str, name: str, failed: dict[str, set[str]]) -> bool:
