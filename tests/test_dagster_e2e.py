@@ -111,6 +111,33 @@ def check_batches(stack, name: str) -> list[dict]:
     return runs
 
 
+def main_location_env(stack, monkeypatch) -> None:
+    """This process's `cq` commands use the main location's settings."""
+    settings = stack.settings
+    for var, value in {
+        "CQ_SQL_DIR": settings.sql_dir,
+        "CQ_WAREHOUSE": settings.warehouse,
+        "CQ_HOME": settings.home,
+    }.items():
+        monkeypatch.setenv(var, value)
+
+
+def main_location_cq(stack, monkeypatch, capsys):
+    """`cq ARGS --dagster <the stack's webserver>` in this process with the main location's settings:
+    returns its output; a non-zero exit fails the test with its error."""
+    from cq_engine.cli.main import main
+
+    main_location_env(stack, monkeypatch)
+
+    def cq(*argv: str) -> str:
+        code = main([*argv, "--dagster", f"127.0.0.1:{stack.web_port}"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return out
+
+    return cq
+
+
 def check_exactly_once(stack, name: str, sink: str | None = None) -> list[datetime]:
     """Every firing of ``name`` from its first to its last succeeded firing succeeded exactly once
     (ledger), and its sink's asset shows one firing materialization for each (GraphQL)."""
@@ -196,21 +223,8 @@ def test_a_blocked_query_stopped_inside_its_batch_and_started_again_runs_every_f
     of them) and `cq start` before that run ends: every firing it missed runs, in order, once, and
     it goes on (the sensor once followed that run with the next window, which waited for firings the
     run had left out, and the query fired nothing again)."""
-    from cq_engine.cli.main import main
-
-    stack, settings = dagster_stack, dagster_stack.settings
-    for var, value in {
-        "CQ_SQL_DIR": settings.sql_dir,
-        "CQ_WAREHOUSE": settings.warehouse,
-        "CQ_HOME": settings.home,
-    }.items():
-        monkeypatch.setenv(var, value)
-
-    def cq(*argv: str) -> None:
-        code = main([*argv, "--dagster", f"127.0.0.1:{stack.web_port}"])
-        _, err = capsys.readouterr()
-        assert code == 0, err
-
+    stack = dagster_stack
+    cq = main_location_cq(stack, monkeypatch, capsys)
     every = EVERY.total_seconds()
     stack.wait_for_firings("fast", count=2, timeout=WAIT)
     stack.wait_until(
@@ -401,13 +415,7 @@ def test_cq_recalculate_via_dagster_launches_a_backfill_of_its_sink_alone(dagste
     as a recalculation, the range in its tags) through the webserver's GraphQL API; its run recalculates."""
     from cq_engine.cli.main import main
 
-    settings = dagster_stack.settings
-    for var, value in {
-        "CQ_SQL_DIR": settings.sql_dir,
-        "CQ_WAREHOUSE": settings.warehouse,
-        "CQ_HOME": settings.home,
-    }.items():
-        monkeypatch.setenv(var, value)
+    main_location_env(dagster_stack, monkeypatch)
     monkeypatch.delenv("CQ_TRANSLATOR", raising=False)
     end = floor5(time.time() - 60)
     start = end - timedelta(seconds=30)
@@ -436,7 +444,7 @@ def test_cq_recalculate_via_dagster_launches_a_backfill_of_its_sink_alone(dagste
     assert "cq/batch" not in run["tags"] and run["tags"]["cq/recalculate_from"] == start.isoformat()
     (mat,) = [m for m in dagster_stack.materializations("fast_out") if m["runId"] == run_id]
     assert mat["metadata"]["cq/kind"] == "recalculate"
-    ledger = [e for e in Engine(settings=settings).ledger.entries("fast") if e.kind == "recalculate"]
+    ledger = [e for e in Engine(settings=dagster_stack.settings).ledger.entries("fast") if e.kind == "recalculate"]
     assert ledger and (ledger[-1].range_start, ledger[-1].range_end) == (start, end)
 
 
@@ -566,23 +574,10 @@ def wait_stream(stack, required: set, *, version: int, timeout: float = STREAM_W
 
 
 def test_stream_sensor_runs_and_cq_stop_start_pause_resume(dagster_stack, monkeypatch, capsys):
-    from cq_engine.cli.main import main
-
     stack, settings = dagster_stack, dagster_stack.settings
     engine, sensor = Engine(settings=settings), f"{STREAM}_ticks"
     assert stack.sensor_state(MAIN_LOCATION, sensor)[0] == "RUNNING"  # its switch
-    for var, value in {
-        "CQ_SQL_DIR": settings.sql_dir,
-        "CQ_WAREHOUSE": settings.warehouse,
-        "CQ_HOME": settings.home,
-    }.items():
-        monkeypatch.setenv(var, value)
-
-    def cq(*argv: str) -> str:
-        code = main([*argv, "--dagster", f"127.0.0.1:{stack.web_port}"])
-        out, err = capsys.readouterr()
-        assert code == 0, err
-        return out
+    cq = main_location_cq(stack, monkeypatch, capsys)
 
     def state() -> tuple[str, int | None]:  # the switch, and the stream's cursor in cq_streams
         return stack.stream_cursor(MAIN_LOCATION, STREAM)
