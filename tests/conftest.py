@@ -132,7 +132,7 @@ def pytest_collection_finish(session):
     parts = [f"{unit} unit"] + [f"{counts[label]} {label}" for label in ("Spark", "Dagster end-to-end", "browser")]
     session.config.get_terminal_writer().line(
         f"cq-engine: {len(session.items)} tests: {', '.join(parts)} "
-        "(the whole suite takes about 32-34 min on a 2-core machine, longer on a busy one)"
+        "(the whole suite takes about 29 min on a 2-core machine, longer on a busy one)"
     )
 
 
