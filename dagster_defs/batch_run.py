@@ -63,7 +63,7 @@ def run_batch(
     out: queue.Queue = queue.Queue()
     failures: list[str] = []
     failed_names: list[str] = []
-    left_out: list[str] = []
+    left_out: set[str] = set()
     times = {n: [parse_time(t, tz=UTC) for t in fs] for n, fs in firings.items()}
     left = {n: len(fs) for n, fs in times.items()}  # firings not yet heard of, per definition
     finished: list[str] = []  # done since the last lull
@@ -118,8 +118,8 @@ def run_batch(
                 # Tagged at once, not when the run ends (a batch under a horizon runs for minutes):
                 # the sensor requests the definition again as soon as this run no longer holds it.
                 # Advisory too: a tag that is not written now is written as the run ends.
-                left_out.append(d.name)
-                leaving(partial(_tag_run, context, {"cq/left_out": ",".join(sorted(set(left_out)))}), None)
+                left_out.add(d.name)
+                leaving(partial(_tag_run, context, {"cq/left_out": ",".join(sorted(left_out))}), None)
             if outcome == "stopped":
                 context.log.warning(
                     f"{d.name}: stopped: its firings from {iso(fire)} are left out of this run; the sensor "
@@ -172,7 +172,7 @@ def run_batch(
     requested = sum(len(fs) for fs in firings.values())
     context.log.info(f"batch: {len(firings)} definition(s), {requested} firing(s) requested, {len(failures)} failed")
     if left_out:  # again: a tag written during the run may have given up on a storage that was away
-        context.instance.add_run_tags(context.run_id, {"cq/left_out": ",".join(sorted(set(left_out)))})
+        context.instance.add_run_tags(context.run_id, {"cq/left_out": ",".join(sorted(left_out))})
     if failures:
         # Which definitions failed, for the sensor: it retries those only.
         context.instance.add_run_tags(context.run_id, {"cq/failed": ",".join(sorted(failed_names))})
